@@ -1,0 +1,77 @@
+/* Structures shared by bundler.bpf.c and its Go loader (bpf2go turns them
+ * into Go types). No packed structs: every padding byte is an explicit field
+ * so keys hash the same whatever the compiler does. */
+#ifndef DEPTRACE_BUNDLER_H
+#define DEPTRACE_BUNDLER_H
+
+#define DIR_OUTBOUND 1 /* the local end is the client */
+#define DIR_INBOUND 2  /* the local end is the server */
+
+/* One bundled flow: every connection that differs only by the client's
+ * ephemeral port lands here. Addresses are IPv6 or IPv4-mapped IPv6
+ * (::ffff:a.b.c.d), network byte order. */
+struct flow_key {
+	__u32 netns;     /* network namespace inode number */
+	__u16 port;      /* server port, host byte order */
+	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 direction;  /* DIR_OUTBOUND or DIR_INBOUND */
+	__u8 local_addr[16];
+	__u8 remote_addr[16];
+};
+
+/* Per-CPU counters of one bundled flow; user space sums the CPUs. */
+struct flow_value {
+	__u64 connections;        /* TCP opens that reached ESTABLISHED */
+	__u64 failed_connections; /* TCP opens that never did */
+	__u64 bytes_sent;
+	__u64 bytes_received;
+	__u64 first_seen_ns;      /* CLOCK_BOOTTIME */
+	__u64 last_seen_ns;       /* CLOCK_BOOTTIME */
+	__u64 cgroup_id;
+	__u32 pid;                /* thread group id of the local process */
+	__u32 _pad;
+	char comm[16];
+};
+
+/* Listening-port table: TCP listeners and UDP sockets bound to a port. */
+struct port_key {
+	__u32 netns;
+	__u16 port;   /* host byte order */
+	__u8 proto;
+	__u8 _pad;
+};
+
+struct port_value {
+	__u32 refs;   /* sockets listening on / bound to this port */
+	__u32 pid;    /* process that last started listening, 0 if unknown */
+	__u64 cgroup_id;
+	char comm[16];
+};
+
+/* A UDP peer address learnt at the socket-address layer (cgroup
+ * sendmsg/recvmsg), waiting for the byte count of the same syscall. */
+struct udp_peer {
+	__u8 addr[16];
+	__u16 port;       /* network byte order */
+	__u16 local_port; /* host byte order, to match the socket */
+	__u32 _pad;
+};
+
+/* Record written by the seeding iterators. */
+struct listen_record {
+	__u32 netns;
+	__u16 port;
+	__u8 proto;
+	__u8 _pad;
+};
+
+/* Indexes of the per-CPU loss and event counters. */
+enum stat_index {
+	STAT_FLOW_INSERT_FAILED = 0, /* bundled-flow map full: an event was lost */
+	STAT_PORT_INSERT_FAILED = 1, /* listening-port table full */
+	STAT_UDP_PEER_UNKNOWN = 2,   /* UDP datagram on an unconnected socket whose peer was not seen */
+	STAT_PENDING_INSERT_FAILED = 3,
+	STAT_MAX = 4,
+};
+
+#endif

@@ -1,0 +1,115 @@
+package bundler
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf/btf"
+)
+
+// Linux capability numbers (include/uapi/linux/capability.h).
+const (
+	capNetAdmin = 12
+	capSysAdmin = 21
+	capPerfmon  = 38
+	capBPF      = 39
+)
+
+var capNames = map[int]string{
+	capNetAdmin: "CAP_NET_ADMIN",
+	capSysAdmin: "CAP_SYS_ADMIN",
+	capPerfmon:  "CAP_PERFMON",
+	capBPF:      "CAP_BPF",
+}
+
+// ErrNoBTF is returned when the kernel exposes no BTF: every deptrace
+// program is a BTF-typed (tp_btf, iterator) program.
+var ErrNoBTF = errors.New("the kernel has no BTF (/sys/kernel/btf/vmlinux missing): deptrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+
+// ErrCapability names a capability the process lacks.
+type ErrCapability struct{ Missing []string }
+
+func (e *ErrCapability) Error() string {
+	return fmt.Sprintf("missing capability %s: run deptrace as root or grant CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and CAP_SYS_ADMIN", strings.Join(e.Missing, ", "))
+}
+
+// CheckCapabilities reports the capabilities deptrace needs and the
+// process lacks: CAP_BPF and CAP_PERFMON to load tracing programs,
+// CAP_NET_ADMIN to attach cgroup socket hooks, CAP_SYS_ADMIN to enter other
+// network namespaces and to switch on program statistics.
+func CheckCapabilities() error {
+	eff, err := effectiveCaps()
+	if err != nil {
+		return fmt.Errorf("read capabilities: %w", err)
+	}
+	var missing []string
+	for _, c := range []int{capBPF, capPerfmon, capNetAdmin, capSysAdmin} {
+		if eff&(1<<c) == 0 {
+			missing = append(missing, capNames[c])
+		}
+	}
+	if len(missing) > 0 {
+		return &ErrCapability{Missing: missing}
+	}
+	return nil
+}
+
+func effectiveCaps() (uint64, error) {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "CapEff:"); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+		}
+	}
+	return 0, errors.New("no CapEff line in /proc/self/status")
+}
+
+var kernelBTF = sync.OnceValues(func() (*btf.Spec, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoBTF, err)
+	}
+	return spec, nil
+})
+
+// kernelHas reports whether the kernel's BTF names a type of this name:
+// tracepoints (btf_trace_*), kfuncs and iterator contexts all leave one.
+func kernelHas(name string) bool {
+	spec, err := kernelBTF()
+	if err != nil {
+		return false
+	}
+	_, err = spec.AnyTypeByName(name)
+	return err == nil
+}
+
+// CgroupV2Root finds the cgroup v2 mount point from mountinfo. On hybrid
+// hosts it is often /sys/fs/cgroup/unified, on unified ones /sys/fs/cgroup.
+func CgroupV2Root() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// id parent major:minor root mountpoint opts ... - fstype source superopts
+		fields := strings.Fields(s.Text())
+		for i, fld := range fields {
+			if fld == "-" && i+1 < len(fields) && fields[i+1] == "cgroup2" && len(fields) > 4 {
+				return fields[4], nil
+			}
+		}
+	}
+	return "", errors.New("no cgroup v2 hierarchy mounted")
+}

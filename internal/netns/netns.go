@@ -1,0 +1,161 @@
+// Package netns finds the host's network namespaces and runs code inside
+// one of them. Namespaces are identified by the inode number of their nsfs
+// file, the number `ls -l /proc/PID/ns/net` and `lsns -t net` show.
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Namespace is one network namespace and a path that opens it.
+type Namespace struct {
+	Inode uint32
+	Path  string // /proc/PID/ns/net or a bind mount such as /var/run/netns/NAME
+	Name  string // the `ip netns` name, if any
+}
+
+// NamedDir is where `ip netns add` keeps its bind mounts.
+const NamedDir = "/var/run/netns"
+
+// Inode returns the namespace inode of an nsfs path.
+func Inode(path string) (uint32, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return uint32(st.Ino), nil
+}
+
+// Self returns the inode of the caller's network namespace.
+func Self() (uint32, error) {
+	return Inode("/proc/self/ns/net")
+}
+
+// List returns every network namespace reachable from this mount namespace:
+// those of running processes and those kept by `ip netns` bind mounts.
+func List() ([]Namespace, error) {
+	seen := map[uint32]*Namespace{}
+	var order []uint32
+	add := func(path, name string) {
+		ino, err := Inode(path)
+		if err != nil {
+			return // the process exited or the mount went away
+		}
+		if ns, ok := seen[ino]; ok {
+			if name != "" && ns.Name == "" {
+				ns.Name, ns.Path = name, path
+			}
+			return
+		}
+		seen[ino] = &Namespace{Inode: ino, Path: path, Name: name}
+		order = append(order, ino)
+	}
+	if self, err := Self(); err == nil {
+		seen[self] = &Namespace{Inode: self, Path: "/proc/self/ns/net"}
+		order = append(order, self)
+	}
+	if entries, err := os.ReadDir(NamedDir); err == nil {
+		for _, e := range entries {
+			add(filepath.Join(NamedDir, e.Name()), e.Name())
+		}
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		add(filepath.Join("/proc", p.Name(), "ns", "net"), "")
+	}
+	out := make([]Namespace, 0, len(order))
+	for _, ino := range order {
+		out = append(out, *seen[ino])
+	}
+	sort.SliceStable(out[1:], func(i, j int) bool { return out[1+i].Inode < out[1+j].Inode })
+	return out, nil
+}
+
+// Names maps namespace inodes to their `ip netns` names.
+func Names() map[uint32]string {
+	names := map[uint32]string{}
+	entries, err := os.ReadDir(NamedDir)
+	if err != nil {
+		return names
+	}
+	for _, e := range entries {
+		if ino, err := Inode(filepath.Join(NamedDir, e.Name())); err == nil {
+			names[ino] = e.Name()
+		}
+	}
+	return names
+}
+
+// Resolve turns a --netns value into an inode: "all" (0), "self", a
+// number, an `ip netns` name, or a path to an nsfs file.
+func Resolve(value string) (uint32, error) {
+	switch v := strings.TrimSpace(value); {
+	case v == "" || v == "all":
+		return 0, nil
+	case v == "self":
+		return Self()
+	case strings.HasPrefix(v, "net:["): // as ls -l /proc/PID/ns/net prints it
+		return Resolve(strings.TrimSuffix(strings.TrimPrefix(v, "net:["), "]"))
+	default:
+		if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+			return uint32(n), nil
+		}
+		path := v
+		if !strings.Contains(v, "/") {
+			path = filepath.Join(NamedDir, v)
+		}
+		ino, err := Inode(path)
+		if err != nil {
+			return 0, fmt.Errorf("invalid --netns %q: want all, self, an inode number, an ip-netns name or an nsfs path: %w", value, err)
+		}
+		return ino, nil
+	}
+}
+
+// Do runs fn with the calling goroutine's thread inside the namespace at
+// path. Sockets and BPF iterators created inside fn belong to that
+// namespace. The thread is restored before returning; if restoring fails
+// the thread is left locked so the Go runtime retires it.
+func Do(path string, fn func() error) error {
+	target, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+
+	runtime.LockOSThread()
+	orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open current netns: %w", err)
+	}
+	defer orig.Close()
+
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter netns %s: %w", path, err)
+	}
+	fnErr := fn()
+	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+		// Keep the thread locked: it must never run other goroutines.
+		return errors.Join(fnErr, fmt.Errorf("return from netns %s: %w", path, err))
+	}
+	runtime.UnlockOSThread()
+	return fnErr
+}
