@@ -13,7 +13,7 @@
  *   tp_btf/sock_send_length     bytes sent, per call, every protocol
  *   tp_btf/sock_recv_length     bytes received, per call
  *   cgroup/sendmsg4|6, recvmsg4|6  peer address of unconnected UDP datagrams
- *   cgroup/post_bind4|6, sock_release  UDP bound-port table
+ *   cgroup/bind4|6, post_bind4|6, sock_release  UDP bound-port table
  *   iter/tcp, iter/udp          seed the port table with existing sockets
  */
 #include "vmlinux.h"
@@ -447,38 +447,82 @@ int udp_recvmsg6(struct bpf_sock_addr *ctx)
 /* ---- UDP bound ports ---- */
 
 /* A UDP socket bound to a port the program chose (not port 0) is a
- * server: the kernel marks it with SOCK_BINDPORT_LOCK. */
-static __always_inline void udp_bind_ref(struct bpf_sock *ctx, int delta)
+ * server. The pre-bind hook sees the requested port, the post-bind hook
+ * sees the bind succeed; per-socket storage carries the fact between them
+ * and to release, so the table counts each bound socket exactly once and
+ * frees itself with the socket. */
+#define UDP_BIND_REQUESTED 1
+#define UDP_BIND_COUNTED 2
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u32);
+} udp_bind_state SEC(".maps");
+
+static __always_inline void udp_bind_request(struct bpf_sock_addr *ctx)
+{
+	if (ctx->protocol != IPPROTO_UDP || ctx->user_port == 0 || !ctx->sk)
+		return;
+	__u32 *st = bpf_sk_storage_get(&udp_bind_state, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (st)
+		*st = UDP_BIND_REQUESTED;
+}
+
+SEC("cgroup/bind4")
+int udp_prebind4(struct bpf_sock_addr *ctx)
+{
+	udp_bind_request(ctx);
+	return 1;
+}
+
+SEC("cgroup/bind6")
+int udp_prebind6(struct bpf_sock_addr *ctx)
+{
+	udp_bind_request(ctx);
+	return 1;
+}
+
+static __always_inline void udp_bind_ref(struct bpf_sock *ctx, bool bound)
 {
 	if (ctx->protocol != IPPROTO_UDP)
 		return;
-	struct sock *sk = as_sock(ctx);
-	if (!(sk->sk_userlocks & SOCK_BINDPORT_LOCK))
+	__u32 *st = bpf_sk_storage_get(&udp_bind_state, ctx, 0, 0);
+	if (!st)
 		return;
+	struct sock *sk = as_sock(ctx);
 	__u32 netns = sk_netns(sk);
 	if (!netns_wanted(netns))
 		return;
-	port_ref(netns, IPPROTO_UDP, sk->__sk_common.skc_num, delta, delta > 0);
+	__u16 port = sk->__sk_common.skc_num;
+	if (bound && *st == UDP_BIND_REQUESTED) {
+		*st = UDP_BIND_COUNTED;
+		port_ref(netns, IPPROTO_UDP, port, 1, true);
+	} else if (!bound && *st == UDP_BIND_COUNTED) {
+		*st = 0;
+		port_ref(netns, IPPROTO_UDP, port, -1, false);
+	}
 }
 
 SEC("cgroup/post_bind4")
 int udp_bind4(struct bpf_sock *ctx)
 {
-	udp_bind_ref(ctx, 1);
+	udp_bind_ref(ctx, true);
 	return 1;
 }
 
 SEC("cgroup/post_bind6")
 int udp_bind6(struct bpf_sock *ctx)
 {
-	udp_bind_ref(ctx, 1);
+	udp_bind_ref(ctx, true);
 	return 1;
 }
 
 SEC("cgroup/sock_release")
 int udp_release(struct bpf_sock *ctx)
 {
-	udp_bind_ref(ctx, -1);
+	udp_bind_ref(ctx, false);
 	return 1;
 }
 

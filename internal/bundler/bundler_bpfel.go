@@ -86,6 +86,7 @@ const (
 	bundlerMapFlows           = "flows"
 	bundlerMapPorts           = "ports"
 	bundlerMapStats           = "stats"
+	bundlerMapUdpBindState    = "udp_bind_state"
 	bundlerMapUdpPending      = "udp_pending"
 	bundlerProgOnRecv         = "on_recv"
 	bundlerProgOnSend         = "on_send"
@@ -94,6 +95,8 @@ const (
 	bundlerProgSeedUdp        = "seed_udp"
 	bundlerProgUdpBind4       = "udp_bind4"
 	bundlerProgUdpBind6       = "udp_bind6"
+	bundlerProgUdpPrebind4    = "udp_prebind4"
+	bundlerProgUdpPrebind6    = "udp_prebind6"
 	bundlerProgUdpRecvmsg4    = "udp_recvmsg4"
 	bundlerProgUdpRecvmsg6    = "udp_recvmsg6"
 	bundlerProgUdpRelease     = "udp_release"
@@ -157,6 +160,8 @@ type bundlerProgramSpecs struct {
 	SeedUdp     *ebpf.ProgramSpec `ebpf:"seed_udp"`
 	UdpBind4    *ebpf.ProgramSpec `ebpf:"udp_bind4"`
 	UdpBind6    *ebpf.ProgramSpec `ebpf:"udp_bind6"`
+	UdpPrebind4 *ebpf.ProgramSpec `ebpf:"udp_prebind4"`
+	UdpPrebind6 *ebpf.ProgramSpec `ebpf:"udp_prebind6"`
 	UdpRecvmsg4 *ebpf.ProgramSpec `ebpf:"udp_recvmsg4"`
 	UdpRecvmsg6 *ebpf.ProgramSpec `ebpf:"udp_recvmsg6"`
 	UdpRelease  *ebpf.ProgramSpec `ebpf:"udp_release"`
@@ -168,10 +173,11 @@ type bundlerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
-	Flows      *ebpf.MapSpec `ebpf:"flows"`
-	Ports      *ebpf.MapSpec `ebpf:"ports"`
-	Stats      *ebpf.MapSpec `ebpf:"stats"`
-	UdpPending *ebpf.MapSpec `ebpf:"udp_pending"`
+	Flows        *ebpf.MapSpec `ebpf:"flows"`
+	Ports        *ebpf.MapSpec `ebpf:"ports"`
+	Stats        *ebpf.MapSpec `ebpf:"stats"`
+	UdpBindState *ebpf.MapSpec `ebpf:"udp_bind_state"`
+	UdpPending   *ebpf.MapSpec `ebpf:"udp_pending"`
 }
 
 // bundlerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -207,10 +213,11 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
-	Flows      *ebpf.Map `ebpf:"flows"`
-	Ports      *ebpf.Map `ebpf:"ports"`
-	Stats      *ebpf.Map `ebpf:"stats"`
-	UdpPending *ebpf.Map `ebpf:"udp_pending"`
+	Flows        *ebpf.Map `ebpf:"flows"`
+	Ports        *ebpf.Map `ebpf:"ports"`
+	Stats        *ebpf.Map `ebpf:"stats"`
+	UdpBindState *ebpf.Map `ebpf:"udp_bind_state"`
+	UdpPending   *ebpf.Map `ebpf:"udp_pending"`
 }
 
 func (m *bundlerMaps) Close() error {
@@ -218,6 +225,7 @@ func (m *bundlerMaps) Close() error {
 		m.Flows,
 		m.Ports,
 		m.Stats,
+		m.UdpBindState,
 		m.UdpPending,
 	)
 }
@@ -246,6 +254,8 @@ type bundlerPrograms struct {
 	SeedUdp     *ebpf.Program `ebpf:"seed_udp"`
 	UdpBind4    *ebpf.Program `ebpf:"udp_bind4"`
 	UdpBind6    *ebpf.Program `ebpf:"udp_bind6"`
+	UdpPrebind4 *ebpf.Program `ebpf:"udp_prebind4"`
+	UdpPrebind6 *ebpf.Program `ebpf:"udp_prebind6"`
 	UdpRecvmsg4 *ebpf.Program `ebpf:"udp_recvmsg4"`
 	UdpRecvmsg6 *ebpf.Program `ebpf:"udp_recvmsg6"`
 	UdpRelease  *ebpf.Program `ebpf:"udp_release"`
@@ -262,6 +272,8 @@ func (p *bundlerPrograms) Close() error {
 		p.SeedUdp,
 		p.UdpBind4,
 		p.UdpBind6,
+		p.UdpPrebind4,
+		p.UdpPrebind6,
 		p.UdpRecvmsg4,
 		p.UdpRecvmsg6,
 		p.UdpRelease,

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+func newDoctorCmd() *cobra.Command {
+	var (
+		tf     tracerFlags
+		sample time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Show which hooks work on this kernel, what is missing and why, and the loss counters",
+		Long: `doctor checks the kernel and the process's capabilities, loads the flow bundler,
+lists every hook as active or inactive (with the reason and what is lost without
+it), seeds the listening-port table, then traces for --sample and reports the
+loss counters. It exits with status 1 when deptrace cannot run here.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := tf.config()
+			if err != nil {
+				return err
+			}
+			if sample < 0 || sample > time.Minute {
+				return fmt.Errorf("invalid --sample %s: allowed 0 to 1m", sample)
+			}
+			return runDoctor(cmd.Context(), os.Stdout, cfg, sample)
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().DurationVar(&sample, "sample", time.Second, "trace this long to read the loss counters (0 to 1m)")
+	return cmd
+}
+
+func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample time.Duration) error {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	fmt.Fprintf(out, "kernel        %s %s\n", unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Machine[:]))
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		fmt.Fprintf(out, "btf           missing: %v\n", bundler.ErrNoBTF)
+	} else {
+		fmt.Fprintln(out, "btf           /sys/kernel/btf/vmlinux")
+	}
+	if err := bundler.CheckCapabilities(); err != nil {
+		fmt.Fprintf(out, "capabilities  %v\n", err)
+	} else {
+		fmt.Fprintln(out, "capabilities  CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN")
+	}
+	if root, err := bundler.CgroupV2Root(); err != nil {
+		fmt.Fprintf(out, "cgroup v2     %v (UDP hooks unavailable)\n", err)
+	} else {
+		fmt.Fprintf(out, "cgroup v2     %s\n", root)
+	}
+	if v, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled"); err == nil {
+		fmt.Fprintf(out, "bpf_stats     %s (program run time is measured only while 1)\n", strings.TrimSpace(string(v)))
+	}
+
+	t, err := tracer.New(cfg)
+	if err != nil {
+		fmt.Fprintf(out, "\nbundler       cannot load: %v\n", err)
+		return err
+	}
+	defer t.Close()
+
+	fmt.Fprintln(out, "\nHOOKS")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STATUS\tHOOK\tPROVIDES")
+	var missing []tracer.Hook
+	for _, h := range t.Hooks() {
+		status := "active"
+		if !h.Active {
+			status = "MISSING"
+			missing = append(missing, h)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", status, h.Hook, h.Provides)
+	}
+	tw.Flush()
+	if len(missing) > 0 {
+		fmt.Fprintln(out, "\nMISSING FEATURES")
+		for _, h := range missing {
+			fmt.Fprintf(out, "%s: %s\n  why: %s\n", h.Hook, h.Provides, h.Reason)
+		}
+	}
+
+	nsCount, ports, seedErr := t.Seeded()
+	fmt.Fprintln(out)
+	if seedErr != nil {
+		fmt.Fprintf(out, "seeding       failed: %v\n", seedErr)
+	} else {
+		fmt.Fprintf(out, "seeding       %d listening ports found in %d network namespaces\n", ports, nsCount)
+	}
+	if lp, err := t.ListeningPorts(); err == nil {
+		byProto := map[uint8]int{}
+		for _, p := range lp {
+			byProto[p.Proto]++
+		}
+		fmt.Fprintf(out, "port table    %d TCP listening, %d UDP bound (of %d)\n", byProto[unix.IPPROTO_TCP], byProto[unix.IPPROTO_UDP], cfg.PortMapSize)
+	}
+
+	if sample > 0 {
+		select {
+		case <-time.After(sample):
+		case <-ctx.Done():
+		}
+	}
+	iv, err := t.Collect()
+	if err != nil {
+		return err
+	}
+	drain := "batch lookup-and-delete"
+	if !t.BatchDrain() {
+		drain = "iterate-and-delete (no batch operations on this kernel)"
+	}
+	fmt.Fprintf(out, "drain         %s; %d bundled flows in a %s sample\n", drain, len(iv.Flows), sample)
+
+	st, err := t.Stats()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nLOSS COUNTERS (since load)")
+	fmt.Fprintf(out, "flow map full        %d\n", st.FlowInsertFailed)
+	fmt.Fprintf(out, "port table full      %d\n", st.PortInsertFailed)
+	fmt.Fprintf(out, "udp peer unknown     %d\n", st.UDPPeerUnknown)
+	fmt.Fprintf(out, "udp peer dropped     %d\n", st.PendingInsertFailed)
+	fmt.Fprintf(out, "recursion misses     %d\n", st.RecursionMisses)
+
+	names := make([]string, 0, len(st.Programs))
+	for n := range st.Programs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(out, "\nPROGRAMS (run time counts only while bpf_stats is 1)")
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROGRAM\tRUNS\tAVG NS\tMISSES")
+	for _, n := range names {
+		p := st.Programs[n]
+		avg := "-"
+		if p.RunCount > 0 && p.RunTime > 0 {
+			avg = fmt.Sprint(p.RunTime.Nanoseconds() / int64(p.RunCount))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", n, p.RunCount, avg, p.RecursionMisses)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/netns"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// tracerFlags are the flags every command that loads the tracer shares.
+type tracerFlags struct {
+	netns       string
+	flowMapSize uint32
+	portMapSize uint32
+}
+
+func (f *tracerFlags) register(cmd *cobra.Command) {
+	def := tracer.DefaultConfig()
+	cmd.Flags().StringVar(&f.netns, "netns", "all", "network namespace to trace: all, self, an inode number, an ip-netns name or an nsfs path")
+	cmd.Flags().Uint32Var(&f.flowMapSize, "flow-map-size", def.FlowMapSize, fmt.Sprintf("most distinct bundled flows per interval (%d to %d)", bundler.MinMapSize, bundler.MaxFlowMapSize))
+	cmd.Flags().Uint32Var(&f.portMapSize, "port-map-size", def.PortMapSize, fmt.Sprintf("most listening ports tracked (%d to %d)", bundler.MinMapSize, bundler.MaxPortMapSize))
+}
+
+// config validates the flags, naming the flag and its allowed range.
+func (f *tracerFlags) config() (tracer.Config, error) {
+	cfg := tracer.DefaultConfig()
+	if f.flowMapSize < bundler.MinMapSize || f.flowMapSize > bundler.MaxFlowMapSize {
+		return cfg, fmt.Errorf("invalid --flow-map-size %d: allowed %d to %d", f.flowMapSize, bundler.MinMapSize, bundler.MaxFlowMapSize)
+	}
+	if f.portMapSize < bundler.MinMapSize || f.portMapSize > bundler.MaxPortMapSize {
+		return cfg, fmt.Errorf("invalid --port-map-size %d: allowed %d to %d", f.portMapSize, bundler.MinMapSize, bundler.MaxPortMapSize)
+	}
+	ns, err := netns.Resolve(f.netns)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize = ns, f.flowMapSize, f.portMapSize
+	return cfg, nil
+}
