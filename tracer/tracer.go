@@ -69,10 +69,10 @@ type Interval struct {
 
 // Losses are events the kernel side could not record.
 type Losses struct {
-	FlowMapFull     uint64 `json:"flow_map_full"`     // bundled-flow map full
-	PortMapFull     uint64 `json:"port_map_full"`     // listening-port table full
-	UDPPeerUnknown  uint64 `json:"udp_peer_unknown"`  // unconnected UDP datagram, peer not seen
-	UDPPeerDropped  uint64 `json:"udp_peer_dropped"`  // peer table full
+	FlowMapFull     uint64 `json:"flow_map_full"`    // bundled-flow map full
+	PortMapFull     uint64 `json:"port_map_full"`    // listening-port table full
+	UDPPeerUnknown  uint64 `json:"udp_peer_unknown"` // unconnected UDP datagram, peer not seen
+	UDPPeerDropped  uint64 `json:"udp_peer_dropped"` // peer table full
 	RecursionMisses uint64 `json:"recursion_misses"` // program runs skipped by the kernel
 }
 

@@ -1,0 +1,155 @@
+// Package testnet builds throwaway hosts for privileged tests: network
+// namespaces joined by veth pairs to a bridge that lives in a namespace of
+// its own, so nothing touches the machine's real interfaces. Addresses come
+// from the documentation ranges 192.0.2.0/24 and 2001:db8::/64 and exist
+// only inside those namespaces.
+package testnet
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/netns"
+)
+
+// Host is one network namespace with one interface on the test bridge.
+type Host struct {
+	Name  string // ip-netns name
+	Path  string // /var/run/netns/NAME
+	Inode uint32
+	IPv4  net.IP
+	IPv6  net.IP
+}
+
+// Network is a bridge and the hosts attached to it.
+type Network struct {
+	Bridge string
+	Hosts  []*Host
+}
+
+var seq atomic.Uint32
+
+// RequireRoot skips on a laptop without root, but fails under CI=true:
+// CI runs as root and must never pass by skipping a privileged test.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("privileged test: CI must run as root")
+	}
+	t.Skip("privileged test: needs root")
+}
+
+func ip(args ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// New creates n hosts (192.0.2.1.., 2001:db8::1..) on a fresh bridge and
+// removes everything when the test ends.
+func New(t testing.TB, n int) *Network {
+	t.Helper()
+	RequireRoot(t)
+	if n < 1 || n > 200 {
+		t.Fatalf("testnet: %d hosts: allowed 1 to 200", n)
+	}
+	id := fmt.Sprintf("dt%d-%d", os.Getpid()%100000, seq.Add(1))
+	nw := &Network{Bridge: id + "-br"}
+	t.Cleanup(func() {
+		for _, h := range nw.Hosts {
+			_ = ip("netns", "del", h.Name)
+		}
+		_ = ip("netns", "del", nw.Bridge)
+	})
+	must := func(args ...string) {
+		t.Helper()
+		if err := ip(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must("netns", "add", nw.Bridge)
+	must("-n", nw.Bridge, "link", "add", "br0", "type", "bridge")
+	must("-n", nw.Bridge, "link", "set", "br0", "up")
+	for i := 1; i <= n; i++ {
+		h := &Host{
+			Name: fmt.Sprintf("%s-h%d", id, i),
+			IPv4: net.IPv4(192, 0, 2, byte(i)).To4(),
+			IPv6: net.ParseIP(fmt.Sprintf("2001:db8::%x", i)),
+		}
+		h.Path = netns.NamedDir + "/" + h.Name
+		nw.Hosts = append(nw.Hosts, h)
+		must("netns", "add", h.Name)
+		port := fmt.Sprintf("p%d", i)
+		must("link", "add", "eth0", "netns", h.Name, "type", "veth", "peer", "name", port, "netns", nw.Bridge)
+		must("-n", h.Name, "addr", "add", h.IPv4.String()+"/24", "dev", "eth0")
+		must("-n", h.Name, "addr", "add", h.IPv6.String()+"/64", "dev", "eth0", "nodad")
+		must("-n", h.Name, "link", "set", "eth0", "up")
+		must("-n", h.Name, "link", "set", "lo", "up")
+		must("-n", nw.Bridge, "link", "set", port, "master", "br0")
+		must("-n", nw.Bridge, "link", "set", port, "up")
+		ino, err := netns.Inode(h.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Inode = ino
+	}
+	return nw
+}
+
+// Do runs fn inside the host's namespace; sockets fn creates stay there.
+func (h *Host) Do(t testing.TB, fn func() error) {
+	t.Helper()
+	if err := netns.Do(h.Path, fn); err != nil {
+		t.Fatalf("in %s: %v", h.Name, err)
+	}
+}
+
+// Listen opens a listener inside the host.
+func (h *Host) Listen(t testing.TB, network, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	h.Do(t, func() (err error) { ln, err = net.Listen(network, addr); return })
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// ListenPacket opens a datagram socket inside the host.
+func (h *Host) ListenPacket(t testing.TB, network, addr string) net.PacketConn {
+	t.Helper()
+	var pc net.PacketConn
+	h.Do(t, func() (err error) { pc, err = net.ListenPacket(network, addr); return })
+	t.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+// Dial connects from inside the host, with a bounded timeout.
+func (h *Host) Dial(network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := netns.Do(h.Path, func() (err error) {
+		c, err = net.DialTimeout(network, addr, 5*time.Second)
+		return
+	})
+	return c, err
+}
+
+// Command runs a program inside the host (ip netns exec).
+func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Name, name}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
