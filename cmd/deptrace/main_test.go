@@ -1,0 +1,273 @@
+package main
+
+// These tests run the real deptrace binary, built once, as users do.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deptrace-cli")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Chmod(dir, 0o755) // the capability test runs it as nobody
+	binary = filepath.Join(dir, "deptrace")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build deptrace: %v\n%s", err, out)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func run(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+func TestBadInputIsOneLineExitOne(t *testing.T) {
+	cases := []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{[]string{"trace", "--interval", "10ms"}, nil, "invalid --interval 10ms: allowed 100ms to 1h0m0s"},
+		{[]string{"trace", "--output", "xml"}, nil, `invalid --output "xml": allowed table, jsonl`},
+		{[]string{"trace", "--port", "0"}, nil, `invalid --port "0": allowed 1 to 65535`},
+		{[]string{"trace", "--proto", "sctp"}, nil, `invalid --proto "sctp": allowed tcp, udp, all`},
+		{[]string{"trace", "--flow-map-size", "1"}, nil, "invalid --flow-map-size 1: allowed 64 to 4194304"},
+		{[]string{"trace", "--duration", "-1s"}, nil, "invalid --duration -1s"},
+		{[]string{"trace", "--netns", "no-such-ns-xyz"}, nil, `invalid --netns "no-such-ns-xyz"`},
+		{[]string{"trace"}, []string{"DEPTRACE_INTERVAL=soon"}, `invalid DEPTRACE_INTERVAL="soon" for --interval`},
+		{[]string{"trace", "--bogus"}, nil, "unknown flag: --bogus"},
+		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h0m0s: allowed 0 to 1m"},
+	}
+	for _, c := range cases {
+		stdout, stderr, code := run(t, c.env, c.args...)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		if code != 1 || len(lines) != 1 || !strings.HasPrefix(lines[0], "deptrace: ") || !strings.Contains(lines[0], c.want) {
+			t.Errorf("%v %v: exit %d, stderr %q; want exit 1 and one line containing %q", c.env, c.args, code, stderr, c.want)
+		}
+		if stdout != "" {
+			t.Errorf("%v: stdout %q on error", c.args, stdout)
+		}
+	}
+}
+
+// Without capabilities the error names what is missing.
+func TestUnprivilegedUserIsToldWhichCapability(t *testing.T) {
+	testnet.RequireRoot(t) // we need root to become someone else
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "trace", "--duration", "1s")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 1 {
+		t.Fatalf("exit %v, output %q", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); !strings.Contains(got, "missing capability CAP_BPF, CAP_PERFMON") || strings.Count(got, "\n") != 0 {
+		t.Errorf("output %q", got)
+	}
+}
+
+// proc is a running deptrace with its stderr collected line by line.
+type proc struct {
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	mu     sync.Mutex
+	stderr []string
+	ready  chan struct{}
+	done   chan error
+}
+
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	testnet.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	p := &proc{ready: make(chan struct{}), done: make(chan error, 1)}
+	p.cmd = exec.CommandContext(ctx, binary, args...)
+	p.cmd.Stdout = &p.stdout
+	errPipe, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		s := bufio.NewScanner(errPipe)
+		once := sync.Once{}
+		for s.Scan() {
+			p.mu.Lock()
+			p.stderr = append(p.stderr, s.Text())
+			p.mu.Unlock()
+			if strings.Contains(s.Text(), "msg=tracing") {
+				once.Do(func() { close(p.ready) })
+			}
+		}
+		p.done <- p.cmd.Wait()
+	}()
+	select {
+	case <-p.ready:
+	case err := <-p.done:
+		t.Fatalf("deptrace exited before tracing: %v\n%s", err, p.errText())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("deptrace not ready after 30s\n%s", p.errText())
+	}
+	return p
+}
+
+func (p *proc) errText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.stderr, "\n")
+}
+
+func (p *proc) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("deptrace: %v\n%s", err, p.errText())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("deptrace did not exit")
+	}
+}
+
+func tcpTraffic(t *testing.T, nw *testnet.Network, port, n int) {
+	t.Helper()
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	ln := b.Listen(t, "tcp4", fmt.Sprintf("%s:%d", b.IPv4, port))
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("pong"))
+			c.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		c, err := a.Dial("tcp4", fmt.Sprintf("%s:%d", b.IPv4, port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("ping!"))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4)
+		if _, err := c.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+}
+
+func TestTraceJSONL(t *testing.T) {
+	nw := testnet.New(t, 2)
+	p := start(t, "trace", "--output", "jsonl", "--duration", "2s", "--proto", "tcp", "--port", "8443")
+	tcpTraffic(t, nw, 8443, 5)
+	p.wait(t)
+
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	var conns = map[uint32]uint64{}
+	for _, line := range strings.Split(strings.TrimSpace(p.stdout.String()), "\n") {
+		var f tracer.Flow
+		if err := json.Unmarshal([]byte(line), &f); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if f.Proto != "tcp" || f.Port != 8443 {
+			t.Errorf("filter let through %+v", f)
+		}
+		if f.NetNS == a.Inode && f.Direction != "outbound" || f.NetNS == b.Inode && f.Direction != "inbound" {
+			t.Errorf("direction: %+v", f)
+		}
+		conns[f.NetNS] += f.Connections
+	}
+	if conns[a.Inode] != 5 || conns[b.Inode] != 5 {
+		t.Errorf("connections per host %v; want 5 on %d and %d\n%s", conns, a.Inode, b.Inode, p.stdout.String())
+	}
+}
+
+// SIGTERM prints the last partial interval: with a one-hour interval,
+// everything printed comes from that final flush.
+func TestSigtermFlushesTheLastInterval(t *testing.T) {
+	nw := testnet.New(t, 2)
+	p := start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name)
+	tcpTraffic(t, nw, 9000, 3)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t)
+	out := p.stdout.String()
+	want := fmt.Sprintf("%s:9000  <--  %s:many", nw.Hosts[1].IPv4, nw.Hosts[0].IPv4)
+	if !strings.Contains(out, want) || !strings.HasPrefix(out, "TIME") {
+		t.Errorf("table after SIGTERM lacks %q:\n%s", want, out)
+	}
+	if strings.Contains(out, nw.Hosts[0].IPv4.String()+":many  -->") {
+		t.Errorf("--netns %s printed flows of another namespace:\n%s", nw.Hosts[1].Name, out)
+	}
+}
+
+func TestTinyMapLossIsReported(t *testing.T) {
+	nw := testnet.New(t, 2)
+	p := start(t, "trace", "--flow-map-size", "64", "--duration", "2s", "--output", "jsonl")
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	pc := a.ListenPacket(t, "udp4", a.IPv4.String()+":0")
+	for port := 30000; port < 30100; port++ {
+		pc.WriteTo([]byte("x"), &net.UDPAddr{IP: b.IPv4, Port: port})
+	}
+	p.wait(t)
+	errText := p.errText()
+	if !strings.Contains(errText, "events lost this interval") || !strings.Contains(errText, "flow_map_full=") ||
+		!strings.Contains(errText, "raise --flow-map-size (now 64)") {
+		t.Errorf("loss not reported:\n%s", errText)
+	}
+}
+
+func TestDoctor(t *testing.T) {
+	testnet.RequireRoot(t)
+	stdout, stderr, code := run(t, nil, "doctor", "--sample", "100ms")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"active  tp_btf/inet_sock_set_state", "active  iter/tcp", "LOSS COUNTERS", "flow map full        0", "batch lookup-and-delete"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, stdout)
+		}
+	}
+}

@@ -1,0 +1,63 @@
+package tracer
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	c.Interval = 10 * time.Millisecond
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "allowed 100ms to 1h0m0s") {
+		t.Errorf("short interval: %v", err)
+	}
+	c = DefaultConfig()
+	c.FlowMapSize = 0
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "flow map size") {
+		t.Errorf("zero map: %v", err)
+	}
+}
+
+func TestProcCacheNamesSoftirqOnlyFlows(t *testing.T) {
+	c := procCache{}
+	f := Flow{NetNS: 1, Proto: ProtoTCP, Direction: Outbound, LocalAddr: netip.MustParseAddr("192.0.2.1"),
+		RemoteAddr: netip.MustParseAddr("192.0.2.2"), Port: 80, PID: 42, Comm: "curl", CgroupID: 9}
+	c.remember(f)
+	later := f
+	later.PID, later.Comm, later.CgroupID = 0, "", 0
+	c.fill(&later)
+	if later.PID != 42 || later.Comm != "curl" || later.CgroupID != 9 {
+		t.Errorf("not filled: %+v", later)
+	}
+	other := later
+	other.PID, other.Comm, other.Port = 0, "", 443
+	c.fill(&other)
+	if other.PID != 0 {
+		t.Errorf("filled from another flow: %+v", other)
+	}
+}
+
+func TestLossesArithmetic(t *testing.T) {
+	a := Losses{FlowMapFull: 5, PortMapFull: 1, UDPPeerUnknown: 2, UDPPeerDropped: 3, RecursionMisses: 4}
+	b := Losses{FlowMapFull: 2, RecursionMisses: 1}
+	d := a.minus(b)
+	if d.FlowMapFull != 3 || d.RecursionMisses != 3 || d.Total() != 3+1+2+3+3 {
+		t.Errorf("%+v total %d", d, d.Total())
+	}
+}
+
+func TestFlowEnds(t *testing.T) {
+	f := Flow{Direction: Inbound, LocalAddr: netip.MustParseAddr("192.0.2.1"), RemoteAddr: netip.MustParseAddr("192.0.2.9"), Port: 80}
+	if f.ServerAddr().String() != "192.0.2.1:80" || f.ClientAddr().String() != "192.0.2.9" {
+		t.Errorf("inbound ends: %s %s", f.ServerAddr(), f.ClientAddr())
+	}
+	f.Direction = Outbound
+	if f.ServerAddr().String() != "192.0.2.9:80" || f.ClientAddr().String() != "192.0.2.1" {
+		t.Errorf("outbound ends: %s %s", f.ServerAddr(), f.ClientAddr())
+	}
+}
