@@ -37,7 +37,7 @@ DEPTRACE_FLOW_MAP_SIZE, and so on.`,
 			return applyEnv(cmd)
 		},
 	}
-	root.AddCommand(newTraceCmd(), newDoctorCmd())
+	root.AddCommand(newTraceCmd(), newDoctorCmd(), newBenchCmd())
 	return root
 }
 

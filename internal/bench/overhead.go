@@ -1,0 +1,229 @@
+// Package bench measures deptrace's own cost: the run time of each kernel
+// program per invocation, the agent's CPU, and what tracing does to the
+// throughput of a load.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/loadgen"
+	"github.com/deptrace/deptrace/internal/output"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// OverheadConfig is one overhead benchmark run.
+type OverheadConfig struct {
+	Duration    time.Duration // per phase
+	Concurrency int           // short-lived clients, and persistent connections
+	MsgSize     int
+	Workloads   []string
+	// LoadCommand starts the load generator as its own process (so its CPU
+	// is not the agent's); it gets `--workload ... --json` appended.
+	LoadCommand []string
+}
+
+// ProgramRun is one kernel program's cost under load, with statistics on.
+type ProgramRun struct {
+	Program      string
+	Runs         uint64
+	AvgNs        float64
+	RunsPerTrip  float64
+	SharePercent float64 // of one core
+}
+
+// Measurement is the result for one workload.
+type Measurement struct {
+	Workload       string
+	Baseline       loadgen.Result // no tracer
+	Traced         loadgen.Result // tracer attached, bpf_stats off
+	StatsRun       loadgen.Result // tracer attached, bpf_stats on
+	BaselineAfter  loadgen.Result // no tracer again: the noise floor
+	AgentCPU       float64        // % of one core, user+system, during Traced
+	KernelCPU      float64        // % of one core in kernel programs, from StatsRun
+	KernelNsPerRT  float64        // summed program time per round trip
+	AvgNsPerRun    float64        // over every program run
+	Programs       []ProgramRun
+	FlowsPerDrain  float64
+	EventsLost     uint64
+}
+
+// TotalCPU is agent plus kernel programs, % of one core.
+func (m Measurement) TotalCPU() float64 { return m.AgentCPU + m.KernelCPU }
+
+// ThroughputChange is traced rate against the mean of both baselines, %.
+func (m Measurement) ThroughputChange() float64 {
+	base := (m.Baseline.Rate + m.BaselineAfter.Rate) / 2
+	return (m.Traced.Rate - base) / base * 100
+}
+
+// Noise is the difference between the two baselines, % of their mean.
+func (m Measurement) Noise() float64 {
+	base := (m.Baseline.Rate + m.BaselineAfter.Rate) / 2
+	d := m.Baseline.Rate - m.BaselineAfter.Rate
+	if d < 0 {
+		d = -d
+	}
+	return d / base * 100
+}
+
+// Overhead runs, per workload: a baseline without deptrace, a run with the
+// tracer attached measuring the agent's CPU (bpf_stats off, so statistics
+// do not inflate it), a run with bpf_stats on measuring program run time,
+// and a second baseline.
+func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Measurement, error) {
+	var out []Measurement
+	for _, w := range cfg.Workloads {
+		m := Measurement{Workload: w}
+		step := func(name string) { fmt.Fprintf(progress, "bench: %s: %s (%s)\n", w, name, cfg.Duration) }
+		var err error
+
+		step("baseline, no tracer")
+		if m.Baseline, err = runLoad(ctx, cfg, w); err != nil {
+			return out, err
+		}
+
+		t, err := tracer.New(tracer.DefaultConfig())
+		if err != nil {
+			return out, fmt.Errorf("load tracer: %w", err)
+		}
+		agentCtx, stopAgent := context.WithCancel(ctx)
+		agentDone := make(chan error, 1)
+		var drains, flows int
+		var lost uint64
+		go func() {
+			sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
+			agentDone <- t.Run(agentCtx, func(iv tracer.Interval) error {
+				drains++
+				flows += len(iv.Flows)
+				lost += iv.Lost.Total()
+				return sink.Write(iv.Flows)
+			})
+		}()
+		close := func() { stopAgent(); <-agentDone; t.Close() }
+
+		step("tracer attached, agent CPU")
+		before := rusage()
+		if m.Traced, err = runLoad(ctx, cfg, w); err != nil {
+			close()
+			return out, err
+		}
+		m.AgentCPU = (rusage() - before).Seconds() / m.Traced.Elapsed.Seconds() * 100
+
+		step("tracer attached, bpf_stats on, program run time")
+		stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+		if err != nil {
+			close()
+			return out, fmt.Errorf("enable bpf_stats: %w", err)
+		}
+		s0, err0 := t.Stats()
+		m.StatsRun, err = runLoad(ctx, cfg, w)
+		s1, err1 := t.Stats()
+		stats.Close()
+		m.FlowsPerDrain = float64(flows) / float64(max(drains, 1))
+		m.EventsLost = lost
+		close()
+		if err != nil {
+			return out, err
+		}
+		if err0 != nil || err1 != nil {
+			return out, fmt.Errorf("read program stats: %v %v", err0, err1)
+		}
+		var totalNs, totalRuns uint64
+		for name, p1 := range s1.Programs {
+			p0 := s0.Programs[name]
+			runs, ns := p1.RunCount-p0.RunCount, uint64(p1.RunTime-p0.RunTime)
+			if runs == 0 {
+				continue
+			}
+			totalNs += ns
+			totalRuns += runs
+			m.Programs = append(m.Programs, ProgramRun{
+				Program:      name,
+				Runs:         runs,
+				AvgNs:        float64(ns) / float64(runs),
+				RunsPerTrip:  float64(runs) / float64(m.StatsRun.RoundTrips),
+				SharePercent: float64(ns) / float64(m.StatsRun.Elapsed.Nanoseconds()) * 100,
+			})
+		}
+		sort.Slice(m.Programs, func(i, j int) bool { return m.Programs[i].Program < m.Programs[j].Program })
+		m.KernelCPU = float64(totalNs) / float64(m.StatsRun.Elapsed.Nanoseconds()) * 100
+		m.KernelNsPerRT = float64(totalNs) / float64(m.StatsRun.RoundTrips)
+		if totalRuns > 0 {
+			m.AvgNsPerRun = float64(totalNs) / float64(totalRuns)
+		}
+
+		step("baseline again, no tracer")
+		if m.BaselineAfter, err = runLoad(ctx, cfg, w); err != nil {
+			return out, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func runLoad(ctx context.Context, cfg OverheadConfig, workload string) (loadgen.Result, error) {
+	args := append([]string{}, cfg.LoadCommand[1:]...)
+	args = append(args, "--workload", workload, "--concurrency", strconv.Itoa(cfg.Concurrency),
+		"--msg-size", strconv.Itoa(cfg.MsgSize), "--duration", cfg.Duration.String(), "--serve", "127.0.0.1:0", "--output", "json")
+	cmd := exec.CommandContext(ctx, cfg.LoadCommand[0], args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return loadgen.Result{}, fmt.Errorf("load %s: %w: %s", workload, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var r loadgen.Result
+	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
+		return r, fmt.Errorf("load %s: parse result %q: %w", workload, stdout.String(), err)
+	}
+	return r, nil
+}
+
+// rusage is this process's user+system CPU time so far.
+func rusage() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// WriteMarkdown renders measurements as the tables of docs/performance.md.
+func WriteMarkdown(w io.Writer, ms []Measurement, cfg OverheadConfig) {
+	host, _ := os.Hostname()
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	fmt.Fprintf(w, "Run: %s, host %s, kernel %s, %d s per phase, %d clients, %d-byte messages.\n\n",
+		time.Now().UTC().Format(time.RFC3339), host, unix.ByteSliceToString(uts.Release[:]), int(cfg.Duration.Seconds()), cfg.Concurrency, cfg.MsgSize)
+	fmt.Fprintln(w, "| workload | baseline rate/s | traced rate/s | 2nd baseline rate/s | change | baseline noise | agent CPU | kernel programs CPU | total tracing CPU | program time per round trip | avg ns per program run | flows per drain | events lost |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, m := range ms {
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %+.1f %% | %.1f %% | %.2f %% | %.2f %% | %.2f %% | %.0f ns | %.0f | %.1f | %d |\n",
+			m.Workload, m.Baseline.Rate, m.Traced.Rate, m.BaselineAfter.Rate, m.ThroughputChange(), m.Noise(),
+			m.AgentCPU, m.KernelCPU, m.TotalCPU(), m.KernelNsPerRT, m.AvgNsPerRun, m.FlowsPerDrain, m.EventsLost)
+	}
+	for _, m := range ms {
+		fmt.Fprintf(w, "\nPrograms under %s (bpf_stats on, %.0f round trips/s):\n\n", m.Workload, m.StatsRun.Rate)
+		fmt.Fprintln(w, "| program | runs | avg ns per run | runs per round trip | % of one core |")
+		fmt.Fprintln(w, "|---|---|---|---|---|")
+		for _, p := range m.Programs {
+			fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f |\n", p.Program, p.Runs, p.AvgNs, p.RunsPerTrip, p.SharePercent)
+		}
+	}
+	fmt.Fprintln(w, "\nLatency (p50 / p99), baseline vs traced:")
+	fmt.Fprintln(w)
+	for _, m := range ms {
+		fmt.Fprintf(w, "- %s: %s / %s vs %s / %s\n", m.Workload, m.Baseline.P50, m.Baseline.P99, m.Traced.P50, m.Traced.P99)
+	}
+}
