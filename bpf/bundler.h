@@ -26,7 +26,8 @@ struct flow_value {
 	__u64 bytes_sent;
 	__u64 bytes_received;
 	__u64 first_seen_ns;      /* CLOCK_BOOTTIME */
-	__u64 last_seen_ns;       /* CLOCK_BOOTTIME */
+	__u64 last_seen_ns;       /* CLOCK_BOOTTIME, exact to one jiffy */
+	__u64 last_jiffies;       /* jiffy of last_seen_ns */
 	__u64 cgroup_id;
 	__u32 pid;                /* thread group id of the local process */
 	__u32 _pad;

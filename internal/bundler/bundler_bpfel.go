@@ -31,6 +31,7 @@ type bundlerFlowValue struct {
 	BytesReceived     uint64
 	FirstSeenNs       uint64
 	LastSeenNs        uint64
+	LastJiffies       uint64
 	CgroupId          uint64
 	Pid               uint32
 	Pad               uint32
