@@ -66,6 +66,17 @@ struct {
 	__type(value, struct port_value);
 } ports SEC(".maps");
 
+/* Listeners per protocol and port summed over every namespace: an inlined
+ * array lookup that lets the common case (a client's ephemeral port that
+ * nothing listens on anywhere) skip the hash lookup in ports. Index:
+ * port, plus 65536 for UDP. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * 65536);
+	__type(key, __u32);
+	__type(value, __u32);
+} listen_any SEC(".maps");
+
 /* Peer of an unconnected UDP datagram, keyed by thread (pid_tgid): the
  * cgroup hook and the byte-count tracepoint run in the same syscall. LRU so
  * an entry whose tracepoint never came cannot leak. */
@@ -153,6 +164,12 @@ static __always_inline void fill_addrs(const struct sock *sk, __u16 family, stru
 	set_v4mapped(k->remote_addr, sk->__sk_common.skc_daddr);
 }
 
+static __always_inline __u32 *listen_any_slot(__u8 proto, __u16 port)
+{
+	__u32 idx = (proto == IPPROTO_UDP ? 65536 : 0) + (__u32)port;
+	return bpf_map_lookup_elem(&listen_any, &idx);
+}
+
 static __always_inline struct port_value *port_lookup(__u32 netns, __u8 proto, __u16 port)
 {
 	struct port_key pk = {.netns = netns, .port = port, .proto = proto};
@@ -224,6 +241,9 @@ static __always_inline void port_ref(__u32 netns, __u8 proto, __u16 port, int de
 				return;
 		}
 		__sync_fetch_and_add(&pv->refs, 1);
+		__u32 *any = listen_any_slot(proto, port);
+		if (any)
+			__sync_fetch_and_add(any, 1);
 		if (with_process) {
 			pv->pid = bpf_get_current_pid_tgid() >> 32;
 			pv->cgroup_id = bpf_get_current_cgroup_id();
@@ -233,6 +253,9 @@ static __always_inline void port_ref(__u32 netns, __u8 proto, __u16 port, int de
 	}
 	if (!pv)
 		return;
+	__u32 *any = listen_any_slot(proto, port);
+	if (any && *any > 0)
+		__sync_fetch_and_add(any, -1);
 	/* The last socket on the port is gone: forget the port. */
 	if (__sync_fetch_and_add(&pv->refs, -1) <= 1)
 		bpf_map_delete_elem(&ports, &pk);
@@ -353,7 +376,8 @@ static __always_inline void count_bytes(struct sock *sk, int ret, int flags, boo
 		}
 	}
 
-	if (port_lookup(netns, proto, lport)) {
+	__u32 *any = listen_any_slot(proto, lport);
+	if (any && *any && port_lookup(netns, proto, lport)) {
 		k.direction = DIR_INBOUND;
 		k.port = lport;
 	} else {

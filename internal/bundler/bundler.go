@@ -563,6 +563,15 @@ func (b *Bundler) Seed() (SeedReport, error) {
 		}
 	}
 	ports := b.shared.Maps["ports"]
+	anyCounts := map[uint32]uint32{}
+	for k, n := range counts {
+		anyCounts[listenAnyIndex(k.Proto, k.Port)] += n
+	}
+	for idx, n := range anyCounts {
+		if err := b.shared.Maps["listen_any"].Update(idx, n, ebpf.UpdateAny); err != nil {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("listen_any: %v", err))
+		}
+	}
 	for k, n := range counts {
 		var v bundlerPortValue
 		_ = ports.Lookup(&k, &v) // keep the process a tracepoint recorded
@@ -577,6 +586,14 @@ func (b *Bundler) Seed() (SeedReport, error) {
 		return rep, fmt.Errorf("seed listening ports: %s", strings.Join(rep.Errors, "; "))
 	}
 	return rep, nil
+}
+
+// listenAnyIndex mirrors listen_any_slot in bundler.bpf.c.
+func listenAnyIndex(proto uint8, port uint16) uint32 {
+	if proto == unix.IPPROTO_UDP {
+		return 65536 + uint32(port)
+	}
+	return uint32(port)
 }
 
 func readIter(it *link.Iter) ([]bundlerListenRecord, error) {

@@ -85,6 +85,7 @@ type bundlerUdpPeer struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	bundlerMapFlows           = "flows"
+	bundlerMapListenAny       = "listen_any"
 	bundlerMapPorts           = "ports"
 	bundlerMapStats           = "stats"
 	bundlerMapUdpBindState    = "udp_bind_state"
@@ -175,6 +176,7 @@ type bundlerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
+	ListenAny    *ebpf.MapSpec `ebpf:"listen_any"`
 	Ports        *ebpf.MapSpec `ebpf:"ports"`
 	Stats        *ebpf.MapSpec `ebpf:"stats"`
 	UdpBindState *ebpf.MapSpec `ebpf:"udp_bind_state"`
@@ -215,6 +217,7 @@ func (o *bundlerObjects) Close() error {
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
 	Flows        *ebpf.Map `ebpf:"flows"`
+	ListenAny    *ebpf.Map `ebpf:"listen_any"`
 	Ports        *ebpf.Map `ebpf:"ports"`
 	Stats        *ebpf.Map `ebpf:"stats"`
 	UdpBindState *ebpf.Map `ebpf:"udp_bind_state"`
@@ -224,6 +227,7 @@ type bundlerMaps struct {
 func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
 		m.Flows,
+		m.ListenAny,
 		m.Ports,
 		m.Stats,
 		m.UdpBindState,
