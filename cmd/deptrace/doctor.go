@@ -93,6 +93,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintln(out, "\nMISSING FEATURES")
 		for _, h := range missing {
 			fmt.Fprintf(out, "%s: %s\n  why: %s\n", h.Hook, h.Provides, h.Reason)
+			if h.Log != "" {
+				fmt.Fprintf(out, "  verifier log:\n%s\n", h.Log)
+			}
 		}
 	}
 

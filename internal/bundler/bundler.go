@@ -116,7 +116,8 @@ type Hook struct {
 	Active   bool
 	Required bool
 	Provides string
-	Reason   string // why it is not active
+	Reason   string // why it is not active, one line
+	Log      string // the verifier's log when it rejected the program
 }
 
 // Bundler owns the kernel objects. It is not safe for concurrent use.
@@ -191,26 +192,27 @@ func Load(cfg Config) (*Bundler, error) {
 	cgroupRoot, cgroupErr := CgroupV2Root()
 	for _, def := range hookDefs {
 		h := Hook{Program: def.program, Hook: def.hook, Required: def.required, Provides: def.provides}
-		h.Reason = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
+		h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
 		h.Active = h.Reason == ""
 		if !h.Active && def.required {
 			b.Close()
-			return nil, fmt.Errorf("required hook %s: %s", def.hook, h.Reason)
+			return nil, fmt.Errorf("required hook %s is unavailable: %s", def.hook, h.Reason)
 		}
 		b.hooks = append(b.hooks, h)
 	}
 	return b, nil
 }
 
-// loadAndAttach returns "" on success, or why the hook is not active.
-func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRoot string, cgroupErr error) string {
+// loadAndAttach returns "" on success, or why the hook is not active and,
+// for a verifier rejection, the verifier's full log.
+func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRoot string, cgroupErr error) (reason, log string) {
 	for _, name := range def.requires {
 		if !kernelHas(name) {
-			return fmt.Sprintf("kernel BTF has no %s", name)
+			return fmt.Sprintf("kernel BTF has no %s", name), ""
 		}
 	}
 	if def.kind == kindCgroup && cgroupErr != nil {
-		return cgroupErr.Error()
+		return cgroupErr.Error(), ""
 	}
 	one := spec.Copy()
 	for name := range one.Programs {
@@ -222,9 +224,13 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return fmt.Sprintf("verifier rejected %s: %+v", def.program, ve)
+			last := ""
+			if n := len(ve.Log); n > 0 {
+				last = ve.Log[n-1]
+			}
+			return fmt.Sprintf("verifier rejected %s (%s); deptrace doctor prints the full log", def.program, last), fmt.Sprintf("%+v", ve)
 		}
-		return fmt.Sprintf("load: %v", err)
+		return fmt.Sprintf("load: %v", err), ""
 	}
 	prog := coll.DetachProgram(def.program)
 	coll.Close()
@@ -234,23 +240,23 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 	case kindTracepoint:
 		l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachTraceRawTp})
 		if err != nil {
-			return fmt.Sprintf("attach: %v", err)
+			return fmt.Sprintf("attach: %v", err), ""
 		}
 		b.links = append(b.links, l)
 	case kindCgroup:
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupRoot, Attach: def.attach, Program: prog})
 		if err != nil {
-			return fmt.Sprintf("attach to %s: %v", cgroupRoot, err)
+			return fmt.Sprintf("attach to %s: %v", cgroupRoot, err), ""
 		}
 		b.links = append(b.links, l)
 	case kindIter:
 		it, err := link.AttachIter(link.IterOptions{Program: prog})
 		if err != nil {
-			return fmt.Sprintf("attach: %v", err)
+			return fmt.Sprintf("attach: %v", err), ""
 		}
 		b.iters[def.program] = it
 	}
-	return ""
+	return "", ""
 }
 
 // Hooks lists every hook with its state on this kernel.

@@ -62,6 +62,17 @@ type Result struct {
 	P50        time.Duration `json:"p50_ns"`
 	P90        time.Duration `json:"p90_ns"`
 	P99        time.Duration `json:"p99_ns"`
+	// CPU is the load process's user+system CPU time (filled by whoever
+	// ran it as a process).
+	CPU time.Duration `json:"cpu_ns,omitempty"`
+}
+
+// CPUPerRoundTrip is the load's own CPU cost of one round trip.
+func (r Result) CPUPerRoundTrip() time.Duration {
+	if r.RoundTrips == 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.RoundTrips)
 }
 
 // Serve runs a TCP and a UDP echo server on addr until ctx is done. It
