@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -72,6 +73,10 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	t, err := tracer.New(cfg)
 	if err != nil {
 		fmt.Fprintf(out, "\nbundler       cannot load: %v\n", err)
+		var hookErr *bundler.RequiredHookError
+		if errors.As(err, &hookErr) && hookErr.Hook.Log != "" {
+			fmt.Fprintf(out, "verifier log:\n%s\n", hookErr.Hook.Log)
+		}
 		return err
 	}
 	defer t.Close()

@@ -120,6 +120,14 @@ type Hook struct {
 	Log      string // the verifier's log when it rejected the program
 }
 
+// RequiredHookError is returned by Load when a hook deptrace cannot run
+// without is unavailable. Hook.Log holds the verifier log, if any.
+type RequiredHookError struct{ Hook Hook }
+
+func (e *RequiredHookError) Error() string {
+	return fmt.Sprintf("required hook %s is unavailable: %s", e.Hook.Hook, e.Hook.Reason)
+}
+
 // Bundler owns the kernel objects. It is not safe for concurrent use.
 type Bundler struct {
 	cfg      Config
@@ -196,7 +204,7 @@ func Load(cfg Config) (*Bundler, error) {
 		h.Active = h.Reason == ""
 		if !h.Active && def.required {
 			b.Close()
-			return nil, fmt.Errorf("required hook %s is unavailable: %s", def.hook, h.Reason)
+			return nil, &RequiredHookError{Hook: h}
 		}
 		b.hooks = append(b.hooks, h)
 	}
