@@ -77,15 +77,29 @@ struct {
 	__type(value, __u32);
 } listen_any SEC(".maps");
 
-/* Peer of an unconnected UDP datagram, keyed by thread (pid_tgid): the
- * cgroup hook and the byte-count tracepoint run in the same syscall. LRU so
- * an entry whose tracepoint never came cannot leak. */
+/* Per-socket state of UDP sockets, freed with the socket:
+ * - bind: whether the socket was bound to a port the program chose, and
+ *   whether it was counted in the port table (see UDP bound ports below);
+ * - the peer of the datagram being sent or received on an unconnected
+ *   socket, learnt by the cgroup sendmsg/recvmsg hook and consumed by the
+ *   byte-count tracepoint of the same syscall. tid tells which thread's
+ *   syscall it belongs to: two threads sending on one socket at once must
+ *   not swap peers (a mismatch is counted as udp_peer_unknown). */
+struct udp_state {
+	__u32 bind;
+	__u32 tid;      /* thread whose syscall set peer; 0: none pending */
+	__u8 peer[16];
+	__u16 peer_port; /* network byte order */
+	__u16 _pad;
+	__u32 _pad2;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
-	__type(value, struct udp_peer);
-} udp_pending SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct udp_state);
+} udp_sock SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -364,12 +378,12 @@ static __always_inline void count_bytes(struct sock *sk, int ret, int flags, boo
 	if (proto == IPPROTO_UDP) {
 		/* An explicit destination (sendto) or a recvfrom source was
 		 * seen by the cgroup hook of this same syscall. */
-		__u64 tid = bpf_get_current_pid_tgid();
-		struct udp_peer *p = bpf_map_lookup_elem(&udp_pending, &tid);
-		if (p && p->local_port == lport) {
-			__builtin_memcpy(k.remote_addr, p->addr, sizeof(k.remote_addr));
-			rport = bpf_ntohs(p->port);
-			bpf_map_delete_elem(&udp_pending, &tid);
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();
+		struct udp_state *st = bpf_sk_storage_get(&udp_sock, sk, 0, 0);
+		if (st && st->tid == tid) {
+			__builtin_memcpy(k.remote_addr, st->peer, sizeof(k.remote_addr));
+			rport = bpf_ntohs(st->peer_port);
+			st->tid = 0;
 		} else if (rport == 0) {
 			stat_inc(STAT_UDP_PEER_UNKNOWN);
 			return;
@@ -411,40 +425,38 @@ int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 
 /* ---- UDP peers of unconnected sockets (socket-address layer) ---- */
 
+static __always_inline struct udp_state *udp_state_of(struct bpf_sock_addr *ctx)
+{
+	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
+		return NULL;
+	struct udp_state *st = bpf_sk_storage_get(&udp_sock, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		stat_inc(STAT_PENDING_INSERT_FAILED);
+	return st;
+}
+
 static __always_inline void remember_peer4(struct bpf_sock_addr *ctx)
 {
-	if (ctx->protocol != IPPROTO_UDP)
+	struct udp_state *st = udp_state_of(ctx);
+	if (!st)
 		return;
-	struct bpf_sock *s = ctx->sk;
-	if (!s)
-		return;
-	struct udp_peer p = {};
-	set_v4mapped(p.addr, ctx->user_ip4);
-	p.port = (__u16)ctx->user_port;
-	p.local_port = s->src_port;
-	__u64 tid = bpf_get_current_pid_tgid();
-	if (bpf_map_update_elem(&udp_pending, &tid, &p, BPF_ANY))
-		stat_inc(STAT_PENDING_INSERT_FAILED);
+	set_v4mapped(st->peer, ctx->user_ip4);
+	st->peer_port = (__u16)ctx->user_port;
+	st->tid = (__u32)bpf_get_current_pid_tgid();
 }
 
 static __always_inline void remember_peer6(struct bpf_sock_addr *ctx)
 {
-	if (ctx->protocol != IPPROTO_UDP)
+	struct udp_state *st = udp_state_of(ctx);
+	if (!st)
 		return;
-	struct bpf_sock *s = ctx->sk;
-	if (!s)
-		return;
-	struct udp_peer p = {};
-	__u32 *a = (__u32 *)p.addr;
+	__u32 *a = (__u32 *)st->peer;
 	a[0] = ctx->user_ip6[0];
 	a[1] = ctx->user_ip6[1];
 	a[2] = ctx->user_ip6[2];
 	a[3] = ctx->user_ip6[3];
-	p.port = (__u16)ctx->user_port;
-	p.local_port = s->src_port;
-	__u64 tid = bpf_get_current_pid_tgid();
-	if (bpf_map_update_elem(&udp_pending, &tid, &p, BPF_ANY))
-		stat_inc(STAT_PENDING_INSERT_FAILED);
+	st->peer_port = (__u16)ctx->user_port;
+	st->tid = (__u32)bpf_get_current_pid_tgid();
 }
 
 SEC("cgroup/sendmsg4")
@@ -485,20 +497,13 @@ int udp_recvmsg6(struct bpf_sock_addr *ctx)
 #define UDP_BIND_REQUESTED 1
 #define UDP_BIND_COUNTED 2
 
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, __u32);
-} udp_bind_state SEC(".maps");
-
 static __always_inline void udp_bind_request(struct bpf_sock_addr *ctx)
 {
-	if (ctx->protocol != IPPROTO_UDP || ctx->user_port == 0 || !ctx->sk)
+	if (ctx->user_port == 0)
 		return;
-	__u32 *st = bpf_sk_storage_get(&udp_bind_state, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	struct udp_state *st = udp_state_of(ctx);
 	if (st)
-		*st = UDP_BIND_REQUESTED;
+		st->bind = UDP_BIND_REQUESTED;
 }
 
 SEC("cgroup/bind4")
@@ -519,7 +524,7 @@ static __always_inline void udp_bind_ref(struct bpf_sock *ctx, bool bound)
 {
 	if (ctx->protocol != IPPROTO_UDP)
 		return;
-	__u32 *st = bpf_sk_storage_get(&udp_bind_state, ctx, 0, 0);
+	struct udp_state *st = bpf_sk_storage_get(&udp_sock, ctx, 0, 0);
 	if (!st)
 		return;
 	struct sock *sk = as_sock(ctx);
@@ -527,11 +532,11 @@ static __always_inline void udp_bind_ref(struct bpf_sock *ctx, bool bound)
 	if (!netns_wanted(netns))
 		return;
 	__u16 port = sk->__sk_common.skc_num;
-	if (bound && *st == UDP_BIND_REQUESTED) {
-		*st = UDP_BIND_COUNTED;
+	if (bound && st->bind == UDP_BIND_REQUESTED) {
+		st->bind = UDP_BIND_COUNTED;
 		port_ref(netns, IPPROTO_UDP, port, 1, true);
-	} else if (!bound && *st == UDP_BIND_COUNTED) {
-		*st = 0;
+	} else if (!bound && st->bind == UDP_BIND_COUNTED) {
+		st->bind = 0;
 		port_ref(netns, IPPROTO_UDP, port, -1, false);
 	}
 }

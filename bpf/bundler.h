@@ -49,15 +49,6 @@ struct port_value {
 	char comm[16];
 };
 
-/* A UDP peer address learnt at the socket-address layer (cgroup
- * sendmsg/recvmsg), waiting for the byte count of the same syscall. */
-struct udp_peer {
-	__u8 addr[16];
-	__u16 port;       /* network byte order */
-	__u16 local_port; /* host byte order, to match the socket */
-	__u32 _pad;
-};
-
 /* Record written by the seeding iterators. */
 struct listen_record {
 	__u32 netns;
@@ -71,7 +62,7 @@ enum stat_index {
 	STAT_FLOW_INSERT_FAILED = 0, /* bundled-flow map full: an event was lost */
 	STAT_PORT_INSERT_FAILED = 1, /* listening-port table full */
 	STAT_UDP_PEER_UNKNOWN = 2,   /* UDP datagram on an unconnected socket whose peer was not seen */
-	STAT_PENDING_INSERT_FAILED = 3,
+	STAT_PENDING_INSERT_FAILED = 3, /* no socket storage for a UDP peer */
 	STAT_MAX = 4,
 };
 

@@ -442,7 +442,7 @@ type Stats struct {
 	FlowInsertFailed    uint64 // events lost: bundled-flow map full
 	PortInsertFailed    uint64 // listening ports not tracked: port table full
 	UDPPeerUnknown      uint64 // UDP datagrams on unconnected sockets with no peer seen
-	PendingInsertFailed uint64 // UDP peers not remembered
+	PendingInsertFailed uint64 // UDP peers not remembered: no socket storage
 	RecursionMisses     uint64 // program runs the kernel skipped (nested on one CPU)
 	Programs            map[string]ProgramStats
 }

@@ -72,12 +72,14 @@ const (
 	bundlerStatIndexSTAT_MAX                   bundlerStatIndex = 4
 )
 
-type bundlerUdpPeer struct {
-	_         structs.HostLayout
-	Addr      [16]uint8
-	Port      uint16
-	LocalPort uint16
-	Pad       uint32
+type bundlerUdpState struct {
+	_        structs.HostLayout
+	Bind     uint32
+	Tid      uint32
+	Peer     [16]uint8
+	PeerPort uint16
+	Pad      uint16
+	Pad2     uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -88,8 +90,7 @@ const (
 	bundlerMapListenAny       = "listen_any"
 	bundlerMapPorts           = "ports"
 	bundlerMapStats           = "stats"
-	bundlerMapUdpBindState    = "udp_bind_state"
-	bundlerMapUdpPending      = "udp_pending"
+	bundlerMapUdpSock         = "udp_sock"
 	bundlerProgOnRecv         = "on_recv"
 	bundlerProgOnSend         = "on_send"
 	bundlerProgOnTcpState     = "on_tcp_state"
@@ -175,12 +176,11 @@ type bundlerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
-	Flows        *ebpf.MapSpec `ebpf:"flows"`
-	ListenAny    *ebpf.MapSpec `ebpf:"listen_any"`
-	Ports        *ebpf.MapSpec `ebpf:"ports"`
-	Stats        *ebpf.MapSpec `ebpf:"stats"`
-	UdpBindState *ebpf.MapSpec `ebpf:"udp_bind_state"`
-	UdpPending   *ebpf.MapSpec `ebpf:"udp_pending"`
+	Flows     *ebpf.MapSpec `ebpf:"flows"`
+	ListenAny *ebpf.MapSpec `ebpf:"listen_any"`
+	Ports     *ebpf.MapSpec `ebpf:"ports"`
+	Stats     *ebpf.MapSpec `ebpf:"stats"`
+	UdpSock   *ebpf.MapSpec `ebpf:"udp_sock"`
 }
 
 // bundlerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -216,12 +216,11 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
-	Flows        *ebpf.Map `ebpf:"flows"`
-	ListenAny    *ebpf.Map `ebpf:"listen_any"`
-	Ports        *ebpf.Map `ebpf:"ports"`
-	Stats        *ebpf.Map `ebpf:"stats"`
-	UdpBindState *ebpf.Map `ebpf:"udp_bind_state"`
-	UdpPending   *ebpf.Map `ebpf:"udp_pending"`
+	Flows     *ebpf.Map `ebpf:"flows"`
+	ListenAny *ebpf.Map `ebpf:"listen_any"`
+	Ports     *ebpf.Map `ebpf:"ports"`
+	Stats     *ebpf.Map `ebpf:"stats"`
+	UdpSock   *ebpf.Map `ebpf:"udp_sock"`
 }
 
 func (m *bundlerMaps) Close() error {
@@ -230,8 +229,7 @@ func (m *bundlerMaps) Close() error {
 		m.ListenAny,
 		m.Ports,
 		m.Stats,
-		m.UdpBindState,
-		m.UdpPending,
+		m.UdpSock,
 	)
 }
 
