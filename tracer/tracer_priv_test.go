@@ -144,6 +144,23 @@ func roundTrip(c net.Conn, reqSize, respSize int) error {
 	return err
 }
 
+// connectN opens n short-lived connections from h to addr, one round trip
+// each.
+func connectN(t *testing.T, h *testnet.Host, network, addr string, n, req, resp int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		c, err := h.Dial(network, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = roundTrip(c, req, resp)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestShortLivedTCPExactCounts(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
@@ -152,16 +169,7 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	const n, req, resp = 200, 100, 37
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":8080")
 	wait := echoServer(ln, n, req, resp)
-	for i := 0; i < n; i++ {
-		c, err := a.Dial("tcp4", b.IPv4.String()+":8080")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := roundTrip(c, req, resp); err != nil {
-			t.Fatal(err)
-		}
-		c.Close()
-	}
+	connectN(t, a, "tcp4", b.IPv4.String()+":8080", n, req, resp)
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -217,16 +225,7 @@ func TestNoLossAcrossDrains(t *testing.T) {
 			}
 		}
 	}()
-	for i := 0; i < n; i++ {
-		c, err := a.Dial("tcp4", b.IPv4.String()+":8081")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := roundTrip(c, req, resp); err != nil {
-			t.Fatal(err)
-		}
-		c.Close()
-	}
+	connectN(t, a, "tcp4", b.IPv4.String()+":8081", n, req, resp)
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -397,16 +396,7 @@ func TestIPv6AndRefusedConnection(t *testing.T) {
 	ln := b.Listen(t, "tcp6", server)
 	const n = 7
 	wait := echoServer(ln, n, 11, 13)
-	for i := 0; i < n; i++ {
-		c, err := a.Dial("tcp6", server)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := roundTrip(c, 11, 13); err != nil {
-			t.Fatal(err)
-		}
-		c.Close()
-	}
+	connectN(t, a, "tcp6", server, n, 11, 13)
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
