@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, regenerating and testing deptrace need on a fresh
 # Debian machine: clang/llvm and libbpf headers (BPF objects), iproute2
-# (test namespaces). Go modules are fetched by the go command itself.
+# (test namespaces), PostgreSQL server binaries (store tests). Go modules are fetched by the go command itself.
 set -euo pipefail
 need=()
 command -v clang >/dev/null || need+=(clang)
@@ -9,6 +9,7 @@ command -v llvm-strip >/dev/null || need+=(llvm)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 command -v ip >/dev/null || need+=(iproute2)
 command -v bpftool >/dev/null || need+=(bpftool)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)  # store tests start throwaway clusters
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "deps: missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2

@@ -1,7 +1,7 @@
 // Package testnet builds throwaway hosts for privileged tests: network
 // namespaces joined by veth pairs to a bridge that lives in a namespace of
 // its own, so nothing touches the machine's real interfaces. Addresses come
-// from the documentation ranges 192.0.2.0/24 and 2001:db8::/64 and exist
+// from the documentation ranges 198.51.100.0/24 (TEST-NET-2) and 2001:db8::/64 and exist
 // only inside those namespaces.
 package testnet
 
@@ -60,7 +60,7 @@ func ip(args ...string) error {
 	return nil
 }
 
-// New creates n hosts (192.0.2.1.., 2001:db8::1..) on a fresh bridge and
+// New creates n hosts (198.51.100.1.., 2001:db8::1..) on a fresh bridge and
 // removes everything when the test ends.
 func New(t testing.TB, n int) *Network {
 	t.Helper()
@@ -88,7 +88,7 @@ func New(t testing.TB, n int) *Network {
 	for i := 1; i <= n; i++ {
 		h := &Host{
 			Name: fmt.Sprintf("%s-h%d", id, i),
-			IPv4: net.IPv4(192, 0, 2, byte(i)).To4(),
+			IPv4: net.IPv4(198, 51, 100, byte(i)).To4(),
 			IPv6: net.ParseIP(fmt.Sprintf("2001:db8::%x", i)),
 		}
 		h.Path = netns.NamedDir + "/" + h.Name

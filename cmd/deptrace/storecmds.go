@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deptrace/deptrace/internal/agent"
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+func newAgentCmd() *cobra.Command {
+	var (
+		tf        tracerFlags
+		cfg       agent.Config
+		interval  time.Duration
+		retention string
+		spoolMax  int64
+	)
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Trace continuously and write the dependency graph's history into a store",
+		Long: `agent runs the tracer and writes every interval's bundled flows into a store:
+by default an SQLite file at ` + store.DefaultPath + `, created on first run;
+with --store postgres://... a PostgreSQL database that many agents on many hosts
+share. While the store is unreachable the agent keeps tracing and spools
+batches to disk (bounded by --spool-max), retrying every 5 s.`,
+		Example: `  deptrace agent
+  deptrace agent --store postgres://deptrace@db.example/deptrace --netns self --retention 30d`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tcfg, err := tf.config()
+			if err != nil {
+				return err
+			}
+			if interval < time.Second || interval > time.Hour {
+				return fmt.Errorf("invalid --interval %s: allowed 1s to 1h", interval)
+			}
+			tcfg.Interval = interval
+			cfg.Tracer = tcfg
+			if cfg.Retention, err = parseRetention(retention); err != nil {
+				return err
+			}
+			if spoolMax < 1<<20 {
+				return fmt.Errorf("invalid --spool-max %d: allowed 1048576 (1 MiB) or more", spoolMax)
+			}
+			cfg.SpoolMax = spoolMax
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return agent.Run(ctx, cfg, slog.With("component", "agent"))
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().StringVar(&cfg.Store, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
+	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between two drains and store writes (1s to 1h)")
+	cmd.Flags().StringVar(&retention, "retention", "0", "delete buckets older than this (e.g. 30d, 12h); 0 keeps everything")
+	cmd.Flags().StringVar(&cfg.SpoolPath, "spool", agent.DefaultSpoolPath, "where batches wait while the store is unreachable")
+	cmd.Flags().Int64Var(&spoolMax, "spool-max", 256<<20, "most bytes the spool may hold")
+	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
+	return cmd
+}
+
+// parseRetention accepts Go durations plus a "d" (day) suffix.
+func parseRetention(v string) (time.Duration, error) {
+	if v == "" || v == "0" {
+		return 0, nil
+	}
+	d, err := parseDays(v)
+	if err != nil || d < time.Hour {
+		return 0, fmt.Errorf("invalid --retention %q: allowed 0 (keep all) or at least 1h, e.g. 12h, 30d", v)
+	}
+	return d, nil
+}
+
+func parseDays(v string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(v, "d"); ok {
+		var days float64
+		if _, err := fmt.Sscanf(n, "%g", &days); err != nil || days < 0 {
+			return 0, fmt.Errorf("bad days %q", v)
+		}
+		return time.Duration(days * float64(24*time.Hour)), nil
+	}
+	return time.ParseDuration(v)
+}
+
+// parseTime reads --since/--until: RFC 3339, "2006-01-02 15:04",
+// "15:04" (today), "now", or a duration meaning that long ago (1h, 2d).
+func parseTime(flag, v string, now time.Time) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if v == "now" {
+		return now, nil
+	}
+	if d, err := parseDays(strings.TrimPrefix(v, "-")); err == nil {
+		return now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	if t, err := time.ParseInLocation("15:04", v, time.Local); err == nil {
+		y, m, d := now.Date()
+		return time.Date(y, m, d, t.Hour(), t.Minute(), 0, 0, time.Local), nil
+	}
+	return time.Time{}, fmt.Errorf("invalid --%s %q: allowed RFC 3339, \"2006-01-02 15:04\", \"15:04\", now, or an age such as 1h or 2d", flag, v)
+}
+
+// queryFlags are shared by look, graph and diff.
+type queryFlags struct {
+	store        string
+	since, until string
+}
+
+func (q *queryFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&q.store, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
+	cmd.Flags().StringVar(&q.since, "since", "", "only dependencies seen at or after this time (RFC 3339, 15:04, or an age like 1h)")
+	cmd.Flags().StringVar(&q.until, "until", "", "only dependencies seen before this time")
+}
+
+func (q *queryFlags) rangeAndStore(ctx context.Context) (store.Range, *store.Store, error) {
+	now := time.Now()
+	since, err := parseTime("since", q.since, now)
+	if err != nil {
+		return store.Range{}, nil, err
+	}
+	until, err := parseTime("until", q.until, now)
+	if err != nil {
+		return store.Range{}, nil, err
+	}
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		return store.Range{}, nil, fmt.Errorf("invalid range: --since %s is not before --until %s", since.Format(time.RFC3339), until.Format(time.RFC3339))
+	}
+	if !strings.Contains(q.store, "://") {
+		if _, err := os.Stat(q.store); err != nil {
+			return store.Range{}, nil, fmt.Errorf("no store at %s: run deptrace agent first, or pass --store", q.store)
+		}
+	}
+	st, err := store.Open(ctx, q.store)
+	if err != nil {
+		return store.Range{}, nil, err
+	}
+	return store.Range{Since: since, Until: until}, st, nil
+}
+
+func loadGraph(ctx context.Context, st *store.Store, r store.Range) (graph.Graph, []store.Host, error) {
+	obs, err := st.Observations(ctx, r)
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	hosts, err := st.Hosts(ctx)
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	return graph.Build(obs, hosts), hosts, nil
+}
+
+func newLookCmd() *cobra.Command {
+	var (
+		q       queryFlags
+		depth   int
+		reverse bool
+	)
+	cmd := &cobra.Command{
+		Use:   "look TARGET",
+		Short: "Show what TARGET depends on and what depends on it",
+		Long: `look prints the dependency tree around TARGET, which is a host (id or name),
+an address (everything on the host that holds it), address:port (one service),
+or a process name. --depth follows dependencies transitively (0: all the way);
+a node reached twice is shown once and marked. --reverse shows only what
+depends on TARGET, all the way up: the impact of taking it down.`,
+		Example: `  deptrace look postgres
+  deptrace look 10.0.1.10:5432 --reverse
+  deptrace look web-1 --depth 3 --since 1h`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if depth < 0 {
+				return fmt.Errorf("invalid --depth %d: allowed 0 (unlimited) or more", depth)
+			}
+			if reverse && !cmd.Flags().Changed("depth") {
+				depth = 0
+			}
+			ctx := cmd.Context()
+			r, st, err := q.rangeAndStore(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			g, hosts, err := loadGraph(ctx, st, r)
+			if err != nil {
+				return err
+			}
+			roots, err := graph.Resolve(g, hosts, args[0])
+			if err != nil {
+				return err
+			}
+			trees := graph.Look(g, roots, depth, !reverse, true)
+			graph.WriteTrees(os.Stdout, trees, !reverse, true)
+			return nil
+		},
+	}
+	q.register(cmd)
+	cmd.Flags().IntVar(&depth, "depth", 1, "levels to follow (0: unlimited)")
+	cmd.Flags().BoolVar(&reverse, "reverse", false, "only what depends on TARGET, transitively (impact analysis)")
+	return cmd
+}
+
+func newGraphCmd() *cobra.Command {
+	var (
+		q      queryFlags
+		format string
+		target string
+		depth  int
+	)
+	cmd := &cobra.Command{
+		Use:   "graph",
+		Short: "Export the dependency graph as JSON, DOT or Mermaid",
+		Example: `  deptrace graph --format json
+  deptrace graph --format dot --since 24h | dot -Tsvg > deps.svg
+  deptrace graph --format mermaid --target postgres --depth 2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !contains(graph.Formats, format) {
+				return fmt.Errorf("invalid --format %q: allowed %s", format, strings.Join(graph.Formats, ", "))
+			}
+			if depth < 0 {
+				return fmt.Errorf("invalid --depth %d: allowed 0 (unlimited) or more", depth)
+			}
+			ctx := cmd.Context()
+			r, st, err := q.rangeAndStore(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			g, hosts, err := loadGraph(ctx, st, r)
+			if err != nil {
+				return err
+			}
+			if target != "" {
+				roots, err := graph.Resolve(g, hosts, target)
+				if err != nil {
+					return err
+				}
+				g = graph.Reachable(g, roots, depth)
+			}
+			return graph.Write(os.Stdout, g, format)
+		},
+	}
+	q.register(cmd)
+	cmd.Flags().StringVar(&format, "format", "json", "output format: "+strings.Join(graph.Formats, ", "))
+	cmd.Flags().StringVar(&target, "target", "", "only the part of the graph around this host, address, address:port or process")
+	cmd.Flags().IntVar(&depth, "depth", 0, "with --target: levels to follow (0: unlimited)")
+	return cmd
+}
+
+func newDiffCmd() *cobra.Command {
+	var q queryFlags
+	var beforeSince, beforeUntil string
+	cmd := &cobra.Command{
+		Use:   "diff --since A --until B",
+		Short: "Edges that appeared or disappeared",
+		Long: `diff compares the edges seen in [--since, --until) with those seen in the window
+of the same length just before it (or [--before-since, --before-until)), and
+prints "+" for each edge that appeared and "-" for each that disappeared.`,
+		Example: `  deptrace diff --since 1h                      # last hour against the hour before
+  deptrace diff --since 2026-11-20 --until 2026-11-21`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if q.since == "" {
+				return fmt.Errorf("missing --since: diff compares [--since, --until) with the window before it")
+			}
+			ctx := cmd.Context()
+			r, st, err := q.rangeAndStore(ctx)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if r.Until.IsZero() {
+				r.Until = time.Now()
+			}
+			before := store.Range{Since: r.Since.Add(-r.Until.Sub(r.Since)), Until: r.Since}
+			now := time.Now()
+			if beforeSince != "" || beforeUntil != "" {
+				if before.Since, err = parseTime("before-since", beforeSince, now); err != nil {
+					return err
+				}
+				if before.Until, err = parseTime("before-until", beforeUntil, now); err != nil {
+					return err
+				}
+			}
+			gAfter, _, err := loadGraph(ctx, st, r)
+			if err != nil {
+				return err
+			}
+			gBefore, _, err := loadGraph(ctx, st, before)
+			if err != nil {
+				return err
+			}
+			appeared, disappeared := graph.Diff(gBefore, gAfter)
+			graph.WriteDiff(os.Stdout, gAfter, appeared, disappeared, gBefore)
+			return nil
+		},
+	}
+	q.register(cmd)
+	cmd.Flags().StringVar(&beforeSince, "before-since", "", "start of the window to compare against (default: same length before --since)")
+	cmd.Flags().StringVar(&beforeUntil, "before-until", "", "end of the window to compare against")
+	return cmd
+}
+
+func contains(list []string, v string) bool {
+	for _, s := range list {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}

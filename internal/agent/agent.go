@@ -1,0 +1,323 @@
+// Package agent runs the tracer continuously and writes what it sees into
+// a store: one batch per interval, spooled to disk while the store is
+// unreachable so that nothing collected is lost.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/netns"
+	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// Config configures an agent.
+type Config struct {
+	Tracer    tracer.Config
+	Store     string        // see store.Open
+	Retention time.Duration // 0 keeps everything
+	SpoolPath string
+	SpoolMax  int64  // bytes
+	HostID    string // id of this machine's root namespace; default hostname
+}
+
+// DefaultSpoolPath is where batches wait while the store is unreachable.
+const DefaultSpoolPath = "/var/lib/deptrace/spool.jsonl"
+
+// Run traces and stores until ctx is done, then flushes the last interval.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	st, err := store.Open(ctx, cfg.Store)
+	storeErr := err
+	if err != nil {
+		// Unreachable at start is not fatal: bundle, spool, retry.
+		log.Warn("store unreachable; spooling until it answers", "store", cfg.Store, "err", err)
+	}
+	t, err := tracer.New(cfg.Tracer)
+	if err != nil {
+		if st != nil {
+			st.Close()
+		}
+		return err
+	}
+	defer t.Close()
+	for _, h := range t.Hooks() {
+		if !h.Active {
+			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
+		}
+	}
+
+	ids, err := newHostIDs(cfg.HostID)
+	if err != nil {
+		return err
+	}
+	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}}
+	if storeErr == nil {
+		log.Info("agent started", "store", st.String(), "interval", cfg.Tracer.Interval, "host", ids.rootID)
+	}
+
+	batches := make(chan store.Batch, 16)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.loop(batches)
+	}()
+
+	var n int
+	err = t.Run(ctx, func(iv tracer.Interval) error {
+		if l := iv.Lost; l.Total() > 0 {
+			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
+		}
+		b := store.Batch{}
+		seen := map[uint32]bool{}
+		for _, f := range iv.Flows {
+			h := ids.host(f.NetNS)
+			if !seen[f.NetNS] {
+				seen[f.NetNS] = true
+				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: f.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+			}
+			b.Observations = append(b.Observations, Observation(h.ID, f, store.DefaultBucket))
+		}
+		if n%30 == 0 { // listening services change slowly
+			if ports, err := t.ListeningPorts(); err == nil {
+				for _, p := range ports {
+					proto := tracer.ProtoTCP
+					if p.Proto == 17 {
+						proto = tracer.ProtoUDP
+					}
+					b.Services = append(b.Services, store.Service{HostID: ids.host(p.NetNS).ID, Proto: proto, Port: p.Port, Comm: p.Comm, LastSeen: iv.Time})
+				}
+			}
+		}
+		n++
+		if len(b.Observations)+len(b.Services) == 0 {
+			return nil
+		}
+		select {
+		case batches <- b:
+		default:
+			w.spoolBatch(b) // the store is slow: never block the drain
+		}
+		return nil
+	})
+	close(batches)
+	wg.Wait()
+	if w.store != nil {
+		w.store.Close()
+	}
+	return err
+}
+
+// Observation turns one flow seen on host into a stored observation.
+func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observation {
+	return store.Observation{
+		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: f.Direction, Proto: f.Proto,
+		LocalAddr: f.LocalAddr.String(), RemoteAddr: f.RemoteAddr.String(), Port: f.Port, Comm: f.Comm, PID: f.PID,
+		Connections: f.Connections, FailedConnections: f.FailedConnections, BytesSent: f.BytesSent, BytesReceived: f.BytesReceived,
+		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
+	}
+}
+
+// writer owns the store connection and the spool.
+type writer struct {
+	cfg        Config
+	log        *slog.Logger
+	store      *store.Store
+	spool      *spool
+	failing    bool
+	lastRetain time.Time
+}
+
+func (w *writer) loop(batches <-chan store.Batch) {
+	retry := time.NewTicker(5 * time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case b, ok := <-batches:
+			if !ok {
+				w.drainSpool()
+				return
+			}
+			w.write(b)
+		case <-retry.C:
+			w.drainSpool()
+		}
+	}
+}
+
+func (w *writer) connect() bool {
+	if w.store != nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := store.Open(ctx, w.cfg.Store)
+	if err != nil {
+		return false
+	}
+	w.store = st
+	w.log.Info("store reachable", "store", st.String())
+	return true
+}
+
+func (w *writer) write(b store.Batch) {
+	if w.spool.pending() || !w.connect() {
+		w.spoolBatch(b) // keep order: older spooled batches go first
+		w.drainSpool()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.store.Write(ctx, b); err != nil {
+		w.fail(err)
+		w.spoolBatch(b)
+		return
+	}
+	w.recovered()
+	w.retain()
+}
+
+func (w *writer) spoolBatch(b store.Batch) {
+	if err := w.spool.add(b); err != nil {
+		w.log.Error("spool full or unwritable: batch dropped", "path", w.spool.path, "dropped_batches", w.spool.dropped, "err", err)
+	}
+}
+
+func (w *writer) drainSpool() {
+	if !w.spool.pending() || !w.connect() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	n, err := w.spool.replay(func(b store.Batch) error { return w.store.Write(ctx, b) })
+	if err != nil {
+		w.fail(err)
+		return
+	}
+	if n > 0 {
+		w.log.Info("spooled batches written", "batches", n)
+	}
+	w.recovered()
+}
+
+func (w *writer) fail(err error) {
+	if !w.failing {
+		w.log.Warn("store write failed; spooling and retrying every 5s", "store", w.cfg.Store, "spool", w.spool.path, "err", err)
+	}
+	w.failing = true
+}
+
+func (w *writer) recovered() {
+	if w.failing {
+		w.log.Info("store writes recovered")
+	}
+	w.failing = false
+}
+
+// retain deletes old buckets at most once a minute.
+func (w *writer) retain() {
+	if w.cfg.Retention <= 0 || time.Since(w.lastRetain) < time.Minute {
+		return
+	}
+	w.lastRetain = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := w.store.Retain(ctx, time.Now().Add(-w.cfg.Retention), store.DefaultBucket)
+	if err != nil {
+		w.log.Warn("retention failed", "err", err)
+		return
+	}
+	if n > 0 {
+		w.log.Info("retention", "deleted_rows", n, "older_than", w.cfg.Retention)
+	}
+}
+
+// hostIDs names hosts: the root namespace is the machine (its hostname or
+// --host-id); every other namespace is a host of its own, named after its
+// `ip netns` name or inode.
+type hostIDs struct {
+	rootNS uint32
+	rootID string
+	mu     sync.Mutex
+	cache  map[uint32]*hostInfo
+}
+
+type hostInfo struct {
+	ID, Name string
+	Addrs    []string
+	read     time.Time
+}
+
+func newHostIDs(rootID string) (*hostIDs, error) {
+	self, err := netns.Self()
+	if err != nil {
+		return nil, err
+	}
+	if rootID == "" {
+		if rootID, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("hostname: %w", err)
+		}
+	}
+	return &hostIDs{rootNS: self, rootID: rootID, cache: map[uint32]*hostInfo{}}, nil
+}
+
+func (h *hostIDs) host(ino uint32) hostInfo {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if hi, ok := h.cache[ino]; ok && time.Since(hi.read) < 30*time.Second {
+		return *hi
+	}
+	hi := &hostInfo{read: time.Now()}
+	switch names := netns.Names(); {
+	case ino == h.rootNS:
+		hi.ID, hi.Name = h.rootID, h.rootID
+		hi.Addrs = localAddrs()
+	case names[ino] != "":
+		hi.ID, hi.Name = h.rootID+"/"+names[ino], names[ino]
+		hi.Addrs = addrsIn(netns.NamedDir + "/" + names[ino])
+	default:
+		hi.ID = fmt.Sprintf("%s/netns:%d", h.rootID, ino)
+		hi.Name = hi.ID
+		if list, err := netns.List(); err == nil {
+			for _, n := range list {
+				if n.Inode == ino {
+					hi.Addrs = addrsIn(n.Path)
+					break
+				}
+			}
+		}
+	}
+	h.cache[ino] = hi
+	return *hi
+}
+
+func addrsIn(path string) []string {
+	var out []string
+	_ = netns.Do(path, func() error { out = localAddrs(); return nil })
+	return out
+}
+
+func localAddrs() []string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, a := range addrs {
+		// Link-local addresses repeat on every host: they name nothing.
+		if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
+			out = append(out, p.Addr().Unmap().String())
+		}
+	}
+	return out
+}
+
+var errSpoolFull = errors.New("spool full")

@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// spool keeps batches on disk, one JSON line each, while the store is
+// unreachable. It is bounded: past max bytes new batches are dropped and
+// counted, never silently.
+type spool struct {
+	path    string
+	max     int64
+	dropped uint64
+}
+
+// SpoolStatus reports how much waits in the spool at path (for doctor).
+func SpoolStatus(path string) (bytes int64, batches int, err error) {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 1<<20), 1<<30)
+	for s.Scan() {
+		batches++
+		bytes += int64(len(s.Bytes()) + 1)
+	}
+	return bytes, batches, s.Err()
+}
+
+func (s *spool) size() int64 {
+	st, err := os.Stat(s.path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+func (s *spool) pending() bool { return s.size() > 0 }
+
+func (s *spool) add(b store.Batch) error {
+	line, err := json.Marshal(b)
+	if err != nil {
+		return err
+	}
+	line = append(line, '\n')
+	if s.size()+int64(len(line)) > s.max {
+		s.dropped++
+		return fmt.Errorf("%w: %d bytes of %d used", errSpoolFull, s.size(), s.max)
+	}
+	if err := os.MkdirAll(filepath.Dir(s.path), 0o750); err != nil {
+		s.dropped++
+		return err
+	}
+	f, err := os.OpenFile(s.path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o640)
+	if err != nil {
+		s.dropped++
+		return err
+	}
+	if _, err := f.Write(line); err != nil {
+		f.Close()
+		s.dropped++
+		return err
+	}
+	return f.Close()
+}
+
+// replay writes spooled batches in order with write; what fails stays in
+// the spool, in order, for the next try.
+func (s *spool) replay(write func(store.Batch) error) (int, error) {
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	written := 0
+	for i, line := range lines {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var b store.Batch
+		if err := json.Unmarshal(line, &b); err != nil {
+			continue // a torn last line from a crash
+		}
+		if err := write(b); err != nil {
+			rest := bytes.Join(lines[i:], nil)
+			if werr := os.WriteFile(s.path, rest, 0o640); werr != nil {
+				return written, werr
+			}
+			return written, err
+		}
+		written++
+	}
+	return written, os.Truncate(s.path, 0)
+}

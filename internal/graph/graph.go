@@ -1,0 +1,273 @@
+// Package graph turns stored observations into the dependency graph:
+// client processes pointing at services, the two ends of a dependency
+// joined into one edge when both hosts run an agent, and endpoints of hosts
+// without an agent kept as external nodes.
+package graph
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// Node kinds.
+const (
+	KindProcess  = "process"  // a client process on a host: (host, process)
+	KindService  = "service"  // a listening service: (host, proto, port), with its process
+	KindExternal = "external" // an endpoint on a host that runs no agent
+)
+
+// Node is one vertex. JSON field names are part of the documented format
+// (docs/graph.md).
+type Node struct {
+	ID      string `json:"id"`
+	Kind    string `json:"kind"`
+	Host    string `json:"host"`
+	Addr    string `json:"addr"`
+	Port    uint16 `json:"port"`
+	Proto   string `json:"proto"`
+	Process string `json:"process"`
+}
+
+// Edge points from a client (process or external client) to a service
+// (service or external server). BytesSent flows client to server,
+// BytesReceived server to client.
+type Edge struct {
+	From              string    `json:"from"`
+	To                string    `json:"to"`
+	Proto             string    `json:"proto"`
+	Port              uint16    `json:"port"`
+	Connections       uint64    `json:"connections"`
+	FailedConnections uint64    `json:"failed_connections"`
+	BytesSent         uint64    `json:"bytes_sent"`
+	BytesReceived     uint64    `json:"bytes_received"`
+	FirstSeen         time.Time `json:"first_seen"`
+	LastSeen          time.Time `json:"last_seen"`
+}
+
+// Graph is a set of nodes and the edges between them.
+type Graph struct {
+	Nodes []Node `json:"nodes"`
+	Edges []Edge `json:"edges"`
+}
+
+// ProcessID, ServiceID and ExternalID build node ids.
+func ProcessID(host, process string) string { return "process:" + host + "/" + process }
+func ServiceID(host, proto string, port uint16) string {
+	return fmt.Sprintf("service:%s/%s/%d", host, proto, port)
+}
+func ExternalID(addr string, port uint16) string {
+	if port == 0 {
+		return "external:" + addr
+	}
+	return "external:" + netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()
+}
+
+// owners maps addresses to the host that holds them. Loopback and
+// unspecified addresses belong to whichever host observed them.
+type owners map[string]string
+
+func newOwners(hosts []store.Host) owners {
+	o := owners{}
+	for _, h := range hosts {
+		for _, a := range h.Addrs {
+			if ip, err := netip.ParseAddr(a); err == nil && !ip.IsLoopback() && !ip.IsUnspecified() && !ip.IsLinkLocalUnicast() {
+				o[a] = h.ID
+			}
+		}
+	}
+	return o
+}
+
+func (o owners) of(addr, observer string) (string, bool) {
+	if ip, err := netip.ParseAddr(addr); err == nil && (ip.IsLoopback() || ip.IsUnspecified()) {
+		return observer, true
+	}
+	h, ok := o[addr]
+	return h, ok
+}
+
+// side is one end's view of a dependency, summed.
+type side struct {
+	client, server         string // host ids, or "" when external
+	clientAddr, serverAddr string
+	proto                  string
+	port                   uint16
+	process                string
+	conns, failed          uint64
+	toServer, toClient     uint64
+	first, last            time.Time
+}
+
+func (s *side) add(o store.Observation, outbound bool) {
+	s.conns += o.Connections
+	s.failed += o.FailedConnections
+	if outbound {
+		s.toServer += o.BytesSent
+		s.toClient += o.BytesReceived
+	} else {
+		s.toServer += o.BytesReceived
+		s.toClient += o.BytesSent
+	}
+	if s.first.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(s.first)) {
+		s.first = o.FirstSeen
+	}
+	if o.LastSeen.After(s.last) {
+		s.last = o.LastSeen
+	}
+}
+
+// Build joins observations into the graph. For every dependency the
+// client's view gives the counters when the client runs an agent, the
+// server's otherwise; the server's view names the service's process.
+func Build(obs []store.Observation, hosts []store.Host) Graph {
+	own := newOwners(hosts)
+	hostAddr := map[string]string{}
+	for _, h := range hosts {
+		for _, a := range h.Addrs {
+			if ip, err := netip.ParseAddr(a); err == nil && !ip.IsLoopback() {
+				if _, ok := hostAddr[h.ID]; !ok {
+					hostAddr[h.ID] = a
+				}
+			}
+		}
+	}
+
+	type outKey struct {
+		client, process, server, serverAddr, proto string
+		port                                       uint16
+	}
+	type inKey struct {
+		server, proto      string
+		port               uint16
+		client, clientAddr string
+	}
+	outs := map[outKey]*side{}
+	ins := map[inKey]*side{}
+	for _, o := range obs {
+		if o.Direction == "outbound" {
+			server, _ := own.of(o.RemoteAddr, o.HostID)
+			k := outKey{o.HostID, o.Comm, server, "", o.Proto, o.Port}
+			if server == "" {
+				k.serverAddr = o.RemoteAddr
+			}
+			s := outs[k]
+			if s == nil {
+				s = &side{client: o.HostID, server: server, serverAddr: o.RemoteAddr, proto: o.Proto, port: o.Port, process: o.Comm}
+				outs[k] = s
+			}
+			s.add(o, true)
+			continue
+		}
+		client, _ := own.of(o.RemoteAddr, o.HostID)
+		k := inKey{o.HostID, o.Proto, o.Port, client, ""}
+		if client == "" {
+			k.clientAddr = o.RemoteAddr
+		}
+		s := ins[k]
+		if s == nil {
+			s = &side{client: client, clientAddr: o.RemoteAddr, server: o.HostID, serverAddr: o.LocalAddr, proto: o.Proto, port: o.Port}
+			ins[k] = s
+		}
+		s.add(o, false)
+		if o.Comm != "" && (s.process == "" || !o.LastSeen.Before(s.last)) {
+			s.process = o.Comm
+		}
+	}
+
+	g := newBuilder()
+	matched := map[inKey]bool{}
+	for _, out := range outs {
+		from := g.node(Node{ID: ProcessID(out.client, out.process), Kind: KindProcess, Host: out.client, Addr: hostAddr[out.client], Process: out.process})
+		var to string
+		if out.server == "" {
+			to = g.node(Node{ID: ExternalID(out.serverAddr, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto})
+		} else {
+			ik := inKey{out.server, out.proto, out.port, out.client, ""}
+			process := ""
+			if in, ok := ins[ik]; ok {
+				matched[ik] = true
+				process = in.process
+			}
+			to = g.node(Node{ID: ServiceID(out.server, out.proto, out.port), Kind: KindService, Host: out.server,
+				Addr: hostAddr[out.server], Port: out.port, Proto: out.proto, Process: process})
+		}
+		g.edge(from, to, out)
+	}
+	for k, in := range ins {
+		if matched[k] {
+			continue
+		}
+		to := g.node(Node{ID: ServiceID(in.server, in.proto, in.port), Kind: KindService, Host: in.server,
+			Addr: hostAddr[in.server], Port: in.port, Proto: in.proto, Process: in.process})
+		var from string
+		if in.client == "" {
+			from = g.node(Node{ID: ExternalID(in.clientAddr, 0), Kind: KindExternal, Addr: in.clientAddr})
+		} else {
+			// The client host runs an agent that did not report this
+			// dependency (it started later, or lost it): its process is
+			// unknown.
+			from = g.node(Node{ID: ProcessID(in.client, ""), Kind: KindProcess, Host: in.client, Addr: hostAddr[in.client]})
+		}
+		g.edge(from, to, in)
+	}
+	return g.graph()
+}
+
+type builder struct {
+	nodes map[string]Node
+	edges map[[2]string]*Edge
+}
+
+func newBuilder() *builder {
+	return &builder{nodes: map[string]Node{}, edges: map[[2]string]*Edge{}}
+}
+
+// node adds n, or completes an existing node's missing process name.
+func (b *builder) node(n Node) string {
+	if old, ok := b.nodes[n.ID]; ok {
+		if old.Process == "" {
+			old.Process = n.Process
+		}
+		b.nodes[n.ID] = old
+		return n.ID
+	}
+	b.nodes[n.ID] = n
+	return n.ID
+}
+
+func (b *builder) edge(from, to string, s *side) {
+	k := [2]string{from, to}
+	e := b.edges[k]
+	if e == nil {
+		e = &Edge{From: from, To: to, Proto: s.proto, Port: s.port, FirstSeen: s.first}
+		b.edges[k] = e
+	}
+	e.Connections += s.conns
+	e.FailedConnections += s.failed
+	e.BytesSent += s.toServer
+	e.BytesReceived += s.toClient
+	if !s.first.IsZero() && s.first.Before(e.FirstSeen) {
+		e.FirstSeen = s.first
+	}
+	if s.last.After(e.LastSeen) {
+		e.LastSeen = s.last
+	}
+}
+
+func (b *builder) graph() Graph {
+	g := Graph{Nodes: []Node{}, Edges: []Edge{}}
+	for _, n := range b.nodes {
+		g.Nodes = append(g.Nodes, n)
+	}
+	for _, e := range b.edges {
+		g.Edges = append(g.Edges, *e)
+	}
+	slices.SortFunc(g.Nodes, func(a, b Node) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(g.Edges, func(a, b Edge) int { return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To)) })
+	return g
+}

@@ -1,0 +1,273 @@
+package graph
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// index gives the adjacency the queries walk.
+type index struct {
+	g     Graph
+	nodes map[string]Node
+	out   map[string][]Edge // by From
+	in    map[string][]Edge // by To
+	// services of each (host, process), for walking from a process to
+	// what depends on it, and back.
+	servicesOf map[string][]string
+}
+
+func newIndex(g Graph) *index {
+	ix := &index{g: g, nodes: map[string]Node{}, out: map[string][]Edge{}, in: map[string][]Edge{}, servicesOf: map[string][]string{}}
+	for _, n := range g.Nodes {
+		ix.nodes[n.ID] = n
+		if n.Kind == KindService && n.Process != "" {
+			p := ProcessID(n.Host, n.Process)
+			ix.servicesOf[p] = append(ix.servicesOf[p], n.ID)
+		}
+	}
+	for _, e := range g.Edges {
+		ix.out[e.From] = append(ix.out[e.From], e)
+		ix.in[e.To] = append(ix.in[e.To], e)
+	}
+	// A process that only serves has no node of its own: give it one so
+	// that it can be looked at as a whole.
+	for _, n := range g.Nodes {
+		if p := ProcessID(n.Host, n.Process); n.Kind == KindService && n.Process != "" {
+			if _, ok := ix.nodes[p]; !ok {
+				ix.nodes[p] = Node{ID: p, Kind: KindProcess, Host: n.Host, Addr: n.Addr, Process: n.Process}
+			}
+		}
+	}
+	return ix
+}
+
+// outgoing is what node id depends on: a process's own edges; for a
+// service, the edges of the process that serves it.
+func (ix *index) outgoing(id string) []Edge {
+	n := ix.nodes[id]
+	if n.Kind == KindService {
+		return ix.out[ProcessID(n.Host, n.Process)]
+	}
+	return ix.out[id]
+}
+
+// incoming is what depends on node id: a service's edges; for a process,
+// the edges into every service it serves.
+func (ix *index) incoming(id string) []Edge {
+	n := ix.nodes[id]
+	if n.Kind != KindProcess {
+		return ix.in[id]
+	}
+	var es []Edge
+	for _, s := range ix.servicesOf[id] {
+		es = append(es, ix.in[s]...)
+	}
+	return es
+}
+
+// Resolve finds what a user means by target: "addr:port" (one service or
+// external endpoint), an address (everything on the host that holds it, or
+// the external endpoint), a host id or name (everything on it), or a
+// process name. Except for addr:port, results are entities: a process on a
+// host, with all its services (see ProcessID).
+func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
+	target = strings.TrimSpace(target)
+	if target == "" {
+		return nil, fmt.Errorf("empty target: give a host, an address, address:port or a process name")
+	}
+	var ids []string
+	add := func(id string) {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	entities := func(pred func(Node) bool) {
+		for _, n := range g.Nodes {
+			if pred(n) {
+				add(entityKey(n))
+			}
+		}
+	}
+	owner := map[string]string{}
+	for _, h := range hosts {
+		for _, a := range h.Addrs {
+			owner[a] = h.ID
+		}
+	}
+	if ap, err := netip.ParseAddrPort(target); err == nil {
+		addr := ap.Addr().Unmap().String()
+		host := owner[addr]
+		for _, n := range g.Nodes {
+			if n.Port == ap.Port() && ((n.Kind == KindService && host != "" && n.Host == host) || (n.Kind == KindExternal && n.Addr == addr)) {
+				add(n.ID)
+			}
+		}
+	} else if a, err := netip.ParseAddr(target); err == nil {
+		addr := a.Unmap().String()
+		host := owner[addr]
+		entities(func(n Node) bool { return (host != "" && n.Host == host) || (n.Kind == KindExternal && n.Addr == addr) })
+	} else {
+		for _, h := range hosts {
+			if h.ID == target || h.Name == target {
+				entities(func(n Node) bool { return n.Host == h.ID })
+			}
+		}
+		if len(ids) == 0 {
+			entities(func(n Node) bool { return n.Process == target })
+		}
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("no host, address, service or process matches %q in the selected time range", target)
+	}
+	return ids, nil
+}
+
+// Branch is one edge of a look tree and what lies behind it.
+type Branch struct {
+	Edge     Edge
+	Peer     Node // the service (outbound) or client (inbound)
+	Children []*Branch
+	Repeat   bool // Peer already appears above: not expanded again
+}
+
+// Tree is what look shows for one root node.
+type Tree struct {
+	Root     Node
+	Outbound []*Branch
+	Inbound  []*Branch
+}
+
+// Look builds, for each root, the dependencies (outbound) and dependents
+// (inbound) up to depth levels (depth <= 0: unlimited). Each node is
+// expanded once per direction; a cycle or a shared dependency shows as a
+// repeat.
+func Look(g Graph, roots []string, depth int, outbound, inbound bool) []Tree {
+	ix := newIndex(g)
+	var trees []Tree
+	for _, r := range roots {
+		t := Tree{Root: ix.nodes[r]}
+		if outbound {
+			t.Outbound = ix.walk(r, depth, true, map[string]bool{r: true})
+		}
+		if inbound {
+			t.Inbound = ix.walk(r, depth, false, map[string]bool{r: true})
+		}
+		trees = append(trees, t)
+	}
+	return trees
+}
+
+func (ix *index) walk(id string, depth int, outbound bool, seen map[string]bool) []*Branch {
+	var edges []Edge
+	if outbound {
+		edges = ix.outgoing(id)
+	} else {
+		edges = ix.incoming(id)
+	}
+	var out []*Branch
+	for _, e := range edges {
+		peerID := e.To
+		if !outbound {
+			peerID = e.From
+		}
+		b := &Branch{Edge: e, Peer: ix.nodes[peerID]}
+		// The same (host, process) reached through another of its
+		// services counts as seen too.
+		key := entityKey(b.Peer)
+		if seen[peerID] || seen[key] {
+			b.Repeat = true
+		} else {
+			seen[peerID], seen[key] = true, true
+			if depth != 1 {
+				b.Children = ix.walk(peerID, depth-1, outbound, seen)
+			}
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+func entityKey(n Node) string {
+	if n.Kind == KindExternal || n.Process == "" {
+		return n.ID
+	}
+	return ProcessID(n.Host, n.Process)
+}
+
+// Reachable returns the subgraph of nodes within depth edges of roots, in
+// either direction (depth <= 0: unlimited).
+func Reachable(g Graph, roots []string, depth int) Graph {
+	ix := newIndex(g)
+	keep := map[string]bool{}
+	edges := map[[2]string]bool{}
+	var visit func(id string, d int, outbound bool)
+	visit = func(id string, d int, outbound bool) {
+		keep[id] = true
+		if d == 0 {
+			return
+		}
+		var es []Edge
+		if outbound {
+			es = ix.outgoing(id)
+		} else {
+			es = ix.incoming(id)
+		}
+		for _, e := range es {
+			k := [2]string{e.From, e.To}
+			if edges[k] {
+				continue
+			}
+			edges[k] = true
+			keep[e.From], keep[e.To] = true, true
+			next := e.To
+			if !outbound {
+				next = e.From
+			}
+			visit(next, d-1, outbound)
+		}
+	}
+	for _, r := range roots {
+		visit(r, depth, true)
+		visit(r, depth, false)
+	}
+	out := Graph{Nodes: []Node{}, Edges: []Edge{}}
+	for _, n := range g.Nodes {
+		if keep[n.ID] {
+			out.Nodes = append(out.Nodes, n)
+		}
+	}
+	for _, e := range g.Edges {
+		if edges[[2]string{e.From, e.To}] {
+			out.Edges = append(out.Edges, e)
+		}
+	}
+	return out
+}
+
+// Diff lists the edges of after that before lacks (appeared) and those of
+// before that after lacks (disappeared).
+func Diff(before, after Graph) (appeared, disappeared []Edge) {
+	has := func(g Graph) map[[2]string]bool {
+		m := map[[2]string]bool{}
+		for _, e := range g.Edges {
+			m[[2]string{e.From, e.To}] = true
+		}
+		return m
+	}
+	b, a := has(before), has(after)
+	for _, e := range after.Edges {
+		if !b[[2]string{e.From, e.To}] {
+			appeared = append(appeared, e)
+		}
+	}
+	for _, e := range before.Edges {
+		if !a[[2]string{e.From, e.To}] {
+			disappeared = append(disappeared, e)
+		}
+	}
+	return appeared, disappeared
+}

@@ -1,0 +1,188 @@
+package graph
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Formats accepted by `deptrace graph --format`.
+var Formats = []string{"json", "dot", "mermaid"}
+
+// Write renders g in format.
+func Write(w io.Writer, g Graph, format string) error {
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(g)
+	case "dot":
+		return writeDOT(w, g)
+	case "mermaid":
+		return writeMermaid(w, g)
+	}
+	return fmt.Errorf("invalid --format %q: allowed %s", format, strings.Join(Formats, ", "))
+}
+
+// Label is how a node reads in a tree or a picture.
+func Label(n Node) string {
+	switch n.Kind {
+	case KindExternal:
+		if n.Port != 0 {
+			return fmt.Sprintf("%s %s (external)", n.Proto, endpoint(n.Addr, n.Port))
+		}
+		return n.Addr + " (external)"
+	case KindService:
+		proc := n.Process
+		if proc == "" {
+			proc = "?"
+		}
+		return fmt.Sprintf("%s %s %s on %s", n.Proto, endpoint(n.Addr, n.Port), proc, n.Host)
+	default:
+		proc := n.Process
+		if proc == "" {
+			proc = "?"
+		}
+		if n.Addr != "" {
+			return fmt.Sprintf("%s on %s (%s)", proc, n.Host, n.Addr)
+		}
+		return fmt.Sprintf("%s on %s", proc, n.Host)
+	}
+}
+
+func endpoint(addr string, port uint16) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return addr + ":" + strconv.Itoa(int(port))
+	}
+	return netip.AddrPortFrom(a, port).String()
+}
+
+func counters(e Edge) string {
+	return fmt.Sprintf("conns=%d failed=%d sent=%d recv=%d last=%s",
+		e.Connections, e.FailedConnections, e.BytesSent, e.BytesReceived, e.LastSeen.Local().Format(time.DateTime))
+}
+
+// WriteTrees renders look's trees the way operators read ss output: one
+// edge per line, counters at the end, children indented under their parent.
+func WriteTrees(w io.Writer, trees []Tree, outbound, inbound bool) {
+	for i, t := range trees {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintln(w, Label(t.Root))
+		if outbound {
+			fmt.Fprintln(w, "  depends on (outbound):")
+			writeBranches(w, t.Outbound, "    ", true)
+		}
+		if inbound {
+			fmt.Fprintln(w, "  depended on by (inbound):")
+			writeBranches(w, t.Inbound, "    ", false)
+		}
+	}
+}
+
+func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
+	if len(bs) == 0 {
+		fmt.Fprintln(w, indent+"(none)")
+		return
+	}
+	for i, b := range bs {
+		branch, next := "├─ ", "│  "
+		if i == len(bs)-1 {
+			branch, next = "└─ ", "   "
+		}
+		arrow := "-> "
+		if !outbound {
+			arrow = "<- "
+		}
+		repeat := ""
+		if b.Repeat {
+			repeat = "  (shown above)"
+		}
+		fmt.Fprintf(w, "%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), counters(b.Edge), repeat)
+		writeChildren(w, b.Children, indent+next, outbound)
+	}
+}
+
+func writeChildren(w io.Writer, bs []*Branch, indent string, outbound bool) {
+	if len(bs) == 0 {
+		return
+	}
+	writeBranches(w, bs, indent, outbound)
+}
+
+// WriteDiff renders appeared and disappeared edges, one per line.
+func WriteDiff(w io.Writer, g Graph, appeared, disappeared []Edge, before Graph) {
+	nodes := map[string]Node{}
+	for _, n := range before.Nodes {
+		nodes[n.ID] = n
+	}
+	for _, n := range g.Nodes {
+		nodes[n.ID] = n
+	}
+	for _, e := range appeared {
+		fmt.Fprintf(w, "+ %s -> %s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), counters(e))
+	}
+	for _, e := range disappeared {
+		fmt.Fprintf(w, "- %s -> %s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), counters(e))
+	}
+	if len(appeared)+len(disappeared) == 0 {
+		fmt.Fprintln(w, "no edge appeared or disappeared")
+	}
+}
+
+func dotQuote(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+func writeDOT(w io.Writer, g Graph) error {
+	var sb strings.Builder
+	sb.WriteString("digraph deptrace {\n  rankdir=LR;\n  node [fontname=\"sans-serif\"];\n")
+	for _, n := range g.Nodes {
+		shape := "box"
+		switch n.Kind {
+		case KindService:
+			shape = "ellipse"
+		case KindExternal:
+			shape = "diamond"
+		}
+		fmt.Fprintf(&sb, "  %s [label=%s shape=%s];\n", dotQuote(n.ID), dotQuote(Label(n)), shape)
+	}
+	for _, e := range g.Edges {
+		fmt.Fprintf(&sb, "  %s -> %s [label=%s];\n", dotQuote(e.From), dotQuote(e.To),
+			dotQuote(fmt.Sprintf("%s/%d conns=%d", e.Proto, e.Port, e.Connections)))
+	}
+	sb.WriteString("}\n")
+	_, err := io.WriteString(w, sb.String())
+	return err
+}
+
+func writeMermaid(w io.Writer, g Graph) error {
+	ids := map[string]string{}
+	for i, n := range g.Nodes {
+		ids[n.ID] = "n" + strconv.Itoa(i)
+	}
+	esc := func(s string) string { return strings.NewReplacer(`"`, "#quot;").Replace(s) }
+	var sb strings.Builder
+	sb.WriteString("flowchart LR\n")
+	for _, n := range g.Nodes {
+		open, close := "[", "]"
+		switch n.Kind {
+		case KindService:
+			open, close = "([", "])"
+		case KindExternal:
+			open, close = "{{", "}}"
+		}
+		fmt.Fprintf(&sb, "  %s%s\"%s\"%s\n", ids[n.ID], open, esc(Label(n)), close)
+	}
+	for _, e := range g.Edges {
+		fmt.Fprintf(&sb, "  %s -->|\"%s/%d %d conns\"| %s\n", ids[e.From], e.Proto, e.Port, e.Connections, ids[e.To])
+	}
+	_, err := io.WriteString(w, sb.String())
+	return err
+}

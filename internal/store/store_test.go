@@ -1,0 +1,273 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/pgtest"
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// backends opens a fresh store of each kind; every test runs on both.
+func backends(t *testing.T) map[string]string {
+	return map[string]string{
+		"sqlite":   filepath.Join(t.TempDir(), "deptrace.db"),
+		"postgres": pgtest.Start(t),
+	}
+}
+
+func open(t *testing.T, spec string) *store.Store {
+	t.Helper()
+	s, err := store.Open(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+var t0 = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+
+func obs(host, dir, local, remote string, port uint16, comm string, at time.Time, conns, sent uint64) store.Observation {
+	return store.Observation{
+		Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp",
+		LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm, PID: 42,
+		Connections: conns, BytesSent: sent, BytesReceived: sent * 2, FirstSeen: at, LastSeen: at.Add(time.Second),
+	}
+}
+
+// fleet is a three-host dataset: client -> web:80, web -> db:5432, and
+// web -> an external DNS server nobody runs an agent on.
+func fleet(at time.Time) store.Batch {
+	return store.Batch{
+		Hosts: []store.Host{
+			{ID: "client", Name: "client", NetNS: 1, Addrs: []string{"198.51.100.1"}, LastSeen: at},
+			{ID: "web", Name: "web", NetNS: 2, Addrs: []string{"198.51.100.2", "2001:db8::2"}, LastSeen: at},
+			{ID: "db", Name: "db", NetNS: 3, Addrs: []string{"198.51.100.3"}, LastSeen: at},
+		},
+		Services: []store.Service{{HostID: "db", Proto: "tcp", Port: 5432, Comm: "postgres", LastSeen: at}},
+		Observations: []store.Observation{
+			obs("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", at, 5, 100),
+			obs("web", "inbound", "198.51.100.2", "198.51.100.1", 80, "nginx", at, 5, 900),
+			obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", at, 2, 50),
+			obs("db", "inbound", "198.51.100.3", "198.51.100.2", 5432, "postgres", at, 2, 70),
+			obs("web", "outbound", "198.51.100.2", "203.0.113.53", 53, "nginx", at, 0, 30),
+		},
+	}
+}
+
+func TestMigrationsAreIdempotent(t *testing.T) {
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			a := open(t, spec)
+			v, err := a.Version(context.Background())
+			if err != nil || v != store.SchemaVersion {
+				t.Fatalf("version %d, %v; want %d", v, err, store.SchemaVersion)
+			}
+			b := open(t, spec) // a second agent starting on the same store
+			if v, _ := b.Version(context.Background()); v != store.SchemaVersion {
+				t.Errorf("reopened at version %d", v)
+			}
+		})
+	}
+}
+
+func TestCountersAccumulate(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			first := obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", t0, 3, 10)
+			second := first
+			second.Connections, second.BytesSent, second.BytesReceived = 4, 5, 6
+			second.FirstSeen, second.LastSeen = t0.Add(-time.Second), t0.Add(30*time.Second)
+			for _, b := range []store.Batch{{Observations: []store.Observation{first}}, {Observations: []store.Observation{second, second}}} {
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 {
+				t.Fatalf("got %d rows: %+v", len(got), got)
+			}
+			o := got[0]
+			if o.Connections != 3+4+4 || o.BytesSent != 10+5+5 || o.BytesReceived != 20+6+6 {
+				t.Errorf("counters overwritten or lost: %+v", o)
+			}
+			if !o.FirstSeen.Equal(t0.Add(-time.Second)) || !o.LastSeen.Equal(t0.Add(30*time.Second)) {
+				t.Errorf("first/last: %s %s", o.FirstSeen, o.LastSeen)
+			}
+		})
+	}
+}
+
+func TestRangesSelectBuckets(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			for h := 0; h < 3; h++ { // one connection per hour at 10:00, 11:00, 12:00
+				at := t0.Add(time.Duration(h) * time.Hour)
+				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", at, 1, 1)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			count := func(r store.Range) uint64 {
+				got, err := s.Observations(ctx, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var n uint64
+				for _, o := range got {
+					n += o.Connections
+				}
+				return n
+			}
+			if n := count(store.Range{}); n != 3 {
+				t.Errorf("all: %d", n)
+			}
+			if n := count(store.Range{Since: t0.Add(30 * time.Minute)}); n != 2 {
+				t.Errorf("since 10:30: %d", n)
+			}
+			if n := count(store.Range{Since: t0.Add(30 * time.Minute), Until: t0.Add(90 * time.Minute)}); n != 1 {
+				t.Errorf("10:30-11:30: %d", n)
+			}
+			if n := count(store.Range{Until: t0}); n != 0 {
+				t.Errorf("before 10:00: %d", n)
+			}
+		})
+	}
+}
+
+func TestRetentionNeverTouchesRecentBuckets(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			var batch store.Batch
+			for m := 0; m < 10; m++ { // buckets 10:00 ... 10:09
+				batch.Observations = append(batch.Observations, obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", t0.Add(time.Duration(m)*time.Minute), 1, 1))
+			}
+			if err := s.Write(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			// Cutoff in the middle of the 10:05 bucket: 10:00-10:04 ended
+			// before it and go; 10:05 (partly older) and later stay.
+			cutoff := t0.Add(5*time.Minute + 30*time.Second)
+			n, err := s.Retain(ctx, cutoff, store.DefaultBucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != 5 {
+				t.Errorf("deleted %d rows, want 5", n)
+			}
+			got, _ := s.Observations(ctx, store.Range{})
+			if len(got) != 1 || got[0].Connections != 5 || !got[0].FirstSeen.Equal(t0.Add(5*time.Minute)) {
+				t.Errorf("left %+v; want the 5 buckets from 10:05", got)
+			}
+		})
+	}
+}
+
+func TestConcurrentAgents(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			const agents, rounds = 8, 20
+			var wg sync.WaitGroup
+			errs := make(chan error, agents)
+			for a := 0; a < agents; a++ {
+				wg.Add(1)
+				go func(a int) {
+					defer wg.Done()
+					s, err := store.Open(ctx, spec)
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer s.Close()
+					host := fmt.Sprintf("host-%d", a)
+					for r := 0; r < rounds; r++ {
+						b := store.Batch{
+							Hosts: []store.Host{{ID: host, Name: host, Addrs: []string{fmt.Sprintf("198.51.100.%d", a+1)}, LastSeen: t0}},
+							// Every agent also reports the shared database:
+							// same bucket, different reporting host.
+							Observations: []store.Observation{obs(host, "outbound", fmt.Sprintf("198.51.100.%d", a+1), "198.51.100.200", 5432, "app", t0, 1, 10)},
+						}
+						if err := s.Write(ctx, b); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}(a)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			s := open(t, spec)
+			got, _ := s.Observations(ctx, store.Range{})
+			var total uint64
+			for _, o := range got {
+				total += o.Connections
+			}
+			if len(got) != agents || total != agents*rounds {
+				t.Errorf("%d rows, %d connections; want %d rows, %d connections", len(got), total, agents, agents*rounds)
+			}
+		})
+	}
+}
+
+// The same data gives the same graph on both back ends.
+func TestGraphIsTheSameOnBothBackends(t *testing.T) {
+	ctx := context.Background()
+	var results []string
+	for _, name := range []string{"sqlite", "postgres"} {
+		spec := backends(t)[name]
+		s := open(t, spec)
+		if err := s.Write(ctx, fleet(t0)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Observations(ctx, store.Range{Since: t0.Add(-time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts, err := s.Hosts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := graph.Build(got, hosts)
+		if len(g.Edges) != 3 {
+			t.Errorf("%s: %d edges: %+v", name, len(g.Edges), g.Edges)
+		}
+		js, _ := json.Marshal(g)
+		results = append(results, string(js))
+		svcs, err := s.Services(ctx, store.Range{})
+		if err != nil || len(svcs) != 1 || svcs[0].Comm != "postgres" {
+			t.Errorf("%s services: %+v %v", name, svcs, err)
+		}
+	}
+	if results[0] != results[1] {
+		t.Errorf("sqlite and postgres graphs differ:\n%s\n%s", results[0], results[1])
+	}
+}
+
+func TestUnreachableStoreIsOneLineError(t *testing.T) {
+	_, err := store.Open(context.Background(), "postgres://nobody@/deptrace?host=/nonexistent-socket-dir&connect_timeout=2")
+	if err == nil {
+		t.Fatal("connected to nothing")
+	}
+	if msg := err.Error(); len(msg) == 0 || msg[:len("connect to store")] != "connect to store" {
+		t.Errorf("error: %v", err)
+	}
+}
