@@ -91,4 +91,3 @@ func credential() (*syscall.Credential, error) {
 	gid, _ := strconv.Atoi(u.Gid)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
-
