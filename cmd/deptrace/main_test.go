@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +26,15 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	// The fleet test re-executes this binary under role names (symlinks),
+	// so each role is a real process with its own command name.
+	if role, ok := fleetRoles[filepath.Base(os.Args[0])]; ok {
+		if err := role(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "deptrace-cli")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -129,19 +139,7 @@ func start(t *testing.T, args ...string) *proc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		s := bufio.NewScanner(errPipe)
-		once := sync.Once{}
-		for s.Scan() {
-			p.mu.Lock()
-			p.stderr = append(p.stderr, s.Text())
-			p.mu.Unlock()
-			if strings.Contains(s.Text(), "msg=tracing") {
-				once.Do(func() { close(p.ready) })
-			}
-		}
-		p.done <- p.cmd.Wait()
-	}()
+	go p.collect(errPipe, "msg=tracing")
 	select {
 	case <-p.ready:
 	case err := <-p.done:
@@ -150,6 +148,22 @@ func start(t *testing.T, args ...string) *proc {
 		t.Fatalf("deptrace not ready after 30s\n%s", p.errText())
 	}
 	return p
+}
+
+// collect reads stderr line by line and signals ready at the first line
+// containing marker.
+func (p *proc) collect(r io.Reader, marker string) {
+	s := bufio.NewScanner(r)
+	once := sync.Once{}
+	for s.Scan() {
+		p.mu.Lock()
+		p.stderr = append(p.stderr, s.Text())
+		p.mu.Unlock()
+		if strings.Contains(s.Text(), marker) {
+			once.Do(func() { close(p.ready) })
+		}
+	}
+	p.done <- p.cmd.Wait()
 }
 
 func (p *proc) errText() string {

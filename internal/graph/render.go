@@ -96,15 +96,15 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		if i == len(bs)-1 {
 			branch, next = "└─ ", "   "
 		}
-		arrow := "-> "
+		arrow, via := "-> ", ""
 		if !outbound {
-			arrow = "<- "
+			arrow, via = "<- ", fmt.Sprintf("  via %s/%d", b.Edge.Proto, b.Edge.Port)
 		}
 		repeat := ""
 		if b.Repeat {
 			repeat = "  (shown above)"
 		}
-		fmt.Fprintf(w, "%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), counters(b.Edge), repeat)
+		fmt.Fprintf(w, "%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), via, counters(b.Edge), repeat)
 		writeChildren(w, b.Children, indent+next, outbound)
 	}
 }

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/pgtest"
+	"github.com/deptrace/deptrace/internal/testnet"
+)
+
+// fleetRoles are the programs of the fleet test: a client, a proxy that
+// forwards each request to an app server, which asks a database.
+var fleetRoles = map[string]func(args []string) error{
+	"dbserver": func(args []string) error {
+		return serve(args[0], func(req string) (string, error) { return "row for " + req, nil })
+	},
+	"app":   func(args []string) error { return serve(args[0], forwardTo(args[1])) },
+	"proxy": func(args []string) error { return serve(args[0], forwardTo(args[1])) },
+	"client": func(args []string) error {
+		n, _ := strconv.Atoi(args[1])
+		for i := 0; i < n; i++ {
+			if _, err := ask(args[0], fmt.Sprintf("req-%d", i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	},
+}
+
+// serve answers one line per connection, for at most a minute.
+func serve(addr string, handle func(string) (string, error)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	time.AfterFunc(time.Minute, func() { ln.Close() })
+	fmt.Println("ready")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return nil
+		}
+		go func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			req, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
+			}
+			resp, err := handle(strings.TrimSpace(req))
+			if err != nil {
+				resp = "error: " + err.Error()
+			}
+			fmt.Fprintln(c, resp)
+		}()
+	}
+}
+
+func forwardTo(upstream string) func(string) (string, error) {
+	return func(req string) (string, error) { return ask(upstream, req) }
+}
+
+func ask(addr, req string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintln(c, req)
+	return bufio.NewReader(c).ReadString('\n')
+}
+
+// Four hosts, one agent each writing to one PostgreSQL; the graph must hold
+// exactly the three dependencies, both processes named on each.
+func TestFleetGraph(t *testing.T) {
+	testnet.RequireRoot(t)
+	dsn := pgtest.Start(t)
+	nw := testnet.New(t, 4)
+	client, web, app, db := nw.Hosts[0], nw.Hosts[1], nw.Hosts[2], nw.Hosts[3]
+
+	// Role programs: symlinks to this test binary, named after the role.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := t.TempDir()
+	os.Chmod(roles, 0o755)
+	for name := range fleetRoles {
+		if err := os.Symlink(self, filepath.Join(roles, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// One agent per host, each limited to its host's namespace.
+	var agents []*proc
+	for _, h := range nw.Hosts {
+		p := startReady(t, "msg=\"agent started\"", "agent", "--netns", h.Name, "--store", dsn, "--interval", "1s",
+			"--host-id", "fleet", "--spool", filepath.Join(t.TempDir(), "spool"))
+		agents = append(agents, p)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	startRole := func(h *testnet.Host, role string, args ...string) {
+		cmd := h.Command(ctx, filepath.Join(roles, role), args...)
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		if strings.TrimSpace(line) != "ready" {
+			t.Fatalf("%s on %s did not start: %q", role, h.Name, line)
+		}
+	}
+	hp := func(h *testnet.Host, port int) string { return net.JoinHostPort(h.IPv4.String(), strconv.Itoa(port)) }
+	startRole(db, "dbserver", hp(db, 5432))
+	startRole(app, "app", hp(app, 8080), hp(db, 5432))
+	startRole(web, "proxy", hp(web, 80), hp(app, 8080))
+	const requests = 10
+	if out, err := client.Command(ctx, filepath.Join(roles, "client"), hp(web, 80), strconv.Itoa(requests)).CombinedOutput(); err != nil {
+		t.Fatalf("client: %v %s", err, out)
+	}
+
+	time.Sleep(1500 * time.Millisecond) // let a drain pass
+	for _, p := range agents {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range agents {
+		p.wait(t)
+		if strings.Contains(p.errText(), "level=WARN") || strings.Contains(p.errText(), "level=ERROR") {
+			t.Errorf("agent warned:\n%s", p.errText())
+		}
+	}
+
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", dsn)
+	if code != 0 {
+		t.Fatalf("graph: %s", stderr)
+	}
+	var g graph.Graph
+	if err := json.Unmarshal([]byte(stdout), &g); err != nil {
+		t.Fatal(err)
+	}
+	id := func(h *testnet.Host) string { return "fleet/" + h.Name }
+	nodes := map[string]graph.Node{}
+	for _, n := range g.Nodes {
+		nodes[n.ID] = n
+	}
+	var got []string
+	for _, e := range g.Edges {
+		from, to := nodes[e.From], nodes[e.To]
+		got = append(got, fmt.Sprintf("%s@%s -> %s@%s:%d conns=%d", from.Process, from.Host, to.Process, to.Host, e.Port, e.Connections))
+	}
+	sort.Strings(got)
+	t.Logf("graph edges:\n%s", strings.Join(got, "\n"))
+	want := []string{
+		fmt.Sprintf("app@%s -> dbserver@%s:5432 conns=%d", id(app), id(db), requests),
+		fmt.Sprintf("client@%s -> proxy@%s:80 conns=%d", id(client), id(web), requests),
+		fmt.Sprintf("proxy@%s -> app@%s:8080 conns=%d", id(web), id(app), requests),
+	}
+	sort.Strings(want)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("graph edges:\n%s\nwant exactly:\n%s\nfull graph:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), stdout)
+	}
+
+	// look answers the operator's question on the same store.
+	stdout, stderr, code = run(t, nil, "look", hp(db, 5432), "--reverse", "--store", dsn)
+	if code != 0 {
+		t.Fatalf("look: %s", stderr)
+	}
+	for _, w := range []string{"<- app on " + id(app), "<- proxy on " + id(web), "<- client on " + id(client)} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("look --reverse lacks %q:\n%s", w, stdout)
+		}
+	}
+}
+
+// startReady starts deptrace and waits for a stderr line containing ready.
+func startReady(t *testing.T, ready string, args ...string) *proc {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	p := &proc{ready: make(chan struct{}), done: make(chan error, 1)}
+	p.cmd = exec.CommandContext(ctx, binary, args...)
+	p.cmd.Stdout = &p.stdout
+	errPipe, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.cmd.Process.Kill() })
+	go p.collect(errPipe, ready)
+	select {
+	case <-p.ready:
+	case err := <-p.done:
+		t.Fatalf("deptrace %v exited: %v\n%s", args, err, p.errText())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("deptrace %v not ready\n%s", args, p.errText())
+	}
+	return p
+}

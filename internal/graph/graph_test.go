@@ -1,0 +1,230 @@
+package graph
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+var at = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+
+func o(host, dir, local, remote string, port uint16, comm string, conns, sent, recv uint64) store.Observation {
+	return store.Observation{HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local, RemoteAddr: remote, Port: port,
+		Comm: comm, Connections: conns, BytesSent: sent, BytesReceived: recv, FirstSeen: at, LastSeen: at.Add(time.Minute)}
+}
+
+var hosts = []store.Host{
+	{ID: "client", Addrs: []string{"198.51.100.1", "127.0.0.1", "fe80::1"}},
+	{ID: "web", Addrs: []string{"198.51.100.2", "127.0.0.1", "fe80::1"}},
+	{ID: "app", Addrs: []string{"198.51.100.3"}},
+	{ID: "db", Addrs: []string{"198.51.100.4"}},
+}
+
+// client -> web:80 (nginx) -> app:8080 (app) -> db:5432 (postgres), all
+// four running agents; app also calls an external API.
+func chain() []store.Observation {
+	return []store.Observation{
+		o("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", 5, 500, 5000),
+		o("web", "inbound", "198.51.100.2", "198.51.100.1", 80, "nginx", 5, 5000, 500),
+		o("web", "outbound", "198.51.100.2", "198.51.100.3", 8080, "nginx", 5, 600, 4000),
+		o("app", "inbound", "198.51.100.3", "198.51.100.2", 8080, "app", 5, 4000, 600),
+		o("app", "outbound", "198.51.100.3", "198.51.100.4", 5432, "app", 20, 100, 900),
+		o("db", "inbound", "198.51.100.4", "198.51.100.3", 5432, "postgres", 20, 900, 100),
+		o("app", "outbound", "198.51.100.3", "203.0.113.7", 443, "app", 1, 10, 20),
+	}
+}
+
+func edge(t *testing.T, g Graph, from, to string) Edge {
+	t.Helper()
+	for _, e := range g.Edges {
+		if e.From == from && e.To == to {
+			return e
+		}
+	}
+	t.Fatalf("no edge %s -> %s in %+v", from, to, g.Edges)
+	return Edge{}
+}
+
+func node(t *testing.T, g Graph, id string) Node {
+	t.Helper()
+	for _, n := range g.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	t.Fatalf("no node %s", id)
+	return Node{}
+}
+
+func TestBothEndsJoinIntoOneEdge(t *testing.T) {
+	g := Build(chain(), hosts)
+	if len(g.Edges) != 4 {
+		t.Fatalf("%d edges, want 4: %+v", len(g.Edges), g.Edges)
+	}
+	e := edge(t, g, ProcessID("web", "nginx"), ServiceID("app", "tcp", 8080))
+	if e.Connections != 5 || e.BytesSent != 600 || e.BytesReceived != 4000 {
+		t.Errorf("joined edge should carry the client's counters: %+v", e)
+	}
+	if n := node(t, g, ServiceID("app", "tcp", 8080)); n.Process != "app" || n.Addr != "198.51.100.3" {
+		t.Errorf("service node: %+v", n)
+	}
+	if n := node(t, g, ServiceID("db", "tcp", 5432)); n.Process != "postgres" {
+		t.Errorf("server process not named: %+v", n)
+	}
+	ext := edge(t, g, ProcessID("app", "app"), ExternalID("203.0.113.7", 443))
+	if ext.Connections != 1 {
+		t.Errorf("external edge: %+v", ext)
+	}
+	if n := node(t, g, ExternalID("203.0.113.7", 443)); n.Kind != KindExternal || n.Port != 443 {
+		t.Errorf("external node: %+v", n)
+	}
+}
+
+func TestOnlyTheServerReports(t *testing.T) {
+	// A client with no agent: the server's view makes the edge, from an
+	// external client, with bytes turned to the client's point of view.
+	g := Build([]store.Observation{o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 3, 900, 100)}, hosts)
+	e := edge(t, g, ExternalID("203.0.113.9", 0), ServiceID("db", "tcp", 5432))
+	if e.Connections != 3 || e.BytesSent != 100 || e.BytesReceived != 900 {
+		t.Errorf("%+v", e)
+	}
+}
+
+func TestLoopbackStaysOnTheHost(t *testing.T) {
+	g := Build([]store.Observation{
+		o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),
+		o("web", "inbound", "127.0.0.1", "127.0.0.1", 6379, "redis-server", 2, 10, 10),
+		o("client", "outbound", "127.0.0.1", "127.0.0.1", 6379, "other", 1, 1, 1), // another host's loopback
+	}, hosts)
+	if len(g.Edges) != 2 {
+		t.Fatalf("edges %+v", g.Edges)
+	}
+	edge(t, g, ProcessID("web", "php"), ServiceID("web", "tcp", 6379))
+	if n := node(t, g, ServiceID("web", "tcp", 6379)); n.Process != "redis-server" {
+		t.Errorf("%+v", n)
+	}
+	edge(t, g, ProcessID("client", "other"), ServiceID("client", "tcp", 6379))
+}
+
+func TestResolve(t *testing.T) {
+	g := Build(chain(), hosts)
+	cases := map[string][]string{
+		"postgres":          {ProcessID("db", "postgres")},
+		"198.51.100.4":      {ProcessID("db", "postgres")},
+		"198.51.100.3:8080": {ServiceID("app", "tcp", 8080)},
+		"app":               {ProcessID("app", "app")}, // host id "app" wins over process "app"; same entity here
+		"203.0.113.7:443":   {ExternalID("203.0.113.7", 443)},
+	}
+	for target, want := range cases {
+		got, err := Resolve(g, hosts, target)
+		if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%s: %v %v; want %v", target, got, err, want)
+		}
+	}
+	if _, err := Resolve(g, hosts, "nosuch"); err == nil || !strings.Contains(err.Error(), `"nosuch"`) {
+		t.Errorf("unknown target: %v", err)
+	}
+}
+
+func TestLookDepthAndReverse(t *testing.T) {
+	g := Build(chain(), hosts)
+	roots, _ := Resolve(g, hosts, "nginx")
+	trees := Look(g, roots, 1, true, true)
+	if len(trees) != 1 || len(trees[0].Outbound) != 1 || len(trees[0].Outbound[0].Children) != 0 || len(trees[0].Inbound) != 1 {
+		t.Fatalf("depth 1: %+v", trees)
+	}
+	trees = Look(g, roots, 0, true, false)
+	app := trees[0].Outbound[0]
+	if app.Peer.ID != ServiceID("app", "tcp", 8080) || len(app.Children) != 2 {
+		t.Fatalf("unlimited outbound from nginx: %+v", app)
+	}
+	// Impact of the database: everything that transitively depends on it.
+	roots, _ = Resolve(g, hosts, "198.51.100.4:5432")
+	trees = Look(g, roots, 0, false, true)
+	var chainSeen []string
+	for b := trees[0].Inbound; len(b) > 0; b = b[0].Children {
+		chainSeen = append(chainSeen, b[0].Peer.Process)
+	}
+	if strings.Join(chainSeen, ",") != "app,nginx,curl" {
+		t.Errorf("reverse chain %v", chainSeen)
+	}
+}
+
+func TestCyclesAreShownOnce(t *testing.T) {
+	// a calls b, b calls a: the tree must end, marking the repeat.
+	obs := []store.Observation{
+		o("web", "outbound", "198.51.100.2", "198.51.100.3", 9000, "a", 1, 1, 1),
+		o("app", "inbound", "198.51.100.3", "198.51.100.2", 9000, "b", 1, 1, 1),
+		o("app", "outbound", "198.51.100.3", "198.51.100.2", 9001, "b", 1, 1, 1),
+		o("web", "inbound", "198.51.100.2", "198.51.100.3", 9001, "a", 1, 1, 1),
+	}
+	g := Build(obs, hosts)
+	roots, _ := Resolve(g, hosts, "a")
+	trees := Look(g, roots, 0, true, false)
+	b := trees[0].Outbound[0]
+	if b.Repeat || len(b.Children) != 1 || !b.Children[0].Repeat {
+		t.Fatalf("cycle: %+v / %+v", b, b.Children)
+	}
+	var buf bytes.Buffer
+	WriteTrees(&buf, trees, true, false)
+	if strings.Count(buf.String(), "(shown above)") != 1 {
+		t.Errorf("tree:\n%s", buf.String())
+	}
+}
+
+func TestReachableAndDiff(t *testing.T) {
+	g := Build(chain(), hosts)
+	roots, _ := Resolve(g, hosts, "198.51.100.3:8080")
+	sub := Reachable(g, roots, 1)
+	if len(sub.Edges) != 3 { // nginx->app, app->db, app->external
+		t.Errorf("reachable depth 1: %+v", sub.Edges)
+	}
+	before := Build(chain()[:4], hosts)
+	appeared, disappeared := Diff(before, g)
+	if len(appeared) != 2 || len(disappeared) != 0 {
+		t.Errorf("diff: +%v -%v", appeared, disappeared)
+	}
+	appeared, disappeared = Diff(g, before)
+	if len(appeared) != 0 || len(disappeared) != 2 {
+		t.Errorf("reverse diff: +%v -%v", appeared, disappeared)
+	}
+}
+
+func TestFormats(t *testing.T) {
+	g := Build(chain(), hosts)
+	var buf bytes.Buffer
+	if err := Write(&buf, g, "json"); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string][]map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"id", "kind", "host", "addr", "port", "proto", "process"} {
+		if _, ok := doc["nodes"][0][k]; !ok {
+			t.Errorf("node field %q missing", k)
+		}
+	}
+	for _, k := range []string{"from", "to", "proto", "port", "connections", "failed_connections", "bytes_sent", "bytes_received", "first_seen", "last_seen"} {
+		if _, ok := doc["edges"][0][k]; !ok {
+			t.Errorf("edge field %q missing", k)
+		}
+	}
+	buf.Reset()
+	Write(&buf, g, "dot")
+	if !strings.HasPrefix(buf.String(), "digraph deptrace {") || strings.Count(buf.String(), "->") != len(g.Edges) {
+		t.Errorf("dot:\n%s", buf.String())
+	}
+	buf.Reset()
+	Write(&buf, g, "mermaid")
+	if !strings.HasPrefix(buf.String(), "flowchart LR") || strings.Count(buf.String(), "-->|") != len(g.Edges) {
+		t.Errorf("mermaid:\n%s", buf.String())
+	}
+	if err := Write(&buf, g, "png"); err == nil || !strings.Contains(err.Error(), "json, dot, mermaid") {
+		t.Errorf("bad format: %v", err)
+	}
+}
