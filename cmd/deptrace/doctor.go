@@ -14,14 +14,18 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
 
 func newDoctorCmd() *cobra.Command {
 	var (
-		tf     tracerFlags
-		sample time.Duration
+		tf        tracerFlags
+		sample    time.Duration
+		storeSpec string
+		spoolPath string
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor",
@@ -39,12 +43,43 @@ loss counters. It exits with status 1 when deptrace cannot run here.`,
 			if sample < 0 || sample > time.Minute {
 				return fmt.Errorf("invalid --sample %s: allowed 0 to 1m", sample)
 			}
+			doctorStore(cmd.Context(), os.Stdout, storeSpec, spoolPath)
 			return runDoctor(cmd.Context(), os.Stdout, cfg, sample)
 		},
 	}
 	tf.register(cmd)
 	cmd.Flags().DurationVar(&sample, "sample", time.Second, "trace this long to read the loss counters (0 to 1m)")
+	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "the agent's store to check")
+	cmd.Flags().StringVar(&spoolPath, "spool", agent.DefaultSpoolPath, "the agent's spool to check")
 	return cmd
+}
+
+// doctorStore reports whether the agent's store answers and what waits in
+// its spool.
+func doctorStore(ctx context.Context, out io.Writer, spec, spoolPath string) {
+	if !strings.Contains(spec, "://") {
+		if _, err := os.Stat(spec); err != nil {
+			fmt.Fprintf(out, "store         none at %s (deptrace agent creates it)\n", spec)
+			spec = ""
+		}
+	}
+	if spec != "" {
+		st, err := store.Open(ctx, spec)
+		if err != nil {
+			fmt.Fprintf(out, "store         UNREACHABLE: %v\n", err)
+		} else {
+			v, _ := st.Version(ctx)
+			fmt.Fprintf(out, "store         %s, schema version %d\n", st, v)
+			st.Close()
+		}
+	}
+	if size, batches, err := agent.SpoolStatus(spoolPath); err != nil {
+		fmt.Fprintf(out, "spool         %s unreadable: %v\n", spoolPath, err)
+	} else if batches > 0 {
+		fmt.Fprintf(out, "spool         %d batches (%d bytes) waiting in %s: the store was unreachable\n", batches, size, spoolPath)
+	} else {
+		fmt.Fprintf(out, "spool         empty (%s)\n", spoolPath)
+	}
 }
 
 func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample time.Duration) error {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/testnet"
@@ -215,3 +216,64 @@ func startReady(t *testing.T, ready string, args ...string) *proc {
 	}
 	return p
 }
+
+// The store goes down: the agent keeps tracing, spools, says so, and
+// writes everything once the store is back.
+func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
+	testnet.RequireRoot(t)
+	pg := pgtest.New(t)
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	pg.Stop()
+
+	spool := filepath.Join(t.TempDir(), "spool.jsonl")
+	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", b.Name, "--store", pg.DSN, "--interval", "1s", "--host-id", "spooltest", "--spool", spool)
+	tcpTraffic(t, nw, 7000, 3)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, batches, _ := agentSpoolStatus(spool); batches > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing spooled while the store was down\n%s", p.errText())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out, _, _ := run(t, nil, "doctor", "--sample", "0", "--store", pg.DSN, "--spool", spool); !strings.Contains(out, "store         UNREACHABLE") || !strings.Contains(out, "waiting in "+spool) {
+		t.Errorf("doctor does not report the outage:\n%s", out)
+	}
+
+	pg.Restart()
+	deadline = time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.errText(), "spooled batches written") {
+		if time.Now().After(deadline) {
+			t.Fatalf("spool never replayed\n%s", p.errText())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t)
+	if !strings.Contains(p.errText(), "spooling") {
+		t.Errorf("the agent never said it was spooling:\n%s", p.errText())
+	}
+
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", pg.DSN)
+	if code != 0 {
+		t.Fatal(stderr)
+	}
+	var g graph.Graph
+	json.Unmarshal([]byte(stdout), &g)
+	// Only b runs an agent: the client is an external endpoint, not dropped.
+	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Connections: 3}
+	found := false
+	for _, e := range g.Edges {
+		if e.From == want.From && e.To == want.To && e.Connections == want.Connections {
+			found = true
+		}
+	}
+	if !found || len(g.Edges) != 1 {
+		t.Errorf("want one edge %s -> %s with 3 connections, got:\n%s", want.From, want.To, stdout)
+	}
+}
+
+var agentSpoolStatus = agent.SpoolStatus

@@ -58,10 +58,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}}
-	if storeErr == nil {
-		log.Info("agent started", "store", st.String(), "interval", cfg.Tracer.Interval, "host", ids.rootID)
-	}
+	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil}
+	log.Info("agent started", "store", cfg.Store, "store_reachable", storeErr == nil, "interval", cfg.Tracer.Interval, "host", ids.rootID)
 
 	batches := make(chan store.Batch, 16)
 	var wg sync.WaitGroup

@@ -28,10 +28,41 @@ func BinDir() (string, error) {
 	return "", fmt.Errorf("no PostgreSQL server binaries (initdb, pg_ctl) found: apt-get install postgresql")
 }
 
+// Cluster is a running throwaway PostgreSQL.
+type Cluster struct {
+	DSN  string
+	t    testing.TB
+	bin  string
+	data string
+	opts string
+	dir  string
+	cred *syscall.Credential
+}
+
 // Start runs a cluster for the duration of the test and returns a DSN for
 // its database "deptrace". A missing PostgreSQL fails the test under
 // CI=true and skips it elsewhere.
 func Start(t testing.TB) string {
+	return New(t).DSN
+}
+
+// Stop stops the server (fast shutdown); Restart starts it again.
+func (c *Cluster) Stop() { c.ctl("-m", "fast", "stop") }
+
+// Restart starts a stopped server on the same socket and data.
+func (c *Cluster) Restart() { c.ctl("-o", c.opts, "-l", filepath.Join(c.dir, "log"), "-w", "start") }
+
+func (c *Cluster) ctl(args ...string) {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(c.bin, "pg_ctl"), append([]string{"-D", c.data}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		c.t.Fatalf("pg_ctl %v: %v\n%s", args, err, out)
+	}
+}
+
+// New is Start, returning the cluster to stop and restart it.
+func New(t testing.TB) *Cluster {
 	t.Helper()
 	bin, err := BinDir()
 	if err != nil {
@@ -75,7 +106,8 @@ func Start(t testing.TB) string {
 		cmd.Run()
 	})
 	run("createdb", "-h", dir, "-U", "postgres", "deptrace")
-	return fmt.Sprintf("postgres://postgres@/deptrace?host=%s&sslmode=disable", dir)
+	return &Cluster{DSN: fmt.Sprintf("postgres://postgres@/deptrace?host=%s&sslmode=disable&connect_timeout=5", dir),
+		t: t, bin: bin, data: data, opts: opts, dir: dir, cred: cred}
 }
 
 // credential is the postgres user's when running as root, else nil.
