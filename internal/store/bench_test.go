@@ -1,0 +1,166 @@
+package store_test
+
+// Benchmarks of the store: ingest from many simulated agents, and queries
+// on a graph of 10,000 nodes and 50,000 edges with a day of history.
+//
+//	go test -run '^$' -bench . -benchtime 3x ./internal/store/
+//
+// Results are written down in docs/performance.md.
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/pgtest"
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+func benchBackends(b *testing.B) map[string]string {
+	return map[string]string{
+		"sqlite":   filepath.Join(b.TempDir(), "bench.db"),
+		"postgres": pgtest.Start(b),
+	}
+}
+
+func hostAddr(h int) string { return fmt.Sprintf("10.%d.%d.1", h/256, h%256) }
+
+// BenchmarkIngest: 16 simulated agents, each writing batches of 500 distinct
+// edges (one interval of a busy host) concurrently.
+func BenchmarkIngest(b *testing.B) {
+	for name, spec := range benchBackends(b) {
+		b.Run(name, func(b *testing.B) {
+			const agents, edgesPerBatch = 16, 500
+			stores := make([]*store.Store, agents)
+			for i := range stores {
+				s, err := store.Open(context.Background(), spec)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				stores[i] = s
+			}
+			var next atomic.Int64
+			at := time.Now().Truncate(time.Minute)
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for a := 0; a < agents; a++ {
+				wg.Add(1)
+				go func(a int) {
+					defer wg.Done()
+					host := fmt.Sprintf("agent-%d", a)
+					for {
+						i := next.Add(1)
+						if i > int64(b.N) {
+							return
+						}
+						batch := store.Batch{Hosts: []store.Host{{ID: host, Name: host, Addrs: []string{hostAddr(a)}, LastSeen: at}}}
+						for e := 0; e < edgesPerBatch; e++ {
+							batch.Observations = append(batch.Observations, store.Observation{
+								Bucket: at.Add(time.Duration(i) * time.Minute), HostID: host, Direction: "outbound", Proto: "tcp",
+								LocalAddr: hostAddr(a), RemoteAddr: hostAddr(e), Port: 5432, Comm: "app",
+								Connections: 3, BytesSent: 100, BytesReceived: 1000, FirstSeen: at, LastSeen: at})
+						}
+						if err := stores[a].Write(context.Background(), batch); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}(a)
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N*edgesPerBatch)/time.Since(start).Seconds(), "edges/s")
+		})
+	}
+}
+
+// dayOfHistory writes 2,500 hosts, each with one client process and three
+// services (10,000 nodes), each client using 20 services elsewhere (50,000
+// edges), every edge active once an hour for 24 hours (1.2 M rows).
+func dayOfHistory(b *testing.B, s *store.Store, now time.Time) {
+	const hosts, fanout = 2500, 20
+	ports := []uint16{80, 5432, 6379}
+	procs := []string{"nginx", "postgres", "redis-server"}
+	ctx := context.Background()
+	var hb store.Batch
+	for h := 0; h < hosts; h++ {
+		hb.Hosts = append(hb.Hosts, store.Host{ID: fmt.Sprintf("h%d", h), Name: fmt.Sprintf("h%d", h), Addrs: []string{hostAddr(h)}, LastSeen: now})
+	}
+	if err := s.Write(ctx, hb); err != nil {
+		b.Fatal(err)
+	}
+	for hour := 24; hour >= 1; hour-- {
+		at := now.Add(-time.Duration(hour) * time.Hour)
+		for first := 0; first < hosts; first += 250 {
+			var batch store.Batch
+			for h := first; h < first+250; h++ {
+				for k := 0; k < fanout; k++ {
+					peer := (h + 1 + k*97) % hosts
+					svc := k % 3
+					batch.Observations = append(batch.Observations,
+						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
+							LocalAddr: hostAddr(h), RemoteAddr: hostAddr(peer), Port: ports[svc], Comm: "app",
+							Connections: 5, BytesSent: 500, BytesReceived: 5000, FirstSeen: at, LastSeen: at.Add(time.Second)})
+					if k < 3 { // the service's own view names its process
+						batch.Observations = append(batch.Observations,
+							store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
+								LocalAddr: hostAddr(peer), RemoteAddr: hostAddr(h), Port: ports[svc], Comm: procs[svc],
+								Connections: 5, BytesSent: 5000, BytesReceived: 500, FirstSeen: at, LastSeen: at.Add(time.Second)})
+					}
+				}
+			}
+			if err := s.Write(ctx, batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+func BenchmarkQueryDay(b *testing.B) {
+	for name, spec := range benchBackends(b) {
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			s, err := store.Open(ctx, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			now := time.Now()
+			t0 := time.Now()
+			dayOfHistory(b, s, now)
+			b.Logf("%s: loaded a day of history in %s", name, time.Since(t0).Round(time.Millisecond))
+			hosts, _ := s.Hosts(ctx)
+
+			run := func(label string, r store.Range, look bool) {
+				b.Run(label, func(b *testing.B) {
+					var g graph.Graph
+					for i := 0; i < b.N; i++ {
+						obs, err := s.Observations(ctx, r)
+						if err != nil {
+							b.Fatal(err)
+						}
+						g = graph.Build(obs, hosts)
+						if look {
+							roots, err := graph.Resolve(g, hosts, "h42")
+							if err != nil {
+								b.Fatal(err)
+							}
+							graph.Look(g, roots, 3, true, true)
+						}
+					}
+					b.ReportMetric(float64(len(g.Nodes)), "nodes")
+					b.ReportMetric(float64(len(g.Edges)), "edges")
+				})
+			}
+			run("graph-24h", store.Range{Since: now.Add(-25 * time.Hour)}, false)
+			run("graph-1h", store.Range{Since: now.Add(-90 * time.Minute)}, false)
+			run("look-depth3-24h", store.Range{Since: now.Add(-25 * time.Hour)}, true)
+		})
+	}
+}
