@@ -9,14 +9,17 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
 )
 
 // seedStore writes a small history: client -> web:80 -> db:5432 an hour
 // ago, and web -> cache:6379 only in the last minutes.
-func seedStore(t *testing.T) string {
+func seedStore(t *testing.T, path string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "deptrace.db")
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "deptrace.db")
+	}
 	s, err := store.Open(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
@@ -48,8 +51,14 @@ func seedStore(t *testing.T) string {
 	return path
 }
 
+// The same commands give the same answers on SQLite and on PostgreSQL.
 func TestLookGraphDiffOnAStore(t *testing.T) {
-	db := seedStore(t)
+	for name, spec := range map[string]string{"sqlite": "", "postgres": pgtest.Start(t)} {
+		t.Run(name, func(t *testing.T) { lookGraphDiff(t, seedStore(t, spec)) })
+	}
+}
+
+func lookGraphDiff(t *testing.T, db string) {
 
 	out, errOut, code := run(t, nil, "look", "nginx", "--store", db)
 	if code != 0 {
@@ -95,7 +104,7 @@ func TestLookGraphDiffOnAStore(t *testing.T) {
 }
 
 func TestQueryErrors(t *testing.T) {
-	db := seedStore(t)
+	db := seedStore(t, "")
 	cases := []struct {
 		args []string
 		want string
