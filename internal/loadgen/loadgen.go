@@ -1,7 +1,12 @@
 // Package loadgen is deptrace's TCP/UDP echo load generator, in the spirit
-// of the published evaluation's "connperf": closed-loop clients that either
-// open a new connection per round trip (short-lived) or keep connections
-// open (persistent), against an echo server.
+// of the published evaluation's "connperf": clients that open a new
+// connection per round trip (short-lived), keep connections open
+// (persistent), or exchange datagrams (UDP), against echo servers, either as
+// fast as they go or paced to a target rate. Clients can spread their
+// source addresses over many loopback addresses and servers listen on many
+// ports, so one machine can emulate many hosts and services. The load keeps
+// its own ground truth: every (client, server, port, protocol) edge that
+// completed a round trip.
 package loadgen
 
 import (
@@ -10,7 +15,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,11 +35,20 @@ var Workloads = []string{TCPShort, TCPPersistent, UDP}
 
 // Config is one load run.
 type Config struct {
-	Workload    string
-	Addr        string // server host:port
-	Concurrency int    // parallel clients (connections for tcp-persistent)
-	MsgSize     int    // bytes per request and per response
-	Duration    time.Duration
+	Workload string
+	// Addrs are the servers (host:port); round trips rotate over them.
+	Addrs []string
+	// Sources are client source addresses, one per emulated client host;
+	// empty lets the kernel choose.
+	Sources []netip.Addr
+	// Concurrency is the number of parallel clients (tcp-short, udp) or of
+	// connections held open (tcp-persistent).
+	Concurrency int
+	// Rate is the target round trips per second over all clients (for
+	// tcp-short, new connections per second); 0 runs as fast as possible.
+	Rate     float64
+	MsgSize  int
+	Duration time.Duration
 }
 
 // Validate names the first bad field and its allowed values.
@@ -44,27 +60,47 @@ func (c Config) Validate() error {
 		return fmt.Errorf("invalid concurrency %d: allowed 1 to 10000", c.Concurrency)
 	}
 	if c.MsgSize < 1 || c.MsgSize > 65000 {
-		return fmt.Errorf("invalid message size %d: allowed 1 to 65000", c.MsgSize)
+		return fmt.Errorf("invalid msg-size %d: allowed 1 to 65000", c.MsgSize)
 	}
 	if c.Duration <= 0 || c.Duration > 24*time.Hour {
 		return fmt.Errorf("invalid duration %s: allowed above 0 up to 24h", c.Duration)
 	}
+	if c.Rate < 0 || c.Rate > 10_000_000 {
+		return fmt.Errorf("invalid rate %g: allowed 0 (as fast as possible) to 10000000", c.Rate)
+	}
+	if len(c.Addrs) == 0 {
+		return errors.New("invalid addrs: at least one server address is needed")
+	}
 	return nil
+}
+
+// Edge is one client-to-server dependency the load really exercised.
+type Edge struct {
+	Client     string `json:"client"` // client address ("" when the kernel chose)
+	Server     string `json:"server"` // server address
+	Port       uint16 `json:"port"`
+	Proto      string `json:"proto"`
+	RoundTrips uint64 `json:"round_trips"`
 }
 
 // Result is what a run achieved.
 type Result struct {
 	Workload   string        `json:"workload"`
+	TargetRate float64       `json:"target_rate_per_s"` // 0: as fast as possible
 	RoundTrips uint64        `json:"round_trips"`
 	Errors     uint64        `json:"errors"`
 	Elapsed    time.Duration `json:"elapsed_ns"`
 	Rate       float64       `json:"rate_per_s"`
-	P50        time.Duration `json:"p50_ns"`
-	P90        time.Duration `json:"p90_ns"`
-	P99        time.Duration `json:"p99_ns"`
+	// Reached is false when a target rate was set and the load fell more
+	// than 5 % short of it.
+	Reached bool          `json:"reached"`
+	P50     time.Duration `json:"p50_ns"`
+	P90     time.Duration `json:"p90_ns"`
+	P99     time.Duration `json:"p99_ns"`
 	// CPU is the load process's user+system CPU time (filled by whoever
 	// ran it as a process).
-	CPU time.Duration `json:"cpu_ns,omitempty"`
+	CPU   time.Duration `json:"cpu_ns,omitempty"`
+	Edges []Edge        `json:"edges"`
 }
 
 // CPUPerRoundTrip is the load's own CPU cost of one round trip.
@@ -75,9 +111,36 @@ func (r Result) CPUPerRoundTrip() time.Duration {
 	return r.CPU / time.Duration(r.RoundTrips)
 }
 
-// Serve runs a TCP and a UDP echo server on addr until ctx is done. It
-// returns once both sockets listen, with the bound address.
-func Serve(ctx context.Context, addr string) (string, error) {
+// Serve runs a TCP and a UDP echo server on each of n consecutive ports
+// from addr's port (port 0 with n == 1 picks a free one) until ctx is done.
+// It returns the bound addresses once all listen.
+func Serve(ctx context.Context, addr string, n int) ([]string, error) {
+	if n < 1 || n > 20000 {
+		return nil, fmt.Errorf("invalid ports %d: allowed 1 to 20000", n)
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("invalid serve address %q: want ip:port", addr)
+	}
+	if n > 1 && (ap.Port() == 0 || int(ap.Port())+n-1 > 65535) {
+		return nil, fmt.Errorf("invalid serve address %q for %d ports: give a first port with room for all", addr, n)
+	}
+	var out []string
+	for i := 0; i < n; i++ {
+		a := netip.AddrPortFrom(ap.Addr(), ap.Port()+uint16(i))
+		if ap.Port() == 0 {
+			a = ap
+		}
+		bound, err := serveOne(ctx, a.String())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, bound)
+	}
+	return out, nil
+}
+
+func serveOne(ctx context.Context, addr string) (string, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("listen tcp %s: %w", addr, err)
@@ -125,6 +188,45 @@ func echoConn(c net.Conn) {
 	}
 }
 
+// Pacer hands out start times at a fixed rate. Each worker owns one: with
+// c workers sharing a target rate r, each is paced at r/c.
+type Pacer struct {
+	interval time.Duration
+	next     time.Time
+}
+
+// NewPacer paces at rate per second starting at start; rate 0 never waits.
+func NewPacer(rate float64, start time.Time) *Pacer {
+	p := &Pacer{next: start}
+	if rate > 0 {
+		p.interval = time.Duration(float64(time.Second) / rate)
+	}
+	return p
+}
+
+// Wait returns how long to sleep before the next round trip. A worker that
+// has fallen behind does not sleep and does not burst to catch up beyond
+// one interval: a rate it cannot reach shows as a lower achieved rate.
+func (p *Pacer) Wait(now time.Time) time.Duration {
+	if p.interval == 0 {
+		return 0
+	}
+	if now.Sub(p.next) > p.interval {
+		p.next = now // behind: drop the backlog
+	}
+	d := p.next.Sub(now)
+	p.next = p.next.Add(p.interval)
+	if d < 0 {
+		return 0
+	}
+	return d
+}
+
+type edgeKey struct {
+	client string
+	server string
+}
+
 // Run drives the load until cfg.Duration passes or ctx is done.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
@@ -132,31 +234,59 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
-	var trips, errs atomic.Uint64
+	var trips, errs, seq atomic.Uint64
 	lat := make([][]time.Duration, cfg.Concurrency)
+	edges := make([]map[edgeKey]uint64, cfg.Concurrency)
+	network := "tcp"
+	if cfg.Workload == UDP {
+		network = "udp"
+	}
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := 0; w < cfg.Concurrency; w++ {
+		edges[w] = map[edgeKey]uint64{}
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
+			pacer := NewPacer(cfg.Rate/float64(cfg.Concurrency), start)
 			req := make([]byte, cfg.MsgSize)
 			resp := make([]byte, cfg.MsgSize)
 			var conn net.Conn
+			var key edgeKey
 			defer func() {
 				if conn != nil {
 					conn.Close()
 				}
 			}()
 			for ctx.Err() == nil {
+				if d := pacer.Wait(time.Now()); d > 0 {
+					select {
+					case <-time.After(d):
+					case <-ctx.Done():
+						return
+					}
+				}
 				t0 := time.Now()
 				err := func() error {
 					if conn == nil {
-						network := "tcp"
-						if cfg.Workload == UDP {
-							network = "udp"
+						// Persistent connections keep one peer pair each;
+						// the others rotate so every pair gets traffic.
+						i := seq.Add(1) - 1
+						if cfg.Workload == TCPPersistent {
+							i = uint64(w)
 						}
-						c, err := net.DialTimeout(network, cfg.Addr, 5*time.Second)
+						key = edgeKey{server: cfg.Addrs[i%uint64(len(cfg.Addrs))]}
+						d := net.Dialer{Timeout: 5 * time.Second}
+						if len(cfg.Sources) > 0 {
+							src := cfg.Sources[(i/uint64(len(cfg.Addrs))+i)%uint64(len(cfg.Sources))]
+							key.client = src.String()
+							if network == "udp" {
+								d.LocalAddr = &net.UDPAddr{IP: src.AsSlice()}
+							} else {
+								d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+							}
+						}
+						c, err := d.Dial(network, key.server)
 						if err != nil {
 							return err
 						}
@@ -173,7 +303,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					_, err := io.ReadFull(conn, resp)
 					return err
 				}()
-				if cfg.Workload == TCPShort || err != nil {
+				if cfg.Workload != TCPPersistent || err != nil {
 					if conn != nil {
 						conn.Close()
 						conn = nil
@@ -186,6 +316,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					continue
 				}
 				trips.Add(1)
+				edges[w][key]++
 				if len(lat[w]) < 1<<20 {
 					lat[w] = append(lat[w], time.Since(t0))
 				}
@@ -196,15 +327,58 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	elapsed := time.Since(start)
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := Result{Workload: cfg.Workload, RoundTrips: trips.Load(), Errors: errs.Load(), Elapsed: elapsed,
+	r := Result{Workload: cfg.Workload, TargetRate: cfg.Rate, RoundTrips: trips.Load(), Errors: errs.Load(), Elapsed: elapsed,
 		Rate: float64(trips.Load()) / elapsed.Seconds()}
+	r.Reached = cfg.Rate == 0 || r.Rate >= 0.95*cfg.Rate
 	if len(all) > 0 {
 		r.P50, r.P90, r.P99 = pct(all, 50), pct(all, 90), pct(all, 99)
 	}
+	r.Edges = mergeEdges(edges, network)
 	if r.RoundTrips == 0 {
 		return r, errors.New("no round trip completed")
 	}
 	return r, nil
+}
+
+// mergeEdges turns the workers' counts into the sorted ground truth.
+func mergeEdges(per []map[edgeKey]uint64, proto string) []Edge {
+	sum := map[edgeKey]uint64{}
+	for _, m := range per {
+		for k, n := range m {
+			sum[k] += n
+		}
+	}
+	out := make([]Edge, 0, len(sum))
+	for k, n := range sum {
+		ap, err := netip.ParseAddrPort(k.server)
+		if err != nil {
+			continue
+		}
+		out = append(out, Edge{Client: k.client, Server: ap.Addr().Unmap().String(), Port: ap.Port(), Proto: proto, RoundTrips: n})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Client != out[j].Client {
+			return out[i].Client < out[j].Client
+		}
+		if out[i].Server != out[j].Server {
+			return out[i].Server < out[j].Server
+		}
+		return out[i].Port < out[j].Port
+	})
+	return out
+}
+
+// Sources returns n loopback client addresses, 127.1.0.1 onwards, one per
+// emulated client host.
+func Sources(n int) ([]netip.Addr, error) {
+	if n < 0 || n > 65000 {
+		return nil, fmt.Errorf("invalid clients %d: allowed 0 to 65000", n)
+	}
+	out := make([]netip.Addr, n)
+	for i := 0; i < n; i++ {
+		out[i] = netip.AddrFrom4([4]byte{127, 1, byte((i + 1) / 256), byte((i + 1) % 256)})
+	}
+	return out, nil
 }
 
 func pct(sorted []time.Duration, p int) time.Duration {
