@@ -41,6 +41,11 @@ const enum stat_index *_btf_stat_index __attribute__((unused));
 /* Set by the loader before load. 0 traces every network namespace. */
 const volatile __u32 target_netns = 0;
 
+/* Benchmark baseline only (deptrace bench compare): keep the client's
+ * ephemeral port in the key, i.e. aggregate per 5-tuple instead of
+ * bundling. The verifier removes the dead branches when false. */
+const volatile bool five_tuple = false;
+
 /* The bundled-flow map template. Two maps of this shape exist; the outer
  * array holds the one programs write to. Swapping the slot from user space
  * waits for an RCU grace period (the kernel does this for map-in-map
@@ -311,6 +316,12 @@ int BPF_PROG(on_tcp_state, const struct sock *sk, const int oldstate, const int 
 	if (active) {
 		k.direction = DIR_OUTBOUND;
 		k.port = bpf_ntohs(sk->__sk_common.skc_dport);
+		if (five_tuple) {
+			/* The ephemeral port is chosen after SYN_SENT is set. */
+			if (newstate == TCP_SYN_SENT)
+				return 0;
+			k.client_port = lport;
+		}
 		struct flow_value *v = flow_entry(&k);
 		if (!v)
 			return 0;
@@ -331,6 +342,8 @@ int BPF_PROG(on_tcp_state, const struct sock *sk, const int oldstate, const int 
 	 * process recorded at listen() names the server. */
 	k.direction = DIR_INBOUND;
 	k.port = lport;
+	if (five_tuple)
+		k.client_port = bpf_ntohs(sk->__sk_common.skc_dport);
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return 0;
@@ -394,9 +407,13 @@ static __always_inline void count_bytes(struct sock *sk, int ret, int flags, boo
 	if (any && *any && port_lookup(netns, proto, lport)) {
 		k.direction = DIR_INBOUND;
 		k.port = lport;
+		if (five_tuple)
+			k.client_port = rport;
 	} else {
 		k.direction = DIR_OUTBOUND;
 		k.port = rport;
+		if (five_tuple)
+			k.client_port = lport;
 	}
 
 	struct flow_value *v = flow_entry(&k);

@@ -17,6 +17,10 @@ struct flow_key {
 	__u8 direction;  /* DIR_OUTBOUND or DIR_INBOUND */
 	__u8 local_addr[16];
 	__u8 remote_addr[16];
+	/* The client's port: always 0 when bundling. Set only in the
+	 * per-5-tuple mode the benchmark compares against (five_tuple). */
+	__u16 client_port;
+	__u16 _pad;
 };
 
 /* Per-CPU counters of one bundled flow; user space sums the CPUs. */

@@ -34,6 +34,10 @@ type Config struct {
 	PortMapSize uint32
 	// NetNS limits tracing to one network namespace (inode); 0 = all.
 	NetNS uint32
+	// FiveTuple keeps each client's ephemeral port apart: per-5-tuple
+	// aggregation instead of bundling, so one connection is one record.
+	// It exists as the baseline of `deptrace bench compare`; leave it off.
+	FiveTuple bool
 }
 
 // Limits of Config.Interval.
@@ -56,7 +60,7 @@ func (c Config) Validate() error {
 }
 
 func (c Config) bundlerConfig() bundler.Config {
-	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS}
+	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, FiveTuple: c.FiveTuple}
 }
 
 // Interval is what one drain produced.

@@ -32,6 +32,10 @@ type Config struct {
 	PortMapSize uint32
 	// NetNS limits tracing to one network namespace (inode); 0 traces all.
 	NetNS uint32
+	// FiveTuple keeps the client's port in the key: per-5-tuple
+	// aggregation, the baseline deptrace bench compare measures bundling
+	// against. Never set it to trace.
+	FiveTuple bool
 }
 
 // Limits of Config values, also used for flag validation.
@@ -164,6 +168,9 @@ func Load(cfg Config) (*Bundler, error) {
 	}
 	if err := spec.Variables["target_netns"].Set(cfg.NetNS); err != nil {
 		return nil, fmt.Errorf("set target_netns: %w", err)
+	}
+	if err := spec.Variables["five_tuple"].Set(cfg.FiveTuple); err != nil {
+		return nil, fmt.Errorf("set five_tuple: %w", err)
 	}
 	spec.Maps["ports"].MaxEntries = cfg.PortMapSize
 	innerSpec := spec.Maps["flows"].InnerMap
@@ -304,6 +311,7 @@ type Entry struct {
 	Direction         uint8
 	Port              uint16
 	Local, Remote     netip.Addr // IPv4 unmapped
+	ClientPort        uint16     // per-5-tuple mode only
 	Connections       uint64
 	FailedConnections uint64
 	BytesSent         uint64
@@ -397,12 +405,13 @@ func (b *Bundler) drainIterate(m *ebpf.Map) ([]Entry, error) {
 // that saw it last.
 func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 	e := Entry{
-		NetNS:     k.Netns,
-		Proto:     k.Proto,
-		Direction: k.Direction,
-		Port:      k.Port,
-		Local:     netip.AddrFrom16(k.LocalAddr).Unmap(),
-		Remote:    netip.AddrFrom16(k.RemoteAddr).Unmap(),
+		NetNS:      k.Netns,
+		Proto:      k.Proto,
+		Direction:  k.Direction,
+		Port:       k.Port,
+		ClientPort: k.ClientPort,
+		Local:      netip.AddrFrom16(k.LocalAddr).Unmap(),
+		Remote:     netip.AddrFrom16(k.RemoteAddr).Unmap(),
 	}
 	var procSeen uint64
 	for _, v := range cpus {

@@ -21,6 +21,8 @@ type bundlerFlowKey struct {
 	Direction  uint8
 	LocalAddr  [16]uint8
 	RemoteAddr [16]uint8
+	ClientPort uint16
+	Pad        uint16
 }
 
 type bundlerFlowValue struct {
@@ -111,6 +113,7 @@ const (
 	bundlerVarBtfPortKey      = "_btf_port_key"
 	bundlerVarBtfPortValue    = "_btf_port_value"
 	bundlerVarBtfStatIndex    = "_btf_stat_index"
+	bundlerVarFiveTuple       = "five_tuple"
 	bundlerVarTargetNetns     = "target_netns"
 )
 
@@ -193,6 +196,7 @@ type bundlerVariableSpecs struct {
 	BtfPortKey      *ebpf.VariableSpec `ebpf:"_btf_port_key"`
 	BtfPortValue    *ebpf.VariableSpec `ebpf:"_btf_port_value"`
 	BtfStatIndex    *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
+	FiveTuple       *ebpf.VariableSpec `ebpf:"five_tuple"`
 	TargetNetns     *ebpf.VariableSpec `ebpf:"target_netns"`
 }
 
@@ -243,6 +247,7 @@ type bundlerVariables struct {
 	BtfPortKey      *ebpf.Variable `ebpf:"_btf_port_key"`
 	BtfPortValue    *ebpf.Variable `ebpf:"_btf_port_value"`
 	BtfStatIndex    *ebpf.Variable `ebpf:"_btf_stat_index"`
+	FiveTuple       *ebpf.Variable `ebpf:"five_tuple"`
 	TargetNetns     *ebpf.Variable `ebpf:"target_netns"`
 }
 

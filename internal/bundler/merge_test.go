@@ -75,7 +75,7 @@ func TestConfigValidateNamesTheRange(t *testing.T) {
 // The key layout is part of the kernel contract: no implicit padding.
 func TestKeyLayoutHasNoHoles(t *testing.T) {
 	var k bundlerFlowKey
-	if got := sizeOf(k); got != 4+2+1+1+16+16 {
+	if got := sizeOf(k); got != 4+2+1+1+16+16+2+2 {
 		t.Errorf("flow key is %d bytes", got)
 	}
 	var p bundlerPortKey
