@@ -32,6 +32,7 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Referenced here so the shared types land in BTF for bpf2go. */
 const struct flow_key *_btf_flow_key __attribute__((unused));
+const struct stream_event *_btf_stream_event __attribute__((unused));
 const struct flow_value *_btf_flow_value __attribute__((unused));
 const struct port_key *_btf_port_key __attribute__((unused));
 const struct port_value *_btf_port_value __attribute__((unused));
@@ -41,10 +42,17 @@ const enum stat_index *_btf_stat_index __attribute__((unused));
 /* Set by the loader before load. 0 traces every network namespace. */
 const volatile __u32 target_netns = 0;
 
-/* Benchmark baseline only (deptrace bench compare): keep the client's
- * ephemeral port in the key, i.e. aggregate per 5-tuple instead of
- * bundling. The verifier removes the dead branches when false. */
-const volatile bool five_tuple = false;
+/* MODE_BUNDLE for deptrace. The other modes exist only as the baselines of
+ * deptrace bench compare: same hooks, same key, only the aggregation
+ * differs. The verifier removes the branches of the other modes. */
+const volatile __u8 mode = MODE_BUNDLE;
+#define with_ports (mode != MODE_BUNDLE)
+
+/* Stream mode's ring buffer; the loader gives it one page otherwise. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} events SEC(".maps");
 
 /* The bundled-flow map template. Two maps of this shape exist; the outer
  * array holds the one programs write to. Swapping the slot from user space
@@ -123,6 +131,16 @@ static __always_inline void stat_inc(__u32 idx)
 	__u64 *c = bpf_map_lookup_elem(&stats, &idx);
 	if (c)
 		__sync_fetch_and_add(c, 1);
+}
+
+static __always_inline void stream(const struct flow_key *k, __u8 kind, __u32 bytes)
+{
+	struct stream_event e = {.key = *k, .kind = kind, .bytes = bytes};
+	/* Waking the reader per event costs a self-IPI (microseconds in a
+	 * VM): wake it only once 64 KiB wait; it also polls every 50 ms. */
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > (64 << 10) ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, &e, sizeof(e), flags))
+		stat_inc(STAT_STREAM_DROPPED);
 }
 
 static __always_inline __u32 sk_netns(const struct sock *sk)
@@ -316,11 +334,15 @@ int BPF_PROG(on_tcp_state, const struct sock *sk, const int oldstate, const int 
 	if (active) {
 		k.direction = DIR_OUTBOUND;
 		k.port = bpf_ntohs(sk->__sk_common.skc_dport);
-		if (five_tuple) {
+		if (with_ports) {
 			/* The ephemeral port is chosen after SYN_SENT is set. */
 			if (newstate == TCP_SYN_SENT)
 				return 0;
 			k.client_port = lport;
+			if (mode == MODE_STREAM) {
+				stream(&k, newstate == TCP_ESTABLISHED ? EV_OPEN : EV_FAILED, 0);
+				return 0;
+			}
 		}
 		struct flow_value *v = flow_entry(&k);
 		if (!v)
@@ -342,8 +364,12 @@ int BPF_PROG(on_tcp_state, const struct sock *sk, const int oldstate, const int 
 	 * process recorded at listen() names the server. */
 	k.direction = DIR_INBOUND;
 	k.port = lport;
-	if (five_tuple)
+	if (with_ports)
 		k.client_port = bpf_ntohs(sk->__sk_common.skc_dport);
+	if (mode == MODE_STREAM) {
+		stream(&k, newstate == TCP_ESTABLISHED ? EV_OPEN : EV_FAILED, 0);
+		return 0;
+	}
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return 0;
@@ -374,6 +400,8 @@ static __always_inline void count_bytes(struct sock *sk, int ret, int flags, boo
 	__u16 proto = sk->sk_protocol;
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return;
+	if (mode == MODE_STREAM && proto == IPPROTO_TCP)
+		return; /* streaming sends connect/accept and UDP only */
 	__u16 family = sk->__sk_common.skc_family;
 	if (family != AF_INET && family != AF_INET6)
 		return;
@@ -407,13 +435,17 @@ static __always_inline void count_bytes(struct sock *sk, int ret, int flags, boo
 	if (any && *any && port_lookup(netns, proto, lport)) {
 		k.direction = DIR_INBOUND;
 		k.port = lport;
-		if (five_tuple)
+		if (with_ports)
 			k.client_port = rport;
 	} else {
 		k.direction = DIR_OUTBOUND;
 		k.port = rport;
-		if (five_tuple)
+		if (with_ports)
 			k.client_port = lport;
+	}
+	if (mode == MODE_STREAM) {
+		stream(&k, send ? EV_UDP_SEND : EV_UDP_RECV, ret);
+		return;
 	}
 
 	struct flow_value *v = flow_entry(&k);

@@ -18,7 +18,7 @@ struct flow_key {
 	__u8 local_addr[16];
 	__u8 remote_addr[16];
 	/* The client's port: always 0 when bundling. Set only in the
-	 * per-5-tuple mode the benchmark compares against (five_tuple). */
+	 * baseline modes the benchmark compares against (see mode). */
 	__u16 client_port;
 	__u16 _pad;
 };
@@ -61,13 +61,33 @@ struct listen_record {
 	__u8 _pad;
 };
 
+/* Modes of the object. Only MODE_BUNDLE is deptrace; the others are the
+ * baselines of `deptrace bench compare`, on the very same hooks. */
+#define MODE_BUNDLE 0
+#define MODE_FIVE_TUPLE 1 /* aggregate per 5-tuple: client port in the key */
+#define MODE_STREAM 2     /* stream connect/accept and UDP datagrams */
+
+/* Stream-mode event kinds. */
+#define EV_OPEN 1      /* TCP connection established */
+#define EV_FAILED 2    /* TCP open failed */
+#define EV_UDP_SEND 3
+#define EV_UDP_RECV 4
+
+struct stream_event {
+	struct flow_key key; /* with client_port */
+	__u8 kind;
+	__u8 _pad[3];
+	__u32 bytes;
+};
+
 /* Indexes of the per-CPU loss and event counters. */
 enum stat_index {
 	STAT_FLOW_INSERT_FAILED = 0, /* bundled-flow map full: an event was lost */
 	STAT_PORT_INSERT_FAILED = 1, /* listening-port table full */
 	STAT_UDP_PEER_UNKNOWN = 2,   /* UDP datagram on an unconnected socket whose peer was not seen */
 	STAT_PENDING_INSERT_FAILED = 3, /* no socket storage for a UDP peer */
-	STAT_MAX = 4,
+	STAT_STREAM_DROPPED = 4,        /* stream mode: ring buffer full */
+	STAT_MAX = 5,
 };
 
 #endif

@@ -60,7 +60,11 @@ func (c Config) Validate() error {
 }
 
 func (c Config) bundlerConfig() bundler.Config {
-	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, FiveTuple: c.FiveTuple}
+	bc := bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS}
+	if c.FiveTuple {
+		bc.Mode = bundler.ModeFiveTuple
+	}
+	return bc
 }
 
 // Interval is what one drain produced.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -18,7 +20,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Load generator and overhead benchmarks"}
-	cmd.AddCommand(newBenchLoadCmd(), newBenchServeCmd(), newBenchOverheadCmd())
+	cmd.AddCommand(newBenchLoadCmd(), newBenchServeCmd(), newBenchOverheadCmd(), newBenchCompareCmd())
 	return cmd
 }
 
@@ -171,4 +173,128 @@ prints Markdown tables for docs/performance.md.`,
 	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response")
 	cmd.Flags().StringVar(&workloads, "workloads", loadgen.TCPShort+","+loadgen.TCPPersistent+","+loadgen.UDP, "comma list of workloads")
 	return cmd
+}
+
+func newBenchCompareCmd() *cobra.Command {
+	cfg := bench.CompareConfig{}
+	var (
+		workloads, methods, rates, peers string
+		out                              string
+	)
+	cmd := &cobra.Command{
+		Use:   "compare",
+		Short: "Compare polling, streaming, per-5-tuple aggregation and bundling on the same load (root)",
+		Long: `compare sweeps workload x rate x method, and a many-peers sweep, on loopback.
+For every point it runs the load once without tracing, then once per method
+with the method attached and draining every --interval (the tracer process's
+CPU and the recall of true dependencies), then once per eBPF method with
+bpf_stats on (kernel program time). Progress goes to stderr; results.csv,
+results.json and PNG plots go to --out.`,
+		Example: `  deptrace bench compare --out bench-out
+  deptrace bench compare --workloads tcp-short --rates 1000,5000 --peers "" --duration 3s`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := bundler.CheckCapabilities(); err != nil {
+				return err
+			}
+			var err error
+			if cfg.Workloads, err = listOf("workloads", workloads, loadgen.Workloads); err != nil {
+				return err
+			}
+			if cfg.Methods, err = listOf("methods", methods, bench.Methods); err != nil {
+				return err
+			}
+			if cfg.Rates, err = floats("rates", rates); err != nil {
+				return err
+			}
+			peerRates, err := floats("peers", peers)
+			if err != nil {
+				return err
+			}
+			for _, p := range peerRates {
+				if p < 1 || p > 65000 {
+					return fmt.Errorf("invalid --peers %g: allowed 1 to 65000", p)
+				}
+				cfg.Peers = append(cfg.Peers, int(p))
+			}
+			if !contains(loadgen.Workloads, cfg.PeersWorkload) {
+				return fmt.Errorf("invalid --peers-workload %q: allowed %s", cfg.PeersWorkload, strings.Join(loadgen.Workloads, ", "))
+			}
+			if cfg.Duration < time.Second || cfg.Interval < 100*time.Millisecond || cfg.Interval > cfg.Duration {
+				return fmt.Errorf("invalid --duration %s / --interval %s: allowed duration 1s or more, interval 100ms up to the duration", cfg.Duration, cfg.Interval)
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find own binary: %w", err)
+			}
+			cfg.LoadCommand = []string{self, "bench", "load"}
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				return fmt.Errorf("create --out %s: %w", out, err)
+			}
+			var partial []bench.Row
+			rows, err := bench.Compare(cmd.Context(), cfg, os.Stderr, func(r bench.Row) {
+				partial = append(partial, r)
+				_ = bench.WriteResults(out, partial) // keep what is done if the sweep stops
+			})
+			if err != nil {
+				return err
+			}
+			if err := bench.WriteResults(out, rows); err != nil {
+				return err
+			}
+			files, err := bench.WritePlots(out, rows)
+			if err != nil {
+				return err
+			}
+			bench.WriteCompareMarkdown(os.Stdout, rows, cfg)
+			fmt.Fprintf(os.Stderr, "bench: wrote %s, %s and %d plots\n", filepath.Join(out, "results.csv"), filepath.Join(out, "results.json"), len(files))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&workloads, "workloads", strings.Join(loadgen.Workloads, ","), "workloads to sweep")
+	cmd.Flags().StringVar(&methods, "methods", strings.Join(bench.Methods, ","), "methods to compare")
+	cmd.Flags().StringVar(&rates, "rates", "2500,5000,7500,10000,12500", "target rates per second to sweep")
+	cmd.Flags().StringVar(&peers, "peers", "200,400,600,800,1000", "emulated client hosts for the many-peers sweep (empty: skip it)")
+	cmd.Flags().Float64Var(&cfg.PeersRate, "peers-rate", 5000, "rate of the many-peers sweep")
+	cmd.Flags().StringVar(&cfg.PeersWorkload, "peers-workload", loadgen.TCPShort, "workload of the many-peers sweep")
+	cmd.Flags().DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each run")
+	cmd.Flags().DurationVar(&cfg.Interval, "interval", time.Second, "how often each method hands over its flows")
+	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 16, "clients for tcp-short and udp")
+	cmd.Flags().IntVar(&cfg.Persistent, "persistent", 100, "connections held open for tcp-persistent")
+	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response")
+	cmd.Flags().BoolVar(&cfg.KernelStats, "kernel-stats", true, "also measure kernel program time (one more run per eBPF method)")
+	cmd.Flags().StringVar(&out, "out", "bench-out", "directory for results.csv, results.json and plots")
+	return cmd
+}
+
+func listOf(flag, v string, allowed []string) ([]string, error) {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !contains(allowed, s) {
+			return nil, fmt.Errorf("invalid --%s %q: allowed %s", flag, s, strings.Join(allowed, ", "))
+		}
+		out = append(out, s)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("invalid --%s: give at least one of %s", flag, strings.Join(allowed, ", "))
+	}
+	return out, nil
+}
+
+func floats(flag, v string) ([]float64, error) {
+	var out []float64
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || f <= 0 || f > 10_000_000 {
+			return nil, fmt.Errorf("invalid --%s %q: allowed positive numbers up to 10000000, comma separated", flag, s)
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }

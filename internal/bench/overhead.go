@@ -200,20 +200,38 @@ func runLoad(ctx context.Context, cfg OverheadConfig, workload string) (loadgen.
 	args := append([]string{}, cfg.LoadCommand[1:]...)
 	args = append(args, "--workload", workload, "--concurrency", strconv.Itoa(cfg.Concurrency),
 		"--msg-size", strconv.Itoa(cfg.MsgSize), "--duration", cfg.Duration.String(), "--serve", "127.0.0.1:0", "--output", "json")
-	cmd := exec.CommandContext(ctx, cfg.LoadCommand[0], args...)
+	return runLoadProcess(ctx, cfg.LoadCommand[0], args)
+}
+
+// runLoadProcess runs `deptrace bench load ... --output json` as a process
+// of its own, so that its CPU is never counted as the tracer's.
+func runLoadProcess(ctx context.Context, bin string, args []string) (loadgen.Result, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return loadgen.Result{}, fmt.Errorf("load %s: %w: %s", workload, err, bytes.TrimSpace(stderr.Bytes()))
+		return loadgen.Result{}, fmt.Errorf("load %v: %w: %s", args, err, bytes.TrimSpace(stderr.Bytes()))
 	}
-	var r loadgen.Result
-	if err := json.Unmarshal(stdout.Bytes(), &r); err != nil {
-		return r, fmt.Errorf("load %s: parse result %q: %w", workload, stdout.String(), err)
+	r, err := ParseLoadResult(stdout.Bytes())
+	if err != nil {
+		return r, err
 	}
 	// Kernel programs run inside the load's syscalls and softirqs: its CPU
 	// per round trip, traced against untraced, is an estimate of their true
 	// cost that needs no bpf_stats.
 	r.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return r, nil
+}
+
+// ParseLoadResult reads the JSON `deptrace bench load --output json` prints.
+func ParseLoadResult(data []byte) (loadgen.Result, error) {
+	var r loadgen.Result
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("parse load result %q: %w", bytes.TrimSpace(data), err)
+	}
+	if r.Workload == "" || r.Elapsed <= 0 {
+		return r, fmt.Errorf("parse load result %q: no workload or duration", bytes.TrimSpace(data))
+	}
 	return r, nil
 }
 

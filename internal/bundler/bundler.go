@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/netns"
@@ -32,11 +33,25 @@ type Config struct {
 	PortMapSize uint32
 	// NetNS limits tracing to one network namespace (inode); 0 traces all.
 	NetNS uint32
-	// FiveTuple keeps the client's port in the key: per-5-tuple
-	// aggregation, the baseline deptrace bench compare measures bundling
-	// against. Never set it to trace.
-	FiveTuple bool
+	// Mode is ModeBundle for deptrace. ModeFiveTuple and ModeStream are
+	// the baselines deptrace bench compare measures bundling against, on
+	// the same hooks: per-5-tuple aggregation, and streaming events.
+	Mode Mode
 }
+
+// Mode selects how the kernel side aggregates.
+type Mode uint8
+
+// Modes, as bundler.h defines them.
+const (
+	ModeBundle    Mode = 0
+	ModeFiveTuple Mode = 1
+	ModeStream    Mode = 2
+)
+
+// streamRingSize is the ring buffer of stream mode; other modes get the
+// minimum, one page.
+const streamRingSize = 16 << 20
 
 // Limits of Config values, also used for flag validation.
 const (
@@ -169,12 +184,20 @@ func Load(cfg Config) (*Bundler, error) {
 	if err := spec.Variables["target_netns"].Set(cfg.NetNS); err != nil {
 		return nil, fmt.Errorf("set target_netns: %w", err)
 	}
-	if err := spec.Variables["five_tuple"].Set(cfg.FiveTuple); err != nil {
-		return nil, fmt.Errorf("set five_tuple: %w", err)
+	if err := spec.Variables["mode"].Set(uint8(cfg.Mode)); err != nil {
+		return nil, fmt.Errorf("set mode: %w", err)
+	}
+	if cfg.Mode == ModeStream {
+		spec.Maps["events"].MaxEntries = streamRingSize
 	}
 	spec.Maps["ports"].MaxEntries = cfg.PortMapSize
 	innerSpec := spec.Maps["flows"].InnerMap
 	innerSpec.MaxEntries = cfg.FlowMapSize
+	if cfg.Mode == ModeFiveTuple {
+		// One entry per connection: preallocate, as a per-5-tuple tracer
+		// would, so inserts take a free element instead of allocating.
+		innerSpec.Flags &^= unix.BPF_F_NO_PREALLOC
+	}
 
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -401,6 +424,38 @@ func (b *Bundler) drainIterate(m *ebpf.Map) ([]Entry, error) {
 	return out, nil
 }
 
+// Event is one stream-mode event.
+type Event struct {
+	Entry       // key fields; counters unset
+	Kind  uint8 // EventOpen, EventFailed, EventUDPSend, EventUDPRecv
+	Bytes uint32
+}
+
+// Stream event kinds, as bundler.h defines them.
+const (
+	EventOpen    = 1
+	EventFailed  = 2
+	EventUDPSend = 3
+	EventUDPRecv = 4
+)
+
+// EventReader reads stream-mode events. Close the bundler to stop it.
+func (b *Bundler) EventReader() (*ringbuf.Reader, error) {
+	if b.cfg.Mode != ModeStream {
+		return nil, errors.New("event reader: the bundler is not in stream mode")
+	}
+	return ringbuf.NewReader(b.shared.Maps["events"])
+}
+
+// DecodeEvent parses one ring-buffer record.
+func DecodeEvent(raw []byte) (Event, error) {
+	var e bundlerStreamEvent
+	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, &e); err != nil {
+		return Event{}, fmt.Errorf("decode stream event: %w", err)
+	}
+	return Event{Entry: merge(e.Key, nil), Kind: e.Kind, Bytes: e.Bytes}, nil
+}
+
 // merge sums one flow's per-CPU slots. The process is taken from the slot
 // that saw it last.
 func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
@@ -453,6 +508,7 @@ type Stats struct {
 	UDPPeerUnknown      uint64 // UDP datagrams on unconnected sockets with no peer seen
 	PendingInsertFailed uint64 // UDP peers not remembered: no socket storage
 	RecursionMisses     uint64 // program runs the kernel skipped (nested on one CPU)
+	StreamDropped       uint64 // stream mode only: events the ring buffer had no room for
 	Programs            map[string]ProgramStats
 }
 
@@ -466,7 +522,7 @@ type ProgramStats struct {
 
 // Lost is the total of every loss counter.
 func (s Stats) Lost() uint64 {
-	return s.FlowInsertFailed + s.PortInsertFailed + s.UDPPeerUnknown + s.PendingInsertFailed + s.RecursionMisses
+	return s.FlowInsertFailed + s.PortInsertFailed + s.UDPPeerUnknown + s.PendingInsertFailed + s.RecursionMisses + s.StreamDropped
 }
 
 // Stats reads the loss counters (cumulative since Load).
@@ -495,6 +551,9 @@ func (b *Bundler) Stats() (Stats, error) {
 		return s, err
 	}
 	if s.PendingInsertFailed, err = read(bundlerStatIndexSTAT_PENDING_INSERT_FAILED); err != nil {
+		return s, err
+	}
+	if s.StreamDropped, err = read(bundlerStatIndexSTAT_STREAM_DROPPED); err != nil {
 		return s, err
 	}
 	s.Programs = map[string]ProgramStats{}

@@ -71,8 +71,17 @@ const (
 	bundlerStatIndexSTAT_PORT_INSERT_FAILED    bundlerStatIndex = 1
 	bundlerStatIndexSTAT_UDP_PEER_UNKNOWN      bundlerStatIndex = 2
 	bundlerStatIndexSTAT_PENDING_INSERT_FAILED bundlerStatIndex = 3
-	bundlerStatIndexSTAT_MAX                   bundlerStatIndex = 4
+	bundlerStatIndexSTAT_STREAM_DROPPED        bundlerStatIndex = 4
+	bundlerStatIndexSTAT_MAX                   bundlerStatIndex = 5
 )
+
+type bundlerStreamEvent struct {
+	_     structs.HostLayout
+	Key   bundlerFlowKey
+	Kind  uint8
+	Pad   [3]uint8
+	Bytes uint32
+}
 
 type bundlerUdpState struct {
 	_        structs.HostLayout
@@ -88,6 +97,7 @@ type bundlerUdpState struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bundlerMapEvents          = "events"
 	bundlerMapFlows           = "flows"
 	bundlerMapListenAny       = "listen_any"
 	bundlerMapPorts           = "ports"
@@ -113,7 +123,8 @@ const (
 	bundlerVarBtfPortKey      = "_btf_port_key"
 	bundlerVarBtfPortValue    = "_btf_port_value"
 	bundlerVarBtfStatIndex    = "_btf_stat_index"
-	bundlerVarFiveTuple       = "five_tuple"
+	bundlerVarBtfStreamEvent  = "_btf_stream_event"
+	bundlerVarMode            = "mode"
 	bundlerVarTargetNetns     = "target_netns"
 )
 
@@ -179,6 +190,7 @@ type bundlerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
+	Events    *ebpf.MapSpec `ebpf:"events"`
 	Flows     *ebpf.MapSpec `ebpf:"flows"`
 	ListenAny *ebpf.MapSpec `ebpf:"listen_any"`
 	Ports     *ebpf.MapSpec `ebpf:"ports"`
@@ -196,7 +208,8 @@ type bundlerVariableSpecs struct {
 	BtfPortKey      *ebpf.VariableSpec `ebpf:"_btf_port_key"`
 	BtfPortValue    *ebpf.VariableSpec `ebpf:"_btf_port_value"`
 	BtfStatIndex    *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
-	FiveTuple       *ebpf.VariableSpec `ebpf:"five_tuple"`
+	BtfStreamEvent  *ebpf.VariableSpec `ebpf:"_btf_stream_event"`
+	Mode            *ebpf.VariableSpec `ebpf:"mode"`
 	TargetNetns     *ebpf.VariableSpec `ebpf:"target_netns"`
 }
 
@@ -220,6 +233,7 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
+	Events    *ebpf.Map `ebpf:"events"`
 	Flows     *ebpf.Map `ebpf:"flows"`
 	ListenAny *ebpf.Map `ebpf:"listen_any"`
 	Ports     *ebpf.Map `ebpf:"ports"`
@@ -229,6 +243,7 @@ type bundlerMaps struct {
 
 func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
+		m.Events,
 		m.Flows,
 		m.ListenAny,
 		m.Ports,
@@ -247,7 +262,8 @@ type bundlerVariables struct {
 	BtfPortKey      *ebpf.Variable `ebpf:"_btf_port_key"`
 	BtfPortValue    *ebpf.Variable `ebpf:"_btf_port_value"`
 	BtfStatIndex    *ebpf.Variable `ebpf:"_btf_stat_index"`
-	FiveTuple       *ebpf.Variable `ebpf:"five_tuple"`
+	BtfStreamEvent  *ebpf.Variable `ebpf:"_btf_stream_event"`
+	Mode            *ebpf.Variable `ebpf:"mode"`
 	TargetNetns     *ebpf.Variable `ebpf:"target_netns"`
 }
 

@@ -1,0 +1,387 @@
+package bench
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/loadgen"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// CompareConfig is one sweep of deptrace bench compare.
+type CompareConfig struct {
+	Workloads   []string
+	Rates       []float64 // target round trips (tcp-short: connections) per second
+	Methods     []string
+	Duration    time.Duration // of each run
+	Interval    time.Duration // how often each method hands over its flows
+	Concurrency int           // clients for tcp-short and udp
+	Persistent  int           // connections held open for tcp-persistent
+	MsgSize     int
+	// The many-peers sweep: Peers emulated client hosts each, at PeersRate.
+	Peers         []int
+	PeersRate     float64
+	PeersWorkload string
+	// KernelStats adds a run per point with bpf_stats on, for kernel time.
+	KernelStats bool
+	// LoadCommand starts `deptrace bench load`; flags are appended.
+	LoadCommand []string
+}
+
+// Row is one measured point.
+type Row struct {
+	Sweep         string        `json:"sweep"` // "rate" or "peers"
+	Workload      string        `json:"workload"`
+	TargetRate    float64       `json:"target_rate"`
+	Peers         int           `json:"peers"`
+	Method        string        `json:"method"`
+	Rate          float64       `json:"rate"`
+	Reached       bool          `json:"reached"`
+	P50           time.Duration `json:"p50_ns"`
+	P99           time.Duration `json:"p99_ns"`
+	BaselineRate  float64       `json:"baseline_rate"`
+	BaselineP50   time.Duration `json:"baseline_p50_ns"`
+	BaselineP99   time.Duration `json:"baseline_p99_ns"`
+	TracerCPU     float64       `json:"tracer_cpu_pct"`   // user+system of the tracer process, % of one core
+	KernelCPU     float64       `json:"kernel_cpu_pct"`   // kernel programs, % of one core (bpf_stats run)
+	KernelNsPerRT float64       `json:"kernel_ns_per_rt"` // summed program time per round trip
+	TrueEdges     int           `json:"true_edges"`
+	FoundEdges    int           `json:"found_edges"`
+	Recall        float64       `json:"recall"`
+	Records       int           `json:"records"` // flow records handed to user space
+	Losses        uint64        `json:"losses"`
+}
+
+// TotalCPU is tracer process plus kernel programs.
+func (r Row) TotalCPU() float64 { return r.TracerCPU + r.KernelCPU }
+
+// point is one load configuration of a sweep.
+type point struct {
+	sweep    string
+	workload string
+	rate     float64
+	peers    int
+}
+
+func (c CompareConfig) points() []point {
+	var ps []point
+	for _, w := range c.Workloads {
+		for _, r := range c.Rates {
+			ps = append(ps, point{sweep: "rate", workload: w, rate: r})
+		}
+	}
+	for _, p := range c.Peers {
+		ps = append(ps, point{sweep: "peers", workload: c.PeersWorkload, rate: c.PeersRate, peers: p})
+	}
+	return ps
+}
+
+func (c CompareConfig) loadArgs(p point) []string {
+	conc := c.Concurrency
+	if p.workload == loadgen.TCPPersistent {
+		conc = c.Persistent
+	}
+	args := append([]string{}, c.LoadCommand[1:]...)
+	return append(args, "--workload", p.workload, "--rate", strconv.FormatFloat(p.rate, 'f', -1, 64),
+		"--concurrency", strconv.Itoa(conc), "--msg-size", strconv.Itoa(c.MsgSize), "--duration", c.Duration.String(),
+		"--clients", strconv.Itoa(p.peers), "--serve", "127.0.0.1:0", "--output", "json")
+}
+
+// Compare runs the sweep, printing progress to progress and each finished
+// row to onRow (so partial results survive an interrupted sweep).
+func Compare(ctx context.Context, c CompareConfig, progress io.Writer, onRow func(Row)) ([]Row, error) {
+	points := c.points()
+	runsPerPoint := 1 + len(c.Methods)
+	if c.KernelStats {
+		for _, m := range c.Methods {
+			if m != Polling {
+				runsPerPoint++
+			}
+		}
+	}
+	total, done := len(points)*runsPerPoint, 0
+	start := time.Now()
+	step := func(format string, a ...any) {
+		done++
+		eta := "?"
+		if done > 1 {
+			eta = (time.Since(start) / time.Duration(done-1) * time.Duration(total-done+1)).Round(time.Second).String()
+		}
+		fmt.Fprintf(progress, "bench: [%d/%d, about %s left] %s\n", done, total, eta, fmt.Sprintf(format, a...))
+	}
+	var rows []Row
+	for _, p := range points {
+		label := fmt.Sprintf("%s rate=%.0f", p.workload, p.rate)
+		if p.sweep == "peers" {
+			label += fmt.Sprintf(" peers=%d", p.peers)
+		}
+		step("%s: baseline without tracing (%s)", label, c.Duration)
+		base, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
+		if err != nil {
+			return rows, err
+		}
+		for _, name := range c.Methods {
+			step("%s: %s, tracer CPU and recall", label, name)
+			row, err := c.measure(ctx, p, name, base)
+			if err != nil {
+				return rows, fmt.Errorf("%s %s: %w", label, name, err)
+			}
+			if c.KernelStats && name != Polling {
+				step("%s: %s, kernel program time (bpf_stats on)", label, name)
+				if err := c.kernelTime(ctx, p, name, &row); err != nil {
+					return rows, fmt.Errorf("%s %s: %w", label, name, err)
+				}
+			}
+			rows = append(rows, row)
+			if onRow != nil {
+				onRow(row)
+			}
+		}
+	}
+	return rows, nil
+}
+
+// measure runs the load with one method attached and collecting every
+// Interval: the process's CPU during the run is the tracer's.
+func (c CompareConfig) measure(ctx context.Context, p point, name string, base loadgen.Result) (Row, error) {
+	m, err := NewMethod(name)
+	if err != nil {
+		return Row{}, err
+	}
+	defer m.Close()
+	m.Collect() // start from an empty slate
+
+	var (
+		mu      sync.Mutex
+		flows   []tracer.Flow
+		records int
+		collErr error
+	)
+	collect := func() {
+		fs, err := m.Collect()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && collErr == nil {
+			collErr = err
+		}
+		records += len(fs)
+		flows = append(flows, fs...)
+	}
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	cpu0 := processCPU()
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(c.Interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				collect()
+			}
+		}
+	}()
+	res, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
+	close(stop)
+	<-stopped
+	collect() // the last partial interval
+	cpu := processCPU() - cpu0
+	if err != nil {
+		return Row{}, err
+	}
+	if collErr != nil {
+		return Row{}, collErr
+	}
+	found, total := Recall(res.Edges, flows)
+	return Row{
+		Sweep: p.sweep, Workload: p.workload, TargetRate: p.rate, Peers: p.peers, Method: name,
+		Rate: res.Rate, Reached: res.Reached, P50: res.P50, P99: res.P99,
+		BaselineRate: base.Rate, BaselineP50: base.P50, BaselineP99: base.P99,
+		TracerCPU: cpu.Seconds() / res.Elapsed.Seconds() * 100,
+		TrueEdges: total, FoundEdges: found, Recall: ratio(found, total),
+		Records: records, Losses: m.Losses(),
+	}, nil
+}
+
+// kernelTime reruns the load with bpf_stats on and fills the kernel columns.
+func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row *Row) error {
+	m, err := NewMethod(name)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return fmt.Errorf("enable bpf_stats: %w", err)
+	}
+	defer stats.Close()
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() { // keep draining as in real use
+		defer close(stopped)
+		tick := time.NewTicker(c.Interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				m.Collect()
+			}
+		}
+	}()
+	_, t0, err := m.KernelTime()
+	if err != nil {
+		close(stop)
+		return err
+	}
+	res, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
+	_, t1, err2 := m.KernelTime()
+	close(stop)
+	<-stopped
+	if err != nil {
+		return err
+	}
+	if err2 != nil {
+		return err2
+	}
+	kt := t1 - t0
+	row.KernelCPU = kt.Seconds() / res.Elapsed.Seconds() * 100
+	if res.RoundTrips > 0 {
+		row.KernelNsPerRT = float64(kt.Nanoseconds()) / float64(res.RoundTrips)
+	}
+	return nil
+}
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// processCPU is this process's user+system CPU so far.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+type edgeID struct {
+	client, server string
+	port           uint16
+	proto          string
+}
+
+// Recall counts how many true edges the flows report. A flow reports the
+// edge of its client and server whichever end it was seen from; a true
+// edge whose client address the kernel chose (Client "") matches any
+// client.
+func Recall(truth []loadgen.Edge, flows []tracer.Flow) (found, total int) {
+	reported := map[edgeID]bool{}
+	anyClient := map[edgeID]bool{}
+	for _, f := range flows {
+		srv := f.ServerAddr()
+		id := edgeID{f.ClientAddr().String(), srv.Addr().String(), srv.Port(), f.Proto}
+		reported[id] = true
+		id.client = ""
+		anyClient[id] = true
+	}
+	for _, e := range truth {
+		id := edgeID{e.Client, e.Server, e.Port, e.Proto}
+		if (e.Client == "" && anyClient[id]) || reported[id] {
+			found++
+		}
+	}
+	return found, len(truth)
+}
+
+// runLoadArgs runs the load generator as its own process and parses its
+// JSON result.
+func runLoadArgs(ctx context.Context, bin string, args []string) (loadgen.Result, error) {
+	return runLoadProcess(ctx, bin, args)
+}
+
+// WriteResults writes rows as results.json and results.csv in dir.
+func WriteResults(dir string, rows []Row) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rows, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "results.csv"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := csv.NewWriter(f)
+	w.Write(CSVHeader)
+	for _, r := range rows {
+		w.Write(r.csv())
+	}
+	w.Flush()
+	return w.Error()
+}
+
+// CSVHeader names the columns of results.csv.
+var CSVHeader = []string{"sweep", "workload", "target_rate", "peers", "method", "rate", "reached", "p50_us", "p99_us",
+	"baseline_rate", "baseline_p50_us", "baseline_p99_us", "tracer_cpu_pct", "kernel_cpu_pct", "total_cpu_pct",
+	"kernel_ns_per_rt", "true_edges", "found_edges", "recall", "records", "losses"}
+
+func (r Row) csv() []string {
+	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+	us := func(d time.Duration) string { return f(float64(d.Microseconds()), 0) }
+	return []string{r.Sweep, r.Workload, f(r.TargetRate, 0), strconv.Itoa(r.Peers), r.Method, f(r.Rate, 0), strconv.FormatBool(r.Reached),
+		us(r.P50), us(r.P99), f(r.BaselineRate, 0), us(r.BaselineP50), us(r.BaselineP99), f(r.TracerCPU, 3), f(r.KernelCPU, 3),
+		f(r.TotalCPU(), 3), f(r.KernelNsPerRT, 0), strconv.Itoa(r.TrueEdges), strconv.Itoa(r.FoundEdges), f(r.Recall, 4),
+		strconv.Itoa(r.Records), strconv.FormatUint(r.Losses, 10)}
+}
+
+// ReadResults parses a results.json written by WriteResults.
+func ReadResults(path string) ([]Row, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var rows []Row
+	if err := json.Unmarshal(data, &rows); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return rows, nil
+}
+
+// WriteCompareMarkdown prints the rows as the tables of docs/benchmarks.md.
+func WriteCompareMarkdown(w io.Writer, rows []Row, c CompareConfig) {
+	fmt.Fprintf(w, "Sweep: %s per run, flows handed over every %s, %d clients (tcp-short, udp), %d connections (tcp-persistent), %d-byte messages.\n\n",
+		c.Duration, c.Interval, c.Concurrency, c.Persistent, c.MsgSize)
+	fmt.Fprintln(w, "| sweep | workload | target/s | peers | method | achieved/s | reached | baseline/s | tracer process CPU % | kernel programs CPU % | total CPU % | kernel ns per round trip | records | recall | losses |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		kernel, total, ns := fmt.Sprintf("%.2f", r.KernelCPU), fmt.Sprintf("%.2f", r.TotalCPU()), fmt.Sprintf("%.0f", r.KernelNsPerRT)
+		if r.Method == Polling {
+			kernel, ns = "-", "-"
+		}
+		fmt.Fprintf(w, "| %s | %s | %.0f | %d | %s | %.0f | %v | %.0f | %.2f | %s | %s | %s | %d | %.3f | %d |\n",
+			r.Sweep, r.Workload, r.TargetRate, r.Peers, r.Method, r.Rate, r.Reached, r.BaselineRate, r.TracerCPU, kernel, total, ns, r.Records, r.Recall, r.Losses)
+	}
+}
