@@ -1,0 +1,127 @@
+package loadgen
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPacerHoldsTheRate(t *testing.T) {
+	start := time.Unix(1000, 0)
+	p := NewPacer(100, start) // one every 10 ms
+	now := start
+	var slept time.Duration
+	for i := 0; i < 100; i++ {
+		d := p.Wait(now)
+		slept += d
+		now = now.Add(d + time.Millisecond) // each round trip takes 1 ms
+	}
+	// 100 round trips at 100/s take about 1 s whatever their own length.
+	if got := now.Sub(start); got < 990*time.Millisecond || got > 1010*time.Millisecond {
+		t.Errorf("100 paced round trips took %s, want ~1s (slept %s)", got, slept)
+	}
+}
+
+func TestPacerDoesNotBurstAfterFallingBehind(t *testing.T) {
+	start := time.Unix(1000, 0)
+	p := NewPacer(1000, start) // every 1 ms
+	now := start.Add(500 * time.Millisecond)
+	p.Wait(now) // 500 intervals late: the backlog is dropped
+	if d := p.Wait(now); d != time.Millisecond {
+		t.Errorf("after a stall the next wait is %s, want one interval, not a burst", d)
+	}
+	if d := NewPacer(0, start).Wait(start); d != 0 {
+		t.Errorf("rate 0 waits %s", d)
+	}
+}
+
+func TestSources(t *testing.T) {
+	s, err := Sources(300)
+	if err != nil || len(s) != 300 {
+		t.Fatal(err)
+	}
+	if s[0].String() != "127.1.0.1" || s[254].String() != "127.1.0.255" || s[299].String() != "127.1.1.44" {
+		t.Errorf("%s %s %s", s[0], s[254], s[299])
+	}
+	seen := map[string]bool{}
+	for _, a := range s {
+		if seen[a.String()] || !a.IsLoopback() {
+			t.Fatalf("%s repeated or not loopback", a)
+		}
+		seen[a.String()] = true
+	}
+	if _, err := Sources(70000); err == nil {
+		t.Error("70000 sources accepted")
+	}
+}
+
+func TestMergeEdgesSumsWorkers(t *testing.T) {
+	per := []map[edgeKey]uint64{
+		{{client: "127.1.0.1", server: "127.0.0.1:7000"}: 3, {client: "127.1.0.2", server: "127.0.0.1:7000"}: 1},
+		{{client: "127.1.0.1", server: "127.0.0.1:7000"}: 2, {client: "127.1.0.1", server: "[::1]:7001"}: 5},
+	}
+	got := mergeEdges(per, "tcp")
+	if len(got) != 3 {
+		t.Fatalf("%+v", got)
+	}
+	if got[0].Client != "127.1.0.1" || got[0].Server != "127.0.0.1" || got[0].Port != 7000 || got[0].RoundTrips != 5 || got[0].Proto != "tcp" {
+		t.Errorf("first edge %+v", got[0])
+	}
+	if got[1].Server != "::1" || got[1].Port != 7001 {
+		t.Errorf("ipv6 edge %+v", got[1])
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := Config{Workload: TCPShort, Addrs: []string{"127.0.0.1:1"}, Concurrency: 1, MsgSize: 1, Duration: time.Second}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := ok
+	bad.Workload = "sctp"
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "tcp-short") {
+		t.Errorf("workload: %v", err)
+	}
+	bad = ok
+	bad.Rate = -1
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "rate") {
+		t.Errorf("rate: %v", err)
+	}
+}
+
+// A real run on loopback: the ground truth holds exactly the pairs used,
+// and a rate beyond reach is reported as not reached.
+func TestRunKeepsGroundTruth(t *testing.T) {
+	ctx := context.Background()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	addrs, err := Serve(ctx, "127.0.0.1:0", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := Sources(3)
+	for _, w := range Workloads {
+		r, err := Run(ctx, Config{Workload: w, Addrs: addrs, Sources: src, Concurrency: 3, Rate: 300, MsgSize: 16, Duration: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum uint64
+		for _, e := range r.Edges {
+			sum += e.RoundTrips
+			if !strings.HasPrefix(e.Client, "127.1.0.") || e.Server != "127.0.0.1" {
+				t.Errorf("%s edge %+v", w, e)
+			}
+		}
+		if sum != r.RoundTrips || len(r.Edges) == 0 || len(r.Edges) > 3 || !r.Reached {
+			t.Errorf("%s: %d edges summing to %d of %d round trips, reached=%v", w, len(r.Edges), sum, r.RoundTrips, r.Reached)
+		}
+	}
+	r, err := Run(ctx, Config{Workload: TCPShort, Addrs: addrs, Concurrency: 1, Rate: 5_000_000, MsgSize: 16, Duration: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Reached {
+		t.Errorf("5M connections/s from one client reported as reached (%.0f/s)", r.Rate)
+	}
+}
