@@ -20,7 +20,7 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "bench", Short: "Load generator and overhead benchmarks"}
-	cmd.AddCommand(newBenchLoadCmd(), newBenchServeCmd(), newBenchOverheadCmd(), newBenchCompareCmd())
+	cmd.AddCommand(newBenchLoadCmd(), newBenchServeCmd(), newBenchOverheadCmd(), newBenchCompareCmd(), newBenchReportCmd())
 	return cmd
 }
 
@@ -297,4 +297,23 @@ func floats(flag, v string) ([]float64, error) {
 		out = append(out, f)
 	}
 	return out, nil
+}
+
+func newBenchReportCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "report DIR",
+		Short: "Print the tables of a finished (or interrupted) bench compare and redraw its plots",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rows, err := bench.ReadResults(filepath.Join(args[0], "results.json"))
+			if err != nil {
+				return fmt.Errorf("read results: %w", err)
+			}
+			if _, err := bench.WritePlots(args[0], rows); err != nil {
+				return err
+			}
+			bench.WriteCompareMarkdown(os.Stdout, rows, bench.CompareConfig{})
+			return nil
+		},
+	}
 }
