@@ -56,6 +56,7 @@ func WritePlots(dir string, rows []Row) ([]string, error) {
 		p.X.Label.Text = f.xlabel
 		p.Y.Label.Text = f.ylabel
 		p.Legend.Top = true
+		p.Y.Min = 0
 		var args []any
 		for _, m := range Methods {
 			var pts plotter.XYs
