@@ -127,27 +127,7 @@ type proc struct {
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
 	testnet.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	p := &proc{ready: make(chan struct{}), done: make(chan error, 1)}
-	p.cmd = exec.CommandContext(ctx, binary, args...)
-	p.cmd.Stdout = &p.stdout
-	errPipe, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go p.collect(errPipe, "msg=tracing")
-	select {
-	case <-p.ready:
-	case err := <-p.done:
-		t.Fatalf("deptrace exited before tracing: %v\n%s", err, p.errText())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("deptrace not ready after 30s\n%s", p.errText())
-	}
-	return p
+	return startReady(t, "msg=tracing", args...)
 }
 
 // collect reads stderr line by line and signals ready at the first line

@@ -178,25 +178,10 @@ func (c CompareConfig) measure(ctx context.Context, p point, name string, base l
 		records += len(fs)
 		flows = append(flows, fs...)
 	}
-	stop := make(chan struct{})
-	stopped := make(chan struct{})
 	cpu0 := processCPU()
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(c.Interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				collect()
-			}
-		}
-	}()
+	stop := every(c.Interval, collect)
 	res, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
-	close(stop)
-	<-stopped
+	stop()
 	collect() // the last partial interval
 	cpu := processCPU() - cpu0
 	if err != nil {
@@ -228,30 +213,15 @@ func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row
 		return fmt.Errorf("enable bpf_stats: %w", err)
 	}
 	defer stats.Close()
-	stop := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() { // keep draining as in real use
-		defer close(stopped)
-		tick := time.NewTicker(c.Interval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				m.Collect()
-			}
-		}
-	}()
+	stop := every(c.Interval, func() { m.Collect() }) // keep draining as in real use
 	_, t0, err := m.KernelTime()
 	if err != nil {
-		close(stop)
+		stop()
 		return err
 	}
 	res, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
 	_, t1, err2 := m.KernelTime()
-	close(stop)
-	<-stopped
+	stop()
 	if err != nil {
 		return err
 	}
@@ -264,6 +234,27 @@ func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row
 		row.KernelNsPerRT = float64(kt.Nanoseconds()) / float64(res.RoundTrips)
 	}
 	return nil
+}
+
+// every calls fn each interval until the returned stop is called; stop
+// returns once fn is no longer running.
+func every(interval time.Duration, fn func()) (stop func()) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				fn()
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 func ratio(a, b int) float64 {
