@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/loadgen"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -116,22 +117,6 @@ func echoServer(ln net.Listener, n, reqSize, respSize int) (wait func() error) {
 		wg.Wait()
 		close(errs)
 		return <-errs
-	}
-}
-
-// echo copies with read(2)/write(2). Not io.Copy: between two TCP sockets
-// it splices, and spliced receives bypass the sock_recv_length tracepoint
-// (a documented limitation, see docs/flows.md).
-func echo(c net.Conn) {
-	buf := make([]byte, 4096)
-	for {
-		n, err := c.Read(buf)
-		if err != nil {
-			return
-		}
-		if _, err := c.Write(buf[:n]); err != nil {
-			return
-		}
 	}
 }
 
@@ -260,7 +245,7 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 				return
 			}
 			accepted <- c
-			go echo(c)
+			go loadgen.Echo(c) // read/write, not splice: see docs/flows.md
 		}
 	}()
 	old, err := a.Dial("tcp4", b.IPv4.String()+":5432")

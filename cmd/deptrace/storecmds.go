@@ -153,6 +153,16 @@ func (q *queryFlags) rangeAndStore(ctx context.Context) (store.Range, *store.Sto
 	return store.Range{Since: since, Until: until}, st, nil
 }
 
+// graph opens the store and builds the graph of the selected range.
+func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, error) {
+	r, st, err := q.rangeAndStore(ctx)
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	defer st.Close()
+	return loadGraph(ctx, st, r)
+}
+
 func loadGraph(ctx context.Context, st *store.Store, r store.Range) (graph.Graph, []store.Host, error) {
 	obs, err := st.Observations(ctx, r)
 	if err != nil {
@@ -190,13 +200,7 @@ depends on TARGET, all the way up: the impact of taking it down.`,
 			if reverse && !cmd.Flags().Changed("depth") {
 				depth = 0
 			}
-			ctx := cmd.Context()
-			r, st, err := q.rangeAndStore(ctx)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			g, hosts, err := loadGraph(ctx, st, r)
+			g, hosts, err := q.graph(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -236,13 +240,7 @@ func newGraphCmd() *cobra.Command {
 			if depth < 0 {
 				return fmt.Errorf("invalid --depth %d: allowed 0 (unlimited) or more", depth)
 			}
-			ctx := cmd.Context()
-			r, st, err := q.rangeAndStore(ctx)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			g, hosts, err := loadGraph(ctx, st, r)
+			g, hosts, err := q.graph(cmd.Context())
 			if err != nil {
 				return err
 			}

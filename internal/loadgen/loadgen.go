@@ -157,7 +157,7 @@ func serveOne(ctx context.Context, addr string) (string, error) {
 			if err != nil {
 				return
 			}
-			go echoConn(c)
+			go Echo(c)
 		}
 	}()
 	go func() {
@@ -173,8 +173,10 @@ func serveOne(ctx context.Context, addr string) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// echoConn copies with read/write rather than io.Copy, which would splice.
-func echoConn(c net.Conn) {
+// Echo answers every read on c with the same bytes until c fails, then
+// closes it. It copies with read/write rather than io.Copy, which would
+// splice between two TCP sockets, and spliced receives are not traced.
+func Echo(c net.Conn) {
 	defer c.Close()
 	buf := make([]byte, 65536)
 	for {
