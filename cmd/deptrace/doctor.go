@@ -43,8 +43,7 @@ loss counters. It exits with status 1 when deptrace cannot run here.`,
 			if sample < 0 || sample > time.Minute {
 				return fmt.Errorf("invalid --sample %s: allowed 0 to 1m", sample)
 			}
-			doctorStore(cmd.Context(), os.Stdout, storeSpec, spoolPath)
-			return runDoctor(cmd.Context(), os.Stdout, cfg, sample)
+			return runDoctor(cmd.Context(), os.Stdout, cfg, sample, storeSpec, spoolPath)
 		},
 	}
 	tf.register(cmd)
@@ -82,7 +81,7 @@ func doctorStore(ctx context.Context, out io.Writer, spec, spoolPath string) {
 	}
 }
 
-func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample time.Duration) error {
+func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample time.Duration, storeSpec, spoolPath string) error {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	fmt.Fprintf(out, "kernel        %s %s\n", unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Machine[:]))
@@ -104,6 +103,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	if v, err := os.ReadFile("/proc/sys/kernel/bpf_stats_enabled"); err == nil {
 		fmt.Fprintf(out, "bpf_stats     %s (program run time is measured only while 1)\n", strings.TrimSpace(string(v)))
 	}
+	doctorStore(ctx, out, storeSpec, spoolPath)
 
 	t, err := tracer.New(cfg)
 	if err != nil {
