@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -217,7 +218,7 @@ results.json and PNG plots go to --out.`,
 				}
 				cfg.Peers = append(cfg.Peers, int(p))
 			}
-			if !contains(loadgen.Workloads, cfg.PeersWorkload) {
+			if !slices.Contains(loadgen.Workloads, cfg.PeersWorkload) {
 				return fmt.Errorf("invalid --peers-workload %q: allowed %s", cfg.PeersWorkload, strings.Join(loadgen.Workloads, ", "))
 			}
 			if cfg.Duration < time.Second || cfg.Interval < 100*time.Millisecond || cfg.Interval > cfg.Duration {
@@ -273,7 +274,7 @@ func listOf(flag, v string, allowed []string) ([]string, error) {
 		if s = strings.TrimSpace(s); s == "" {
 			continue
 		}
-		if !contains(allowed, s) {
+		if !slices.Contains(allowed, s) {
 			return nil, fmt.Errorf("invalid --%s %q: allowed %s", flag, s, strings.Join(allowed, ", "))
 		}
 		out = append(out, s)

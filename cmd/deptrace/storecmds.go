@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -234,7 +235,7 @@ func newGraphCmd() *cobra.Command {
   deptrace graph --format mermaid --target postgres --depth 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !contains(graph.Formats, format) {
+			if !slices.Contains(graph.Formats, format) {
 				return fmt.Errorf("invalid --format %q: allowed %s", format, strings.Join(graph.Formats, ", "))
 			}
 			if depth < 0 {
@@ -313,13 +314,4 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 	cmd.Flags().StringVar(&beforeSince, "before-since", "", "start of the window to compare against (default: same length before --since)")
 	cmd.Flags().StringVar(&beforeUntil, "before-until", "", "end of the window to compare against")
 	return cmd
-}
-
-func contains(list []string, v string) bool {
-	for _, s := range list {
-		if s == v {
-			return true
-		}
-	}
-	return false
 }

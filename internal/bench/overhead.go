@@ -124,12 +124,12 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 		close := func() { stopAgent(); <-agentDone; t.Close() }
 
 		step("tracer attached, agent CPU")
-		before := rusage()
+		before := processCPU()
 		if m.Traced, err = runLoad(ctx, cfg, w); err != nil {
 			close()
 			return out, err
 		}
-		m.AgentCPU = (rusage() - before).Seconds() / m.Traced.Elapsed.Seconds() * 100
+		m.AgentCPU = (processCPU() - before).Seconds() / m.Traced.Elapsed.Seconds() * 100
 
 		step("tracer attached, bpf_stats on, program run time")
 		floor, err := attachFloorProbe("sock_recv_length")
@@ -233,15 +233,6 @@ func ParseLoadResult(data []byte) (loadgen.Result, error) {
 		return r, fmt.Errorf("parse load result %q: no workload or duration", bytes.TrimSpace(data))
 	}
 	return r, nil
-}
-
-// rusage is this process's user+system CPU time so far.
-func rusage() time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // WriteMarkdown renders measurements as the tables of docs/performance.md.
