@@ -24,7 +24,7 @@ vet:
 # The whole suite. Privileged tests need root; under CI=true they fail
 # rather than skip without it.
 test: deps check-generate vet
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 30m ./...
 
 # Overhead benchmark (root): writes docs/performance.md numbers to stdout.
 bench: build

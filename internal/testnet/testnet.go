@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -39,15 +40,49 @@ var seq atomic.Uint32
 
 // RequireRoot skips on a laptop without root, but fails under CI=true:
 // CI runs as root and must never pass by skipping a privileged test.
+//
+// It also makes this test binary the only one on the machine running
+// privileged tests: go test runs packages in parallel, and privileged
+// tests share one kernel (its BPF programs, socket tables, CPU time), so
+// two packages' tests must never overlap. The lock is taken at the first
+// privileged test and held until the binary exits (the kernel drops it
+// then, even after a crash).
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("privileged test: CI must run as root")
+		}
+		t.Skip("privileged test: needs root")
 	}
-	if os.Getenv("CI") != "" {
-		t.Fatal("privileged test: CI must run as root")
+	if err := lockMachine(); err != nil {
+		t.Fatal(err)
 	}
-	t.Skip("privileged test: needs root")
+}
+
+// LockPath is the file whose exclusive flock serialises privileged test
+// binaries across packages (and across checkouts on one machine).
+const LockPath = "/run/deptrace-privileged-tests.lock"
+
+var (
+	lockOnce sync.Once
+	lockErr  error
+)
+
+func lockMachine() error {
+	lockOnce.Do(func() {
+		f, err := os.OpenFile(LockPath, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			lockErr = fmt.Errorf("privileged test lock: %w", err)
+			return
+		}
+		// Blocks while another package's privileged tests run; never
+		// closed, so held for the life of this process.
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			lockErr = fmt.Errorf("privileged test lock %s: %w", LockPath, err)
+		}
+	})
+	return lockErr
 }
 
 func ip(args ...string) error {
