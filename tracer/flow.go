@@ -5,16 +5,79 @@ import (
 	"time"
 )
 
-// Protocol and direction names as they appear in Flow.
+// Protocol, direction and record-kind names as they appear in Flow.
 const (
-	ProtoTCP = "tcp"
-	ProtoUDP = "udp"
+	ProtoTCP  = "tcp"
+	ProtoUDP  = "udp"
+	ProtoUnix = "unix"
 
 	// Outbound: the local end is the client of the dependency.
 	Outbound = "outbound"
 	// Inbound: the local end is the server of the dependency.
 	Inbound = "inbound"
+
+	// KindFlow marks a Flow record in jsonl; KindListener a Listener.
+	KindFlow     = "flow"
+	KindListener = "listener"
 )
+
+// Counters are what deptrace counts on one dependency. The same type is
+// carried by flows, stored observations and graph edges, and counters of
+// one dependency add up with Add.
+type Counters struct {
+	// Connections counts connection opens that completed (TCP handshakes,
+	// unix stream connects); FailedConnections those that did not. The
+	// four Failed* causes sum to FailedConnections for TCP.
+	Connections       uint64 `json:"connections"`
+	FailedConnections uint64 `json:"failed_connections"`
+	FailedRefused     uint64 `json:"failed_refused"`
+	FailedTimeout     uint64 `json:"failed_timeout"`
+	FailedReset       uint64 `json:"failed_reset"`
+	FailedUnreachable uint64 `json:"failed_unreachable"`
+	// Payload bytes, without SYN/FIN and without retransmitted copies.
+	BytesSent     uint64 `json:"bytes_sent"`
+	BytesReceived uint64 `json:"bytes_received"`
+	// Datagrams (UDP, unix datagram sockets).
+	DatagramsSent     uint64 `json:"datagrams_sent"`
+	DatagramsReceived uint64 `json:"datagrams_received"`
+	// Connect latency, SYN sent to ESTABLISHED, on the client side.
+	ConnectLatencyCount uint64 `json:"connect_latency_count"`
+	ConnectLatencySumUs uint64 `json:"connect_latency_sum_us"`
+	ConnectLatencyMaxUs uint64 `json:"connect_latency_max_us"`
+	// TCP health: RSTs sent and received, retransmitted segments.
+	ResetsSent     uint64 `json:"resets_sent"`
+	ResetsReceived uint64 `json:"resets_received"`
+	Retransmits    uint64 `json:"retransmits"`
+}
+
+// Add accumulates o into c: sums, except the latency maximum.
+func (c *Counters) Add(o Counters) {
+	c.Connections += o.Connections
+	c.FailedConnections += o.FailedConnections
+	c.FailedRefused += o.FailedRefused
+	c.FailedTimeout += o.FailedTimeout
+	c.FailedReset += o.FailedReset
+	c.FailedUnreachable += o.FailedUnreachable
+	c.BytesSent += o.BytesSent
+	c.BytesReceived += o.BytesReceived
+	c.DatagramsSent += o.DatagramsSent
+	c.DatagramsReceived += o.DatagramsReceived
+	c.ConnectLatencyCount += o.ConnectLatencyCount
+	c.ConnectLatencySumUs += o.ConnectLatencySumUs
+	c.ConnectLatencyMaxUs = max(c.ConnectLatencyMaxUs, o.ConnectLatencyMaxUs)
+	c.ResetsSent += o.ResetsSent
+	c.ResetsReceived += o.ResetsReceived
+	c.Retransmits += o.Retransmits
+}
+
+// IsZero reports whether nothing was counted.
+func (c Counters) IsZero() bool { return c == Counters{} }
+
+// Unhealthy reports whether anything went wrong on the dependency: failed
+// opens, resets or retransmissions.
+func (c Counters) Unhealthy() bool {
+	return c.FailedConnections > 0 || c.ResetsSent > 0 || c.ResetsReceived > 0 || c.Retransmits > 0
+}
 
 // Flow is one bundled flow over one interval: every connection and
 // datagram between a local address and a remote address for one server
@@ -22,47 +85,96 @@ const (
 // It is the one record type every deptrace producer and consumer shares;
 // its JSON form is documented in docs/flows.md.
 type Flow struct {
+	// Kind is always KindFlow; it tells flows from listeners in jsonl.
+	Kind string `json:"kind"`
 	// Time is the end of the interval the counters cover.
 	Time time.Time `json:"time"`
 	// NetNS is the inode number of the network namespace of the local end.
 	NetNS uint32 `json:"netns"`
-	// Proto is "tcp" or "udp".
+	// Proto is "tcp", "udp" or "unix".
 	Proto string `json:"proto"`
 	// Direction is "outbound" (local end is the client) or "inbound".
-	Direction  string     `json:"direction"`
-	LocalAddr  netip.Addr `json:"local_addr"`
-	RemoteAddr netip.Addr `json:"remote_addr"`
+	Direction string `json:"direction"`
+	// LocalAddr and RemoteAddr are IP addresses for tcp and udp; for unix
+	// they are socket paths (abstract names as "@name", "" when unnamed).
+	LocalAddr  string `json:"local_addr"`
+	RemoteAddr string `json:"remote_addr"`
 	// Port is the server port: the remote port of an outbound flow, the
-	// local port of an inbound one.
+	// local port of an inbound one; 0 for unix.
 	Port uint16 `json:"port"`
-	// PID and Comm name the local process (thread group id and command);
-	// 0 and "" when no event of the interval ran in a process.
+	// PID and Comm name the local process (thread-group id and the
+	// process's command name, not a thread's); 0 and "" when unknown.
 	PID      uint32 `json:"pid"`
 	Comm     string `json:"comm"`
 	CgroupID uint64 `json:"cgroup_id"`
-	// Connections counts TCP opens that completed; FailedConnections
-	// those that did not (refused, timed out, reset during the handshake).
-	Connections       uint64 `json:"connections"`
-	FailedConnections uint64 `json:"failed_connections"`
-	BytesSent         uint64 `json:"bytes_sent"`
-	BytesReceived     uint64 `json:"bytes_received"`
+	// PeerPID and PeerComm name the process at the other end when the
+	// kernel knows it (unix sockets); 0 and "" otherwise.
+	PeerPID  uint32 `json:"peer_pid,omitempty"`
+	PeerComm string `json:"peer_comm,omitempty"`
+	Counters
 	// FirstSeen and LastSeen bound the events of this interval.
 	FirstSeen time.Time `json:"first_seen"`
 	LastSeen  time.Time `json:"last_seen"`
 }
 
-// ServerAddr is the server end of the dependency, "addr:port".
-func (f Flow) ServerAddr() netip.AddrPort {
-	if f.Direction == Inbound {
-		return netip.AddrPortFrom(f.LocalAddr, f.Port)
+// IsUnix reports whether the flow is between unix-domain sockets.
+func (f Flow) IsUnix() bool { return f.Proto == ProtoUnix }
+
+// LocalIP and RemoteIP parse the addresses of a tcp or udp flow; invalid
+// for unix flows.
+func (f Flow) LocalIP() netip.Addr  { a, _ := netip.ParseAddr(f.LocalAddr); return a }
+func (f Flow) RemoteIP() netip.Addr { a, _ := netip.ParseAddr(f.RemoteAddr); return a }
+
+// Server is the server end of the dependency: "addr:port" for tcp and udp
+// (brackets around IPv6), the socket path for unix.
+func (f Flow) Server() string {
+	if f.IsUnix() {
+		if f.Direction == Inbound {
+			return f.LocalAddr
+		}
+		return f.RemoteAddr
 	}
-	return netip.AddrPortFrom(f.RemoteAddr, f.Port)
+	return f.ServerAddr().String()
 }
 
-// ClientAddr is the client host of the dependency.
-func (f Flow) ClientAddr() netip.Addr {
+// ServerAddr is the server end of a tcp or udp dependency; invalid for
+// unix flows.
+func (f Flow) ServerAddr() netip.AddrPort {
+	if f.Direction == Inbound {
+		return netip.AddrPortFrom(f.LocalIP(), f.Port)
+	}
+	return netip.AddrPortFrom(f.RemoteIP(), f.Port)
+}
+
+// ClientAddr is the client host of the dependency ("" for unix).
+func (f Flow) ClientAddr() string {
+	if f.IsUnix() {
+		return ""
+	}
 	if f.Direction == Inbound {
 		return f.RemoteAddr
 	}
 	return f.LocalAddr
+}
+
+// Listener is the state of one listening TCP socket over one interval:
+// how deep its accept queue got and how many connections it dropped
+// because the queue was full.
+type Listener struct {
+	// Kind is always KindListener.
+	Kind      string    `json:"kind"`
+	Time      time.Time `json:"time"`
+	NetNS     uint32    `json:"netns"`
+	Proto     string    `json:"proto"`
+	LocalAddr string    `json:"local_addr"`
+	Port      uint16    `json:"port"`
+	PID       uint32    `json:"pid"`
+	Comm      string    `json:"comm"`
+	// BacklogLimit is the listen() backlog (sk_max_ack_backlog).
+	BacklogLimit uint32 `json:"backlog_limit"`
+	// QueueMax is the deepest accept queue seen in the interval.
+	QueueMax uint32 `json:"queue_max"`
+	// Drops counts SYNs and completed handshakes dropped in the interval
+	// because the queue was full.
+	Drops uint64 `json:"drops"`
 }

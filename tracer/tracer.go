@@ -176,22 +176,25 @@ func (t *Tracer) Collect() (Interval, error) {
 	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries))}
 	for _, e := range entries {
 		f := Flow{
-			Time:              now,
-			NetNS:             e.NetNS,
-			Proto:             protoName(e.Proto),
-			Direction:         directionName(e.Direction),
-			LocalAddr:         e.Local,
-			RemoteAddr:        e.Remote,
-			Port:              e.Port,
-			PID:               e.PID,
-			Comm:              e.Comm,
-			CgroupID:          e.CgroupID,
-			Connections:       e.Connections,
-			FailedConnections: e.FailedConnections,
-			BytesSent:         e.BytesSent,
-			BytesReceived:     e.BytesReceived,
-			FirstSeen:         time.Unix(0, int64(e.FirstSeenBootNs)+offset),
-			LastSeen:          time.Unix(0, int64(e.LastSeenBootNs)+offset),
+			Kind:       KindFlow,
+			Time:       now,
+			NetNS:      e.NetNS,
+			Proto:      protoName(e.Proto),
+			Direction:  directionName(e.Direction),
+			LocalAddr:  e.Local.String(),
+			RemoteAddr: e.Remote.String(),
+			Port:       e.Port,
+			PID:        e.PID,
+			Comm:       e.Comm,
+			CgroupID:   e.CgroupID,
+			Counters: Counters{
+				Connections:       e.Connections,
+				FailedConnections: e.FailedConnections,
+				BytesSent:         e.BytesSent,
+				BytesReceived:     e.BytesReceived,
+			},
+			FirstSeen: time.Unix(0, int64(e.FirstSeenBootNs)+offset),
+			LastSeen:  time.Unix(0, int64(e.LastSeenBootNs)+offset),
 		}
 		// An entry created only to name the process of a connect() still
 		// in progress carries no counts: it is not a flow yet.
@@ -275,8 +278,8 @@ type procKey struct {
 	netns  uint32
 	proto  string
 	dir    string
-	local  [16]byte
-	remote [16]byte
+	local  string
+	remote string
 	port   uint16
 }
 
@@ -289,7 +292,7 @@ type procInfo struct {
 const procCacheMax = 1 << 16
 
 func keyOf(f Flow) procKey {
-	return procKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr.As16(), f.RemoteAddr.As16(), f.Port}
+	return procKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
 }
 
 func (c procCache) remember(f Flow) {

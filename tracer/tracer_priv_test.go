@@ -78,7 +78,7 @@ func addr(ip net.IP) netip.Addr {
 
 func checkFlow(t *testing.T, f tracer.Flow, proto, dir string, local, remote netip.Addr, port uint16) {
 	t.Helper()
-	if f.Proto != proto || f.Direction != dir || f.LocalAddr != local || f.RemoteAddr != remote || f.Port != port {
+	if f.Proto != proto || f.Direction != dir || f.LocalIP() != local || f.RemoteIP() != remote || f.Port != port {
 		t.Fatalf("flow %s %s %s -> %s port %d; want %s %s %s -> %s port %d",
 			f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port, proto, dir, local, remote, port)
 	}

@@ -29,7 +29,7 @@ func main() {
 	err = t.Run(ctx, func(iv tracer.Interval) error {
 		for _, f := range iv.Flows {
 			fmt.Printf("%s  %s  %s -> %s  %s/%d  conns=%d failed=%d sent=%d recv=%d\n",
-				f.Time.Format(time.TimeOnly), f.Proto, f.ClientAddr(), f.ServerAddr(),
+				f.Time.Format(time.TimeOnly), f.Proto, f.ClientAddr(), f.Server(),
 				f.Comm, f.PID, f.Connections, f.FailedConnections, f.BytesSent, f.BytesReceived)
 		}
 		return nil

@@ -118,7 +118,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observation {
 	return store.Observation{
 		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: f.Direction, Proto: f.Proto,
-		LocalAddr: f.LocalAddr.String(), RemoteAddr: f.RemoteAddr.String(), Port: f.Port, Comm: f.Comm, PID: f.PID,
+		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
 		Connections: f.Connections, FailedConnections: f.FailedConnections, BytesSent: f.BytesSent, BytesReceived: f.BytesReceived,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
 	}

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,7 +16,7 @@ func TestRecall(t *testing.T) {
 		{Client: "", Server: "127.0.0.1", Port: 7001, Proto: "udp"}, // kernel-chosen client
 		{Client: "127.1.0.3", Server: "127.0.0.1", Port: 7002, Proto: "tcp"},
 	}
-	a := netip.MustParseAddr
+	a := func(s string) string { return s }
 	flows := []tracer.Flow{
 		// seen from the client
 		{Proto: "tcp", Direction: tracer.Outbound, LocalAddr: a("127.1.0.1"), RemoteAddr: a("127.0.0.1"), Port: 7000},

@@ -98,7 +98,11 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 }
 
 // Endpoint formats addr:port with IPv6 in brackets; port may be a word.
-func Endpoint(a netip.Addr, port string) string {
+func Endpoint(addr string, port string) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil { // a unix socket path
+		return addr
+	}
 	if a.Is6() && !a.Is4In6() {
 		return "[" + a.String() + "]:" + port
 	}
@@ -115,8 +119,10 @@ func Sorted(flows []tracer.Flow) []tracer.Flow {
 			cmp.Compare(a.Proto, b.Proto),
 			cmp.Compare(a.Port, b.Port),
 			cmp.Compare(a.Direction, b.Direction),
-			a.LocalAddr.Compare(b.LocalAddr),
-			a.RemoteAddr.Compare(b.RemoteAddr),
+			a.LocalIP().Compare(b.LocalIP()),
+			a.RemoteIP().Compare(b.RemoteIP()),
+			cmp.Compare(a.LocalAddr, b.LocalAddr),
+			cmp.Compare(a.RemoteAddr, b.RemoteAddr),
 		)
 	})
 	return out

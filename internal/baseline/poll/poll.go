@@ -60,7 +60,7 @@ func (m *Method) Collect() ([]tracer.Flow, error) {
 		}
 		f := flows[k]
 		if f == nil {
-			f = &tracer.Flow{Time: now, Proto: k.proto, Direction: k.dir, LocalAddr: k.local, RemoteAddr: k.remote, Port: k.port, FirstSeen: now, LastSeen: now}
+			f = &tracer.Flow{Time: now, Proto: k.proto, Direction: k.dir, Kind: tracer.KindFlow, LocalAddr: k.local.String(), RemoteAddr: k.remote.String(), Port: k.port, FirstSeen: now, LastSeen: now}
 			flows[k] = f
 		}
 		cur[s.Cookie] = true

@@ -87,7 +87,7 @@ func (m *Method) read() {
 			if e.Direction == bundler.DirInbound {
 				dir = tracer.Inbound
 			}
-			f = &tracer.Flow{NetNS: e.NetNS, Proto: proto, Direction: dir, LocalAddr: e.Local, RemoteAddr: e.Remote, Port: e.Port, FirstSeen: now}
+			f = &tracer.Flow{NetNS: e.NetNS, Proto: proto, Direction: dir, Kind: tracer.KindFlow, LocalAddr: e.Local.String(), RemoteAddr: e.Remote.String(), Port: e.Port, FirstSeen: now}
 			m.flows[k] = f
 		}
 		f.LastSeen = now
