@@ -129,8 +129,11 @@ func lossAttrs(l tracer.Losses, cfg tracer.Config) []any {
 	if l.UDPPeerUnknown > 0 {
 		attrs = append(attrs, "udp_peer_unknown", l.UDPPeerUnknown)
 	}
-	if l.UDPPeerDropped > 0 {
-		attrs = append(attrs, "udp_peer_dropped", l.UDPPeerDropped)
+	if l.FlowAllocFailed > 0 {
+		attrs = append(attrs, "flow_alloc_failed", l.FlowAllocFailed)
+	}
+	if l.SockStorageFailed > 0 {
+		attrs = append(attrs, "sock_storage_failed", l.SockStorageFailed)
 	}
 	if l.RecursionMisses > 0 {
 		attrs = append(attrs, "recursion_misses", l.RecursionMisses)

@@ -88,7 +88,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			if ports, err := t.ListeningPorts(); err == nil {
 				for _, p := range ports {
 					proto := tracer.ProtoTCP
-					if p.Proto == 17 {
+					if p.Proto == tracer.ProtoUDP {
 						proto = tracer.ProtoUDP
 					}
 					b.Services = append(b.Services, store.Service{HostID: ids.host(p.NetNS).ID, Proto: proto, Port: p.Port, Comm: p.Comm, LastSeen: iv.Time})
