@@ -112,7 +112,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 			lost += l.Total()
 			log.Warn("events lost this interval", lossAttrs(l, cfg)...)
 		}
-		return w.Write(shown)
+		return w.Write(shown, filter.ApplyListeners(iv.Listeners))
 	})
 	log.Info("stopped", "flows", flows, "events_lost", lost)
 	return err

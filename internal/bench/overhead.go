@@ -120,7 +120,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 				drains++
 				flows += len(iv.Flows)
 				lost += iv.Lost.Total()
-				return sink.Write(iv.Flows)
+				return sink.Write(iv.Flows, iv.Listeners)
 			})
 		}()
 		close := func() { stopAgent(); <-agentDone; t.Close() }

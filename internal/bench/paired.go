@@ -82,7 +82,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 			done := make(chan error, 1)
 			go func() {
 				sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
-				done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows) })
+				done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows, iv.Listeners) })
 			}()
 			traced, tracedBusy, err := busyDuring(ctx, loadCmd, l, phase)
 			stop()
