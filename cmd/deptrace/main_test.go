@@ -201,12 +201,20 @@ func TestTraceJSONL(t *testing.T) {
 
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	var conns = map[uint32]uint64{}
+	listeners := 0
 	for _, line := range strings.Split(strings.TrimSpace(p.stdout.String()), "\n") {
 		var f tracer.Flow
 		if err := json.Unmarshal([]byte(line), &f); err != nil {
 			t.Fatalf("line %q: %v", line, err)
 		}
-		if f.Proto != "tcp" || f.Port != 8443 {
+		if f.Kind == tracer.KindListener {
+			if f.Port != 8443 || f.NetNS != b.Inode {
+				t.Errorf("listener record %s", line)
+			}
+			listeners++
+			continue
+		}
+		if f.Kind != tracer.KindFlow || f.Proto != "tcp" || f.Port != 8443 {
 			t.Errorf("filter let through %+v", f)
 		}
 		if f.NetNS == a.Inode && f.Direction != "outbound" || f.NetNS == b.Inode && f.Direction != "inbound" {
@@ -216,6 +224,9 @@ func TestTraceJSONL(t *testing.T) {
 	}
 	if conns[a.Inode] != 5 || conns[b.Inode] != 5 {
 		t.Errorf("connections per host %v; want 5 on %d and %d\n%s", conns, a.Inode, b.Inode, p.stdout.String())
+	}
+	if listeners == 0 {
+		t.Errorf("no listener record for the server's port 8443:\n%s", p.stdout.String())
 	}
 }
 
