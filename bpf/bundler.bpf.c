@@ -19,8 +19,9 @@
  * Hooks (all stable interfaces; no kprobes):
  *   tp_btf/inet_sock_set_state   TCP connect/accept/close/listen
  *   tp_btf/tcp_send_reset, tcp_receive_reset   resets, per flow
- *   tp_btf/sock_send_length, sock_recv_length  UDP datagrams (the
- *                                TCP calls leave at the protocol check)
+ *   tp_btf/sock_send_length, sock_recv_length  UDP datagrams and unix
+ *                                socket data (TCP calls leave at the
+ *                                first test)
  *   cgroup/sendmsg4|6, recvmsg4|6  peers of unconnected UDP datagrams
  *   cgroup/sock_release          last counts of a connected UDP socket
  *   iter/tcp                     listeners and connections that existed
@@ -36,7 +37,9 @@
 
 #define barrier() asm volatile("" ::: "memory")
 
+#define AF_UNIX 1
 #define AF_INET 2
+#define SOCK_DGRAM 2
 #define AF_INET6 10
 #define MSG_PEEK 2
 #define SOCK_BINDPORT_LOCK 8
@@ -59,9 +62,14 @@ const struct listen_record *_btf_listen_record __attribute__((unused));
 const struct listener_record *_btf_listener_record __attribute__((unused));
 const enum stat_index *_btf_stat_index __attribute__((unused));
 const enum direction *_btf_direction __attribute__((unused));
+const enum flow_proto *_btf_flow_proto __attribute__((unused));
+const struct unix_path *_btf_unix_path __attribute__((unused));
 
 /* Set by the loader before load. 0 traces every network namespace. */
 const volatile __u32 target_netns = 0;
+
+/* A new flow's first value, kept off the 512-byte stack. */
+const volatile struct flow_value zero_flow = {};
 
 /* The bundled-flow map template. Two maps of this shape exist; the outer
  * array holds the one programs write to. Swapping the slot from user space
@@ -89,10 +97,27 @@ struct {
 	__type(value, struct port_value);
 } ports SEC(".maps");
 
+/* Unix socket paths by the hash in flow keys; user space reads them at
+ * drain. LRU: paths of long-gone sockets make room for new ones. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct unix_path);
+} unix_paths SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unix_path);
+} path_scratch SEC(".maps");
+
 enum sock_kind {
 	SK_TCP = 1,      /* a TCP connection */
 	SK_UDP = 2,      /* a UDP socket */
 	SK_LISTENER = 3, /* a listening TCP socket */
+	SK_UNIX = 4,     /* a unix-domain socket */
 };
 
 /* What deptrace keeps with a socket; freed by the kernel with the socket.
@@ -262,8 +287,7 @@ static __always_inline struct flow_value *flow_entry(const struct flow_key *k)
 	void *active = bpf_map_lookup_elem(&flows, &zero);
 	if (!active)
 		return NULL;
-	struct flow_value init = {};
-	struct flow_value *v = lookup_or_init(active, k, &init, STAT_FLOW_MAP_FULL);
+	struct flow_value *v = lookup_or_init(active, k, (const void *)&zero_flow, STAT_FLOW_MAP_FULL);
 	if (!v)
 		return NULL;
 	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
@@ -517,21 +541,23 @@ static __always_inline void count_failure(struct flow_value *v, const struct soc
 
 static __always_inline void tcp_failed(struct sock *sk, bool active)
 {
+	/* A connect() has storage from SYN_SENT; a server's half-open child
+	 * (or a connect begun before deptrace) has none. */
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	struct sock_state tmp = {};
-	if (!st || !st->kind) {
-		tmp.kind = SK_TCP;
-		tcp_key(sk, &tmp.key, active ? DIR_OUTBOUND : DIR_INBOUND);
-		st = &tmp;
-	}
-	struct flow_value *v = flow_entry(&st->key);
+	struct flow_key k = {};
+	if (st && st->kind == SK_TCP)
+		k = st->key;
+	else
+		tcp_key(sk, &k, active ? DIR_OUTBOUND : DIR_INBOUND);
+	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return;
 	count_failure(v, sk);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp && tp->total_retrans)
 		__sync_fetch_and_add(&v->retransmits, tp->total_retrans);
-	name_flow(v, st);
+	if (st && st->kind == SK_TCP)
+		name_flow(v, st);
 }
 
 static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup);
@@ -756,12 +782,21 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 		current_process(&v->pid, v->comm, &v->cgroup_id);
 }
 
+static __always_inline void unix_count(struct sock *sk, int bytes, bool send);
+
 static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bool send)
 {
 	/* TCP calls fire these tracepoints too: leave at once. */
-	if (sk->sk_protocol != IPPROTO_UDP)
+	if (sk->sk_protocol == IPPROTO_TCP)
 		return;
-	if (ret < 0 || (flags & MSG_PEEK) || !inet_family(sk))
+	if (ret < 0 || (flags & MSG_PEEK))
+		return;
+	if (sk->__sk_common.skc_family == AF_UNIX) {
+		if (netns_wanted(sk_netns(sk)))
+			unix_count(sk, ret, send);
+		return;
+	}
+	if (sk->sk_protocol != IPPROTO_UDP || !inet_family(sk))
 		return;
 	if (!netns_wanted(sk_netns(sk)))
 		return;
@@ -784,6 +819,115 @@ int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 {
 	udp_datagram(sk, ret, flags, false);
 	return 0;
+}
+
+/* ---- unix-domain sockets, per call ---- */
+
+/* Hash a unix address's path (FNV-1a), copying it into out. 0: unnamed. */
+static __always_inline __u64 unix_path_of(struct unix_address *a, struct unix_path *out)
+{
+	int len = a->len - (int)sizeof(__kernel_sa_family_t);
+	if (len <= 0)
+		return 0;
+	if (len > (int)sizeof(out->path))
+		len = sizeof(out->path);
+	if (bpf_probe_read_kernel(out->path, sizeof(out->path), &a->name[0].sun_path))
+		return 0;
+	out->len = len;
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < (int)sizeof(out->path); i++) {
+		if (i >= len)
+			break;
+		h ^= (__u8)out->path[i];
+		h *= 0x100000001b3ULL;
+	}
+	/* A path ends at its first 0; an abstract name (leading 0) uses
+	 * every byte. Bytes past the name are not part of it. */
+	return h ? h : 1;
+}
+
+/* The first call on a unix socket finds its dependency: the server's path
+ * is the name of whichever end is named. A connecting (or sending) socket
+ * is rarely bound, its peer is: outbound, named by the peer. A server's
+ * accepted socket carries the listener's name and its peer none: inbound.
+ * Two unnamed ends (socketpair) are no service and are not counted. */
+static __always_inline struct sock_state *unix_state(struct sock *sk, struct unix_sock *u)
+{
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st && st->kind == SK_UNIX)
+		return st;
+	struct unix_address *own = u->addr;
+	struct unix_address *peer_addr = NULL;
+	struct sock *peer = u->peer;
+	if (peer) {
+		struct unix_sock *pu = bpf_skc_to_unix_sock(peer);
+		if (pu)
+			peer_addr = pu->addr;
+	}
+	struct unix_address *srv = peer_addr ? peer_addr : own;
+	if (!srv)
+		return NULL;
+	__u32 zero = 0;
+	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
+	if (!p)
+		return NULL;
+	__u64 h = unix_path_of(srv, p);
+	if (!h)
+		return NULL;
+	bpf_map_update_elem(&unix_paths, &h, p, BPF_ANY);
+	st = new_state(sk);
+	if (!st)
+		return NULL;
+	__builtin_memset(st, 0, sizeof(*st));
+	st->kind = SK_UNIX;
+	st->key.netns = sk_netns(sk);
+	st->key.proto = PROTO_UNIX;
+	st->key.direction = peer_addr ? DIR_OUTBOUND : DIR_INBOUND;
+	__builtin_memcpy(st->key.remote_addr, &h, sizeof(h));
+	return st;
+}
+
+static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
+{
+	struct unix_sock *u = bpf_skc_to_unix_sock(sk);
+	if (!u)
+		return;
+	struct sock_state *st = unix_state(sk, u);
+	if (!st)
+		return;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (st->pid != tgid)
+		current_process(&st->pid, st->comm, &st->cgroup_id);
+	struct flow_value *v = flow_entry(&st->key);
+	if (!v)
+		return;
+	bool datagram = sk->sk_type == SOCK_DGRAM;
+	if (!datagram && !st->counting) {
+		/* A stream connection counts once, at its first data. */
+		st->counting = 1;
+		__sync_fetch_and_add(&v->connections, 1);
+	}
+	if (send) {
+		__sync_fetch_and_add(&v->bytes_sent, bytes);
+		if (datagram)
+			__sync_fetch_and_add(&v->datagrams_sent, 1);
+	} else {
+		__sync_fetch_and_add(&v->bytes_received, bytes);
+		if (datagram)
+			__sync_fetch_and_add(&v->datagrams_received, 1);
+	}
+	name_flow(v, st);
+	/* The process at the other end: whoever last used the peer socket
+	 * (the server that accepted and serves the connection, not merely the
+	 * one that created the listener). */
+	struct sock *peer = u->peer;
+	if (peer) {
+		struct sock_state *ps = bpf_sk_storage_get(&socks, peer, 0, 0);
+		if (ps && ps->pid && v->peer_pid != ps->pid) {
+			v->peer_pid = ps->pid;
+			__builtin_memcpy(v->peer_comm, ps->comm, sizeof(v->peer_comm));
+		}
+	}
 }
 
 /* ---- UDP peers of unconnected sockets (socket-address layer) ---- */

@@ -6,6 +6,12 @@
 #ifndef DEPTRACE_BUNDLER_H
 #define DEPTRACE_BUNDLER_H
 
+/* flow_key.proto of unix-domain flows (IP protocols use their IPPROTO_*;
+ * 1, ICMP, is never a deptrace flow). */
+enum flow_proto {
+	PROTO_UNIX = 1,
+};
+
 enum direction {
 	DIR_OUTBOUND = 1, /* the local end is the client */
 	DIR_INBOUND = 2,  /* the local end is the server */
@@ -17,10 +23,10 @@ enum direction {
 struct flow_key {
 	__u32 netns;    /* network namespace inode number */
 	__u16 port;     /* server port, host byte order */
-	__u8 proto;     /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 proto;     /* IPPROTO_TCP, IPPROTO_UDP or PROTO_UNIX */
 	__u8 direction; /* enum direction */
-	__u8 local_addr[16];
-	__u8 remote_addr[16];
+	__u8 local_addr[16];  /* unix: zero */
+	__u8 remote_addr[16]; /* unix: the first 8 bytes hash the server's socket path (see unix_paths) */
 };
 _Static_assert(sizeof(struct flow_key) == 40, "flow_key layout");
 
@@ -47,10 +53,18 @@ struct flow_value {
 	__u64 last_jiffies;       /* jiffy of last_seen_ns */
 	__u64 cgroup_id;
 	__u32 pid;                /* thread-group id of the local process */
-	__u32 _pad;
+	__u32 peer_pid;           /* unix: the process at the other end, 0 if unknown */
 	char comm[16];            /* the process's name (its thread-group leader's) */
+	char peer_comm[16];
 };
-_Static_assert(sizeof(struct flow_value) == 184, "flow_value layout");
+_Static_assert(sizeof(struct flow_value) == 200, "flow_value layout");
+
+/* A unix socket path, by the hash the flow key carries. */
+struct unix_path {
+	__u32 len;       /* bytes of path used; an abstract name starts with 0 */
+	char path[108];
+};
+_Static_assert(sizeof(struct unix_path) == 112, "unix_path layout");
 
 /* Listening-port table: TCP listeners and UDP sockets bound to a port. */
 struct port_key {

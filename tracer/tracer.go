@@ -257,6 +257,13 @@ func (t *Tracer) Collect() (Interval, error) {
 		if f.Counters.IsZero() {
 			continue // a retained entry whose flow was idle
 		}
+		if e.Proto == bundler.ProtoUnix {
+			f.LocalAddr, f.RemoteAddr = "", e.Path
+			if f.Direction == Inbound {
+				f.LocalAddr, f.RemoteAddr = e.Path, ""
+			}
+			f.PeerPID, f.PeerComm = e.PeerPID, e.PeerComm
+		}
 		if f.Proto == ProtoUDP && e.Local.IsUnspecified() {
 			// An unconnected socket bound to a wildcard: the kernel picks
 			// the source per datagram by routing; ask the same routing.
@@ -356,6 +363,8 @@ func protoName(p uint8) string {
 		return ProtoTCP
 	case unix.IPPROTO_UDP:
 		return ProtoUDP
+	case bundler.ProtoUnix:
+		return ProtoUnix
 	}
 	return fmt.Sprintf("proto%d", p)
 }

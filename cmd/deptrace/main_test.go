@@ -77,7 +77,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "--interval", "10ms"}, nil, "invalid --interval 10ms: allowed 100ms to 1h0m0s"},
 		{[]string{"trace", "--output", "xml"}, nil, `invalid --output "xml": allowed table, jsonl`},
 		{[]string{"trace", "--port", "0"}, nil, `invalid --port "0": allowed 1 to 65535`},
-		{[]string{"trace", "--proto", "sctp"}, nil, `invalid --proto "sctp": allowed tcp, udp, all`},
+		{[]string{"trace", "--proto", "sctp"}, nil, `invalid --proto "sctp": allowed tcp, udp, unix, all`},
 		{[]string{"trace", "--flow-map-size", "1"}, nil, "invalid --flow-map-size 1: allowed 64 to 4194304"},
 		{[]string{"trace", "--duration", "-1s"}, nil, "invalid --duration -1s"},
 		{[]string{"trace", "--netns", "no-such-ns-xyz"}, nil, `invalid --netns "no-such-ns-xyz"`},

@@ -70,7 +70,7 @@ partial interval before exiting.`,
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "time between two drains of the kernel map (100ms to 1h)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "stop after this long; 0 runs until interrupted")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: "+strings.Join(output.Formats, ", "))
-	cmd.Flags().StringVar(&proto, "proto", "all", "protocols to show: tcp, udp, all (comma list)")
+	cmd.Flags().StringVar(&proto, "proto", "all", "protocols to show: tcp, udp, unix, all (comma list)")
 	cmd.Flags().StringSliceVar(&ports, "port", nil, "server ports to show (comma list); default all")
 	return cmd
 }

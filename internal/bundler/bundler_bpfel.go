@@ -30,6 +30,12 @@ type bundlerFlowKey struct {
 	RemoteAddr [16]uint8
 }
 
+type bundlerFlowProto uint32
+
+const (
+	bundlerFlowProtoPROTO_UNIX bundlerFlowProto = 1
+)
+
 type bundlerFlowValue struct {
 	_                 structs.HostLayout
 	Connections       uint64
@@ -53,8 +59,9 @@ type bundlerFlowValue struct {
 	LastJiffies       uint64
 	CgroupId          uint64
 	Pid               uint32
-	Pad               uint32
+	PeerPid           uint32
 	Comm              [16]int8
+	PeerComm          [16]int8
 }
 
 type bundlerListenRecord struct {
@@ -137,14 +144,22 @@ const (
 	bundlerStatIndexSTAT_MAX                 bundlerStatIndex = 5
 )
 
+type bundlerUnixPath struct {
+	_    structs.HostLayout
+	Len  uint32
+	Path [108]int8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	bundlerMapFlows             = "flows"
+	bundlerMapPathScratch       = "path_scratch"
 	bundlerMapPorts             = "ports"
 	bundlerMapSocks             = "socks"
 	bundlerMapStats             = "stats"
+	bundlerMapUnixPaths         = "unix_paths"
 	bundlerProgHarvest          = "harvest"
 	bundlerProgOnReceiveReset   = "on_receive_reset"
 	bundlerProgOnRecv           = "on_recv"
@@ -160,13 +175,16 @@ const (
 	bundlerProgUdpSendmsg6      = "udp_sendmsg6"
 	bundlerVarBtfDirection      = "_btf_direction"
 	bundlerVarBtfFlowKey        = "_btf_flow_key"
+	bundlerVarBtfFlowProto      = "_btf_flow_proto"
 	bundlerVarBtfFlowValue      = "_btf_flow_value"
 	bundlerVarBtfListenRecord   = "_btf_listen_record"
 	bundlerVarBtfListenerRecord = "_btf_listener_record"
 	bundlerVarBtfPortKey        = "_btf_port_key"
 	bundlerVarBtfPortValue      = "_btf_port_value"
 	bundlerVarBtfStatIndex      = "_btf_stat_index"
+	bundlerVarBtfUnixPath       = "_btf_unix_path"
 	bundlerVarTargetNetns       = "target_netns"
+	bundlerVarZeroFlow          = "zero_flow"
 )
 
 // loadBundler returns the embedded CollectionSpec for bundler.
@@ -230,10 +248,12 @@ type bundlerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
-	Flows *ebpf.MapSpec `ebpf:"flows"`
-	Ports *ebpf.MapSpec `ebpf:"ports"`
-	Socks *ebpf.MapSpec `ebpf:"socks"`
-	Stats *ebpf.MapSpec `ebpf:"stats"`
+	Flows       *ebpf.MapSpec `ebpf:"flows"`
+	PathScratch *ebpf.MapSpec `ebpf:"path_scratch"`
+	Ports       *ebpf.MapSpec `ebpf:"ports"`
+	Socks       *ebpf.MapSpec `ebpf:"socks"`
+	Stats       *ebpf.MapSpec `ebpf:"stats"`
+	UnixPaths   *ebpf.MapSpec `ebpf:"unix_paths"`
 }
 
 // bundlerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -242,13 +262,16 @@ type bundlerMapSpecs struct {
 type bundlerVariableSpecs struct {
 	BtfDirection      *ebpf.VariableSpec `ebpf:"_btf_direction"`
 	BtfFlowKey        *ebpf.VariableSpec `ebpf:"_btf_flow_key"`
+	BtfFlowProto      *ebpf.VariableSpec `ebpf:"_btf_flow_proto"`
 	BtfFlowValue      *ebpf.VariableSpec `ebpf:"_btf_flow_value"`
 	BtfListenRecord   *ebpf.VariableSpec `ebpf:"_btf_listen_record"`
 	BtfListenerRecord *ebpf.VariableSpec `ebpf:"_btf_listener_record"`
 	BtfPortKey        *ebpf.VariableSpec `ebpf:"_btf_port_key"`
 	BtfPortValue      *ebpf.VariableSpec `ebpf:"_btf_port_value"`
 	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
+	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
+	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
 }
 
 // bundlerObjects contains all objects after they have been loaded into the kernel.
@@ -271,18 +294,22 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
-	Flows *ebpf.Map `ebpf:"flows"`
-	Ports *ebpf.Map `ebpf:"ports"`
-	Socks *ebpf.Map `ebpf:"socks"`
-	Stats *ebpf.Map `ebpf:"stats"`
+	Flows       *ebpf.Map `ebpf:"flows"`
+	PathScratch *ebpf.Map `ebpf:"path_scratch"`
+	Ports       *ebpf.Map `ebpf:"ports"`
+	Socks       *ebpf.Map `ebpf:"socks"`
+	Stats       *ebpf.Map `ebpf:"stats"`
+	UnixPaths   *ebpf.Map `ebpf:"unix_paths"`
 }
 
 func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
 		m.Flows,
+		m.PathScratch,
 		m.Ports,
 		m.Socks,
 		m.Stats,
+		m.UnixPaths,
 	)
 }
 
@@ -292,13 +319,16 @@ func (m *bundlerMaps) Close() error {
 type bundlerVariables struct {
 	BtfDirection      *ebpf.Variable `ebpf:"_btf_direction"`
 	BtfFlowKey        *ebpf.Variable `ebpf:"_btf_flow_key"`
+	BtfFlowProto      *ebpf.Variable `ebpf:"_btf_flow_proto"`
 	BtfFlowValue      *ebpf.Variable `ebpf:"_btf_flow_value"`
 	BtfListenRecord   *ebpf.Variable `ebpf:"_btf_listen_record"`
 	BtfListenerRecord *ebpf.Variable `ebpf:"_btf_listener_record"`
 	BtfPortKey        *ebpf.Variable `ebpf:"_btf_port_key"`
 	BtfPortValue      *ebpf.Variable `ebpf:"_btf_port_value"`
 	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
+	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
+	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`
 }
 
 // bundlerPrograms contains all programs after they have been loaded into the kernel.

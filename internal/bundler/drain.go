@@ -46,7 +46,15 @@ type Entry struct {
 	PID             uint32
 	Comm            string
 	CgroupID        uint64
+	// Unix flows: the server's socket path ("@name" for an abstract one)
+	// and the process at the other end, when known.
+	Path     string
+	PeerPID  uint32
+	PeerComm string
 }
+
+// ProtoUnix is Entry.Proto of unix-domain flows.
+const ProtoUnix = uint8(bundlerFlowProtoPROTO_UNIX)
 
 // Listener is one listening TCP socket as the harvest saw it.
 type Listener struct {
@@ -65,12 +73,16 @@ type Listener struct {
 const retainIdle = 2
 
 type drainState struct {
+	paths  map[uint64]string         // unix socket paths by hash
 	idle   [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf []bundlerFlowKey
 	valBuf []bundlerFlowValue
 }
 
-func (d *drainState) init() { d.idle = [2]map[bundlerFlowKey]int{{}, {}} }
+func (d *drainState) init() {
+	d.idle = [2]map[bundlerFlowKey]int{{}, {}}
+	d.paths = map[uint64]string{}
+}
 
 // Drain ends an interval. It first harvests the counters of every live
 // socket deptrace tagged into the active map, then swaps in the idle map
@@ -120,6 +132,10 @@ func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 	out := make([]Entry, len(keys))
 	for i, k := range keys {
 		out[i] = merge(k, vals[i*b.ncpu:(i+1)*b.ncpu])
+		if k.Proto == ProtoUnix {
+			out[i].Path = b.unixPath(binary.NativeEndian.Uint64(k.RemoteAddr[:8]))
+			out[i].Local, out[i].Remote = netip.Addr{}, netip.Addr{}
+		}
 	}
 	if err != nil {
 		return out, fmt.Errorf("drain bundled flows: %w", err)
@@ -224,9 +240,40 @@ func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 			e.PID = v.Pid
 			e.Comm = commString(v.Comm)
 			e.CgroupID = v.CgroupId
+			if v.PeerPid != 0 {
+				e.PeerPID, e.PeerComm = v.PeerPid, commString(v.PeerComm)
+			}
 		}
 	}
 	return e
+}
+
+// unixPath resolves a path hash from the kernel's table, remembering
+// every answer: a path never changes its hash.
+func (b *Bundler) unixPath(h uint64) string {
+	if p, ok := b.drain.paths[h]; ok {
+		return p
+	}
+	var v bundlerUnixPath
+	if err := b.shared.Maps["unix_paths"].Lookup(h, &v); err != nil {
+		return fmt.Sprintf("unix:%016x", h) // evicted before the drain: still one stable name
+	}
+	n := min(int(v.Len), len(v.Path))
+	raw := make([]byte, n)
+	for i := range raw {
+		raw[i] = byte(v.Path[i])
+	}
+	p := string(raw)
+	if n > 0 && raw[0] == 0 {
+		p = "@" + string(raw[1:]) // abstract name, as ss shows it
+	} else if i := bytes.IndexByte(raw, 0); i >= 0 {
+		p = string(raw[:i])
+	}
+	if len(b.drain.paths) > 1<<16 {
+		clear(b.drain.paths)
+	}
+	b.drain.paths[h] = p
+	return p
 }
 
 func commString(c [16]int8) string {

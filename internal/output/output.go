@@ -114,12 +114,24 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 	if f.Direction == tracer.Inbound {
 		local, peer, arrow = Endpoint(f.LocalAddr, strconv.Itoa(int(f.Port))), Endpoint(f.RemoteAddr, "many"), "<--"
 	}
+	if f.Proto == tracer.ProtoUnix {
+		// The socket path is the service; the other end is a process.
+		other := "-"
+		if f.PeerPID != 0 {
+			other = fmt.Sprintf("%s/%d", f.PeerComm, f.PeerPID)
+		}
+		local, peer = "-", f.RemoteAddr+" ("+other+")"
+		if f.Direction == tracer.Inbound {
+			local, peer = f.LocalAddr, other
+		}
+	}
 	process := "-"
 	if f.PID != 0 {
 		process = fmt.Sprintf("%s/%d", f.Comm, f.PID)
 	}
 	conns := strconv.FormatUint(f.Connections, 10)
-	if f.Proto == tracer.ProtoUDP { // UDP has no connections: datagrams
+	if f.Proto == tracer.ProtoUDP || (f.Proto == tracer.ProtoUnix && f.Connections == 0 && f.DatagramsSent+f.DatagramsReceived > 0) {
+		// Datagrams have no connections: count datagrams.
 		conns = strconv.FormatUint(f.DatagramsSent+f.DatagramsReceived, 10) + "dg"
 	}
 	return []string{
@@ -228,10 +240,10 @@ func ParseProtos(v string) ([]string, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "", "all":
 			return nil, nil
-		case tracer.ProtoTCP, tracer.ProtoUDP:
+		case tracer.ProtoTCP, tracer.ProtoUDP, tracer.ProtoUnix:
 			out = append(out, p)
 		default:
-			return nil, fmt.Errorf("invalid --proto %q: allowed tcp, udp, all", p)
+			return nil, fmt.Errorf("invalid --proto %q: allowed tcp, udp, unix, all", p)
 		}
 	}
 	return out, nil

@@ -140,7 +140,7 @@ func TestFilters(t *testing.T) {
 	if p, err := ParseProtos("all"); err != nil || p != nil {
 		t.Errorf("all: %v %v", p, err)
 	}
-	if _, err := ParseProtos("sctp"); err == nil || !strings.Contains(err.Error(), "tcp, udp, all") {
+	if _, err := ParseProtos("sctp"); err == nil || !strings.Contains(err.Error(), "tcp, udp, unix, all") {
 		t.Errorf("sctp accepted or badly reported: %v", err)
 	}
 	ports, err := ParsePorts([]string{"80,443", "5432"})
@@ -176,5 +176,18 @@ func TestSortedIsStable(t *testing.T) {
 	}
 	if got[0].Direction != tracer.Inbound { // "inbound" < "outbound"
 		t.Errorf("inbound should sort first at equal port: %v", got)
+	}
+}
+
+func TestUnixRowsNameThePathAndBothProcesses(t *testing.T) {
+	f := flow(tracer.Outbound, "unix", "", "/run/app.sock", 0)
+	f.Comm, f.PID, f.PeerComm, f.PeerPID = "nginx", 880, "gunicorn", 901
+	row := TableRow(f, nil)
+	if row[2] != "-" || row[3] != "-->" || row[4] != "/run/app.sock (gunicorn/901)" || row[5] != "nginx/880" {
+		t.Errorf("outbound unix row %q", row)
+	}
+	in := flow(tracer.Inbound, "unix", "/run/app.sock", "", 0)
+	if row := TableRow(in, nil); row[2] != "/run/app.sock" || row[3] != "<--" {
+		t.Errorf("inbound unix row %q", row)
 	}
 }
