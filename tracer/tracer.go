@@ -38,7 +38,15 @@ type Config struct {
 	PortMapSize uint32
 	// NetNS limits tracing to one network namespace (inode); 0 = all.
 	NetNS uint32
+	// PinPath, when set (e.g. DefaultPinPath), pins the kernel side on
+	// bpffs so it keeps counting if this process dies, and adopts the one
+	// a previous process left there: nothing counted meanwhile is lost.
+	// One process at a time owns a pin path.
+	PinPath string
 }
+
+// DefaultPinPath is where deptrace agent pins its kernel side.
+const DefaultPinPath = "/sys/fs/bpf/deptrace"
 
 // Limits of Config values.
 const (
@@ -63,7 +71,7 @@ func (c Config) Validate() error {
 }
 
 func (c Config) bundlerConfig() bundler.Config {
-	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS}
+	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, PinPath: c.PinPath}
 }
 
 // Interval is what one drain produced.
@@ -140,12 +148,52 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, err
 	}
 	t := &Tracer{cfg: cfg, b: b, procs: procCache{}, routes: newSourceCache()}
-	t.seed, t.seedErr = b.Seed()
+	// An adopted kernel side has its sockets tagged already.
+	if !b.Adoption().Adopted {
+		t.seed, t.seedErr = b.Seed()
+	}
 	return t, nil
 }
 
-// Close detaches every program.
+// Close detaches every program and removes the pins, if any.
 func (t *Tracer) Close() error { return t.b.Close() }
+
+// Release ends this process's use of a pinned kernel side but leaves it
+// attached and counting, for the next process with the same PinPath to
+// adopt. Without PinPath it is Close.
+func (t *Tracer) Release() {
+	if t.cfg.PinPath == "" {
+		t.b.Close()
+		return
+	}
+	t.b.Release()
+}
+
+// Adoption says what New found at Config.PinPath.
+type Adoption struct {
+	// Adopted: a kernel side left by a previous process was taken over;
+	// what it counted since is in the first Collect.
+	Adopted bool
+	// Replaced says why a pinned kernel side was removed instead (another
+	// deptrace build, other map sizes); "" if none was.
+	Replaced string
+	// Salvaged flows were read from the replaced side (in the first
+	// Collect); Unreadable entries were lost with it.
+	Salvaged, Unreadable int
+	// MountedBPFFS: bpffs was not mounted at the pin path's parent, and
+	// New mounted it.
+	MountedBPFFS bool
+}
+
+// Adoption reports what New found at Config.PinPath.
+func (t *Tracer) Adoption() Adoption {
+	a := t.b.Adoption()
+	return Adoption{Adopted: a.Adopted, Replaced: a.Replaced, Salvaged: len(a.Salvaged), Unreadable: a.Unreadable, MountedBPFFS: a.MountedBPFFS}
+}
+
+// Cleanup removes a kernel side left pinned at pinPath (by a process that
+// was killed or released it). It refuses while a process owns it.
+func Cleanup(pinPath string) (found bool, err error) { return bundler.Cleanup(pinPath) }
 
 // Config returns the configuration in force.
 func (t *Tracer) Config() Config { return t.cfg }

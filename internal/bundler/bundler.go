@@ -3,6 +3,8 @@ package bundler
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -25,6 +27,10 @@ type Config struct {
 	PortMapSize uint32
 	// NetNS limits tracing to one network namespace (inode); 0 traces all.
 	NetNS uint32
+	// PinPath, when set, pins the kernel side there (a directory on bpffs,
+	// such as /sys/fs/bpf/deptrace) so that it keeps counting when this
+	// process dies, and adopts a kernel side a previous process left there.
+	PinPath string
 }
 
 // Limits of Config values, also used for flag validation.
@@ -129,10 +135,14 @@ type Bundler struct {
 	active   int
 	programs map[string]*ebpf.Program
 	links    []link.Link
+	linkOf   map[string]link.Link // attached program -> its link, for pinning
 	iters    map[string]*link.Iter
 	hooks    []Hook
 	ncpu     int
 	drain    drainState
+	lock     *os.File // owns PinPath
+	pinned   bool
+	adopt    AdoptReport
 }
 
 // Load probes the kernel, loads every program it supports, and attaches
@@ -163,35 +173,85 @@ func Load(cfg Config) (*Bundler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("count possible CPUs: %w", err)
 	}
-	b := &Bundler{cfg: cfg, programs: map[string]*ebpf.Program{}, iters: map[string]*link.Iter{}, ncpu: ncpu}
+	b := &Bundler{cfg: cfg, programs: map[string]*ebpf.Program{}, iters: map[string]*link.Iter{}, linkOf: map[string]link.Link{}, ncpu: ncpu}
 	b.drain.init()
 
+	var old *pinnedSide
+	if cfg.PinPath != "" {
+		if b.adopt.MountedBPFFS, err = ensureBPFFS(filepath.Dir(cfg.PinPath)); err != nil {
+			return nil, err
+		}
+		if b.lock, err = lockAgent(cfg.PinPath); err != nil {
+			return nil, err
+		}
+		var found bool
+		old, found, err = loadPinned(cfg.PinPath)
+		if found && err == nil {
+			if why := old.compatible(spec, cfg); why != "" {
+				b.adopt.Replaced = why
+				b.adopt.Salvaged, b.adopt.Unreadable = old.salvage(ncpu)
+				if err := removePinned(cfg.PinPath, old); err != nil {
+					b.lock.Close()
+					return nil, fmt.Errorf("remove the kernel side pinned at %s (%s): %w", cfg.PinPath, why, err)
+				}
+				old = nil
+			}
+		} else if found {
+			removePinned(cfg.PinPath, old)
+			b.adopt.Replaced = err.Error()
+			old = nil
+		}
+	}
+
 	// Maps first, shared by every program (including .rodata, so each
-	// program sees the same frozen configuration).
+	// program sees the same frozen configuration). An adopted side's maps
+	// replace the fresh ones.
 	mapsOnly := spec.Copy()
 	mapsOnly.Programs = nil
 	b.shared, err = ebpf.NewCollection(mapsOnly)
 	if err != nil {
+		b.Release()
 		return nil, fmt.Errorf("create maps: %w", err)
 	}
-	b.flows = b.shared.Maps["flows"]
-	for i := range b.inner {
-		s := innerSpec.Copy()
-		s.Name = fmt.Sprintf("flows_%c", 'a'+i)
-		if b.inner[i], err = ebpf.NewMap(s); err != nil {
-			b.Close()
-			return nil, fmt.Errorf("create bundled-flow map: %w", err)
+	if old != nil {
+		for name, m := range old.maps {
+			b.shared.Maps[name].Close()
+			b.shared.Maps[name] = m
+		}
+		b.inner = old.inner
+		old.maps, old.inner = nil, [2]*ebpf.Map{}
+	} else {
+		for i := range b.inner {
+			s := innerSpec.Copy()
+			s.Name = fmt.Sprintf("flows_%c", 'a'+i)
+			if b.inner[i], err = ebpf.NewMap(s); err != nil {
+				b.Release()
+				return nil, fmt.Errorf("create bundled-flow map: %w", err)
+			}
 		}
 	}
-	if err := b.flows.Put(uint32(0), b.inner[0]); err != nil {
-		b.Close()
+	b.flows = b.shared.Maps["flows"]
+	if old != nil {
+		if err := b.findActive(); err != nil {
+			b.Release()
+			return nil, err
+		}
+	} else if err := b.flows.Put(uint32(0), b.inner[0]); err != nil {
+		b.Release()
 		return nil, fmt.Errorf("install bundled-flow map: %w", err)
 	}
 
 	cgroupRoot, cgroupErr := kernel.CgroupV2Root()
 	for _, def := range hookDefs {
 		h := Hook{Program: def.program, Hook: def.hook, Required: def.required, Provides: def.provides}
-		h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
+		if l, ok := old.adoptLink(def); ok {
+			b.links = append(b.links, l)
+			b.linkOf[def.program] = l
+		} else if old != nil && (def.kind == kindTracepoint || def.kind == kindCgroup) {
+			h.Reason = "not attached in the adopted kernel side"
+		} else {
+			h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
+		}
 		h.Active = h.Reason == ""
 		if !h.Active && def.required {
 			b.Close()
@@ -199,8 +259,55 @@ func Load(cfg Config) (*Bundler, error) {
 		}
 		b.hooks = append(b.hooks, h)
 	}
+	if old != nil {
+		old.close()
+		b.adopt.Adopted, b.pinned = true, true
+	} else if cfg.PinPath != "" {
+		if err := b.pin(); err != nil {
+			b.Close()
+			return nil, fmt.Errorf("pin the kernel side at %s: %w", cfg.PinPath, err)
+		}
+	}
 	return b, nil
 }
+
+// adoptLink takes over the pinned link of def's program, if there is one.
+func (p *pinnedSide) adoptLink(def hookDef) (link.Link, bool) {
+	if p == nil {
+		return nil, false
+	}
+	l, ok := p.links[def.program]
+	if ok {
+		delete(p.links, def.program)
+	}
+	return l, ok
+}
+
+// findActive learns which bundled-flow map an adopted side writes to.
+func (b *Bundler) findActive() error {
+	var active *ebpf.Map
+	if err := b.flows.Lookup(uint32(0), &active); err != nil {
+		return fmt.Errorf("read the adopted active flow map: %w", err)
+	}
+	defer active.Close()
+	info, err := active.Info()
+	if err != nil {
+		return fmt.Errorf("read the adopted active flow map: %w", err)
+	}
+	id, _ := info.ID()
+	for i, m := range b.inner {
+		if mi, err := m.Info(); err == nil {
+			if mid, _ := mi.ID(); mid == id {
+				b.active = i
+				return nil
+			}
+		}
+	}
+	return errors.New("the adopted active flow map is neither pinned flow map")
+}
+
+// Adoption says what Load found under the pin path.
+func (b *Bundler) Adoption() AdoptReport { return b.adopt }
 
 // loadAndAttach returns "" on success, or why the hook is not active and,
 // for a verifier rejection, the verifier's full log.
@@ -242,12 +349,14 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 			return fmt.Sprintf("attach: %v", err), ""
 		}
 		b.links = append(b.links, l)
+		b.linkOf[def.program] = l
 	case kindCgroup:
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupRoot, Attach: def.attach, Program: prog})
 		if err != nil {
 			return fmt.Sprintf("attach to %s: %v", cgroupRoot, err), ""
 		}
 		b.links = append(b.links, l)
+		b.linkOf[def.program] = l
 	case kindIter:
 		it, err := link.AttachIter(link.IterOptions{Program: prog})
 		if err != nil {
@@ -277,12 +386,30 @@ func (b *Bundler) HookActive(program string) bool {
 	return false
 }
 
-// Close detaches and frees everything. Safe to call more than once.
+// Close detaches and frees everything, pins included. Safe to call more
+// than once.
 func (b *Bundler) Close() error {
+	var err error
+	if b.pinned {
+		for _, l := range b.links {
+			l.Unpin()
+		}
+		err = removePinned(b.cfg.PinPath, nil)
+		b.pinned = false
+	}
+	b.Release()
+	return err
+}
+
+// Release closes this process's handles but leaves a pinned kernel side
+// attached and counting, for the next agent to adopt (--keep-tracing).
+// Without pins it is Close.
+func (b *Bundler) Release() {
 	for _, l := range b.links {
 		l.Close()
 	}
 	b.links = nil
+	b.linkOf = map[string]link.Link{}
 	for _, it := range b.iters {
 		it.Close()
 	}
@@ -301,5 +428,8 @@ func (b *Bundler) Close() error {
 		b.shared.Close()
 		b.shared = nil
 	}
-	return nil
+	if b.lock != nil {
+		b.lock.Close()
+		b.lock = nil
+	}
 }

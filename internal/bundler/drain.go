@@ -73,6 +73,7 @@ type Listener struct {
 const retainIdle = 2
 
 type drainState struct {
+	first  bool                      // the first drain happened
 	paths  map[uint64]string         // unix socket paths by hash
 	idle   [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf []bundlerFlowKey
@@ -91,6 +92,23 @@ func (d *drainState) init() {
 // writing to the drained map: no entry and no increment is lost between
 // intervals.
 func (b *Bundler) Drain() ([]Entry, []Listener, error) {
+	var carried []Entry
+	if !b.drain.first {
+		// The first drain also reports what a previous process left: the
+		// counts salvaged from a replaced kernel side, and an adopted
+		// side's idle map, which holds an interval nobody read if that
+		// process died between a swap and its read.
+		b.drain.first = true
+		carried = append(carried, b.adopt.Salvaged...)
+		if b.adopt.Adopted {
+			idle := 1 - b.active
+			left, err := b.drainMap(b.inner[idle], idle)
+			if err != nil {
+				return nil, nil, err
+			}
+			carried = append(carried, left...)
+		}
+	}
 	listeners, harvestErr := b.harvest()
 	next := 1 - b.active
 	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
@@ -99,7 +117,7 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 	oldIdx := b.active
 	b.active = next
 	entries, err := b.drainMap(b.inner[oldIdx], oldIdx)
-	return entries, listeners, errors.Join(harvestErr, err)
+	return append(carried, entries...), listeners, errors.Join(harvestErr, err)
 }
 
 // harvest runs the socket-storage iterator: it folds live sockets' counter
