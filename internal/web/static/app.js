@@ -235,7 +235,7 @@
     }
     return e.bad ? '#e03131' : '#9aa5b8';
   }
-  const edgeSize = (w) => Math.min(6, 0.6 + Math.log10(1 + w) / 1.5);
+  const edgeSize = (w, big) => (big ? Math.min(3, 0.3 + Math.log10(1 + w) / 3) : Math.min(8, 1.5 + Math.log10(1 + w)));
 
   // Layout: deterministic and linear in the number of nodes, so 10,000
   // nodes place in milliseconds and the same data always looks the same.
@@ -312,7 +312,7 @@
       G.addEdge(s, t, { keys: [e.key], w, bad: e.bad, status: e.status });
     }
     G.forEachEdge((k, a) => {
-      a.size = edgeSize(a.w);
+      a.size = edgeSize(a.w, big);
       a.color = edgeColor(a);
     });
     return G;
@@ -332,6 +332,7 @@
         labelRenderedSizeThreshold: big ? 10 : 4,
         labelDensity: big ? 0.05 : 1,
         zIndex: true,
+        stagePadding: 50,
         nodeReducer: (id, a) => reduceNode(id, a),
         edgeReducer: (id, a) => reduceEdge(id, a),
       });
