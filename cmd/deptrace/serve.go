@@ -68,4 +68,3 @@ Listening beyond loopback requires --token-file: every request must then carry
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry")
 	return cmd
 }
-

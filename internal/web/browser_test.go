@@ -39,7 +39,7 @@ func chromium(t testing.TB) string {
 
 // browser starts a headless Chromium with software WebGL (SwiftShader), so
 // the map's WebGL renderer works on a machine without a GPU.
-func browser(t testing.TB) context.Context {
+func browser(t testing.TB, timeout time.Duration) context.Context {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium(t)),
@@ -51,7 +51,7 @@ func browser(t testing.TB) context.Context {
 	)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelC := chromedp.NewContext(actx)
-	ctx, cancelT := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancelT := context.WithTimeout(ctx, timeout)
 	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("start chromium: %v", err)
@@ -133,7 +133,7 @@ func pixels(img image.Image, c uint32) int {
 func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t)
+	ctx := browser(t, 90*time.Second)
 	open(t, ctx, srv.URL+"/?view=map")
 	d := mapData(t, ctx)
 	if d["nodes"] != "4" || d["edges"] != "3" || d["unhealthy"] != "1" {
@@ -158,7 +158,7 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 func TestBrowserSearchAndFocus(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t)
+	ctx := browser(t, 90*time.Second)
 	open(t, ctx, srv.URL+"/?view=map&range=all")
 	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "redis-serv")); err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestBrowserSearchAndFocus(t *testing.T) {
 func TestBrowserTableListsEveryEdge(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t)
+	ctx := browser(t, 90*time.Second)
 	open(t, ctx, srv.URL+"/?view=table&range=all")
 	rows := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
 	want := []string{
@@ -252,7 +252,7 @@ func TestBrowserTableListsEveryEdge(t *testing.T) {
 func TestBrowserDiffMarksNewEdges(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t)
+	ctx := browser(t, 90*time.Second)
 	open(t, ctx, srv.URL+"/?view=map&range=1h&diff=1")
 	if d := mapData(t, ctx); d["appeared"] != "2" || d["disappeared"] != "1" || d["edges"] != "4" {
 		t.Errorf("diff map: %v, want 2 appeared, 1 disappeared of 4 edges", d)
@@ -276,7 +276,7 @@ func TestBrowserTokenCookie(t *testing.T) {
 	const token = "browser-token-0123456789"
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{Token: token})
-	ctx := browser(t)
+	ctx := browser(t, 90*time.Second)
 	open(t, ctx, srv.URL+"/?view=table&range=all&token="+token)
 	if u := js[string](t, ctx, `location.search`); strings.Contains(u, "token") {
 		t.Errorf("token still in the URL: %q", u)
@@ -284,4 +284,44 @@ func TestBrowserTokenCookie(t *testing.T) {
 	if n := js[string](t, ctx, `document.querySelector('#edges').dataset.rows`); n != "4" {
 		t.Errorf("table rows with token cookie: %s", n)
 	}
+}
+
+// A graph beyond 2,000 nodes opens on the table; the map is one click
+// away and draws all of it (collapsing groups works on it).
+func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
+	path := t.TempDir() + "/large.db"
+	history(t, path, time.Now(), 550, 3, 1) // 2,200 nodes, 1,650 edges
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/")
+	if v := js[string](t, ctx, `document.body.dataset.view`); v != "table" {
+		t.Fatalf("large graph opened on %q, want the table", v)
+	}
+	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "2200 nodes, 1650 edges") || !strings.Contains(s, "large graph") {
+		t.Errorf("status %q", s)
+	}
+	if d := js[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#edges').dataset)`); d["rows"] != "1650" || d["shown"] != "500" {
+		t.Errorf("table %v: want 1650 rows, first 500 shown", d)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#all-rows"))); err != nil {
+		t.Fatal(err)
+	}
+	if n := js[int](t, ctx, `document.querySelectorAll('#edges tbody tr').length`); n != 1650 {
+		t.Errorf("show all: %d rows", n)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#view-map"))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.nodes === '2200'`, `document.querySelector('#map').dataset.nodes`)
+	if d := mapData(t, ctx); d["edges"] != "1650" || d["unhealthy"] == "0" {
+		t.Errorf("large map %v", d)
+	}
+	screenshot(t, ctx, "large-map")
+	// Collapse every group: one node per namespace (550 hosts), and edges
+	// between groups add up.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#collapse-all"))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
+	screenshot(t, ctx, "large-collapsed")
 }
