@@ -19,3 +19,15 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+# --- web (deptrace serve): the browser tests of internal/web drive Debian's
+# chromium-headless-shell through chromedp; they fail under CI=true without it.
+if ! command -v chromium-headless-shell >/dev/null; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps: missing chromium-headless-shell; run as root or: sudo apt-get install --no-install-recommends chromium-headless-shell" >&2
+    exit 1
+  fi
+  echo "deps: installing chromium-headless-shell" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
+fi

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/internal/web"
+)
+
+func newServeCmd() *cobra.Command {
+	var listen, storeSpec, tokenFile string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the service-map page and the JSON API over the store",
+		Long: `serve answers HTTP on --listen (default ` + web.DefaultListen + `): the service-map page
+at /, and /api/graph, /api/look and /api/diff, which answer what graph --format
+json, look and diff print, with the same filters as query parameters
+(docs/api.md). It reads the store look, graph and diff read.
+
+Listening beyond loopback requires --token-file: every request must then carry
+"Authorization: Bearer TOKEN" (the page: open it once with ?token=TOKEN).`,
+		Example: `  deptrace serve
+  deptrace serve --store postgres://deptrace@db.example/deptrace
+  deptrace serve --listen 0.0.0.0:7777 --token-file /etc/deptrace/token`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := web.CheckListen(listen, tokenFile != ""); err != nil {
+				return err
+			}
+			var token string
+			if tokenFile != "" {
+				var err error
+				if token, err = web.ReadToken(tokenFile); err != nil {
+					return err
+				}
+			}
+			if !strings.Contains(storeSpec, "://") {
+				if _, err := os.Stat(storeSpec); err != nil {
+					return fmt.Errorf("no store at %s: run deptrace agent first, or pass --store", storeSpec)
+				}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			st, err := store.Open(ctx, storeSpec)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return fmt.Errorf("listen on --listen %s: %w", listen, err)
+			}
+			log := slog.With("component", "serve")
+			log.Info("serving", "url", "http://"+ln.Addr().String()+"/", "store", st.String(), "token", token != "")
+			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log}), log)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", web.DefaultListen, "HOST:PORT to answer on; beyond loopback needs --token-file")
+	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
+	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry")
+	return cmd
+}

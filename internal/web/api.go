@@ -1,0 +1,329 @@
+package web
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// notFoundError is a target that matches nothing in the selected range:
+// HTTP 404.
+type notFoundError struct{ err error }
+
+func (e *notFoundError) Error() string { return e.err.Error() }
+
+// loadGraph builds the graph of range r the way look, graph and diff do,
+// so that whatever makes the store's queries faster makes these too.
+func (s *Server) loadGraph(ctx context.Context, r store.Range) (graph.Graph, []store.Host, error) {
+	obs, err := s.st.Observations(ctx, r)
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	hosts, err := s.st.Hosts(ctx)
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	return graph.Build(obs, hosts), hosts, nil
+}
+
+// filters are the CLI's query filters, as query parameters.
+type filters struct {
+	since, until time.Time
+	target       string
+	depth        int
+	reverse      bool
+	proto        string
+	port         int // -1: any
+}
+
+var filterParams = []string{"since", "until", "target", "depth", "reverse", "proto", "port"}
+
+func (q query) filters(defDepth int) (filters, error) {
+	var f filters
+	var err error
+	if f.since, f.until, err = q.window(); err != nil {
+		return f, err
+	}
+	f.target = q.str("target")
+	if f.reverse, err = q.bool("reverse"); err != nil {
+		return f, err
+	}
+	if f.reverse && !q.has("depth") {
+		defDepth = 0 // like look --reverse: all the way up
+	}
+	if f.depth, err = q.depth(defDepth); err != nil {
+		return f, err
+	}
+	if f.proto, err = q.proto(); err != nil {
+		return f, err
+	}
+	f.port, err = q.port()
+	return f, err
+}
+
+func (f filters) rng() store.Range { return store.Range{Since: f.since, Until: f.until} }
+
+// keepEdges returns g restricted to the edges keep accepts and the nodes
+// they touch.
+func keepEdges(g graph.Graph, keep func(graph.Edge) bool) graph.Graph {
+	out := graph.Graph{Nodes: []graph.Node{}, Edges: []graph.Edge{}}
+	used := map[string]bool{}
+	for _, e := range g.Edges {
+		if keep(e) {
+			out.Edges = append(out.Edges, e)
+			used[e.From], used[e.To] = true, true
+		}
+	}
+	for _, n := range g.Nodes {
+		if used[n.ID] {
+			out.Nodes = append(out.Nodes, n)
+		}
+	}
+	return out
+}
+
+// protoPort applies proto and port: only edges of that protocol and server
+// port.
+func (f filters) protoPort(g graph.Graph) graph.Graph {
+	if f.proto == "" && f.port < 0 {
+		return g
+	}
+	return keepEdges(g, func(e graph.Edge) bool {
+		return (f.proto == "" || e.Proto == f.proto) && (f.port < 0 || int(e.Port) == f.port)
+	})
+}
+
+// around applies target, depth and reverse: the part of g within depth of
+// target in both directions, or with reverse only what depends on target.
+func (f filters) around(g graph.Graph, hosts []store.Host) (graph.Graph, error) {
+	if f.target == "" {
+		return g, nil
+	}
+	roots, err := graph.Resolve(g, hosts, f.target)
+	if err != nil {
+		return graph.Graph{}, &notFoundError{err}
+	}
+	if !f.reverse {
+		depth := f.depth
+		if depth == 0 {
+			// graph.Reachable stops at once on 0 although its doc says
+			// unlimited; a negative depth is unlimited there.
+			depth = -1
+		}
+		return graph.Reachable(g, roots, depth), nil
+	}
+	edges := map[[2]string]bool{}
+	var walk func([]*graph.Branch)
+	walk = func(bs []*graph.Branch) {
+		for _, b := range bs {
+			edges[[2]string{b.Edge.From, b.Edge.To}] = true
+			walk(b.Children)
+		}
+	}
+	for _, t := range graph.Look(g, roots, f.depth, false, true) {
+		walk(t.Inbound)
+	}
+	return keepEdges(g, func(e graph.Edge) bool { return edges[[2]string{e.From, e.To}] }), nil
+}
+
+// selected is the graph the filters select.
+func (s *Server) selected(ctx context.Context, f filters) (graph.Graph, []store.Host, error) {
+	g, hosts, err := s.loadGraph(ctx, f.rng())
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	g, err = f.around(f.protoPort(g), hosts)
+	return g, hosts, err
+}
+
+// handleGraph answers what `deptrace graph --format json` prints.
+func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
+	q, err := newQuery(r.URL.Query(), s.now(), filterParams...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f, err := q.filters(0)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	g, _, err := s.selected(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if err := graph.Write(w, g, "json"); err != nil {
+		s.log.Debug("write graph", "err", err)
+	}
+}
+
+// lookBranch and lookTree are look's trees in JSON.
+type lookBranch struct {
+	Edge     graph.Edge   `json:"edge"`
+	Peer     graph.Node   `json:"peer"`
+	Repeat   bool         `json:"repeat"`
+	Children []lookBranch `json:"children"`
+}
+
+type lookTree struct {
+	Root     graph.Node   `json:"root"`
+	Outbound []lookBranch `json:"outbound"` // null with reverse
+	Inbound  []lookBranch `json:"inbound"`
+}
+
+type lookAnswer struct {
+	Target  string     `json:"target"`
+	Depth   int        `json:"depth"`
+	Reverse bool       `json:"reverse"`
+	Since   *time.Time `json:"since"`
+	Until   *time.Time `json:"until"`
+	Trees   []lookTree `json:"trees"`
+}
+
+func branches(bs []*graph.Branch) []lookBranch {
+	out := make([]lookBranch, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, lookBranch{Edge: b.Edge, Peer: b.Peer, Repeat: b.Repeat, Children: branches(b.Children)})
+	}
+	return out
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// handleLook answers what `deptrace look TARGET` prints, as trees.
+func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
+	q, err := newQuery(r.URL.Query(), s.now(), filterParams...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f, err := q.filters(1)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if f.target == "" {
+		s.fail(w, r, badParam("missing target: allowed a host (id or name), an address, address:port or a process name"))
+		return
+	}
+	g, hosts, err := s.loadGraph(r.Context(), f.rng())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	g = f.protoPort(g)
+	roots, err := graph.Resolve(g, hosts, f.target)
+	if err != nil {
+		s.fail(w, r, &notFoundError{err})
+		return
+	}
+	ans := lookAnswer{Target: f.target, Depth: f.depth, Reverse: f.reverse, Since: timePtr(f.since), Until: timePtr(f.until), Trees: []lookTree{}}
+	for _, t := range graph.Look(g, roots, f.depth, !f.reverse, true) {
+		lt := lookTree{Root: t.Root, Inbound: branches(t.Inbound)}
+		if !f.reverse {
+			lt.Outbound = branches(t.Outbound)
+		}
+		ans.Trees = append(ans.Trees, lt)
+	}
+	s.json(w, ans)
+}
+
+type diffAnswer struct {
+	Since       time.Time    `json:"since"`
+	Until       time.Time    `json:"until"`
+	BeforeSince time.Time    `json:"before_since"`
+	BeforeUntil time.Time    `json:"before_until"`
+	Appeared    []graph.Edge `json:"appeared"`
+	Disappeared []graph.Edge `json:"disappeared"`
+	// Nodes are the ends of every listed edge, from either window.
+	Nodes []graph.Node `json:"nodes"`
+}
+
+// handleDiff answers what `deptrace diff` prints: edges of [since, until)
+// missing from the window before, and the reverse.
+func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
+	q, err := newQuery(r.URL.Query(), s.now(), append(filterParams, "before_since", "before_until")...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	f, err := q.filters(0)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if f.since.IsZero() {
+		s.fail(w, r, badParam("missing since: diff compares [since, until) with the window before it; allowed RFC 3339, \"15:04\" or an age such as 1h"))
+		return
+	}
+	if f.until.IsZero() {
+		f.until = q.now
+		if !f.since.Before(f.until) {
+			s.fail(w, r, badParam("invalid since %s: allowed a time before now", f.since.Format(time.RFC3339)))
+			return
+		}
+	}
+	before := filters{since: f.since.Add(-f.until.Sub(f.since)), until: f.since, target: f.target, depth: f.depth, reverse: f.reverse, proto: f.proto, port: f.port}
+	if q.has("before_since") || q.has("before_until") {
+		if before.since, err = q.time("before_since"); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if before.until, err = q.time("before_until"); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if !before.since.IsZero() && !before.until.IsZero() && !before.since.Before(before.until) {
+			s.fail(w, r, badParam("invalid range: before_since %s is not before before_until %s", before.since.Format(time.RFC3339), before.until.Format(time.RFC3339)))
+			return
+		}
+	}
+	after, _, errA := s.selected(r.Context(), f)
+	prev, _, errB := s.selected(r.Context(), before)
+	var nf *notFoundError
+	switch {
+	case errA != nil && !errors.As(errA, &nf):
+		s.fail(w, r, errA)
+		return
+	case errB != nil && !errors.As(errB, &nf):
+		s.fail(w, r, errB)
+		return
+	case errA != nil && errB != nil:
+		s.fail(w, r, errA) // the target is in neither window
+		return
+	}
+	appeared, disappeared := graph.Diff(prev, after)
+	ans := diffAnswer{Since: f.since, Until: f.until, BeforeSince: before.since, BeforeUntil: before.until,
+		Appeared: nonNil(appeared), Disappeared: nonNil(disappeared), Nodes: []graph.Node{}}
+	ends := map[string]bool{}
+	for _, e := range append(appeared, disappeared...) {
+		ends[e.From], ends[e.To] = true, true
+	}
+	for _, g := range []graph.Graph{after, prev} {
+		for _, n := range g.Nodes {
+			if ends[n.ID] {
+				ans.Nodes = append(ans.Nodes, n)
+				delete(ends, n.ID)
+			}
+		}
+	}
+	s.json(w, ans)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

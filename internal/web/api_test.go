@@ -1,0 +1,443 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+func get(t *testing.T, srv string, path string, hdr ...string) (int, []byte, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, srv+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body, resp.Header
+}
+
+var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func getGraph(t *testing.T, srv, path string) graph.Graph {
+	t.Helper()
+	code, body, _ := get(t, srv, path)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	var g graph.Graph
+	if err := json.Unmarshal(body, &g); err != nil {
+		t.Fatalf("GET %s: %v\n%s", path, err, body)
+	}
+	return g
+}
+
+func nodeIDs(g graph.Graph) []string {
+	var ids []string
+	for _, n := range g.Nodes {
+		ids = append(ids, n.ID)
+	}
+	return ids
+}
+
+func edgeKeys(g graph.Graph) []string {
+	var ks []string
+	for _, e := range g.Edges {
+		ks = append(ks, e.From+" -> "+e.To)
+	}
+	return ks
+}
+
+func equal(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n got %q\nwant %q", what, got, want)
+	}
+}
+
+// /api/graph answers byte for byte what `deptrace graph --format json`
+// prints for the same range.
+func TestGraphIsTheCLIJSON(t *testing.T) {
+	path, now := seed(t)
+	srv, st := serve(t, path, Options{})
+	g := getGraph(t, srv.URL, "/api/graph?since=1h")
+	equal(t, "nodes", nodeIDs(g), []string{idNginx, idPostgres, idRedis, idDNS})
+	equal(t, "edges", edgeKeys(g), []string{idNginx + " -> " + idPostgres, idNginx + " -> " + idRedis, idNginx + " -> " + idDNS})
+	for _, e := range g.Edges {
+		switch e.To {
+		case idPostgres:
+			if e.Connections != 10 || e.BytesSent != 1000 || e.BytesReceived != 10000 {
+				t.Errorf("postgres edge counters %+v: want the last hour only (10 conns)", e)
+			}
+		case idRedis:
+			if e.Connections != 5 || e.FailedConnections != 2 {
+				t.Errorf("redis edge %+v: want 5 conns, 2 failed", e)
+			}
+		}
+	}
+
+	// The CLI's path: Observations, Hosts, Build, Write.
+	obs, err := st.Observations(context.Background(), store.Range{Since: now.Add(-3 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts, _ := st.Hosts(context.Background())
+	var want bytes.Buffer
+	if err := graph.Write(&want, graph.Build(obs, hosts), "json"); err != nil {
+		t.Fatal(err)
+	}
+	_, body, hdr := get(t, srv.URL, "/api/graph?since=3h")
+	if !bytes.Equal(body, want.Bytes()) {
+		t.Errorf("/api/graph differs from graph --format json:\n%s\nwant\n%s", body, want.Bytes())
+	}
+	if ct := hdr.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	all := getGraph(t, srv.URL, "/api/graph")
+	if len(all.Nodes) != 5 || len(all.Edges) != 4 {
+		t.Errorf("all history: %d nodes %d edges, want 5 and 4", len(all.Nodes), len(all.Edges))
+	}
+	// until excludes the recent buckets: only the old window.
+	old := getGraph(t, srv.URL, "/api/graph?until=30m")
+	equal(t, "edges until 30m ago", edgeKeys(old), []string{idNginx + " -> " + idPostgres, idPython + " -> " + idPostgres})
+}
+
+// gzip is transparent to a client that asks for it.
+func TestGraphGzip(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	_, plain, _ := get(t, srv.URL, "/api/graph")
+	resp, err := http.Get(srv.URL + "/api/graph") // the transport asks for gzip and inflates
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !resp.Uncompressed || !bytes.Equal(body, plain) {
+		t.Errorf("gzip answer: uncompressed=%v equal=%v", resp.Uncompressed, bytes.Equal(body, plain))
+	}
+}
+
+func TestGraphFilters(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	cases := []struct {
+		query string
+		nodes []string
+		edges []string
+	}{
+		{"proto=udp", []string{idNginx, idDNS}, []string{idNginx + " -> " + idDNS}},
+		{"proto=TCP&port=6379", []string{idNginx, idRedis}, []string{idNginx + " -> " + idRedis}},
+		{"port=5432", []string{idNginx, idPython, idPostgres}, []string{idNginx + " -> " + idPostgres, idPython + " -> " + idPostgres}},
+		{"target=python3", []string{idPython, idPostgres}, []string{idPython + " -> " + idPostgres}},
+		// Everything around postgres: its clients, and what they use.
+		{"target=postgres&depth=1", []string{idNginx, idPython, idPostgres}, []string{idNginx + " -> " + idPostgres, idPython + " -> " + idPostgres}},
+		{"target=198.51.100.2:5432&reverse=true", []string{idNginx, idPython, idPostgres}, []string{idNginx + " -> " + idPostgres, idPython + " -> " + idPostgres}},
+		{"target=nginx&reverse=1", []string{}, []string{}},
+		{"target=nginx&depth=1&since=1h", []string{idNginx, idPostgres, idRedis, idDNS}, []string{idNginx + " -> " + idPostgres, idNginx + " -> " + idRedis, idNginx + " -> " + idDNS}},
+	}
+	for _, c := range cases {
+		g := getGraph(t, srv.URL, "/api/graph?"+c.query)
+		equal(t, c.query+" nodes", nodeIDs(g), c.nodes)
+		equal(t, c.query+" edges", edgeKeys(g), c.edges)
+	}
+}
+
+func TestLook(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	var ans lookAnswer
+	code, body, _ := get(t, srv.URL, "/api/look?target=nginx&since=1h")
+	if code != 200 || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("look: %d %s", code, body)
+	}
+	if len(ans.Trees) != 1 || ans.Trees[0].Root.ID != idNginx {
+		t.Fatalf("look nginx: trees %s", body)
+	}
+	var peers []string
+	for _, b := range ans.Trees[0].Outbound {
+		peers = append(peers, b.Peer.ID)
+	}
+	equal(t, "nginx depends on", peers, []string{idPostgres, idRedis, idDNS})
+	if len(ans.Trees[0].Inbound) != 0 {
+		t.Errorf("nothing depends on nginx, got %s", body)
+	}
+
+	// reverse: only what depends on postgres, no outbound list.
+	ans = lookAnswer{}
+	code, body, _ = get(t, srv.URL, "/api/look?target=postgres&reverse")
+	if code != 200 || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("look reverse: %d %s", code, body)
+	}
+	if len(ans.Trees) != 1 || ans.Trees[0].Outbound != nil || !ans.Reverse || ans.Depth != 0 {
+		t.Fatalf("look reverse: %s", body)
+	}
+	peers = nil
+	for _, b := range ans.Trees[0].Inbound {
+		peers = append(peers, b.Peer.ID)
+	}
+	equal(t, "depends on postgres", peers, []string{idNginx, idPython})
+}
+
+func TestDiff(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	var ans diffAnswer
+	code, body, _ := get(t, srv.URL, "/api/diff?since=1h")
+	if code != 200 || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("diff: %d %s", code, body)
+	}
+	keys := func(es []graph.Edge) []string { return edgeKeys(graph.Graph{Edges: es}) }
+	equal(t, "appeared", keys(ans.Appeared), []string{idNginx + " -> " + idRedis, idNginx + " -> " + idDNS})
+	equal(t, "disappeared", keys(ans.Disappeared), []string{idPython + " -> " + idPostgres})
+	equal(t, "nodes", nodeIDs(graph.Graph{Nodes: ans.Nodes}), []string{idNginx, idRedis, idDNS, idPython, idPostgres})
+	if d := ans.Until.Sub(ans.Since); d != time.Hour || ans.BeforeUntil != ans.Since || ans.BeforeSince != ans.Since.Add(-time.Hour) {
+		t.Errorf("windows: %s", body)
+	}
+
+	// Explicit windows and a filter: only udp, against an empty window.
+	ans = diffAnswer{}
+	code, body, _ = get(t, srv.URL, "/api/diff?since=30m&until=now&before_since=3h&before_until=2h&proto=udp")
+	if code != 200 || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("diff: %d %s", code, body)
+	}
+	equal(t, "udp appeared", keys(ans.Appeared), []string{idNginx + " -> " + idDNS})
+	if len(ans.Disappeared) != 0 {
+		t.Errorf("udp disappeared: %s", body)
+	}
+}
+
+// Every bad parameter is a 400 (or 404 for a target that matches nothing)
+// whose one-line JSON error names the parameter and what is allowed.
+func TestBadParameters(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	cases := []struct {
+		path string
+		code int
+		want string
+	}{
+		{"/api/graph?since=yesterday", 400, `invalid since "yesterday": allowed RFC 3339`},
+		{"/api/graph?until=13:99", 400, `invalid until "13:99"`},
+		{"/api/graph?since=1h&until=2h", 400, "invalid range: since"},
+		{"/api/graph?depth=-1", 400, `invalid depth "-1": allowed 0 (unlimited) to 1000`},
+		{"/api/graph?depth=two", 400, `invalid depth "two"`},
+		{"/api/graph?proto=sctp", 400, `invalid proto "sctp": allowed tcp, udp, unix`},
+		{"/api/graph?port=70000", 400, `invalid port "70000": allowed 0 to 65535`},
+		{"/api/graph?port=http", 400, `invalid port "http"`},
+		{"/api/graph?reverse=maybe", 400, `invalid reverse "maybe": allowed true or false`},
+		{"/api/graph?format=dot", 400, `unknown parameter "format": allowed since, until, target, depth, reverse, proto, port`},
+		{"/api/graph?port=1&port=2", 400, "parameter port given 2 times"},
+		{"/api/graph?target=nosuchthing", 404, `no host, address, service or process matches "nosuchthing"`},
+		{"/api/look", 400, "missing target: allowed a host"},
+		{"/api/look?target=nginx&depth=1001", 400, "invalid depth"},
+		{"/api/look?target=ghost", 404, `matches "ghost"`},
+		{"/api/diff", 400, "missing since"},
+		{"/api/diff?since=1h&before_since=junk", 400, `invalid before_since "junk"`},
+		{"/api/diff?since=1h&before_since=1h&before_until=2h", 400, "invalid range: before_since"},
+		{"/api/diff?since=1h&until=nope", 400, `invalid until "nope"`},
+		{"/api/nothing", 404, "no endpoint GET /api/nothing: allowed GET /api/graph, /api/look, /api/diff"},
+	}
+	for _, c := range cases {
+		code, body, hdr := get(t, srv.URL, c.path)
+		var e struct{ Error string }
+		if err := json.Unmarshal(body, &e); err != nil || code != c.code || !strings.Contains(e.Error, c.want) || strings.Contains(e.Error, "\n") {
+			t.Errorf("GET %s: %d %q, want %d with %q", c.path, code, body, c.code, c.want)
+		}
+		if ct := hdr.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("GET %s: Content-Type %q", c.path, ct)
+		}
+	}
+}
+
+// Garbage in every parameter of every endpoint: always a JSON answer,
+// never a 5xx, and the server still answers afterwards.
+func TestGarbageNeverCrashes(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	garbage := []string{"", " ", "\x00", "%", "-", "--1", "1e999", "9999999999999999999999", "-9223372036854775808",
+		"99999999999h", "2562048h", "100001d", "0.5d", "NaN", "Infinity", "😀", "' OR 1=1 --", "<script>", strings.Repeat("a", 10000),
+		"::", "[::1]:99999", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "now", "15:04", "1", "0", "true"}
+	for _, ep := range []string{"graph", "look", "diff"} {
+		for _, p := range append(filterParams, "before_since", "before_until", "bogus") {
+			for _, v := range garbage {
+				q := url.Values{p: {v}}
+				if ep != "look" || p != "target" {
+					q.Set("target", "nginx")
+				}
+				if ep == "diff" && p != "since" {
+					q.Set("since", "1h")
+				}
+				code, body, _ := get(t, srv.URL, "/api/"+ep+"?"+q.Encode())
+				if code >= 500 || !json.Valid(body) {
+					t.Errorf("/api/%s %s=%.40q: %d %.200s", ep, p, v, code, body)
+				}
+			}
+		}
+	}
+	if code, _, _ := get(t, srv.URL, "/api/graph"); code != 200 {
+		t.Errorf("server no longer answers: %d", code)
+	}
+}
+
+func TestPageAndAssets(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	code, body, hdr := get(t, srv.URL, "/")
+	if code != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/html") || !bytes.Contains(body, []byte("/static/vendor/sigma-3.0.3.min.js")) {
+		t.Fatalf("GET /: %d %s %.200s", code, hdr.Get("Content-Type"), body)
+	}
+	if csp := hdr.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") {
+		t.Errorf("CSP %q", csp)
+	}
+	for _, p := range []string{"/static/app.js", "/static/app.css", "/static/vendor/sigma-3.0.3.min.js", "/static/vendor/graphology-0.26.0.umd.min.js",
+		"/static/vendor/sigma-LICENSE.txt", "/static/vendor/graphology-LICENSE.txt"} {
+		if code, body, _ := get(t, srv.URL, p); code != 200 || len(body) < 100 {
+			t.Errorf("GET %s: %d, %d bytes", p, code, len(body))
+		}
+	}
+	if code, _, _ := get(t, srv.URL, "/static/nope.js"); code != 404 {
+		t.Errorf("missing asset: %d", code)
+	}
+	if code, _, _ := get(t, srv.URL, "/other"); code != 404 {
+		t.Errorf("GET /other: %d", code)
+	}
+}
+
+// Without a token the server answers only loopback Host names, so a page
+// elsewhere cannot reach it through DNS rebinding.
+func TestForeignHostRefusedWithoutToken(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/graph", nil)
+	req.Host = "attacker.example:7777"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("foreign Host: %d, want 403", resp.StatusCode)
+	}
+	for _, h := range []string{"localhost:7777", "127.0.0.1", "[::1]:7777", "127.1.2.3:80"} {
+		if !loopbackHost(h) {
+			t.Errorf("loopbackHost(%q) = false", h)
+		}
+	}
+}
+
+func TestTokenChecked(t *testing.T) {
+	const token = "s3cret-token-0123456789"
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{Token: token})
+	for _, p := range []string{"/", "/api/graph", "/api/look?target=nginx", "/api/diff?since=1h", "/static/app.js"} {
+		for _, hdr := range [][]string{nil, {"Authorization", "Bearer wrong"}, {"Authorization", "Bearer " + token + "x"}, {"Authorization", token}, {"Cookie", tokenCookie + "=nope"}} {
+			code, body, h := get(t, srv.URL, p, hdr...)
+			if code != http.StatusUnauthorized || !strings.Contains(string(body), "missing or wrong token") || h.Get("WWW-Authenticate") == "" {
+				t.Errorf("GET %s with %q: %d %s, want 401", p, hdr, code, body)
+			}
+		}
+		if code, body, _ := get(t, srv.URL, p, "Authorization", "Bearer "+token); code != 200 {
+			t.Errorf("GET %s with the token: %d %s", p, code, body)
+		}
+	}
+	// A token in the API's query string is not accepted (it would end up
+	// in logs); the page takes it once and turns it into a cookie.
+	if code, _, _ := get(t, srv.URL, "/api/graph?token="+token); code != http.StatusUnauthorized {
+		t.Errorf("token as API query parameter: %d, want 401", code)
+	}
+	code, _, hdr := get(t, srv.URL, "/?view=table&token="+token)
+	if code != http.StatusSeeOther || hdr.Get("Location") != "/?view=table" {
+		t.Fatalf("page with ?token: %d Location %q", code, hdr.Get("Location"))
+	}
+	cookie := hdr.Get("Set-Cookie")
+	if !strings.Contains(cookie, tokenCookie+"="+token) || !strings.Contains(cookie, "HttpOnly") || !strings.Contains(cookie, "SameSite=Strict") {
+		t.Fatalf("cookie %q", cookie)
+	}
+	if code, _, _ := get(t, srv.URL, "/api/graph", "Cookie", tokenCookie+"="+token); code != 200 {
+		t.Errorf("with the cookie: %d", code)
+	}
+	// With a token, the Host check gives way: the server is meant to be
+	// reached by name from elsewhere.
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/graph", nil)
+	req.Host = "deptrace.example:7777"
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("named host with token: %d", resp.StatusCode)
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	for _, c := range []struct {
+		listen string
+		token  bool
+		want   string
+	}{
+		{"127.0.0.1:7777", false, ""},
+		{"[::1]:7777", false, ""},
+		{"localhost:0", false, ""},
+		{"0.0.0.0:7777", false, "--listen 0.0.0.0:7777 is beyond loopback: --token-file is required"},
+		{":7777", false, "--token-file is required"},
+		{"[::]:7777", false, "--token-file is required"},
+		{"192.0.2.1:7777", false, "--token-file is required"},
+		{"0.0.0.0:7777", true, ""},
+		{"7777", false, `invalid --listen "7777": allowed HOST:PORT`},
+		{"127.0.0.1:http2x", false, `port "http2x" is not a port number`},
+		{"127.0.0.1:99999", false, `port "99999" is not a port number`},
+	} {
+		err := CheckListen(c.listen, c.token)
+		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {
+			t.Errorf("CheckListen(%q, %v) = %v, want %q", c.listen, c.token, err, c.want)
+		}
+	}
+}
+
+func TestReadToken(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		p := dir + "/" + name
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if tok, err := ReadToken(write("ok", "  abcdefghijklmnopqrstuvwxyz\n")); err != nil || tok != "abcdefghijklmnopqrstuvwxyz" {
+		t.Errorf("ReadToken: %q %v", tok, err)
+	}
+	for _, bad := range []string{"", "short", "two words and then some more"} {
+		if _, err := ReadToken(write("bad", bad)); err == nil || !strings.Contains(err.Error(), "invalid --token-file") {
+			t.Errorf("ReadToken(%q) = %v", bad, err)
+		}
+	}
+	if _, err := ReadToken(dir + "/missing"); err == nil || !strings.Contains(err.Error(), "read --token-file") {
+		t.Errorf("missing file: %v", err)
+	}
+}

@@ -1,0 +1,140 @@
+package web
+
+// Benchmarks of deptrace serve on 10,000 nodes and 50,000 edges with a
+// day of history (the generator follows internal/store's benchmark):
+//
+//	go test -run '^$' -bench . -benchtime 3x -timeout 30m ./internal/web/
+//
+// Results are written down in docs/performance.md.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+func benchAddr(h int) string { return fmt.Sprintf("10.%d.%d.1", h/256, h%256) }
+
+// history writes hosts hosts, each with one client process and three
+// services, each client using fanout services elsewhere, every edge active
+// once an hour for hours hours, the newest 30 minutes ago (so that "last
+// 1 h" holds the whole graph once and "last 24 h" holds it 24 times).
+// 2,500 hosts with fanout 20 make 10,000 nodes and 50,000 edges.
+func history(tb testing.TB, path string, now time.Time, hosts, fanout, hours int) {
+	tb.Helper()
+	ctx := context.Background()
+	s, err := store.Open(ctx, path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer s.Close()
+	ports := []uint16{80, 5432, 6379}
+	procs := []string{"nginx", "postgres", "redis-server"}
+	var hb store.Batch
+	for h := 0; h < hosts; h++ {
+		hb.Hosts = append(hb.Hosts, store.Host{ID: fmt.Sprintf("h%d", h), Name: fmt.Sprintf("h%d", h), Addrs: []string{benchAddr(h)}, LastSeen: now})
+	}
+	if err := s.Write(ctx, hb); err != nil {
+		tb.Fatal(err)
+	}
+	for hour := hours; hour >= 1; hour-- {
+		at := now.Add(-time.Duration(hour)*time.Hour + 30*time.Minute)
+		for first := 0; first < hosts; first += 250 {
+			var batch store.Batch
+			for h := first; h < min(first+250, hosts); h++ {
+				for k := 0; k < fanout; k++ {
+					peer := (h + 1 + k*97) % hosts
+					svc := k % 3
+					failed := uint64(0)
+					if (h+k)%50 == 0 {
+						failed = 1 // a few unhealthy edges to colour
+					}
+					batch.Observations = append(batch.Observations,
+						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
+							LocalAddr: benchAddr(h), RemoteAddr: benchAddr(peer), Port: ports[svc], Comm: "app",
+							Connections: 5, FailedConnections: failed, BytesSent: 500, BytesReceived: 5000, FirstSeen: at, LastSeen: at.Add(time.Second)})
+					if k < 3 { // the service's own view names its process
+						batch.Observations = append(batch.Observations,
+							store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
+								LocalAddr: benchAddr(peer), RemoteAddr: benchAddr(h), Port: ports[svc], Comm: procs[svc],
+								Connections: 5, BytesSent: 5000, BytesReceived: 500, FirstSeen: at, LastSeen: at.Add(time.Second)})
+					}
+				}
+			}
+			if err := s.Write(ctx, batch); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+}
+
+func BenchmarkServeDay(b *testing.B) {
+	path := b.TempDir() + "/bench.db"
+	now := time.Now()
+	t0 := time.Now()
+	history(b, path, now, 2500, 20, 24)
+	b.Logf("loaded a day of history (10,000 nodes, 50,000 edges) in %s", time.Since(t0).Round(time.Millisecond))
+	srv, _ := serve(b, path, Options{})
+
+	api := func(name, query string, gzip bool) {
+		b.Run(name, func(b *testing.B) {
+			tr := &http.Transport{DisableCompression: !gzip}
+			defer tr.CloseIdleConnections()
+			var size int
+			for i := 0; i < b.N; i++ {
+				resp, err := (&http.Client{Transport: tr}).Get(srv.URL + "/api/graph?" + query)
+				if err != nil {
+					b.Fatal(err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 {
+					b.Fatalf("%d %v %.200s", resp.StatusCode, err, body)
+				}
+				size = len(body)
+			}
+			b.ReportMetric(float64(size)/1e6, "MB-json")
+		})
+	}
+	api("api-graph-24h", "since=24h", false)
+	api("api-graph-24h-gzip", "since=24h", true)
+	api("api-graph-1h", "since=1h", false)
+
+	ctx := browser(b, 30*time.Minute)
+	page := func(name, query, view string) {
+		b.Run(name, func(b *testing.B) {
+			var inPage float64
+			for i := 0; i < b.N; i++ {
+				if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+					b.Fatal(err)
+				}
+				if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/?"+query), chromedp.WaitVisible(chromedp.CSS(`body[data-state="ready"]`))); err != nil {
+					b.Fatal(err)
+				}
+				got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.dataset.view + ' ' + document.body.dataset.readyMs + ' ' + (document.querySelector('#map').dataset.nodes||'') + ' ' + document.querySelector('#status').textContent`))
+				if err != nil {
+					b.Fatal(err)
+				}
+				var v string
+				var ms float64
+				fmt.Sscanf(got, "%s %g", &v, &ms)
+				if v != view {
+					b.Fatalf("page opened on %q, want %q (%s)", v, view, got)
+				}
+				inPage += ms
+			}
+			b.ReportMetric(inPage/float64(b.N)/1000, "s-to-ready")
+		})
+	}
+	page("page-1h-default", "", "table")
+	page("page-1h-map", "view=map", "map")
+	page("page-24h-default", "range=24h", "table")
+	page("page-24h-map", "range=24h&view=map", "map")
+}

@@ -1,0 +1,327 @@
+package web
+
+// Browser tests: the real page in Debian's chromium-headless-shell, driven
+// by chromedp, against a real server over a seeded SQLite store.
+
+import (
+	"bytes"
+	"context"
+	"image"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// chromium finds the headless shell; without it the test skips on a
+// laptop and fails under CI=true (scripts/deps.sh installs it).
+func chromium(t testing.TB) string {
+	t.Helper()
+	for _, p := range []string{os.Getenv("DEPTRACE_CHROMIUM"), "chromium-headless-shell", "/usr/lib/chromium/headless_shell", "chromium"} {
+		if p == "" {
+			continue
+		}
+		if path, err := exec.LookPath(p); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium-headless-shell not found: run scripts/deps.sh (apt-get install --no-install-recommends chromium-headless-shell)")
+	}
+	t.Skip("chromium-headless-shell not found: run scripts/deps.sh")
+	return ""
+}
+
+// browser starts a headless Chromium with software WebGL (SwiftShader), so
+// the map's WebGL renderer works on a machine without a GPU.
+func browser(t testing.TB, timeout time.Duration) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)),
+		chromedp.NoSandbox,
+		chromedp.Flag("use-angle", "swiftshader"),
+		chromedp.Flag("enable-unsafe-swiftshader", true),
+		chromedp.Flag("ignore-gpu-blocklist", true),
+		chromedp.WindowSize(1400, 900),
+	)
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelC := chromedp.NewContext(actx)
+	ctx, cancelT := context.WithTimeout(ctx, timeout)
+	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// open loads a page and waits until it has drawn its data.
+func open(t testing.TB, ctx context.Context, url string) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(`body[data-state="ready"]`))); err != nil {
+		status, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#status")))
+		t.Fatalf("open %s: %v (status: %s)", url, err, status)
+	}
+}
+
+func js[T any](t *testing.T, ctx context.Context, expr string) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// until waits for a JavaScript condition, failing with what it shows.
+func until(t *testing.T, ctx context.Context, cond, show string) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if _, err := chromedp.Run(wctx, chromedp.Poll[any](cond, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		t.Fatalf("waiting for %s: %v; %s = %v", cond, err, show, js[any](t, ctx, show))
+	}
+}
+
+func mapData(t *testing.T, ctx context.Context) map[string]string {
+	return js[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#map').dataset)`)
+}
+
+// screenshot saves the page (into $DEPTRACE_SCREENSHOTS when set, to look
+// at) and returns it decoded.
+func screenshot(t *testing.T, ctx context.Context, name string) image.Image {
+	t.Helper()
+	buf, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := os.Getenv("DEPTRACE_SCREENSHOTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), buf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// pixels counts the pixels of img close to colour c (0xRRGGBB).
+func pixels(img image.Image, c uint32) int {
+	n := 0
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			d := func(a uint32, want uint32) int { return int(a>>8) - int(want) }
+			dr, dg, db := d(r, c>>16&0xff), d(g, c>>8&0xff), d(bl, c&0xff)
+			if dr*dr+dg*dg+db*db < 30*30 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map")
+	d := mapData(t, ctx)
+	if d["nodes"] != "4" || d["edges"] != "3" || d["unhealthy"] != "1" {
+		t.Errorf("map of the last hour: %v, want 4 nodes, 3 edges, 1 unhealthy (redis: failed connects)", d)
+	}
+	if n := js[int](t, ctx, `document.querySelectorAll('#map canvas').length`); n == 0 {
+		t.Error("no canvas: sigma did not start")
+	}
+	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
+		t.Errorf("status %q", s)
+	}
+	// WebGL really drew: the process colour and the service colour are on
+	// the screen, and the red of the unhealthy edge.
+	img := screenshot(t, ctx, "map")
+	for name, c := range map[string]uint32{"process node": 0x3366cc, "service node": 0x109618, "unhealthy edge": 0xe03131} {
+		if n := pixels(img, c); n < 20 {
+			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
+		}
+	}
+}
+
+func TestBrowserSearchAndFocus(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map&range=all")
+	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "redis-serv")); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
+	if got := js[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, "tcp 198.51.100.3:6379 redis-server on cache-1") {
+		t.Errorf("matches %q", got)
+	}
+	// Click the match: the map shows its neighbourhood, the panel its
+	// dependents, and the URL the focus.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#matches button"))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idRedis+`'`, `document.querySelector('#map').dataset.focus`)
+	if d := mapData(t, ctx); d["nodes"] != "2" || d["edges"] != "1" {
+		t.Errorf("focus on redis: %v, want redis and nginx", d)
+	}
+	if got := js[string](t, ctx, `document.querySelector('#dependents').innerText`); !strings.Contains(got, "nginx on web-1") {
+		t.Errorf("dependents of redis: %q", got)
+	}
+	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "focus=service%3Acache-1%2Ftcp%2F6379") || !strings.Contains(u, "q=redis-serv") {
+		t.Errorf("URL %q lacks the focus and the search", u)
+	}
+	screenshot(t, ctx, "focus")
+
+	// Depth: postgres at depth 1 is its two clients; at depth 2 also what
+	// nginx uses. A link with the state opens the same view.
+	open(t, ctx, srv.URL+"/?range=all&focus="+idPostgres+"&depth=1")
+	if d := mapData(t, ctx); d["nodes"] != "3" || d["edges"] != "2" {
+		t.Errorf("postgres depth 1: %v, want 3 nodes 2 edges", d)
+	}
+	deps := js[string](t, ctx, `document.querySelector('#dependents').innerText`)
+	if !strings.Contains(deps, "nginx on web-1") || !strings.Contains(deps, "python3 on worker-1") {
+		t.Errorf("dependents of postgres: %q", deps)
+	}
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#depth"), "2")); err != nil {
+		t.Fatal(err)
+	}
+	js[bool](t, ctx, `document.querySelector('#depth').dispatchEvent(new Event('change'))`)
+	until(t, ctx, `document.querySelector('#map').dataset.nodes === '5'`, `document.querySelector('#map').dataset.nodes`)
+	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "depth=2") {
+		t.Errorf("URL %q lacks depth=2", u)
+	}
+}
+
+func TestBrowserTableListsEveryEdge(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=table&range=all")
+	rows := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	want := []string{
+		"nginx on web-1 (198.51.100.1) 198.51.100.2:5432 on db-1 nginx → postgres tcp 17",
+		"nginx on web-1 (198.51.100.1) 198.51.100.3:6379 on cache-1 nginx → redis-server tcp 5 2",
+		"nginx on web-1 (198.51.100.1) 192.0.2.53:53 nginx → ? udp 0",
+		"python3 on worker-1 (198.51.100.4) 198.51.100.2:5432 on db-1 python3 → postgres tcp 3",
+	}
+	if len(rows) != len(want) {
+		t.Fatalf("table has %d rows, want %d: %q", len(rows), len(want), rows)
+	}
+	for _, w := range want {
+		found := false
+		for _, r := range rows {
+			found = found || strings.Contains(r, w)
+		}
+		if !found {
+			t.Errorf("no row contains %q in %q", w, rows)
+		}
+	}
+	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy').innerText`); !strings.Contains(h, "6379") || !strings.Contains(h, "unhealthy") {
+		t.Errorf("unhealthy row %q", h)
+	}
+	// Sort by connections (descending first), then filter.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="connections"]`))); err != nil {
+		t.Fatal(err)
+	}
+	first := js[string](t, ctx, `document.querySelector('#edges tbody tr td.connections').innerText`)
+	if first != "17" {
+		t.Errorf("first row by connections: %q, want 17", first)
+	}
+	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "python")); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#edges').dataset.rows === '1'`, `document.querySelector('#edges').dataset.rows`)
+	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "sort=connections") || !strings.Contains(u, "q=python") {
+		t.Errorf("URL %q lacks sort and search", u)
+	}
+	screenshot(t, ctx, "table")
+}
+
+func TestBrowserDiffMarksNewEdges(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map&range=1h&diff=1")
+	if d := mapData(t, ctx); d["appeared"] != "2" || d["disappeared"] != "1" || d["edges"] != "4" {
+		t.Errorf("diff map: %v, want 2 appeared, 1 disappeared of 4 edges", d)
+	}
+	img := screenshot(t, ctx, "diff")
+	if n := pixels(img, 0x2b8a3e); n < 20 {
+		t.Errorf("appeared-edge colour drawn on %d pixels", n)
+	}
+	open(t, ctx, srv.URL+"/?view=table&range=1h&diff=1")
+	app := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr.appeared')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	gone := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr.disappeared')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	if len(app) != 2 || !strings.Contains(strings.Join(app, "|"), "198.51.100.3:6379 on cache-1") {
+		t.Errorf("appeared rows %q", app)
+	}
+	if len(gone) != 1 || !strings.Contains(gone[0], "python3 on worker-1") {
+		t.Errorf("disappeared rows %q", gone)
+	}
+}
+
+func TestBrowserTokenCookie(t *testing.T) {
+	const token = "browser-token-0123456789"
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{Token: token})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=table&range=all&token="+token)
+	if u := js[string](t, ctx, `location.search`); strings.Contains(u, "token") {
+		t.Errorf("token still in the URL: %q", u)
+	}
+	if n := js[string](t, ctx, `document.querySelector('#edges').dataset.rows`); n != "4" {
+		t.Errorf("table rows with token cookie: %s", n)
+	}
+}
+
+// A graph beyond 2,000 nodes opens on the table; the map is one click
+// away and draws all of it (collapsing groups works on it).
+func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
+	path := t.TempDir() + "/large.db"
+	history(t, path, time.Now(), 550, 3, 1) // 2,200 nodes, 1,650 edges
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/")
+	if v := js[string](t, ctx, `document.body.dataset.view`); v != "table" {
+		t.Fatalf("large graph opened on %q, want the table", v)
+	}
+	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "2200 nodes, 1650 edges") || !strings.Contains(s, "large graph") {
+		t.Errorf("status %q", s)
+	}
+	if d := js[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#edges').dataset)`); d["rows"] != "1650" || d["shown"] != "500" {
+		t.Errorf("table %v: want 1650 rows, first 500 shown", d)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#all-rows"))); err != nil {
+		t.Fatal(err)
+	}
+	if n := js[int](t, ctx, `document.querySelectorAll('#edges tbody tr').length`); n != 1650 {
+		t.Errorf("show all: %d rows", n)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#view-map"))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.nodes === '2200'`, `document.querySelector('#map').dataset.nodes`)
+	if d := mapData(t, ctx); d["edges"] != "1650" || d["unhealthy"] == "0" {
+		t.Errorf("large map %v", d)
+	}
+	screenshot(t, ctx, "large-map")
+	// Collapse every group: one node per namespace (550 hosts), and edges
+	// between groups add up.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#collapse-all"))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
+	screenshot(t, ctx, "large-collapsed")
+}

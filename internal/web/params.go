@@ -1,0 +1,144 @@
+package web
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// paramError is a bad query parameter: HTTP 400 with a message that names
+// the parameter and what is allowed.
+type paramError struct{ msg string }
+
+func (e *paramError) Error() string { return e.msg }
+
+func badParam(format string, a ...any) error { return &paramError{fmt.Sprintf(format, a...)} }
+
+// query reads one endpoint's parameters, rejecting any it does not know so
+// that a typo never silently widens a query.
+type query struct {
+	v   url.Values
+	now time.Time
+}
+
+func newQuery(v url.Values, now time.Time, allowed ...string) (query, error) {
+	for name, vals := range v {
+		if !slices.Contains(allowed, name) {
+			return query{}, badParam("unknown parameter %q: allowed %s", name, strings.Join(allowed, ", "))
+		}
+		if len(vals) > 1 {
+			return query{}, badParam("parameter %s given %d times: give it once", name, len(vals))
+		}
+	}
+	return query{v: v, now: now}, nil
+}
+
+func (q query) str(name string) string { return strings.TrimSpace(q.v.Get(name)) }
+
+func (q query) has(name string) bool { return q.v.Has(name) }
+
+// time reads since/until the way the CLI does: RFC 3339,
+// "2006-01-02 15:04[:05]", "2006-01-02", "15:04" (today), "now", or an age
+// such as 15m, 1h or 2d.
+func (q query) time(name string) (time.Time, error) {
+	v := q.str(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if v == "now" {
+		return q.now, nil
+	}
+	if d, err := parseAge(strings.TrimPrefix(v, "-")); err == nil && d >= 0 {
+		return q.now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	if t, err := time.ParseInLocation("15:04", v, time.Local); err == nil {
+		y, m, d := q.now.Date()
+		return time.Date(y, m, d, t.Hour(), t.Minute(), 0, 0, time.Local), nil
+	}
+	return time.Time{}, badParam("invalid %s %q: allowed RFC 3339, \"2006-01-02 15:04\", \"15:04\", now, or an age such as 15m, 1h or 2d", name, v)
+}
+
+// parseAge accepts Go durations plus a "d" (day) suffix.
+func parseAge(v string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(v, "d"); ok {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days < 0 || days > 100000 {
+			return 0, fmt.Errorf("bad days %q", v)
+		}
+		return time.Duration(days * float64(24*time.Hour)), nil
+	}
+	return time.ParseDuration(v)
+}
+
+// window reads since and until and checks that they form a range.
+func (q query) window() (since, until time.Time, err error) {
+	if since, err = q.time("since"); err != nil {
+		return
+	}
+	if until, err = q.time("until"); err != nil {
+		return
+	}
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		err = badParam("invalid range: since %s is not before until %s", since.Format(time.RFC3339), until.Format(time.RFC3339))
+	}
+	return
+}
+
+// depth reads a non-negative level count (0: unlimited).
+func (q query) depth(def int) (int, error) {
+	v := q.str("depth")
+	if v == "" {
+		return def, nil
+	}
+	d, err := strconv.Atoi(v)
+	if err != nil || d < 0 || d > 1000 {
+		return 0, badParam("invalid depth %q: allowed 0 (unlimited) to 1000", v)
+	}
+	return d, nil
+}
+
+func (q query) bool(name string) (bool, error) {
+	v := q.str(name)
+	switch strings.ToLower(v) {
+	case "":
+		// "?reverse" alone means true.
+		return q.has(name), nil
+	case "1", "true", "yes", "on":
+		return true, nil
+	case "0", "false", "no", "off":
+		return false, nil
+	}
+	return false, badParam("invalid %s %q: allowed true or false (1/0)", name, v)
+}
+
+// Protocols the store knows.
+var protos = []string{"tcp", "udp", "unix"}
+
+func (q query) proto() (string, error) {
+	v := strings.ToLower(q.str("proto"))
+	if v == "" || slices.Contains(protos, v) {
+		return v, nil
+	}
+	return "", badParam("invalid proto %q: allowed %s", q.str("proto"), strings.Join(protos, ", "))
+}
+
+// port returns the server port, or -1 when not given.
+func (q query) port() (int, error) {
+	v := q.str("port")
+	if v == "" {
+		return -1, nil
+	}
+	p, err := strconv.Atoi(v)
+	if err != nil || p < 0 || p > 65535 {
+		return 0, badParam("invalid port %q: allowed 0 to 65535", v)
+	}
+	return p, nil
+}
