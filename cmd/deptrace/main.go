@@ -37,7 +37,7 @@ DEPTRACE_FLOW_MAP_SIZE, and so on.`,
 			return applyEnv(cmd)
 		},
 	}
-	root.AddCommand(newTraceCmd(), newDoctorCmd(), newAgentCmd(), newLookCmd(), newGraphCmd(), newDiffCmd(), newServeCmd(), newBenchCmd())
+	root.AddCommand(newTraceCmd(), newDoctorCmd(), newAgentCmd(), newLookCmd(), newGraphCmd(), newDiffCmd(), newServeCmd(), newCleanupCmd(), newBenchCmd())
 	return root
 }
 
