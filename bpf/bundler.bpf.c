@@ -821,6 +821,29 @@ int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
+/* Kernels before 6.3 have no sock_send_length/sock_recv_length
+ * tracepoints: the loader attaches these at the exit of the functions the
+ * tracepoints were later added to, where the kernel allows fexit (Debian's
+ * 6.1 does; kernels built without it lose UDP and unix counting, and
+ * doctor says so). Same work, same arguments. */
+SEC("fexit/sock_sendmsg")
+int BPF_PROG(on_send_fexit, struct socket *sock, struct msghdr *msg, int ret)
+{
+	struct sock *sk = sock->sk;
+	if (sk)
+		udp_datagram(sk, ret, 0, true);
+	return 0;
+}
+
+SEC("fexit/sock_recvmsg")
+int BPF_PROG(on_recv_fexit, struct socket *sock, struct msghdr *msg, int flags, int ret)
+{
+	struct sock *sk = sock->sk;
+	if (sk)
+		udp_datagram(sk, ret, flags, false);
+	return 0;
+}
+
 /* ---- unix-domain sockets, per call ---- */
 
 /* Hash a unix address's path (FNV-1a), copying it into out. 0: unnamed. */

@@ -207,6 +207,9 @@ type Hook struct {
 	Provides string // what users lose without it
 	Reason   string // why it is inactive, one line
 	Log      string // the verifier's full log when it rejected the program
+	// Standby: a fallback hook not loaded because what it replaces runs
+	// on this kernel.
+	Standby bool
 }
 
 // RequiredHookError is returned by New when a hook deptrace cannot run

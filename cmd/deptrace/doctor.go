@@ -122,7 +122,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	var missing []tracer.Hook
 	for _, h := range t.Hooks() {
 		status := "active"
-		if !h.Active {
+		if h.Standby {
+			status = "standby"
+		} else if !h.Active {
 			status = "MISSING"
 			missing = append(missing, h)
 		}

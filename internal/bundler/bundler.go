@@ -58,6 +58,7 @@ const (
 	kindCgroup
 	kindIter        // run on demand, once per network namespace
 	kindStorageIter // run on demand over deptrace's socket storage
+	kindFexit       // fallback for kernels without a tracepoint
 )
 
 // hookDef describes one program: where it attaches, what the kernel must
@@ -70,6 +71,9 @@ type hookDef struct {
 	requires []string        // names the kernel BTF must hold
 	required bool            // deptrace refuses to run without it
 	provides string
+	// fallbackFor names the program this one replaces where that one
+	// cannot run; it is loaded only then.
+	fallbackFor string
 }
 
 var hookDefs = []hookDef{
@@ -91,6 +95,10 @@ var hookDefs = []hookDef{
 	{program: "on_recv", hook: "tp_btf/sock_recv_length", kind: kindTracepoint,
 		requires: []string{"btf_trace_sock_recv_length"},
 		provides: "UDP datagrams and bytes received; unix-socket dependencies (Linux 6.3+)"},
+	{program: "on_send_fexit", hook: "fexit/sock_sendmsg", kind: kindFexit, requires: []string{"sock_sendmsg"}, fallbackFor: "on_send",
+		provides: "UDP datagrams and unix sockets sent, where sock_send_length is missing (before 6.3)"},
+	{program: "on_recv_fexit", hook: "fexit/sock_recvmsg", kind: kindFexit, requires: []string{"sock_recvmsg"}, fallbackFor: "on_recv",
+		provides: "UDP datagrams and unix sockets received, where sock_recv_length is missing (before 6.3)"},
 	{program: "udp_sendmsg4", hook: "cgroup/sendmsg4", kind: kindCgroup, attach: ebpf.AttachCGroupUDP4Sendmsg,
 		provides: "peers of IPv4 UDP datagrams sent with sendto() on unconnected sockets"},
 	{program: "udp_sendmsg6", hook: "cgroup/sendmsg6", kind: kindCgroup, attach: ebpf.AttachCGroupUDP6Sendmsg,
@@ -116,6 +124,8 @@ type Hook struct {
 	Provides string
 	Reason   string // why it is not active, one line
 	Log      string // the verifier's log when it rejected the program
+	// Standby: a fallback not loaded because what it replaces runs.
+	Standby bool
 }
 
 // RequiredHookError is returned by Load when a hook deptrace cannot run
@@ -244,10 +254,16 @@ func Load(cfg Config) (*Bundler, error) {
 	cgroupRoot, cgroupErr := kernel.CgroupV2Root()
 	for _, def := range hookDefs {
 		h := Hook{Program: def.program, Hook: def.hook, Required: def.required, Provides: def.provides}
+		if def.fallbackFor != "" && b.HookActive(def.fallbackFor) {
+			h.Standby = true
+			h.Reason = "not needed: " + def.fallbackFor + " is active"
+			b.hooks = append(b.hooks, h)
+			continue
+		}
 		if l, ok := old.adoptLink(def); ok {
 			b.links = append(b.links, l)
 			b.linkOf[def.program] = l
-		} else if old != nil && (def.kind == kindTracepoint || def.kind == kindCgroup) {
+		} else if old != nil && (def.kind == kindTracepoint || def.kind == kindCgroup || def.kind == kindFexit) {
 			h.Reason = "not attached in the adopted kernel side"
 		} else {
 			h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
@@ -343,8 +359,12 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 	b.programs[def.program] = prog
 
 	switch def.kind {
-	case kindTracepoint:
-		l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachTraceRawTp})
+	case kindTracepoint, kindFexit:
+		at := ebpf.AttachTraceRawTp
+		if def.kind == kindFexit {
+			at = ebpf.AttachTraceFExit
+		}
+		l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: at})
 		if err != nil {
 			return fmt.Sprintf("attach: %v", err), ""
 		}

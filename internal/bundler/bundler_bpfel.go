@@ -163,7 +163,9 @@ const (
 	bundlerProgHarvest          = "harvest"
 	bundlerProgOnReceiveReset   = "on_receive_reset"
 	bundlerProgOnRecv           = "on_recv"
+	bundlerProgOnRecvFexit      = "on_recv_fexit"
 	bundlerProgOnSend           = "on_send"
+	bundlerProgOnSendFexit      = "on_send_fexit"
 	bundlerProgOnSendReset      = "on_send_reset"
 	bundlerProgOnTcpState       = "on_tcp_state"
 	bundlerProgSeedListeners    = "seed_listeners"
@@ -232,7 +234,9 @@ type bundlerProgramSpecs struct {
 	Harvest        *ebpf.ProgramSpec `ebpf:"harvest"`
 	OnReceiveReset *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
 	OnRecv         *ebpf.ProgramSpec `ebpf:"on_recv"`
+	OnRecvFexit    *ebpf.ProgramSpec `ebpf:"on_recv_fexit"`
 	OnSend         *ebpf.ProgramSpec `ebpf:"on_send"`
+	OnSendFexit    *ebpf.ProgramSpec `ebpf:"on_send_fexit"`
 	OnSendReset    *ebpf.ProgramSpec `ebpf:"on_send_reset"`
 	OnTcpState     *ebpf.ProgramSpec `ebpf:"on_tcp_state"`
 	SeedListeners  *ebpf.ProgramSpec `ebpf:"seed_listeners"`
@@ -338,7 +342,9 @@ type bundlerPrograms struct {
 	Harvest        *ebpf.Program `ebpf:"harvest"`
 	OnReceiveReset *ebpf.Program `ebpf:"on_receive_reset"`
 	OnRecv         *ebpf.Program `ebpf:"on_recv"`
+	OnRecvFexit    *ebpf.Program `ebpf:"on_recv_fexit"`
 	OnSend         *ebpf.Program `ebpf:"on_send"`
+	OnSendFexit    *ebpf.Program `ebpf:"on_send_fexit"`
 	OnSendReset    *ebpf.Program `ebpf:"on_send_reset"`
 	OnTcpState     *ebpf.Program `ebpf:"on_tcp_state"`
 	SeedListeners  *ebpf.Program `ebpf:"seed_listeners"`
@@ -355,7 +361,9 @@ func (p *bundlerPrograms) Close() error {
 		p.Harvest,
 		p.OnReceiveReset,
 		p.OnRecv,
+		p.OnRecvFexit,
 		p.OnSend,
+		p.OnSendFexit,
 		p.OnSendReset,
 		p.OnTcpState,
 		p.SeedListeners,
