@@ -24,7 +24,7 @@ km_die() { echo "kmatrix: $*" >&2; exit 2; }
 km_host_deps() {
   local need=()
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-  [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx insmod && file -L /bin/busybox 2>/dev/null | grep -q static || need+=(busybox-static)
+  { [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null && file -L /bin/busybox 2>/dev/null | grep static >/dev/null; } || need+=(busybox-static)
   command -v cpio >/dev/null || need+=(cpio)
   command -v zstd >/dev/null || need+=(zstd)
   command -v xz >/dev/null || need+=(xz-utils)
@@ -37,7 +37,7 @@ km_host_deps() {
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   # file(1) is needed by the check above; re-check busybox now.
-  file -L /bin/busybox | grep -q static || km_die "/bin/busybox is not the static build (install busybox-static)"
+  file -L /bin/busybox | grep static >/dev/null || km_die "/bin/busybox is not the static build (install busybox-static)"
 }
 
 # Private apt configuration: Debian's archive serves more suites than this
@@ -80,9 +80,9 @@ km_resolve() {
   re="^linux-image-${series//./\\.}[.+-][^ ]*-${KM_FLAVOUR}\$"
   # shellcheck disable=SC2046
   abi=$(apt-cache $(km_apt_opts) pkgnames linux-image- 2>/dev/null | grep -E "$re" | grep -v -e dbg -e unsigned |
-        sed 's/^linux-image-//' | sort -V | tail -1)
+        sed 's/^linux-image-//' | sort -V | tail -1 || true)
   if [ -z "$abi" ]; then
-    abi=$(ls "$KM_CACHE/kernels" 2>/dev/null | grep -E "${re#^linux-image-}" | sort -V | tail -1)
+    abi=$(ls "$KM_CACHE/kernels" 2>/dev/null | grep -E "${re#^linux-image-}" | sort -V | tail -1 || true)
   fi
   [ -n "$abi" ] || km_die "no $KM_FLAVOUR kernel of series $series in the archive or the cache (allowed: a series such as 5.10, 6.1, 6.12, 7)"
   echo "$abi"

@@ -118,6 +118,7 @@ func run(obj, cgroup string) error {
 	}
 
 	traffic()
+	closeOpen := openPair()
 	for _, it := range iters {
 		r, err := it.Open()
 		if err == nil {
@@ -126,6 +127,7 @@ func run(obj, cgroup string) error {
 		}
 	}
 
+	closeOpen()
 	for _, name := range names {
 		var n uint64
 		if i, ok := index[name]; ok {
@@ -133,9 +135,10 @@ func run(obj, cgroup string) error {
 		}
 		extra := ""
 		if name == "iter_tcp_storage" {
-			var s uint64
+			var s, tp uint64
 			_ = maps["hits"].Lookup(uint32(15), &s)
-			extra = fmt.Sprintf(" sk_storage_get_ok=%d", s)
+			_ = maps["hits"].Lookup(uint32(16), &tp)
+			extra = fmt.Sprintf(" tcp_sock=%d sk_storage_get_ok=%d", tp, s)
 		}
 		fmt.Printf("PROBE %-28s %s fired=%d%s\n", name, status[name], n, extra)
 	}
@@ -193,5 +196,38 @@ func traffic() {
 			c.Close()
 		}
 		ul.Close()
+	}
+}
+
+// openPair opens one TCP and one unix stream connection that stay open while
+// the iterators run; the returned function closes them.
+func openPair() func() {
+	var closers []io.Closer
+	if ln, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		closers = append(closers, ln)
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			closers = append(closers, c)
+			if s, err := ln.Accept(); err == nil {
+				closers = append(closers, s)
+				_, _ = c.Write([]byte("ping"))
+				_, _ = io.ReadFull(s, make([]byte, 4))
+			}
+		}
+	}
+	p := filepath.Join(os.TempDir(), "probes-open.sock")
+	_ = os.Remove(p)
+	if ul, err := net.Listen("unix", p); err == nil {
+		closers = append(closers, ul)
+		if c, err := net.Dial("unix", p); err == nil {
+			closers = append(closers, c)
+			if s, err := ul.Accept(); err == nil {
+				closers = append(closers, s)
+			}
+		}
+	}
+	return func() {
+		for _, c := range closers {
+			c.Close()
+		}
 	}
 }

@@ -94,6 +94,7 @@ int iter_tcp_storage(struct bpf_iter__tcp *ctx)
 	tp = bpf_skc_to_tcp_sock(skc);
 	if (!tp)
 		return 0;
+	hit(16);
 	v = bpf_sk_storage_get(&last, tp, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (v) {
 		*v = tp->bytes_received;
