@@ -29,3 +29,10 @@ test: deps check-generate vet
 # Overhead benchmark (root): writes docs/performance.md numbers to stdout.
 bench: build
 	./deptrace bench overhead
+
+# Kernel matrix (root; reaches Debian's package archive): boots Debian's own
+# kernels (5.10, 6.1, 6.12, newest 7.x) in qemu and runs deptrace doctor and
+# the privileged test binaries inside each; see docs/install.md.
+.PHONY: test-kernels
+test-kernels:
+	scripts/kernel-matrix/matrix

@@ -1,0 +1,227 @@
+# shellcheck shell=bash
+# Shared functions of the kernel matrix: fetch Debian kernel packages through a
+# private apt configuration, build a small initramfs around static test
+# binaries, boot it in qemu (TCG) and collect what the guest printed.
+# Sourced by scripts/kernel-matrix/matrix and scripts/kernel-matrix/run.
+
+KM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KM_ROOT=$(cd "$KM_DIR/../.." && pwd)
+KM_CACHE=${KMATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deptrace-kernels}
+KM_FLAVOUR=${KMATRIX_FLAVOUR:-cloud-amd64}
+KM_MEM=${KMATRIX_MEM:-2G}
+KM_SMP=${KMATRIX_SMP:-2}
+KM_TIMEOUT=${KMATRIX_TIMEOUT:-600}          # seconds per guest, boot to power-off
+KM_MODULES=${KMATRIX_MODULES:-veth bridge}  # loaded in the guest (with their dependencies)
+KM_PKGS=${KMATRIX_PKGS:-./tracer ./internal/bundler}  # test binaries built for the guest
+KM_TOOLS=${KMATRIX_HOST_TOOLS:-ip}          # host binaries copied in with their libraries
+KM_APT="$KM_CACHE/apt"
+export PATH="$PATH:/usr/sbin:/sbin"
+
+km_log() { echo "kmatrix: $*" >&2; }
+km_die() { echo "kmatrix: $*" >&2; exit 2; }
+
+# km_host_deps installs what the matrix needs on the host (Debian).
+km_host_deps() {
+  local need=()
+  command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+  { [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null && file -L /bin/busybox 2>/dev/null | grep static >/dev/null; } || need+=(busybox-static)
+  command -v cpio >/dev/null || need+=(cpio)
+  command -v zstd >/dev/null || need+=(zstd)
+  command -v xz >/dev/null || need+=(xz-utils)
+  command -v file >/dev/null || need+=(file)
+  command -v ip >/dev/null || need+=(iproute2)
+  command -v depmod >/dev/null || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need+=(kmod)
+  [ ${#need[@]} -eq 0 ] && return 0
+  [ "$(id -u)" = 0 ] || km_die "missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}"
+  km_log "installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # file(1) is needed by the check above; re-check busybox now.
+  file -L /bin/busybox | grep static >/dev/null || km_die "/bin/busybox is not the static build (install busybox-static)"
+}
+
+# Private apt configuration: Debian's archive serves more suites than this
+# machine's sources name. The machine's own apt configuration is untouched.
+km_apt_opts() {
+  echo "-o Dir::Etc::SourceList=$KM_APT/sources.list -o Dir::Etc::SourceParts=/dev/null" \
+       "-o Dir::State::Lists=$KM_APT/lists -o Dir::Cache=$KM_APT/cache -o Dir::Cache::Archives=$KM_APT/cache/archives" \
+       "-o Dir::State::status=/dev/null -o APT::Sandbox::User=root -o Debug::NoLocking=1 -o Acquire::Retries=3"
+}
+
+km_apt_update() {
+  mkdir -p "$KM_APT/lists/partial" "$KM_APT/cache/archives/partial"
+  local kr=/usr/share/keyrings/debian-archive-keyring.gpg m=http://deb.debian.org
+  [ -f "$kr" ] || km_die "$kr missing (install debian-archive-keyring)"
+  {
+    echo "deb [signed-by=$kr] $m/debian bullseye main"
+    echo "deb [signed-by=$kr] $m/debian-security bullseye-security main"
+    echo "deb [signed-by=$kr] $m/debian bookworm main"
+    echo "deb [signed-by=$kr] $m/debian-security bookworm-security main"
+    echo "deb [signed-by=$kr] $m/debian bookworm-backports main"
+    echo "deb [signed-by=$kr] $m/debian trixie main"
+    echo "deb [signed-by=$kr] $m/debian-security trixie-security main"
+    echo "deb [signed-by=$kr] $m/debian trixie-backports main"
+    echo "deb [signed-by=$kr] $m/debian sid main"
+  } >"$KM_APT/sources.list"
+  # Refresh at most every 6 hours (or never with KMATRIX_OFFLINE=1).
+  if [ -n "${KMATRIX_OFFLINE:-}" ]; then return 0; fi
+  if [ -n "$(find "$KM_APT/lists" -maxdepth 1 -name '*_Packages*' -mmin -360 2>/dev/null | head -1)" ]; then return 0; fi
+  km_log "updating the private package lists in $KM_APT"
+  # shellcheck disable=SC2046
+  apt-get $(km_apt_opts) -qq update >/dev/null 2>"$KM_APT/update.err" ||
+    { cat "$KM_APT/update.err" >&2; km_log "apt update failed: using the kernels already cached"; }
+}
+
+# km_resolve SERIES prints the newest kernel ABI name of a series (5.10, 6.1,
+# 6.12, 7 = newest 7.x, ...) in the archive, e.g. 6.1.0-56-cloud-amd64.
+# With KMATRIX_OFFLINE=1 (or no lists) it falls back to the newest cached one.
+km_resolve() {
+  local series=$1 re abi
+  re="^linux-image-${series//./\\.}[.+-][^ ]*-${KM_FLAVOUR}\$"
+  # shellcheck disable=SC2046
+  abi=$(apt-cache $(km_apt_opts) pkgnames linux-image- 2>/dev/null | grep -E "$re" | grep -v -e dbg -e unsigned |
+        sed 's/^linux-image-//' | sort -V | tail -1 || true)
+  if [ -z "$abi" ]; then
+    abi=$(ls "$KM_CACHE/kernels" 2>/dev/null | grep -E "${re#^linux-image-}" | sort -V | tail -1 || true)
+  fi
+  [ -n "$abi" ] || km_die "no $KM_FLAVOUR kernel of series $series in the archive or the cache (allowed: a series such as 5.10, 6.1, 6.12, 7)"
+  echo "$abi"
+}
+
+# km_fetch ABI downloads and unpacks a kernel into $KM_CACHE/kernels/ABI
+# (vmlinuz, config, modules/ with modules.dep); a no-op when it is there.
+km_fetch() {
+  local abi=$1 d="$KM_CACHE/kernels/$1" p tmp
+  [ -f "$d/.complete" ] && return 0
+  km_log "fetching linux-image-$abi"
+  mkdir -p "$KM_CACHE/kernels"
+  tmp=$(mktemp -d "$KM_CACHE/fetch.XXXXXX")
+  # Packages of 7.x split the image into linux-binary-* (vmlinuz),
+  # linux-modules-* and linux-base-* (config, modules.builtin).
+  local pkgs=("linux-image-$abi")
+  for p in "linux-binary-$abi" "linux-modules-$abi" "linux-base-$abi"; do
+    # shellcheck disable=SC2046
+    apt-cache $(km_apt_opts) show "$p" >/dev/null 2>&1 && pkgs+=("$p")
+  done
+  # shellcheck disable=SC2046
+  (cd "$tmp" && apt-get $(km_apt_opts) -qq download "${pkgs[@]}") >&2 || { rm -rf "$tmp"; km_die "download of ${pkgs[*]} failed"; }
+  rm -rf "$d"; mkdir -p "$d/x"
+  for p in "$tmp"/*.deb; do dpkg-deb -x "$p" "$d/x"; done
+  rm -rf "$tmp"
+  local mdir
+  mdir=$(ls -d "$d/x/lib/modules/$abi" "$d/x/usr/lib/modules/$abi" 2>/dev/null | head -1)
+  [ -n "$mdir" ] || km_die "no modules directory in the packages of $abi"
+  mv "$mdir" "$d/modules"
+  for p in "$d/x/boot/vmlinuz-$abi" "$d/modules/vmlinuz"; do [ -f "$p" ] && mv "$p" "$d/vmlinuz"; done
+  for p in "$d/x/boot/config-$abi" "$d/modules/config"; do [ -f "$p" ] && mv "$p" "$d/config"; done
+  [ -f "$d/vmlinuz" ] || km_die "no vmlinuz in the packages of $abi"
+  rm -rf "$d/x"
+  # The packages ship no modules.dep (their postinst runs depmod).
+  mkdir -p "$d/depmod/lib/modules"
+  ln -s ../../../modules "$d/depmod/lib/modules/$abi"
+  depmod -b "$d/depmod" "$abi" || km_die "depmod for $abi failed"
+  touch "$d/.complete"
+}
+
+# km_prune removes cached kernels other than the ABIs given.
+km_prune() {
+  local keep=" $* " k
+  for k in "$KM_CACHE"/kernels/*; do
+    [ -d "$k" ] || continue
+    case "$keep" in *" $(basename "$k") "*) ;; *) km_log "removing old cached kernel $(basename "$k")"; rm -rf "$k" ;; esac
+  done
+}
+
+# km_build_bins DIR builds deptrace and the test binaries statically into DIR.
+km_build_bins() {
+  local out=$1 p name
+  mkdir -p "$out"
+  km_log "building static binaries ($KM_PKGS)"
+  (cd "$KM_ROOT" && CGO_ENABLED=0 ${GO:-go} build -o "$out/deptrace" ./cmd/deptrace) || km_die "go build failed"
+  for p in $KM_PKGS; do
+    name=$(echo "${p#./}" | tr / _).test
+    (cd "$KM_ROOT" && CGO_ENABLED=0 ${GO:-go} test -c -o "$out/$name" "$p") || km_die "go test -c $p failed"
+    [ -f "$out/$name" ] || km_log "$p has no tests: skipped"
+  done
+}
+
+# km_modules ABI prints, for the modules in $KM_MODULES, the module files to
+# load in dependency order (paths relative to the modules directory).
+km_modules() {
+  local m="$KM_CACHE/kernels/$1/modules" mod
+  declare -A seen=()
+  _km_mod() {
+    local name=$1 file deps d
+    file=$(awk -F: -v n="$name" '{f=$1; sub(/.*\//,"",f); sub(/\.ko(\.[a-z]+)?$/,"",f); gsub(/-/,"_",f); if (f==n) {print $1; exit}}' "$m/modules.dep")
+    if [ -z "$file" ]; then
+      grep -Eq "/${name//_/[-_]}\.ko\$" "$m/modules.builtin" 2>/dev/null && return 0
+      km_die "kernel $1 has no module $name"
+    fi
+    [ -n "${seen[$file]:-}" ] && return 0
+    seen[$file]=1
+    deps=$(grep -E "^${file//./\\.}:" "$m/modules.dep" | cut -d: -f2)
+    for d in $deps; do
+      d=${d##*/}; d=${d%%.ko*}; _km_mod "${d//-/_}"
+    done
+    echo "$file"
+  }
+  for mod in $KM_MODULES; do _km_mod "${mod//-/_}"; done
+}
+
+# km_initramfs ABI BINDIR GUESTSCRIPT OUT builds a gzip'ed cpio with busybox,
+# the host tools of $KMATRIX_HOST_TOOLS (default ip) with their libraries,
+# the kernel modules, the binaries of
+# BINDIR (in /opt/km, on PATH) and GUESTSCRIPT, which /init runs.
+km_initramfs() {
+  local abi=$1 bins=$2 script=$3 out=$4 r f lib
+  r=$(mktemp -d "$KM_CACHE/root.XXXXXX")
+  mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,run,tmp,root,etc,opt/km,lib/modules,var}
+  cp /bin/busybox "$r/bin/busybox"
+  local tool path
+  for tool in $KM_TOOLS; do
+    path=$(command -v "$tool") || km_die "host tool $tool not found (KMATRIX_HOST_TOOLS)"
+    cp -L "$path" "$r/usr/sbin/$tool"
+    for lib in $(ldd "$path" 2>/dev/null | grep -o '/[^ ]*'); do
+      mkdir -p "$r$(dirname "$lib")"; cp -L "$lib" "$r$lib"
+    done
+  done
+  : >"$r/etc/modules.order"
+  for f in $(km_modules "$abi"); do
+    mkdir -p "$r/lib/modules/$(dirname "$f")"
+    case "$f" in
+      *.xz) xz -dc "$KM_CACHE/kernels/$abi/modules/$f" >"$r/lib/modules/${f%.xz}"; f=${f%.xz} ;;
+      *.zst) zstd -qdc "$KM_CACHE/kernels/$abi/modules/$f" >"$r/lib/modules/${f%.zst}"; f=${f%.zst} ;;
+      *) cp "$KM_CACHE/kernels/$abi/modules/$f" "$r/lib/modules/$f" ;;
+    esac
+    echo "$f" >>"$r/etc/modules.order"
+  done
+  cp "$bins"/* "$r/opt/km/"
+  cp "$script" "$r/guest.sh"
+  cp "$KM_DIR/init" "$r/init"
+  chmod +x "$r/init" "$r/guest.sh"
+  echo "root:x:0:0:root:/root:/bin/sh" >"$r/etc/passwd"
+  echo "root:x:0:" >"$r/etc/group"
+  (cd "$r" && find . | cpio -o -H newc --quiet | gzip -1) >"$out"
+  rm -rf "$r"
+}
+
+# km_boot ABI INITRD OUTDIR [interactive]: boots the guest under a time
+# limit. The guest's results go to OUTDIR/results.log (second serial port),
+# the kernel console to OUTDIR/console.log. Returns qemu's (or timeout's) status.
+km_boot() {
+  local abi=$1 initrd=$2 dir=$3 mode=${4:-batch} cpu=max
+  local kdir="$KM_CACHE/kernels/$abi"
+  # QEMU before 8 corrupts 6.12+ guests under TCG at cmpxchg16b (double
+  # fault); without cx16 every kernel boots.
+  local qv; qv=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p;q')
+  [ "${qv:-0}" -lt 8 ] && cpu=max,-cx16
+  local append="console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init kmatrix.mode=$mode"
+  : >"$dir/results.log"; : >"$dir/console.log"
+  local args=(-accel tcg -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" -no-reboot -nodefaults -display none
+              -kernel "$kdir/vmlinuz" -initrd "$initrd" -append "$append")
+  if [ "$mode" = shell ]; then
+    timeout --foreground -k 10 "$KM_TIMEOUT" qemu-system-x86_64 "${args[@]}" -serial mon:stdio -serial "file:$dir/results.log"
+  else
+    timeout -k 10 "$KM_TIMEOUT" qemu-system-x86_64 "${args[@]}" -serial "file:$dir/console.log" -serial "file:$dir/results.log" </dev/null
+  fi
+}

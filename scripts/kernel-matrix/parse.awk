@@ -1,0 +1,60 @@
+# Turns a guest's results.log into one line per step and test:
+#   KERNEL <abi>  <step>  <test>  PASS|FAIL|SKIP  (reason)
+# Variables: abi, counted (1: failures count; 0: informational row).
+# The last line is "COUNTS <pass> <fail> <skip>".
+function row(step, test, res, why) {
+  line = sprintf("KERNEL %-28s %-18s %-52s %s", abi, step, test, res)
+  if (why != "") line = line "  (" why ")"
+  if (!counted) line = line "  [informational]"
+  print line
+  if (res == "PASS") np++; else if (res == "SKIP") ns++; else if (counted) nf++
+}
+function top(name) { sub(/\/.*/, "", name); return name }
+function trim(s) { sub(/^[ \t]+/, "", s); sub(/[ \t\r]+$/, "", s); return s }
+BEGIN { np = nf = ns = 0; ready = 0; step = "" }
+{ sub(/\r$/, "") }
+/^@@KM READY/ { ready = 1; next }
+/^@@KM MODULE-FAILED/ { row("boot", "insmod " $3, "FAIL", "module did not load"); next }
+/^@@KM BEGIN / { step = $3; delete started; delete first; delete last; delete done; nres = 0; next }
+/^@@KM END / {
+  rc = $4
+  if (step == "doctor") {
+    row("doctor", "-", rc == 0 ? "PASS" : "FAIL", rc == 0 ? "" : "exit " rc ": " doctorwhy)
+  } else {
+    for (t in started) if (!(t in done)) row(step, t, "FAIL", "started, never finished")
+    if (rc != 0 && nfail == 0) row(step, "(binary)", "FAIL", "exit " rc " without a failed test: " (panic != "" ? panic : "see results.log"))
+  }
+  step = ""; doctorwhy = ""; nfail = 0; panic = ""; next
+}
+step == "" { next }
+step == "doctor" {
+  if ($0 ~ /cannot load|MISSING|^Error:/ && doctorwhy == "") doctorwhy = trim($0)
+  next
+}
+/^=== (RUN|CONT|NAME|PAUSE) / { cur = $3; if ($2 == "RUN" && cur !~ /\//) started[cur] = 1; next }
+/^panic: / && panic == "" { panic = $0; next }
+/^ *--- (PASS|FAIL|SKIP): / {
+  res = $2; sub(/:$/, "", res); name = $3
+  if (name ~ /\//) next                      # subtests: their parent reports
+  done[name] = 1
+  why = ""
+  if (res == "FAIL") { why = first[name]; nfail++ }
+  if (res == "SKIP") why = last[name]
+  row(step, name, res, why)
+  next
+}
+/^[ \t]+[^ \t]+\.go:[0-9]+: / {
+  t = top(cur); msg = trim($0)
+  if (length(msg) > 160) msg = substr(msg, 1, 157) "..."
+  if (!(t in first)) first[t] = msg
+  last[t] = msg
+  next
+}
+END {
+  if (!ready) row("boot", "-", "FAIL", "the guest never reached /init: see console.log")
+  else if (step != "") {
+    for (t in started) if (!(t in done)) row(step, t, "FAIL", "started, never finished")
+    row(step, "-", "FAIL", "the guest stopped during this step (time limit or crash): see console.log")
+  }
+  print "COUNTS " np " " nf " " ns
+}
