@@ -50,7 +50,7 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	connectN(t, a, "tcp4", server, 30, 4, 4)
 	l.add(collect(t, first)) // some drained...
 	connectN(t, a, "tcp4", server, 10, 4, 4)
-	first.Release() // ...some not: the process "dies" here
+	first.Release()                          // ...some not: the process "dies" here
 	connectN(t, a, "tcp4", server, 10, 4, 4) // no process runs
 
 	second := newPinned(t, path)
