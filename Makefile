@@ -27,5 +27,6 @@ test: deps check-generate vet
 	$(GO) test -count=1 -timeout 30m ./...
 
 # Overhead benchmark (root): writes docs/performance.md numbers to stdout.
-bench: build
-	./deptrace bench overhead
+bench:
+	$(GO) build -o deptrace-bench ./cmd/deptrace-bench
+	./deptrace-bench overhead

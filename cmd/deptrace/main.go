@@ -22,6 +22,6 @@ Every flag can also be set from the environment: --flow-map-size is
 DEPTRACE_FLOW_MAP_SIZE, --log-format is DEPTRACE_LOG_FORMAT, and so on.`,
 	}
 	cli.Configure(root)
-	root.AddCommand(newTraceCmd(), newDoctorCmd(), newAgentCmd(), newLookCmd(), newGraphCmd(), newDiffCmd(), newBenchCmd())
+	root.AddCommand(newTraceCmd(), newDoctorCmd(), newAgentCmd(), newLookCmd(), newGraphCmd(), newDiffCmd())
 	return root
 }
