@@ -1,4 +1,4 @@
-# deptrace: build, regenerate BPF objects, test, benchmark.
+# deptrace: build, regenerate BPF objects, test, benchmark, package.
 GO ?= go
 GOARCH ?= $(shell $(GO) env GOARCH)
 # A release tag vX.Y.Z gives version X.Y.Z; otherwise 0.0.0~git<commit>
@@ -6,8 +6,9 @@ GOARCH ?= $(shell $(GO) env GOARCH)
 VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo $${v\#v} || echo 0.0.0~git$$(git rev-parse --short HEAD 2>/dev/null || echo unknown))
 # Static, reproducible: no cgo (pure Go BPF loader and SQLite), no local paths.
 BUILDFLAGS = -trimpath -ldflags '-s -w -X main.version=$(VERSION)'
+DIST ?= dist
 
-.PHONY: build build-bench deps generate check-generate vet tidy tidy-check test bench clean
+.PHONY: build build-bench deps generate check-generate vet tidy tidy-check test bench package clean
 
 build:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace ./cmd/deptrace
@@ -49,5 +50,13 @@ test: deps check-generate vet tidy-check
 bench: build-bench
 	./deptrace-bench overhead
 
+# $(DIST)/deptrace_$(VERSION)_$(GOARCH).deb and a tarball with the same
+# files, from the static binary (nfpm is pinned in go.mod's tool block; it
+# has no tarball packager, so tar makes the tarball from the .deb's tree).
+package: build
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	VERSION='$(VERSION)' GOARCH='$(GOARCH)' $(GO) tool nfpm package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
+	packaging/tarball.sh $(DIST) '$(VERSION)' '$(GOARCH)'
+
 clean:
-	rm -rf deptrace deptrace-bench
+	rm -rf deptrace deptrace-bench $(DIST)
