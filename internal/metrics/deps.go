@@ -250,8 +250,12 @@ func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
 		if !tcp {
 			continue
 		}
-		for _, cause := range causes {
-			ch <- prometheus.MustNewConstMetric(c.causeDesc[k.direction], prometheus.CounterValue, float64(cause.value(&s.c)), slices.Concat(lv, []string{cause.name})...)
+		// Failures are rare: cause series appear with the first failure
+		// rather than four zeros on every dependency (a third of a scrape).
+		if s.c.FailedConnections > 0 {
+			for _, cause := range causes {
+				ch <- prometheus.MustNewConstMetric(c.causeDesc[k.direction], prometheus.CounterValue, float64(cause.value(&s.c)), slices.Concat(lv, []string{cause.name})...)
+			}
 		}
 		if k.direction == tracer.Outbound {
 			ch <- prometheus.MustNewConstSummary(c.latency, s.c.ConnectLatencyCount, float64(s.c.ConnectLatencySumUs)/1e6, nil, lv...)
