@@ -42,7 +42,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.MetricsListen != "" {
 		cfg.Metrics.FlowMapSize = cfg.Tracer.FlowMapSize
 		m = metrics.New(cfg.Metrics)
-		addr, err := m.Serve(ctx, cfg.MetricsListen, log)
+		sctx, stopServing := context.WithCancel(ctx) // also when Run fails
+		defer stopServing()
+		addr, err := m.Serve(sctx, cfg.MetricsListen, log)
 		if err != nil {
 			return err
 		}
