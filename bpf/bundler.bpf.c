@@ -1,20 +1,32 @@
 //go:build ignore
 /* deptrace's in-kernel flow bundler.
  *
- * Every TCP connect/accept and every TCP/UDP send/receive is added into one
- * bundled-flow entry keyed by {netns, local address, remote address, server
- * port, direction, protocol}: the client's ephemeral port is dropped, so the
- * number of entries follows the number of dependencies, not the connection
- * rate. User space swaps the active map every interval (see flows below) and
- * drains the idle one.
+ * Every connection and datagram is added into one bundled-flow entry keyed
+ * by {netns, local address, remote address, server port, direction,
+ * protocol}: the client's ephemeral port is dropped, so the number of
+ * entries follows the number of dependencies, not the connection rate.
+ *
+ * TCP is counted from the socket, not per call. The kernel already keeps
+ * exact byte and retransmission counters on every tcp_sock; deptrace tags
+ * each connection with socket-local storage when it is established
+ * (identity, process, the counters' values at that moment) and folds the
+ * counters' growth into the bundled flow twice: at every drain (an
+ * iterator over deptrace's own socket storage, so the walk touches only
+ * the live connections deptrace tagged, never the host's TIME_WAIT or
+ * request sockets, whatever the number of namespaces) and once at close.
+ * Sends and receives run no deptrace code for TCP.
  *
  * Hooks (all stable interfaces; no kprobes):
- *   tp_btf/inet_sock_set_state  TCP opens, failures, listen/close
- *   tp_btf/sock_send_length     bytes sent, per call, every protocol
- *   tp_btf/sock_recv_length     bytes received, per call
- *   cgroup/sendmsg4|6, recvmsg4|6  peer address of unconnected UDP datagrams
- *   cgroup/bind4|6, post_bind4|6, sock_release  UDP bound-port table
- *   iter/tcp, iter/udp          seed the port table with existing sockets
+ *   tp_btf/inet_sock_set_state   TCP connect/accept/close/listen
+ *   tp_btf/tcp_send_reset, tcp_receive_reset   resets, per flow
+ *   tp_btf/sock_send_length, sock_recv_length  UDP datagrams and unix
+ *                                socket data (TCP calls leave at the
+ *                                first test)
+ *   cgroup/sendmsg4|6, recvmsg4|6  peers of unconnected UDP datagrams
+ *   cgroup/sock_release          last counts of a connected UDP socket
+ *   iter/tcp                     listeners and connections that existed
+ *                                before deptrace started
+ *   iter/bpf_sk_storage_map      the drain-time harvest
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -23,36 +35,41 @@
 #include <bpf/bpf_endian.h>
 #include "bundler.h"
 
+#define barrier() asm volatile("" ::: "memory")
+
+#define AF_UNIX 1
 #define AF_INET 2
+#define SOCK_DGRAM 2
 #define AF_INET6 10
 #define MSG_PEEK 2
 #define SOCK_BINDPORT_LOCK 8
+#define EEXIST 17
+#define E2BIG 7
+#define ENETUNREACH 101
+#define ECONNRESET 104
+#define ETIMEDOUT 110
+#define ECONNREFUSED 111
+#define EHOSTUNREACH 113
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Referenced here so the shared types land in BTF for bpf2go. */
 const struct flow_key *_btf_flow_key __attribute__((unused));
-const struct stream_event *_btf_stream_event __attribute__((unused));
 const struct flow_value *_btf_flow_value __attribute__((unused));
 const struct port_key *_btf_port_key __attribute__((unused));
 const struct port_value *_btf_port_value __attribute__((unused));
 const struct listen_record *_btf_listen_record __attribute__((unused));
+const struct listener_record *_btf_listener_record __attribute__((unused));
 const enum stat_index *_btf_stat_index __attribute__((unused));
+const enum direction *_btf_direction __attribute__((unused));
+const enum flow_proto *_btf_flow_proto __attribute__((unused));
+const struct unix_path *_btf_unix_path __attribute__((unused));
 
 /* Set by the loader before load. 0 traces every network namespace. */
 const volatile __u32 target_netns = 0;
 
-/* MODE_BUNDLE for deptrace. The other modes exist only as the baselines of
- * deptrace bench compare: same hooks, same key, only the aggregation
- * differs. The verifier removes the branches of the other modes. */
-const volatile __u8 mode = MODE_BUNDLE;
-#define with_ports (mode != MODE_BUNDLE)
-
-/* Stream mode's ring buffer; the loader gives it one page otherwise. */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4096);
-} events SEC(".maps");
+/* A new flow's first value, kept off the 512-byte stack. */
+const volatile struct flow_value zero_flow = {};
 
 /* The bundled-flow map template. Two maps of this shape exist; the outer
  * array holds the one programs write to. Swapping the slot from user space
@@ -72,6 +89,7 @@ struct {
 	});
 } flows SEC(".maps");
 
+/* TCP listening ports per namespace, with the process that listens. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
@@ -79,40 +97,77 @@ struct {
 	__type(value, struct port_value);
 } ports SEC(".maps");
 
-/* Listeners per protocol and port summed over every namespace: an inlined
- * array lookup that lets the common case (a client's ephemeral port that
- * nothing listens on anywhere) skip the hash lookup in ports. Index:
- * port, plus 65536 for UDP. */
+/* Unix socket paths by the hash in flow keys; user space reads them at
+ * drain. LRU: paths of long-gone sockets make room for new ones. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2 * 65536);
-	__type(key, __u32);
-	__type(value, __u32);
-} listen_any SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct unix_path);
+} unix_paths SEC(".maps");
 
-/* Per-socket state of UDP sockets, freed with the socket:
- * - bind: whether the socket was bound to a port the program chose, and
- *   whether it was counted in the port table (see UDP bound ports below);
- * - the peer of the datagram being sent or received on an unconnected
- *   socket, learnt by the cgroup sendmsg/recvmsg hook and consumed by the
- *   byte-count tracepoint of the same syscall. tid tells which thread's
- *   syscall it belongs to: two threads sending on one socket at once must
- *   not swap peers (a mismatch is counted as udp_peer_unknown). */
-struct udp_state {
-	__u32 bind;
-	__u32 tid;      /* thread whose syscall set peer; 0: none pending */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct unix_path);
+} path_scratch SEC(".maps");
+
+enum sock_kind {
+	SK_TCP = 1,      /* a TCP connection */
+	SK_UDP = 2,      /* a UDP socket */
+	SK_LISTENER = 3, /* a listening TCP socket */
+	SK_UNIX = 4,     /* a unix-domain socket */
+};
+
+/* What deptrace keeps with a socket; freed by the kernel with the socket.
+ * The reported values only advance, by compare-and-swap, so the drain and
+ * the close path can race on one socket without counting a byte twice:
+ * each adds only what it advanced. */
+struct sock_state {
+	struct flow_key key; /* the socket's bundled flow */
+	__u32 kind;          /* enum sock_kind */
+	__u32 pid;           /* thread-group id of the owning process */
+	char comm[16];       /* its name */
+	__u64 cgroup_id;
+	__u64 syn_ns;        /* TCP: connect() time, for the connect latency */
+	/* TCP: the counters when deptrace started counting this connection */
+	__u64 base_acked;
+	__u64 base_received;
+	__u32 base_una;
+	__u32 counting;      /* TCP: 1 from ESTABLISHED (or the start-up tag) until close */
+	/* TCP: what was folded into flows so far */
+	__u64 rep_sent;
+	__u64 rep_received;
+	__u64 last_raw_received; /* bytes_received at the previous drain */
+	__u32 rep_retrans;
+	__u32 open_pending;  /* 1 while the open is not counted yet */
+	__u32 latency_us;    /* connect latency of the pending open */
+	__u32 _pad;
+	/* connected UDP: per-datagram counters, taken by exchange */
+	__u64 udp_bytes_sent;
+	__u64 udp_bytes_received;
+	__u64 udp_dgrams_sent;
+	__u64 udp_dgrams_received;
+	__u8 udp_daddr[16];  /* the peer the key was built for */
+	__u16 udp_dport;
+	/* unconnected UDP: the peer of the datagram in flight, learnt by the
+	 * cgroup sendmsg/recvmsg hook and consumed by the byte tracepoint of
+	 * the same syscall. tid tells whose syscall it belongs to: two threads
+	 * sending on one socket at once must not swap peers. */
+	__u16 peer_port;     /* network byte order */
+	__u32 tid;
 	__u8 peer[16];
-	__u16 peer_port; /* network byte order */
-	__u16 _pad;
-	__u32 _pad2;
+	/* listeners */
+	__u64 rep_drops;
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, struct udp_state);
-} udp_sock SEC(".maps");
+	__type(value, struct sock_state);
+} socks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -121,11 +176,6 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
-/* bpf_rdonly_cast (Linux 6.2+) lets the cgroup socket programs read struct
- * sock fields that struct bpf_sock does not expose (sk_userlocks, netns). */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
-#define as_sock(ctx_sk) ((struct sock *)bpf_rdonly_cast((ctx_sk), bpf_core_type_id_kernel(struct sock)))
-
 static __always_inline void stat_inc(__u32 idx)
 {
 	__u64 *c = bpf_map_lookup_elem(&stats, &idx);
@@ -133,14 +183,20 @@ static __always_inline void stat_inc(__u32 idx)
 		__sync_fetch_and_add(c, 1);
 }
 
-static __always_inline void stream(const struct flow_key *k, __u8 kind, __u32 bytes)
+/* Insert-or-find, as bcc's bpf_map_lookup_or_try_init: another CPU may
+ * insert the same key between our lookup and insert (-EEXIST is fine). A
+ * full map and a failed allocation are counted apart. */
+static __always_inline void *lookup_or_init(void *map, const void *key, const void *init, __u32 full_stat)
 {
-	struct stream_event e = {.key = *k, .kind = kind, .bytes = bytes};
-	/* Waking the reader per event costs a self-IPI (microseconds in a
-	 * VM): wake it only once 64 KiB wait; it also polls every 50 ms. */
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > (64 << 10) ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&events, &e, sizeof(e), flags))
-		stat_inc(STAT_STREAM_DROPPED);
+	void *v = bpf_map_lookup_elem(map, key);
+	if (v)
+		return v;
+	long err = bpf_map_update_elem(map, key, init, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		stat_inc(err == -E2BIG ? full_stat : STAT_FLOW_ALLOC_FAILED);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(map, key);
 }
 
 static __always_inline __u32 sk_netns(const struct sock *sk)
@@ -167,7 +223,7 @@ static __always_inline bool is_v4mapped(const __u32 *a)
 	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
 }
 
-static __always_inline void copy_v6(__u8 *dst, const __u32 *src)
+static __always_inline void copy16(__u8 *dst, const __u32 *src)
 {
 	__u32 *d = (__u32 *)dst;
 	d[0] = src[0];
@@ -179,9 +235,9 @@ static __always_inline void copy_v6(__u8 *dst, const __u32 *src)
 /* Fill local and remote addresses, IPv4 as v4-mapped IPv6. A dual-stack
  * IPv6 socket talking IPv4 keeps its addresses in the IPv4 fields too
  * (the IPv6 copies are filled late during connect), so read those. */
-static __always_inline void fill_addrs(const struct sock *sk, __u16 family, struct flow_key *k)
+static __always_inline void fill_addrs(const struct sock *sk, struct flow_key *k)
 {
-	if (family == AF_INET6) {
+	if (sk->__sk_common.skc_family == AF_INET6) {
 		__u32 daddr[4], saddr[4];
 		daddr[0] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[0];
 		daddr[1] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[1];
@@ -192,8 +248,8 @@ static __always_inline void fill_addrs(const struct sock *sk, __u16 family, stru
 			saddr[1] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[1];
 			saddr[2] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[2];
 			saddr[3] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[3];
-			copy_v6(k->local_addr, saddr);
-			copy_v6(k->remote_addr, daddr);
+			copy16(k->local_addr, saddr);
+			copy16(k->remote_addr, daddr);
 			return;
 		}
 	}
@@ -201,52 +257,39 @@ static __always_inline void fill_addrs(const struct sock *sk, __u16 family, stru
 	set_v4mapped(k->remote_addr, sk->__sk_common.skc_daddr);
 }
 
-static __always_inline __u32 *listen_any_slot(__u8 proto, __u16 port)
+static __always_inline bool inet_family(const struct sock *sk)
 {
-	__u32 idx = (proto == IPPROTO_UDP ? 65536 : 0) + (__u32)port;
-	return bpf_map_lookup_elem(&listen_any, &idx);
+	__u16 f = sk->__sk_common.skc_family;
+	return f == AF_INET || f == AF_INET6;
 }
 
-static __always_inline struct port_value *port_lookup(__u32 netns, __u8 proto, __u16 port)
+static __always_inline struct port_value *port_lookup(__u32 netns, __u16 port)
 {
-	struct port_key pk = {.netns = netns, .port = port, .proto = proto};
+	struct port_key pk = {.netns = netns, .port = port, .proto = IPPROTO_TCP};
 	return bpf_map_lookup_elem(&ports, &pk);
 }
 
-/* Record the current process in v when it changed: comm is read only then,
- * which keeps the helper call off the common path. */
-static __always_inline void set_process(struct flow_value *v)
+/* The current process: its thread-group id and the thread-group leader's
+ * name (a worker thread's own name, such as memcached's "mc-worker", is
+ * not the process's). Tracing programs only. */
+static __always_inline void current_process(__u32 *pid, char *comm, __u64 *cgroup)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (v->pid != tgid) {
-		v->pid = tgid;
-		bpf_get_current_comm(v->comm, sizeof(v->comm));
-		v->cgroup_id = bpf_get_current_cgroup_id();
-	}
+	struct task_struct *t = bpf_get_current_task_btf();
+	*pid = t->tgid;
+	bpf_probe_read_kernel(comm, 16, t->group_leader->comm);
+	*cgroup = bpf_get_current_cgroup_id();
 }
 
-/* Find or create the bundled entry of k in the active map. A failed insert
- * (map full) is counted, never silent. */
+/* Find or create the bundled entry of k in the active map. */
 static __always_inline struct flow_value *flow_entry(const struct flow_key *k)
 {
 	__u32 zero = 0;
 	void *active = bpf_map_lookup_elem(&flows, &zero);
 	if (!active)
 		return NULL;
-	struct flow_value *v = bpf_map_lookup_elem(active, k);
-	if (!v) {
-		struct flow_value init = {};
-		long err = bpf_map_update_elem(active, k, &init, BPF_NOEXIST);
-		if (err && err != -17 /* EEXIST: another CPU inserted it */) {
-			stat_inc(STAT_FLOW_INSERT_FAILED);
-			return NULL;
-		}
-		v = bpf_map_lookup_elem(active, k);
-		if (!v) {
-			stat_inc(STAT_FLOW_INSERT_FAILED);
-			return NULL;
-		}
-	}
+	struct flow_value *v = lookup_or_init(active, k, (const void *)&zero_flow, STAT_FLOW_MAP_FULL);
+	if (!v)
+		return NULL;
 	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
 	 * the rest of the update: read it at most once per jiffy per flow and
 	 * CPU. last_seen is then exact to one jiffy (1-10 ms). */
@@ -261,242 +304,658 @@ static __always_inline struct flow_value *flow_entry(const struct flow_key *k)
 	return v;
 }
 
-static __always_inline void port_ref(__u32 netns, __u8 proto, __u16 port, int delta, bool with_process)
+/* Name the flow's process from the socket's, or for a server without one
+ * (the handshake completes in softirq) from the listening process. */
+static __always_inline void name_flow(struct flow_value *v, const struct sock_state *st)
 {
-	struct port_key pk = {.netns = netns, .port = port, .proto = proto};
-	struct port_value *pv = bpf_map_lookup_elem(&ports, &pk);
-	if (delta > 0) {
-		if (!pv) {
-			struct port_value init = {};
-			long err = bpf_map_update_elem(&ports, &pk, &init, BPF_NOEXIST);
-			if (err && err != -17) {
-				stat_inc(STAT_PORT_INSERT_FAILED);
-				return;
-			}
-			pv = bpf_map_lookup_elem(&ports, &pk);
-			if (!pv)
-				return;
-		}
-		__sync_fetch_and_add(&pv->refs, 1);
-		__u32 *any = listen_any_slot(proto, port);
-		if (any)
-			__sync_fetch_and_add(any, 1);
-		if (with_process) {
-			pv->pid = bpf_get_current_pid_tgid() >> 32;
-			pv->cgroup_id = bpf_get_current_cgroup_id();
-			bpf_get_current_comm(pv->comm, sizeof(pv->comm));
+	if (st->pid) {
+		if (v->pid != st->pid) {
+			v->pid = st->pid;
+			v->cgroup_id = st->cgroup_id;
+			__builtin_memcpy(v->comm, st->comm, sizeof(v->comm));
 		}
 		return;
 	}
+	if (v->pid || st->key.direction != DIR_INBOUND || st->key.proto != IPPROTO_TCP)
+		return;
+	struct port_value *pv = port_lookup(st->key.netns, st->key.port);
+	if (pv && pv->pid) {
+		v->pid = pv->pid;
+		v->cgroup_id = pv->cgroup_id;
+		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
+	}
+}
+
+/* Advance *rep to now if now is ahead; return by how much. Bounded retries:
+ * only the drain and the close path ever race on one socket. */
+static __always_inline __u64 advance64(__u64 *rep, __u64 now)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 prev = *(volatile __u64 *)rep;
+		if ((__s64)(now - prev) <= 0)
+			return 0;
+		if (__sync_val_compare_and_swap(rep, prev, now) == prev)
+			return now - prev;
+	}
+	return 0;
+}
+
+static __always_inline __u32 advance32(__u32 *rep, __u32 now)
+{
+	for (int i = 0; i < 4; i++) {
+		__u32 prev = *(volatile __u32 *)rep;
+		if ((__s32)(now - prev) <= 0)
+			return 0;
+		if (__sync_val_compare_and_swap(rep, prev, now) == prev)
+			return now - prev;
+	}
+	return 0;
+}
+
+static __always_inline void port_ref(__u32 netns, __u16 port, int delta)
+{
+	struct port_key pk = {.netns = netns, .port = port, .proto = IPPROTO_TCP};
+	if (delta > 0) {
+		struct port_value init = {};
+		struct port_value *pv = lookup_or_init(&ports, &pk, &init, STAT_PORT_MAP_FULL);
+		if (!pv)
+			return;
+		__sync_fetch_and_add(&pv->refs, 1);
+		/* listen() runs in the listening process: remember it. */
+		current_process(&pv->pid, pv->comm, &pv->cgroup_id);
+		return;
+	}
+	struct port_value *pv = bpf_map_lookup_elem(&ports, &pk);
 	if (!pv)
 		return;
-	__u32 *any = listen_any_slot(proto, port);
-	if (any && *any > 0)
-		__sync_fetch_and_add(any, -1);
 	/* The last socket on the port is gone: forget the port. */
 	if (__sync_fetch_and_add(&pv->refs, -1) <= 1)
 		bpf_map_delete_elem(&ports, &pk);
 }
 
-/* ---- TCP: opens, failures and listeners from socket state changes ---- */
+/* ---- TCP ---- */
 
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(on_tcp_state, const struct sock *sk, const int oldstate, const int newstate)
+static __always_inline void tcp_key(const struct sock *sk, struct flow_key *k, __u8 direction)
 {
-	/* Most transitions (FIN_WAIT, CLOSE_WAIT, TIME_WAIT...) are irrelevant:
-	 * leave before touching the socket. */
-	bool listen = newstate == TCP_LISTEN || (oldstate == TCP_LISTEN && newstate == TCP_CLOSE);
-	bool active = oldstate == TCP_SYN_SENT || (oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT);
-	bool passive = oldstate == TCP_SYN_RECV && (newstate == TCP_ESTABLISHED || newstate == TCP_CLOSE);
-	if (!listen && !active && !passive)
-		return 0;
-	if (sk->sk_protocol != IPPROTO_TCP)
-		return 0;
-	__u16 family = sk->__sk_common.skc_family;
-	if (family != AF_INET && family != AF_INET6)
-		return 0;
-	__u32 netns = sk_netns(sk);
-	if (!netns_wanted(netns))
-		return 0;
-	__u16 lport = sk->__sk_common.skc_num;
+	k->netns = sk_netns(sk);
+	k->proto = IPPROTO_TCP;
+	k->direction = direction;
+	k->port = direction == DIR_INBOUND ? sk->__sk_common.skc_num : bpf_ntohs(sk->__sk_common.skc_dport);
+	fill_addrs(sk, k);
+}
 
-	if (listen) {
-		/* listen() runs in the listening process: remember it. */
-		port_ref(netns, IPPROTO_TCP, lport, newstate == TCP_LISTEN ? 1 : -1, newstate == TCP_LISTEN);
-		return 0;
+/* Start counting a connection from the socket's counters as they are now. */
+static __always_inline void tcp_start_counting(struct sock_state *st, struct tcp_sock *tp, bool count_handshake)
+{
+	st->base_acked = tp->bytes_acked;
+	st->base_received = tp->bytes_received;
+	st->base_una = tp->snd_una;
+	st->last_raw_received = st->base_received;
+	st->rep_sent = 0;
+	st->rep_received = 0;
+	/* SYN (and SYN-ACK) retransmissions belong to the new connection;
+	 * a connection found at start counts from now. */
+	st->rep_retrans = count_handshake ? 0 : tp->total_retrans;
+	st->counting = 1;
+}
+
+#define TCPF_FIN_SENT (TCPF_FIN_WAIT1 | TCPF_FIN_WAIT2 | TCPF_CLOSING | TCPF_LAST_ACK)
+
+/* Fold a connection's counter growth into its bundled flow.
+ *
+ * bytes_acked counts the SYN (active side) and our FIN once acked;
+ * bytes_received counts the peer's FIN. The baseline taken at ESTABLISHED
+ * removes the SYN. Our FIN is acked when every sequence number written,
+ * FIN included, is acked: bytes_acked is read before the state, so a race
+ * with the ACK can only under-read, never over-read. The peer's FIN is
+ * flagged (SOCK_DONE) only after bytes_received grew: at close, in the
+ * socket's own context, the flag is exact; a drain cannot tell a FIN from
+ * a data byte that just arrived, so it holds back one received byte while
+ * bytes are arriving and releases it at the next drain or at close.
+ * Whatever a drain under-reads, a later drain or the close reports: the
+ * total is exact, byte for byte. */
+static __always_inline void tcp_fold(struct sock *sk, struct sock_state *st, bool at_close, int state)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	__u64 acked = tp->bytes_acked;
+	__u64 raw_received = tp->bytes_received;
+	__u32 retrans = tp->total_retrans;
+	if (!at_close) {
+		barrier();
+		state = sk->__sk_common.skc_state;
+		if (state == TCP_CLOSE)
+			return; /* the close path folded it */
 	}
+	bool fin_done = sk->__sk_common.skc_flags & (1UL << bpf_core_enum_value(enum sock_flags, SOCK_DONE));
 
+	__u64 sent = acked - st->base_acked;
+	if (((1 << state) & TCPF_FIN_SENT) && sent && (__u32)sent == tp->write_seq - st->base_una)
+		sent--; /* our FIN, acked */
+	__u64 received = raw_received - st->base_received;
+	bool settled = at_close || raw_received == st->last_raw_received;
+	if (!at_close)
+		st->last_raw_received = raw_received;
+	if (received && (!settled || fin_done))
+		received--;
+
+	__u64 d_sent = advance64(&st->rep_sent, sent);
+	__u64 d_received = advance64(&st->rep_received, received);
+	__u32 d_retrans = advance32(&st->rep_retrans, retrans);
+	__u32 opened = 0;
+	if (st->open_pending)
+		opened = __sync_lock_test_and_set(&st->open_pending, 0);
+	if (!d_sent && !d_received && !d_retrans && !opened)
+		return;
+
+	struct flow_value *v = flow_entry(&st->key);
+	if (!v)
+		return;
+	if (opened) {
+		__sync_fetch_and_add(&v->connections, 1);
+		if (st->key.direction == DIR_OUTBOUND && st->syn_ns) {
+			__u64 lat = st->latency_us;
+			__sync_fetch_and_add(&v->latency_count, 1);
+			__sync_fetch_and_add(&v->latency_sum_us, lat);
+			if (lat > v->latency_max_us)
+				v->latency_max_us = lat;
+		}
+	}
+	if (d_sent)
+		__sync_fetch_and_add(&v->bytes_sent, d_sent);
+	if (d_received)
+		__sync_fetch_and_add(&v->bytes_received, d_received);
+	if (d_retrans)
+		__sync_fetch_and_add(&v->retransmits, d_retrans);
+	name_flow(v, st);
+}
+
+static __always_inline struct sock_state *new_state(struct sock *sk)
+{
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		stat_inc(STAT_SOCK_STORAGE_FAILED);
+	return st;
+}
+
+/* connect(): runs in the connecting process. The ephemeral port is not
+ * chosen yet, but the key does not need it. */
+static __always_inline void tcp_connecting(struct sock *sk)
+{
+	struct sock_state *st = new_state(sk);
+	if (!st)
+		return;
+	/* A socket reconnecting after a failed attempt starts afresh. */
+	__builtin_memset(st, 0, sizeof(*st));
+	st->kind = SK_TCP;
+	tcp_key(sk, &st->key, DIR_OUTBOUND);
+	current_process(&st->pid, st->comm, &st->cgroup_id);
+	st->syn_ns = bpf_ktime_get_ns();
+}
+
+static __always_inline void tcp_established(struct sock *sk, bool active)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	struct sock_state *st = active ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
+	if (!st) {
+		/* A server's new connection, or a connect() that began before
+		 * deptrace did. The server's process is the listener's. */
+		st = new_state(sk);
+		if (!st)
+			return;
+		__builtin_memset(st, 0, sizeof(*st));
+		st->kind = SK_TCP;
+		tcp_key(sk, &st->key, active ? DIR_OUTBOUND : DIR_INBOUND);
+	}
+	if (active && st->syn_ns)
+		st->latency_us = (bpf_ktime_get_ns() - st->syn_ns) / 1000;
+	tcp_start_counting(st, tp, true);
+	st->open_pending = 1;
+}
+
+/* Why an open failed, from the error the kernel gave the socket. */
+static __always_inline void count_failure(struct flow_value *v, const struct sock *sk)
+{
+	int err = sk->sk_err;
+	if (!err)
+		err = sk->sk_err_soft;
+	__sync_fetch_and_add(&v->failed_connections, 1);
+	switch (err) {
+	case ECONNREFUSED:
+		__sync_fetch_and_add(&v->failed_refused, 1);
+		break;
+	case ECONNRESET:
+		__sync_fetch_and_add(&v->failed_reset, 1);
+		break;
+	case EHOSTUNREACH:
+	case ENETUNREACH:
+		__sync_fetch_and_add(&v->failed_unreachable, 1);
+		break;
+	default: /* ETIMEDOUT, or abandoned by the caller while connecting */
+		__sync_fetch_and_add(&v->failed_timeout, 1);
+	}
+}
+
+static __always_inline void tcp_failed(struct sock *sk, bool active)
+{
+	/* A connect() has storage from SYN_SENT; a server's half-open child
+	 * (or a connect begun before deptrace) has none. */
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
 	struct flow_key k = {};
-	k.netns = netns;
-	k.proto = IPPROTO_TCP;
-	fill_addrs(sk, family, &k);
-
-	if (active) {
-		k.direction = DIR_OUTBOUND;
-		k.port = bpf_ntohs(sk->__sk_common.skc_dport);
-		if (with_ports) {
-			/* The ephemeral port is chosen after SYN_SENT is set. */
-			if (newstate == TCP_SYN_SENT)
-				return 0;
-			k.client_port = lport;
-			if (mode == MODE_STREAM) {
-				stream(&k, newstate == TCP_ESTABLISHED ? EV_OPEN : EV_FAILED, 0);
-				return 0;
-			}
-		}
-		struct flow_value *v = flow_entry(&k);
-		if (!v)
-			return 0;
-		if (newstate == TCP_SYN_SENT) {
-			/* connect() runs in the client process; the handshake's end
-			 * runs in softirq where "current" is arbitrary. Name the
-			 * process now, count the outcome later. */
-			set_process(v);
-		} else if (newstate == TCP_ESTABLISHED) {
-			__sync_fetch_and_add(&v->connections, 1);
-		} else if (newstate == TCP_CLOSE) {
-			__sync_fetch_and_add(&v->failed_connections, 1);
-		}
-		return 0;
-	}
-
-	/* Passive open: the handshake completes in softirq; the listening
-	 * process recorded at listen() names the server. */
-	k.direction = DIR_INBOUND;
-	k.port = lport;
-	if (with_ports)
-		k.client_port = bpf_ntohs(sk->__sk_common.skc_dport);
-	if (mode == MODE_STREAM) {
-		stream(&k, newstate == TCP_ESTABLISHED ? EV_OPEN : EV_FAILED, 0);
-		return 0;
-	}
+	if (st && st->kind == SK_TCP)
+		k = st->key;
+	else
+		tcp_key(sk, &k, active ? DIR_OUTBOUND : DIR_INBOUND);
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
+		return;
+	count_failure(v, sk);
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (tp && tp->total_retrans)
+		__sync_fetch_and_add(&v->retransmits, tp->total_retrans);
+	if (st && st->kind == SK_TCP)
+		name_flow(v, st);
+}
+
+static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup);
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newstate)
+{
+	/* Most transitions (FIN_WAIT, CLOSE_WAIT, the child's SYN_RECV...) are
+	 * irrelevant: leave before touching the socket. */
+	bool connecting = oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT;
+	bool established = newstate == TCP_ESTABLISHED && (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV);
+	bool closed = newstate == TCP_CLOSE && oldstate != TCP_CLOSE;
+	bool listen = newstate == TCP_LISTEN;
+	if (!connecting && !established && !closed && !listen)
 		return 0;
-	if (newstate == TCP_ESTABLISHED)
-		__sync_fetch_and_add(&v->connections, 1);
-	else
-		__sync_fetch_and_add(&v->failed_connections, 1);
-	if (!v->pid) {
-		struct port_value *pv = port_lookup(netns, IPPROTO_TCP, lport);
-		if (pv && pv->pid) {
-			v->pid = pv->pid;
-			v->cgroup_id = pv->cgroup_id;
-			__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
+	if (sk->sk_protocol != IPPROTO_TCP || !inet_family(sk))
+		return 0;
+	if (!netns_wanted(sk_netns(sk)))
+		return 0;
+
+	if (connecting) {
+		tcp_connecting(sk);
+	} else if (established) {
+		tcp_established(sk, oldstate == TCP_SYN_SENT);
+	} else if (listen) {
+		port_ref(sk_netns(sk), sk->__sk_common.skc_num, 1);
+		__u32 pid;
+		char comm[16];
+		__u64 cgroup;
+		current_process(&pid, comm, &cgroup);
+		listener_tag(sk, pid, comm, cgroup);
+	} else if (oldstate == TCP_LISTEN) {
+		port_ref(sk_netns(sk), sk->__sk_common.skc_num, -1);
+	} else if (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) {
+		tcp_failed(sk, oldstate == TCP_SYN_SENT);
+	} else {
+		struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+		if (st && st->kind == SK_TCP && st->counting) {
+			tcp_fold(sk, st, true, oldstate);
+			st->counting = 0;
 		}
 	}
 	return 0;
 }
 
-/* ---- bytes, per send/receive call ---- */
-
-/* Direction rule for bytes: the local end is the server when its local
- * port is in the listening-port table of its namespace and protocol;
- * otherwise it is the client and the remote port is the server port. */
-static __always_inline void count_bytes(struct sock *sk, int ret, int flags, bool send)
+/* Resets are rare: counted straight into the flow, whose identity the
+ * socket's storage holds (the reset of an aborting close is sent after the
+ * close was folded). */
+static __always_inline void count_reset(struct sock *sk, bool sent)
 {
-	if (ret <= 0 || (flags & MSG_PEEK))
+	if (!sk)
 		return;
-	__u16 proto = sk->sk_protocol;
-	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (!st || st->kind != SK_TCP)
 		return;
-	if (mode == MODE_STREAM && proto == IPPROTO_TCP)
-		return; /* streaming sends connect/accept and UDP only */
-	__u16 family = sk->__sk_common.skc_family;
-	if (family != AF_INET && family != AF_INET6)
+	struct flow_value *v = flow_entry(&st->key);
+	if (!v)
 		return;
-	__u32 netns = sk_netns(sk);
-	if (!netns_wanted(netns))
-		return;
+	if (sent)
+		__sync_fetch_and_add(&v->resets_sent, 1);
+	else
+		__sync_fetch_and_add(&v->resets_received, 1);
+	name_flow(v, st);
+}
 
-	struct flow_key k = {};
-	k.netns = netns;
-	k.proto = proto;
-	__u16 lport = sk->__sk_common.skc_num;
-	__u16 rport = bpf_ntohs(sk->__sk_common.skc_dport);
-	fill_addrs(sk, family, &k);
+SEC("tp_btf/tcp_send_reset")
+int BPF_PROG(on_send_reset, const struct sock *sk)
+{
+	count_reset((struct sock *)sk, true);
+	return 0;
+}
 
-	if (proto == IPPROTO_UDP) {
-		/* An explicit destination (sendto) or a recvfrom source was
-		 * seen by the cgroup hook of this same syscall. */
-		__u32 tid = (__u32)bpf_get_current_pid_tgid();
-		struct udp_state *st = bpf_sk_storage_get(&udp_sock, sk, 0, 0);
-		if (st && st->tid == tid) {
-			__builtin_memcpy(k.remote_addr, st->peer, sizeof(k.remote_addr));
-			rport = bpf_ntohs(st->peer_port);
-			st->tid = 0;
-		} else if (rport == 0) {
-			stat_inc(STAT_UDP_PEER_UNKNOWN);
+SEC("tp_btf/tcp_receive_reset")
+int BPF_PROG(on_receive_reset, struct sock *sk)
+{
+	count_reset(sk, false);
+	return 0;
+}
+
+/* ---- listeners ---- */
+
+static __always_inline __u64 listen_drops(struct sock *sk)
+{
+	__u64 d = (__u32)sk->sk_drops.counter;
+	if (bpf_core_field_exists(sk->sk_drop_counters)) {
+		struct numa_drop_counters *c = BPF_CORE_READ(sk, sk_drop_counters);
+		if (c)
+			d += (__u32)BPF_CORE_READ(c, drops0.counter) + (__u32)BPF_CORE_READ(c, drops1.counter);
+	}
+	return d;
+}
+
+static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup)
+{
+	struct sock_state *st = new_state(sk);
+	if (!st || st->kind == SK_LISTENER)
+		return;
+	__builtin_memset(st, 0, sizeof(*st));
+	st->kind = SK_LISTENER;
+	st->key.netns = sk_netns(sk);
+	st->key.proto = IPPROTO_TCP;
+	st->key.direction = DIR_INBOUND;
+	st->key.port = sk->__sk_common.skc_num;
+	fill_addrs(sk, &st->key);
+	st->pid = pid;
+	if (comm)
+		__builtin_memcpy(st->comm, comm, sizeof(st->comm));
+	st->cgroup_id = cgroup;
+	st->rep_drops = listen_drops(sk);
+}
+
+/* ---- UDP: datagrams, per call ---- */
+
+/* A UDP socket bound to a port its program chose (not 0) is a server. */
+static __always_inline __u8 udp_direction(const struct sock *sk)
+{
+	return (sk->sk_userlocks & SOCK_BINDPORT_LOCK) ? DIR_INBOUND : DIR_OUTBOUND;
+}
+
+static __always_inline void udp_key(const struct sock *sk, struct flow_key *k, __u16 rport)
+{
+	k->netns = sk_netns(sk);
+	k->proto = IPPROTO_UDP;
+	k->direction = udp_direction(sk);
+	k->port = k->direction == DIR_INBOUND ? sk->__sk_common.skc_num : rport;
+}
+
+/* Fold a connected UDP socket's counters into its flow. */
+static __always_inline void udp_fold(struct sock_state *st)
+{
+	if (!st->udp_dport)
+		return;
+	__u64 bs = st->udp_bytes_sent ? __sync_lock_test_and_set(&st->udp_bytes_sent, 0) : 0;
+	__u64 br = st->udp_bytes_received ? __sync_lock_test_and_set(&st->udp_bytes_received, 0) : 0;
+	__u64 ds = st->udp_dgrams_sent ? __sync_lock_test_and_set(&st->udp_dgrams_sent, 0) : 0;
+	__u64 dr = st->udp_dgrams_received ? __sync_lock_test_and_set(&st->udp_dgrams_received, 0) : 0;
+	if (!ds && !dr)
+		return;
+	struct flow_value *v = flow_entry(&st->key);
+	if (!v)
+		return;
+	__sync_fetch_and_add(&v->bytes_sent, bs);
+	__sync_fetch_and_add(&v->bytes_received, br);
+	__sync_fetch_and_add(&v->datagrams_sent, ds);
+	__sync_fetch_and_add(&v->datagrams_received, dr);
+	name_flow(v, st);
+}
+
+static __always_inline bool same_peer(const struct sock *sk, const struct sock_state *st)
+{
+	const __u32 *a = (const __u32 *)st->udp_daddr;
+	if (sk->__sk_common.skc_dport != st->udp_dport)
+		return false;
+	if (sk->__sk_common.skc_family == AF_INET6)
+		return a[0] == sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[0] &&
+		       a[1] == sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[1] &&
+		       a[2] == sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[2] &&
+		       a[3] == sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[3];
+	return a[3] == sk->__sk_common.skc_daddr;
+}
+
+/* A connected socket: count into its storage, no hash lookup. Its identity
+ * is built once, and again only if it connects elsewhere. */
+static __always_inline void udp_count_connected(struct sock *sk, struct sock_state *st, int bytes, bool send)
+{
+	if (!st) {
+		st = new_state(sk);
+		if (!st)
 			return;
-		}
 	}
-
-	__u32 *any = listen_any_slot(proto, lport);
-	if (any && *any && port_lookup(netns, proto, lport)) {
-		k.direction = DIR_INBOUND;
-		k.port = lport;
-		if (with_ports)
-			k.client_port = rport;
+	if (st->kind != SK_UDP || !same_peer(sk, st)) {
+		udp_fold(st); /* the previous peer's counts */
+		__builtin_memset(st, 0, sizeof(*st));
+		st->kind = SK_UDP;
+		udp_key(sk, &st->key, bpf_ntohs(sk->__sk_common.skc_dport));
+		fill_addrs(sk, &st->key);
+		__builtin_memcpy(st->udp_daddr, st->key.remote_addr, sizeof(st->udp_daddr));
+		if (sk->__sk_common.skc_family == AF_INET6)
+			copy16(st->udp_daddr, sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32);
+		else
+			((__u32 *)st->udp_daddr)[3] = sk->__sk_common.skc_daddr;
+		st->udp_dport = sk->__sk_common.skc_dport;
+	}
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (st->pid != tgid)
+		current_process(&st->pid, st->comm, &st->cgroup_id);
+	if (send) {
+		__sync_fetch_and_add(&st->udp_bytes_sent, bytes);
+		__sync_fetch_and_add(&st->udp_dgrams_sent, 1);
 	} else {
-		k.direction = DIR_OUTBOUND;
-		k.port = rport;
-		if (with_ports)
-			k.client_port = lport;
+		__sync_fetch_and_add(&st->udp_bytes_received, bytes);
+		__sync_fetch_and_add(&st->udp_dgrams_received, 1);
 	}
-	if (mode == MODE_STREAM) {
-		stream(&k, send ? EV_UDP_SEND : EV_UDP_RECV, ret);
+}
+
+/* An unconnected socket: every datagram may have another peer, which the
+ * cgroup hook of this same syscall saw. */
+static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_state *st, int bytes, bool send)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	if (!st || st->tid != tid) {
+		stat_inc(STAT_UDP_PEER_UNKNOWN);
 		return;
 	}
-
+	st->tid = 0;
+	struct flow_key k = {};
+	udp_key(sk, &k, bpf_ntohs(st->peer_port));
+	fill_addrs(sk, &k);
+	__builtin_memcpy(k.remote_addr, st->peer, sizeof(k.remote_addr));
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return;
-	if (send)
-		__sync_fetch_and_add(&v->bytes_sent, ret);
+	if (send) {
+		__sync_fetch_and_add(&v->bytes_sent, bytes);
+		__sync_fetch_and_add(&v->datagrams_sent, 1);
+	} else {
+		__sync_fetch_and_add(&v->bytes_received, bytes);
+		__sync_fetch_and_add(&v->datagrams_received, 1);
+	}
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (v->pid != tgid)
+		current_process(&v->pid, v->comm, &v->cgroup_id);
+}
+
+static __always_inline void unix_count(struct sock *sk, int bytes, bool send);
+
+static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bool send)
+{
+	/* TCP calls fire these tracepoints too: leave at once. */
+	if (sk->sk_protocol == IPPROTO_TCP)
+		return;
+	if (ret < 0 || (flags & MSG_PEEK))
+		return;
+	if (sk->__sk_common.skc_family == AF_UNIX) {
+		if (netns_wanted(sk_netns(sk)))
+			unix_count(sk, ret, send);
+		return;
+	}
+	if (sk->sk_protocol != IPPROTO_UDP || !inet_family(sk))
+		return;
+	if (!netns_wanted(sk_netns(sk)))
+		return;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (sk->__sk_common.skc_dport)
+		udp_count_connected(sk, st, ret, send);
 	else
-		__sync_fetch_and_add(&v->bytes_received, ret);
-	set_process(v);
+		udp_count_unconnected(sk, st, ret, send);
 }
 
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
-	count_bytes(sk, ret, flags, true);
+	udp_datagram(sk, ret, flags, true);
 	return 0;
 }
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 {
-	count_bytes(sk, ret, flags, false);
+	udp_datagram(sk, ret, flags, false);
 	return 0;
+}
+
+/* ---- unix-domain sockets, per call ---- */
+
+/* Hash a unix address's path (FNV-1a), copying it into out. 0: unnamed. */
+static __always_inline __u64 unix_path_of(struct unix_address *a, struct unix_path *out)
+{
+	int len = a->len - (int)sizeof(__kernel_sa_family_t);
+	if (len <= 0)
+		return 0;
+	if (len > (int)sizeof(out->path))
+		len = sizeof(out->path);
+	if (bpf_probe_read_kernel(out->path, sizeof(out->path), &a->name[0].sun_path))
+		return 0;
+	out->len = len;
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < (int)sizeof(out->path); i++) {
+		if (i >= len)
+			break;
+		h ^= (__u8)out->path[i];
+		h *= 0x100000001b3ULL;
+	}
+	/* A path ends at its first 0; an abstract name (leading 0) uses
+	 * every byte. Bytes past the name are not part of it. */
+	return h ? h : 1;
+}
+
+/* The first call on a unix socket finds its dependency: the server's path
+ * is the name of whichever end is named. A connecting (or sending) socket
+ * is rarely bound, its peer is: outbound, named by the peer. A server's
+ * accepted socket carries the listener's name and its peer none: inbound.
+ * Two unnamed ends (socketpair) are no service and are not counted. */
+static __always_inline struct sock_state *unix_state(struct sock *sk, struct unix_sock *u)
+{
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st && st->kind == SK_UNIX)
+		return st;
+	struct unix_address *own = u->addr;
+	struct unix_address *peer_addr = NULL;
+	struct sock *peer = u->peer;
+	if (peer) {
+		struct unix_sock *pu = bpf_skc_to_unix_sock(peer);
+		if (pu)
+			peer_addr = pu->addr;
+	}
+	struct unix_address *srv = peer_addr ? peer_addr : own;
+	if (!srv)
+		return NULL;
+	__u32 zero = 0;
+	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
+	if (!p)
+		return NULL;
+	__u64 h = unix_path_of(srv, p);
+	if (!h)
+		return NULL;
+	bpf_map_update_elem(&unix_paths, &h, p, BPF_ANY);
+	st = new_state(sk);
+	if (!st)
+		return NULL;
+	__builtin_memset(st, 0, sizeof(*st));
+	st->kind = SK_UNIX;
+	st->key.netns = sk_netns(sk);
+	st->key.proto = PROTO_UNIX;
+	st->key.direction = peer_addr ? DIR_OUTBOUND : DIR_INBOUND;
+	__builtin_memcpy(st->key.remote_addr, &h, sizeof(h));
+	return st;
+}
+
+static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
+{
+	struct unix_sock *u = bpf_skc_to_unix_sock(sk);
+	if (!u)
+		return;
+	struct sock_state *st = unix_state(sk, u);
+	if (!st)
+		return;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (st->pid != tgid)
+		current_process(&st->pid, st->comm, &st->cgroup_id);
+	struct flow_value *v = flow_entry(&st->key);
+	if (!v)
+		return;
+	bool datagram = sk->sk_type == SOCK_DGRAM;
+	if (!datagram && !st->counting) {
+		/* A stream connection counts once, at its first data. */
+		st->counting = 1;
+		__sync_fetch_and_add(&v->connections, 1);
+	}
+	if (send) {
+		__sync_fetch_and_add(&v->bytes_sent, bytes);
+		if (datagram)
+			__sync_fetch_and_add(&v->datagrams_sent, 1);
+	} else {
+		__sync_fetch_and_add(&v->bytes_received, bytes);
+		if (datagram)
+			__sync_fetch_and_add(&v->datagrams_received, 1);
+	}
+	name_flow(v, st);
+	/* The process at the other end: whoever last used the peer socket
+	 * (the server that accepted and serves the connection, not merely the
+	 * one that created the listener). */
+	struct sock *peer = u->peer;
+	if (peer) {
+		struct sock_state *ps = bpf_sk_storage_get(&socks, peer, 0, 0);
+		if (ps && ps->pid && v->peer_pid != ps->pid) {
+			v->peer_pid = ps->pid;
+			__builtin_memcpy(v->peer_comm, ps->comm, sizeof(v->peer_comm));
+		}
+	}
 }
 
 /* ---- UDP peers of unconnected sockets (socket-address layer) ---- */
 
-static __always_inline struct udp_state *udp_state_of(struct bpf_sock_addr *ctx)
+static __always_inline struct sock_state *peer_slot(struct bpf_sock_addr *ctx)
 {
 	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
 		return NULL;
-	struct udp_state *st = bpf_sk_storage_get(&udp_sock, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st)
-		stat_inc(STAT_PENDING_INSERT_FAILED);
+	struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		stat_inc(STAT_SOCK_STORAGE_FAILED);
+		return NULL;
+	}
+	st->tid = (__u32)bpf_get_current_pid_tgid();
+	st->peer_port = (__u16)ctx->user_port;
 	return st;
 }
 
 static __always_inline void remember_peer4(struct bpf_sock_addr *ctx)
 {
-	struct udp_state *st = udp_state_of(ctx);
-	if (!st)
-		return;
-	set_v4mapped(st->peer, ctx->user_ip4);
-	st->peer_port = (__u16)ctx->user_port;
-	st->tid = (__u32)bpf_get_current_pid_tgid();
+	struct sock_state *st = peer_slot(ctx);
+	if (st)
+		set_v4mapped(st->peer, ctx->user_ip4);
 }
 
 static __always_inline void remember_peer6(struct bpf_sock_addr *ctx)
 {
-	struct udp_state *st = udp_state_of(ctx);
+	struct sock_state *st = peer_slot(ctx);
 	if (!st)
 		return;
 	__u32 *a = (__u32 *)st->peer;
@@ -504,8 +963,6 @@ static __always_inline void remember_peer6(struct bpf_sock_addr *ctx)
 	a[1] = ctx->user_ip6[1];
 	a[2] = ctx->user_ip6[2];
 	a[3] = ctx->user_ip6[3];
-	st->peer_port = (__u16)ctx->user_port;
-	st->tid = (__u32)bpf_get_current_pid_tgid();
 }
 
 SEC("cgroup/sendmsg4")
@@ -536,85 +993,56 @@ int udp_recvmsg6(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
-/* ---- UDP bound ports ---- */
-
-/* A UDP socket bound to a port the program chose (not port 0) is a
- * server. The pre-bind hook sees the requested port, the post-bind hook
- * sees the bind succeed; per-socket storage carries the fact between them
- * and to release, so the table counts each bound socket exactly once and
- * frees itself with the socket. */
-#define UDP_BIND_REQUESTED 1
-#define UDP_BIND_COUNTED 2
-
-static __always_inline void udp_bind_request(struct bpf_sock_addr *ctx)
-{
-	if (ctx->user_port == 0)
-		return;
-	struct udp_state *st = udp_state_of(ctx);
-	if (st)
-		st->bind = UDP_BIND_REQUESTED;
-}
-
-SEC("cgroup/bind4")
-int udp_prebind4(struct bpf_sock_addr *ctx)
-{
-	udp_bind_request(ctx);
-	return 1;
-}
-
-SEC("cgroup/bind6")
-int udp_prebind6(struct bpf_sock_addr *ctx)
-{
-	udp_bind_request(ctx);
-	return 1;
-}
-
-static __always_inline void udp_bind_ref(struct bpf_sock *ctx, bool bound)
-{
-	if (ctx->protocol != IPPROTO_UDP)
-		return;
-	struct udp_state *st = bpf_sk_storage_get(&udp_sock, ctx, 0, 0);
-	if (!st)
-		return;
-	struct sock *sk = as_sock(ctx);
-	__u32 netns = sk_netns(sk);
-	if (!netns_wanted(netns))
-		return;
-	__u16 port = sk->__sk_common.skc_num;
-	if (bound && st->bind == UDP_BIND_REQUESTED) {
-		st->bind = UDP_BIND_COUNTED;
-		port_ref(netns, IPPROTO_UDP, port, 1, true);
-	} else if (!bound && st->bind == UDP_BIND_COUNTED) {
-		st->bind = 0;
-		port_ref(netns, IPPROTO_UDP, port, -1, false);
-	}
-}
-
-SEC("cgroup/post_bind4")
-int udp_bind4(struct bpf_sock *ctx)
-{
-	udp_bind_ref(ctx, true);
-	return 1;
-}
-
-SEC("cgroup/post_bind6")
-int udp_bind6(struct bpf_sock *ctx)
-{
-	udp_bind_ref(ctx, true);
-	return 1;
-}
-
+/* A connected UDP socket's last counts, before its storage goes. Runs for
+ * every inet socket; everything but UDP leaves at the first test. */
 SEC("cgroup/sock_release")
 int udp_release(struct bpf_sock *ctx)
 {
-	udp_bind_ref(ctx, false);
+	if (ctx->protocol != IPPROTO_UDP)
+		return 1;
+	struct sock_state *st = bpf_sk_storage_get(&socks, ctx, 0, 0);
+	if (st && st->kind == SK_UDP)
+		udp_fold(st);
 	return 1;
 }
 
-/* ---- seeding: sockets that existed before deptrace started ---- */
+/* ---- the drain-time harvest: every socket deptrace tagged ---- */
 
+SEC("iter/bpf_sk_storage_map")
+int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
+{
+	struct sock *sk = ctx->sk;
+	struct sock_state *st = ctx->value;
+	if (!sk || !st)
+		return 0;
+	if (st->kind == SK_TCP) {
+		if (st->counting)
+			tcp_fold(sk, st, false, 0);
+	} else if (st->kind == SK_UDP) {
+		udp_fold(st);
+	} else if (st->kind == SK_LISTENER) {
+		if (sk->__sk_common.skc_state != TCP_LISTEN)
+			return 0;
+		struct listener_record r = {};
+		r.netns = st->key.netns;
+		r.port = st->key.port;
+		__builtin_memcpy(r.local_addr, st->key.local_addr, sizeof(r.local_addr));
+		r.backlog_limit = sk->sk_max_ack_backlog;
+		r.queue = sk->sk_ack_backlog;
+		r.drops = advance64(&st->rep_drops, listen_drops(sk));
+		r.pid = st->pid;
+		__builtin_memcpy(r.comm, st->comm, sizeof(r.comm));
+		bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+	}
+	return 0;
+}
+
+/* ---- start-up: sockets that existed before deptrace started ---- */
+
+/* Pass 1, per namespace: listening ports (user space fills the port table
+ * from these records) and listener storage. */
 SEC("iter/tcp")
-int seed_tcp(struct bpf_iter__tcp *ctx)
+int seed_listeners(struct bpf_iter__tcp *ctx)
 {
 	struct sock_common *skc = ctx->sk_common;
 	if (!skc || skc->skc_state != TCP_LISTEN)
@@ -626,22 +1054,39 @@ int seed_tcp(struct bpf_iter__tcp *ctx)
 	r.port = skc->skc_num;
 	r.proto = IPPROTO_TCP;
 	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (tp)
+		listener_tag((struct sock *)tp, 0, NULL, 0);
 	return 0;
 }
 
-SEC("iter/udp")
-int seed_udp(struct bpf_iter__udp *ctx)
+/* Pass 2, per namespace, after the port table is seeded: tag open
+ * connections so that their bytes count from now on (bytes moved before
+ * deptrace started are not counted; neither is the open). The iterator
+ * holds each socket's lock, so a concurrent ESTABLISHED cannot be tagged
+ * twice. */
+SEC("iter/tcp")
+int tag_connections(struct bpf_iter__tcp *ctx)
 {
-	struct udp_sock *udp = ctx->udp_sk;
-	if (!udp)
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
 		return 0;
-	struct sock *sk = &udp->inet.sk;
-	if (!(sk->sk_userlocks & SOCK_BINDPORT_LOCK))
+	int state = skc->skc_state;
+	if (state == TCP_LISTEN || state == TCP_CLOSE || state == TCP_SYN_SENT || state == TCP_SYN_RECV ||
+	    state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV)
 		return 0;
-	struct listen_record r = {};
-	r.netns = sk->__sk_common.skc_net.net->ns.inum;
-	r.port = sk->__sk_common.skc_num;
-	r.proto = IPPROTO_UDP;
-	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	struct sock *sk = (struct sock *)tp;
+	if (!inet_family(sk) || !netns_wanted(sk_netns(sk)))
+		return 0;
+	struct sock_state *st = new_state(sk);
+	if (!st || st->kind)
+		return 0;
+	st->kind = SK_TCP;
+	__u8 dir = port_lookup(sk_netns(sk), sk->__sk_common.skc_num) ? DIR_INBOUND : DIR_OUTBOUND;
+	tcp_key(sk, &st->key, dir);
+	tcp_start_counting(st, tp, false);
 	return 0;
 }

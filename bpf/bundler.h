@@ -1,92 +1,119 @@
-/* Structures shared by bundler.bpf.c and its Go loader (bpf2go turns them
- * into Go types). No packed structs: every padding byte is an explicit field
- * so keys hash the same whatever the compiler does. */
+/* Structures and constants shared by bundler.bpf.c and its Go loader
+ * (bpf2go turns them into Go types and constants; nothing is mirrored by
+ * hand). No packed structs: every padding byte is an explicit field so keys
+ * hash the same whatever the compiler does, and _Static_assert pins every
+ * size the Go side relies on. */
 #ifndef DEPTRACE_BUNDLER_H
 #define DEPTRACE_BUNDLER_H
 
-#define DIR_OUTBOUND 1 /* the local end is the client */
-#define DIR_INBOUND 2  /* the local end is the server */
+/* flow_key.proto of unix-domain flows (IP protocols use their IPPROTO_*;
+ * 1, ICMP, is never a deptrace flow). */
+enum flow_proto {
+	PROTO_UNIX = 1,
+};
+
+enum direction {
+	DIR_OUTBOUND = 1, /* the local end is the client */
+	DIR_INBOUND = 2,  /* the local end is the server */
+};
 
 /* One bundled flow: every connection that differs only by the client's
  * ephemeral port lands here. Addresses are IPv6 or IPv4-mapped IPv6
  * (::ffff:a.b.c.d), network byte order. */
 struct flow_key {
-	__u32 netns;     /* network namespace inode number */
-	__u16 port;      /* server port, host byte order */
-	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 direction;  /* DIR_OUTBOUND or DIR_INBOUND */
-	__u8 local_addr[16];
-	__u8 remote_addr[16];
-	/* The client's port: always 0 when bundling. Set only in the
-	 * baseline modes the benchmark compares against (see mode). */
-	__u16 client_port;
-	__u16 _pad;
+	__u32 netns;    /* network namespace inode number */
+	__u16 port;     /* server port, host byte order */
+	__u8 proto;     /* IPPROTO_TCP, IPPROTO_UDP or PROTO_UNIX */
+	__u8 direction; /* enum direction */
+	__u8 local_addr[16];  /* unix: zero */
+	__u8 remote_addr[16]; /* unix: the first 8 bytes hash the server's socket path (see unix_paths) */
 };
+_Static_assert(sizeof(struct flow_key) == 40, "flow_key layout");
 
 /* Per-CPU counters of one bundled flow; user space sums the CPUs. */
 struct flow_value {
-	__u64 connections;        /* TCP opens that reached ESTABLISHED */
-	__u64 failed_connections; /* TCP opens that never did */
-	__u64 bytes_sent;
+	__u64 connections;        /* opens that reached ESTABLISHED */
+	__u64 failed_connections; /* opens that never did: the four causes below */
+	__u64 failed_refused;
+	__u64 failed_timeout;     /* including connects abandoned by the caller */
+	__u64 failed_reset;
+	__u64 failed_unreachable;
+	__u64 bytes_sent;         /* payload, from the socket's own counters */
 	__u64 bytes_received;
+	__u64 datagrams_sent;
+	__u64 datagrams_received;
+	__u64 latency_count;      /* connect latency, SYN sent to ESTABLISHED */
+	__u64 latency_sum_us;
+	__u64 latency_max_us;
+	__u64 resets_sent;
+	__u64 resets_received;
+	__u64 retransmits;        /* segments */
 	__u64 first_seen_ns;      /* CLOCK_BOOTTIME */
 	__u64 last_seen_ns;       /* CLOCK_BOOTTIME, exact to one jiffy */
 	__u64 last_jiffies;       /* jiffy of last_seen_ns */
 	__u64 cgroup_id;
-	__u32 pid;                /* thread group id of the local process */
-	__u32 _pad;
-	char comm[16];
+	__u32 pid;                /* thread-group id of the local process */
+	__u32 peer_pid;           /* unix: the process at the other end, 0 if unknown */
+	char comm[16];            /* the process's name (its thread-group leader's) */
+	char peer_comm[16];
 };
+_Static_assert(sizeof(struct flow_value) == 200, "flow_value layout");
+
+/* A unix socket path, by the hash the flow key carries. */
+struct unix_path {
+	__u32 len;       /* bytes of path used; an abstract name starts with 0 */
+	char path[108];
+};
+_Static_assert(sizeof(struct unix_path) == 112, "unix_path layout");
 
 /* Listening-port table: TCP listeners and UDP sockets bound to a port. */
 struct port_key {
 	__u32 netns;
-	__u16 port;   /* host byte order */
+	__u16 port; /* host byte order */
 	__u8 proto;
 	__u8 _pad;
 };
+_Static_assert(sizeof(struct port_key) == 8, "port_key layout");
 
 struct port_value {
-	__u32 refs;   /* sockets listening on / bound to this port */
-	__u32 pid;    /* process that last started listening, 0 if unknown */
+	__u32 refs; /* sockets listening on / bound to this port */
+	__u32 pid;  /* process that last started listening, 0 if unknown */
 	__u64 cgroup_id;
 	char comm[16];
 };
+_Static_assert(sizeof(struct port_value) == 32, "port_value layout");
 
-/* Record written by the seeding iterators. */
+/* Record written by the port-seeding iterators. */
 struct listen_record {
 	__u32 netns;
 	__u16 port;
 	__u8 proto;
 	__u8 _pad;
 };
+_Static_assert(sizeof(struct listen_record) == 8, "listen_record layout");
 
-/* Modes of the object. Only MODE_BUNDLE is deptrace; the others are the
- * baselines of `deptrace bench compare`, on the very same hooks. */
-#define MODE_BUNDLE 0
-#define MODE_FIVE_TUPLE 1 /* aggregate per 5-tuple: client port in the key */
-#define MODE_STREAM 2     /* stream connect/accept and UDP datagrams */
-
-/* Stream-mode event kinds. */
-#define EV_OPEN 1      /* TCP connection established */
-#define EV_FAILED 2    /* TCP open failed */
-#define EV_UDP_SEND 3
-#define EV_UDP_RECV 4
-
-struct stream_event {
-	struct flow_key key; /* with client_port */
-	__u8 kind;
-	__u8 _pad[3];
-	__u32 bytes;
+/* Record written by the harvest for every listening TCP socket. */
+struct listener_record {
+	__u32 netns;
+	__u16 port;
+	__u8 _pad[2];
+	__u8 local_addr[16];
+	__u32 backlog_limit; /* sk_max_ack_backlog */
+	__u32 queue;         /* sk_ack_backlog now */
+	__u64 drops;         /* listen drops since the previous harvest */
+	__u32 pid;
+	__u32 _pad2;
+	char comm[16];
 };
+_Static_assert(sizeof(struct listener_record) == 64, "listener_record layout");
 
-/* Indexes of the per-CPU loss and event counters. */
+/* Indexes of the per-CPU loss counters. */
 enum stat_index {
-	STAT_FLOW_INSERT_FAILED = 0, /* bundled-flow map full: an event was lost */
-	STAT_PORT_INSERT_FAILED = 1, /* listening-port table full */
-	STAT_UDP_PEER_UNKNOWN = 2,   /* UDP datagram on an unconnected socket whose peer was not seen */
-	STAT_PENDING_INSERT_FAILED = 3, /* no socket storage for a UDP peer */
-	STAT_STREAM_DROPPED = 4,        /* stream mode: ring buffer full */
+	STAT_FLOW_MAP_FULL = 0,     /* bundled-flow map full: counts lost */
+	STAT_FLOW_ALLOC_FAILED = 1, /* flow insert failed for another reason (memory) */
+	STAT_PORT_MAP_FULL = 2,     /* listening-port table full */
+	STAT_UDP_PEER_UNKNOWN = 3,  /* UDP datagram on an unconnected socket whose peer was not seen */
+	STAT_SOCK_STORAGE_FAILED = 4, /* no per-socket storage: that socket's counts lost */
 	STAT_MAX = 5,
 };
 

@@ -1,21 +1,25 @@
 // Package tracer embeds deptrace's in-kernel flow bundler in a Go program.
 //
 // A Tracer loads eBPF programs that count every TCP connection and every
-// TCP/UDP send and receive into one kernel map entry per dependency (local
-// address, remote address, server port, direction, protocol, network
-// namespace), then hands the bundled flows to the caller once per interval.
+// UDP datagram into one kernel map entry per dependency (local address,
+// remote address, server port, direction, protocol, network namespace),
+// then hands the bundled flows to the caller once per interval. TCP bytes
+// and retransmissions are read from the kernel's own per-socket counters
+// (at every drain for live connections, and at close), so TCP sends and
+// receives run no deptrace code.
 //
-// Kernel requirements: Linux with BTF (CONFIG_DEBUG_INFO_BTF=y) and the
-// sock:inet_sock_set_state tracepoint (4.16+); bytes need the
-// sock:sock_send_length/sock_recv_length tracepoints (6.3+); UDP bound-port
-// tracking needs the bpf_rdonly_cast kfunc (6.2+); peers of unconnected UDP
-// sockets need cgroup v2. Missing optional features are reported by Hooks,
-// never silently. The process needs CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and
-// CAP_SYS_ADMIN (root has them).
+// Kernel requirements: Linux with BTF (CONFIG_DEBUG_INFO_BTF=y), the
+// sock:inet_sock_set_state tracepoint and the socket-storage map iterator
+// (5.9+), BPF atomics (5.12+); UDP datagrams need the
+// sock:sock_send_length/sock_recv_length tracepoints (6.3+); peers of
+// unconnected UDP sockets need cgroup v2. Missing optional features are
+// reported by Hooks, never silently. The process needs CAP_BPF,
+// CAP_PERFMON, CAP_NET_ADMIN and CAP_SYS_ADMIN (root has them).
 package tracer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -30,20 +34,27 @@ type Config struct {
 	Interval time.Duration
 	// FlowMapSize is the most distinct bundled flows per interval.
 	FlowMapSize uint32
-	// PortMapSize is the most listening ports tracked.
+	// PortMapSize is the most TCP listening ports tracked.
 	PortMapSize uint32
 	// NetNS limits tracing to one network namespace (inode); 0 = all.
 	NetNS uint32
-	// FiveTuple keeps each client's ephemeral port apart: per-5-tuple
-	// aggregation instead of bundling, so one connection is one record.
-	// It exists as the baseline of `deptrace bench compare`; leave it off.
-	FiveTuple bool
+	// PinPath, when set (e.g. DefaultPinPath), pins the kernel side on
+	// bpffs so it keeps counting if this process dies, and adopts the one
+	// a previous process left there: nothing counted meanwhile is lost.
+	// One process at a time owns a pin path.
+	PinPath string
 }
 
-// Limits of Config.Interval.
+// DefaultPinPath is where deptrace agent pins its kernel side.
+const DefaultPinPath = "/sys/fs/bpf/deptrace"
+
+// Limits of Config values.
 const (
-	MinInterval = 100 * time.Millisecond
-	MaxInterval = time.Hour
+	MinInterval    = 100 * time.Millisecond
+	MaxInterval    = time.Hour
+	MinMapSize     = bundler.MinMapSize
+	MaxFlowMapSize = bundler.MaxFlowMapSize
+	MaxPortMapSize = bundler.MaxPortMapSize
 )
 
 // DefaultConfig traces every namespace with a 1 s interval.
@@ -60,52 +71,53 @@ func (c Config) Validate() error {
 }
 
 func (c Config) bundlerConfig() bundler.Config {
-	bc := bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS}
-	if c.FiveTuple {
-		bc.Mode = bundler.ModeFiveTuple
-	}
-	return bc
+	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, PinPath: c.PinPath}
 }
 
 // Interval is what one drain produced.
 type Interval struct {
-	Time  time.Time
-	Flows []Flow
-	// Lost counts events lost during this interval, by cause.
+	Time      time.Time
+	Flows     []Flow
+	Listeners []Listener
+	// Lost counts what the kernel side could not record this interval.
 	Lost Losses
 }
 
-// Losses are events the kernel side could not record.
+// Losses are counts the kernel side could not record, by cause. The same
+// type is used per interval and cumulatively.
 type Losses struct {
-	FlowMapFull     uint64 `json:"flow_map_full"`    // bundled-flow map full
-	PortMapFull     uint64 `json:"port_map_full"`    // listening-port table full
-	UDPPeerUnknown  uint64 `json:"udp_peer_unknown"` // unconnected UDP datagram, peer not seen
-	UDPPeerDropped  uint64 `json:"udp_peer_dropped"` // peer table full
-	RecursionMisses uint64 `json:"recursion_misses"` // program runs skipped by the kernel
+	FlowMapFull       uint64 `json:"flow_map_full"`       // bundled-flow map full
+	FlowAllocFailed   uint64 `json:"flow_alloc_failed"`   // a flow entry could not be allocated
+	PortMapFull       uint64 `json:"port_map_full"`       // listening-port table full
+	UDPPeerUnknown    uint64 `json:"udp_peer_unknown"`    // unconnected UDP datagram, peer not seen
+	SockStorageFailed uint64 `json:"sock_storage_failed"` // a socket could not be tagged: its counts lost
+	RecursionMisses   uint64 `json:"recursion_misses"`    // program runs skipped by the kernel
 }
 
 // Total is the sum of every cause.
 func (l Losses) Total() uint64 {
-	return l.FlowMapFull + l.PortMapFull + l.UDPPeerUnknown + l.UDPPeerDropped + l.RecursionMisses
+	return l.FlowMapFull + l.FlowAllocFailed + l.PortMapFull + l.UDPPeerUnknown + l.SockStorageFailed + l.RecursionMisses
 }
 
 func lossesOf(s bundler.Stats) Losses {
 	return Losses{
-		FlowMapFull:     s.FlowInsertFailed,
-		PortMapFull:     s.PortInsertFailed,
-		UDPPeerUnknown:  s.UDPPeerUnknown,
-		UDPPeerDropped:  s.PendingInsertFailed,
-		RecursionMisses: s.RecursionMisses,
+		FlowMapFull:       s.FlowMapFull,
+		FlowAllocFailed:   s.FlowAllocFailed,
+		PortMapFull:       s.PortMapFull,
+		UDPPeerUnknown:    s.UDPPeerUnknown,
+		SockStorageFailed: s.SockStorageFailed,
+		RecursionMisses:   s.RecursionMisses,
 	}
 }
 
 func (l Losses) minus(o Losses) Losses {
 	return Losses{
-		FlowMapFull:     l.FlowMapFull - o.FlowMapFull,
-		PortMapFull:     l.PortMapFull - o.PortMapFull,
-		UDPPeerUnknown:  l.UDPPeerUnknown - o.UDPPeerUnknown,
-		UDPPeerDropped:  l.UDPPeerDropped - o.UDPPeerDropped,
-		RecursionMisses: l.RecursionMisses - o.RecursionMisses,
+		FlowMapFull:       l.FlowMapFull - o.FlowMapFull,
+		FlowAllocFailed:   l.FlowAllocFailed - o.FlowAllocFailed,
+		PortMapFull:       l.PortMapFull - o.PortMapFull,
+		UDPPeerUnknown:    l.UDPPeerUnknown - o.UDPPeerUnknown,
+		SockStorageFailed: l.SockStorageFailed - o.SockStorageFailed,
+		RecursionMisses:   l.RecursionMisses - o.RecursionMisses,
 	}
 }
 
@@ -117,60 +129,159 @@ type Tracer struct {
 	seedErr  error
 	lastLoss Losses
 	procs    procCache
+	routes   *sourceCache
 }
 
-// New loads and attaches the kernel programs, then seeds the listening-port
-// table from the sockets that already exist. Close it when done.
+// New loads and attaches the kernel programs, then takes in the sockets
+// that already exist (listening ports, open connections). Close it when
+// done.
 func New(cfg Config) (*Tracer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	b, err := bundler.Load(cfg.bundlerConfig())
 	if err != nil {
+		var rh *bundler.RequiredHookError
+		if errors.As(err, &rh) {
+			return nil, &RequiredHookError{Hook: Hook(rh.Hook)}
+		}
 		return nil, err
 	}
-	t := &Tracer{cfg: cfg, b: b, procs: procCache{}}
-	t.seed, t.seedErr = b.Seed()
+	t := &Tracer{cfg: cfg, b: b, procs: procCache{}, routes: newSourceCache()}
+	// An adopted kernel side has its sockets tagged already.
+	if !b.Adoption().Adopted {
+		t.seed, t.seedErr = b.Seed()
+	}
 	return t, nil
 }
 
-// Close detaches every program.
+// Close detaches every program and removes the pins, if any.
 func (t *Tracer) Close() error { return t.b.Close() }
+
+// Release ends this process's use of a pinned kernel side but leaves it
+// attached and counting, for the next process with the same PinPath to
+// adopt. Without PinPath it is Close.
+func (t *Tracer) Release() {
+	if t.cfg.PinPath == "" {
+		t.b.Close()
+		return
+	}
+	t.b.Release()
+}
+
+// Adoption says what New found at Config.PinPath.
+type Adoption struct {
+	// Adopted: a kernel side left by a previous process was taken over;
+	// what it counted since is in the first Collect.
+	Adopted bool
+	// Replaced says why a pinned kernel side was removed instead (another
+	// deptrace build, other map sizes); "" if none was.
+	Replaced string
+	// Salvaged flows were read from the replaced side (in the first
+	// Collect); Unreadable entries were lost with it.
+	Salvaged, Unreadable int
+	// MountedBPFFS: bpffs was not mounted at the pin path's parent, and
+	// New mounted it.
+	MountedBPFFS bool
+}
+
+// Adoption reports what New found at Config.PinPath.
+func (t *Tracer) Adoption() Adoption {
+	a := t.b.Adoption()
+	return Adoption{Adopted: a.Adopted, Replaced: a.Replaced, Salvaged: len(a.Salvaged), Unreadable: a.Unreadable, MountedBPFFS: a.MountedBPFFS}
+}
+
+// Cleanup removes a kernel side left pinned at pinPath (by a process that
+// was killed or released it). It refuses while a process owns it.
+func Cleanup(pinPath string) (found bool, err error) { return bundler.Cleanup(pinPath) }
 
 // Config returns the configuration in force.
 func (t *Tracer) Config() Config { return t.cfg }
 
-// Hook is one kernel hook and whether it is active here.
-type Hook = bundler.Hook
+// Hook is one kernel hook and whether it is active on this kernel.
+type Hook struct {
+	Program  string
+	Hook     string // attach point, e.g. tp_btf/inet_sock_set_state
+	Active   bool
+	Required bool
+	Provides string // what users lose without it
+	Reason   string // why it is inactive, one line
+	Log      string // the verifier's full log when it rejected the program
+}
+
+// RequiredHookError is returned by New when a hook deptrace cannot run
+// without is unavailable on this kernel; Hook.Log holds the verifier log.
+type RequiredHookError struct{ Hook Hook }
+
+func (e *RequiredHookError) Error() string {
+	return fmt.Sprintf("required hook %s is unavailable: %s", e.Hook.Hook, e.Hook.Reason)
+}
 
 // Hooks lists every hook with its state on this kernel.
-func (t *Tracer) Hooks() []Hook { return t.b.Hooks() }
+func (t *Tracer) Hooks() []Hook {
+	var out []Hook
+	for _, h := range t.b.Hooks() {
+		out = append(out, Hook(h))
+	}
+	return out
+}
 
-// Seeded reports how many pre-existing listening ports were found, and the
-// error if seeding failed (the tracer still runs; older connections may
-// then get the wrong direction).
+// Seeded reports how many namespaces and pre-existing listening ports were
+// found, and the error if seeding failed (the tracer still runs; older
+// connections may then get the wrong direction).
 func (t *Tracer) Seeded() (namespaces, ports int, err error) {
 	return t.seed.Namespaces, t.seed.Ports, t.seedErr
 }
 
-// Stats are cumulative kernel counters, for diagnostics.
-type Stats = bundler.Stats
+// Stats are cumulative kernel-side counters, for diagnostics.
+type Stats struct {
+	Lost Losses
+	// Programs holds each program's run count and run time; they grow only
+	// while kernel.bpf_stats_enabled is on.
+	Programs map[string]ProgramStats
+}
+
+// ProgramStats are one kernel program's statistics.
+type ProgramStats struct {
+	RunCount        uint64
+	RunTime         time.Duration
+	RecursionMisses uint64
+}
 
 // Stats returns cumulative loss counters and per-program statistics.
-func (t *Tracer) Stats() (Stats, error) { return t.b.Stats() }
+func (t *Tracer) Stats() (Stats, error) {
+	s, err := t.b.Stats()
+	out := Stats{Lost: lossesOf(s), Programs: map[string]ProgramStats{}}
+	for n, p := range s.Programs {
+		out.Programs[n] = ProgramStats(p)
+	}
+	return out, err
+}
 
-// Port is one listening port known to the kernel side.
-type Port = bundler.Port
+// Port is one TCP listening port known to the kernel side.
+type Port struct {
+	NetNS uint32
+	Proto string
+	Port  uint16
+	Refs  uint32 // listening sockets on the port
+	PID   uint32 // the process that last started listening; 0 if unknown
+	Comm  string
+}
 
 // ListeningPorts lists the listening-port table.
-func (t *Tracer) ListeningPorts() ([]Port, error) { return t.b.Ports() }
+func (t *Tracer) ListeningPorts() ([]Port, error) {
+	ports, err := t.b.Ports()
+	out := make([]Port, len(ports))
+	for i, p := range ports {
+		out[i] = Port{NetNS: p.NetNS, Proto: protoName(p.Proto), Port: p.Port, Refs: p.Refs, PID: p.PID, Comm: p.Comm}
+	}
+	return out, err
+}
 
-// BatchDrain reports whether drains use batch lookup-and-delete.
-func (t *Tracer) BatchDrain() bool { return t.b.BatchSupported() }
-
-// Collect drains the flows bundled since the previous call.
+// Collect ends an interval: it harvests live sockets, drains the flows
+// bundled since the previous call and reports every listener.
 func (t *Tracer) Collect() (Interval, error) {
-	entries, drainErr := t.b.Drain()
+	entries, listeners, drainErr := t.b.Drain()
 	now := time.Now()
 	offset := bootToWall(now)
 	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries))}
@@ -187,23 +298,34 @@ func (t *Tracer) Collect() (Interval, error) {
 			PID:        e.PID,
 			Comm:       e.Comm,
 			CgroupID:   e.CgroupID,
-			Counters: Counters{
-				Connections:       e.Connections,
-				FailedConnections: e.FailedConnections,
-				BytesSent:         e.BytesSent,
-				BytesReceived:     e.BytesReceived,
-			},
-			FirstSeen: time.Unix(0, int64(e.FirstSeenBootNs)+offset),
-			LastSeen:  time.Unix(0, int64(e.LastSeenBootNs)+offset),
+			Counters:   countersOf(e.Counts),
+			FirstSeen:  time.Unix(0, int64(e.FirstSeenBootNs)+offset),
+			LastSeen:   time.Unix(0, int64(e.LastSeenBootNs)+offset),
 		}
-		// An entry created only to name the process of a connect() still
-		// in progress carries no counts: it is not a flow yet.
-		if f.Connections == 0 && f.FailedConnections == 0 && f.BytesSent == 0 && f.BytesReceived == 0 {
-			t.procs.remember(f)
-			continue
+		if f.Counters.IsZero() {
+			continue // a retained entry whose flow was idle
+		}
+		if e.Proto == bundler.ProtoUnix {
+			f.LocalAddr, f.RemoteAddr = "", e.Path
+			if f.Direction == Inbound {
+				f.LocalAddr, f.RemoteAddr = e.Path, ""
+			}
+			f.PeerPID, f.PeerComm = e.PeerPID, e.PeerComm
+		}
+		if f.Proto == ProtoUDP && e.Local.IsUnspecified() {
+			// An unconnected socket bound to a wildcard: the kernel picks
+			// the source per datagram by routing; ask the same routing.
+			if src, ok := t.routes.source(e.NetNS, e.Remote); ok {
+				f.LocalAddr = src.String()
+			}
 		}
 		t.procs.fill(&f)
 		iv.Flows = append(iv.Flows, f)
+	}
+	for _, l := range listeners {
+		iv.Listeners = append(iv.Listeners, Listener{Kind: KindListener, Time: now, NetNS: l.NetNS, Proto: ProtoTCP,
+			LocalAddr: l.Local.String(), Port: l.Port, PID: l.PID, Comm: l.Comm,
+			BacklogLimit: l.BacklogLimit, QueueMax: queueMax(l), Drops: l.Drops})
 	}
 	stats, err := t.b.Stats()
 	if err == nil {
@@ -215,6 +337,37 @@ func (t *Tracer) Collect() (Interval, error) {
 		return iv, drainErr
 	}
 	return iv, err
+}
+
+// queueMax is the deepest accept queue the interval is known to have had:
+// the queue at the drain, or the full backlog when connections were
+// dropped because it was full.
+func queueMax(l bundler.Listener) uint32 {
+	if l.Drops > 0 {
+		return max(l.Queue, l.BacklogLimit)
+	}
+	return l.Queue
+}
+
+func countersOf(c bundler.Counts) Counters {
+	return Counters{
+		Connections:         c.Connections,
+		FailedConnections:   c.FailedConnections,
+		FailedRefused:       c.FailedRefused,
+		FailedTimeout:       c.FailedTimeout,
+		FailedReset:         c.FailedReset,
+		FailedUnreachable:   c.FailedUnreachable,
+		BytesSent:           c.BytesSent,
+		BytesReceived:       c.BytesReceived,
+		DatagramsSent:       c.DatagramsSent,
+		DatagramsReceived:   c.DatagramsReceived,
+		ConnectLatencyCount: c.LatencyCount,
+		ConnectLatencySumUs: c.LatencySumUs,
+		ConnectLatencyMaxUs: c.LatencyMaxUs,
+		ResetsSent:          c.ResetsSent,
+		ResetsReceived:      c.ResetsReceived,
+		Retransmits:         c.Retransmits,
+	}
 }
 
 // Run drains every interval and calls emit with the result until ctx is
@@ -258,6 +411,8 @@ func protoName(p uint8) string {
 		return ProtoTCP
 	case unix.IPPROTO_UDP:
 		return ProtoUDP
+	case bundler.ProtoUnix:
+		return ProtoUnix
 	}
 	return fmt.Sprintf("proto%d", p)
 }

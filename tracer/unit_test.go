@@ -42,7 +42,7 @@ func TestProcCacheNamesSoftirqOnlyFlows(t *testing.T) {
 }
 
 func TestLossesArithmetic(t *testing.T) {
-	a := Losses{FlowMapFull: 5, PortMapFull: 1, UDPPeerUnknown: 2, UDPPeerDropped: 3, RecursionMisses: 4}
+	a := Losses{FlowMapFull: 5, PortMapFull: 1, UDPPeerUnknown: 2, SockStorageFailed: 3, RecursionMisses: 4}
 	b := Losses{FlowMapFull: 2, RecursionMisses: 1}
 	d := a.minus(b)
 	if d.FlowMapFull != 3 || d.RecursionMisses != 3 || d.Total() != 3+1+2+3+3 {

@@ -19,8 +19,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/deptrace/deptrace/internal/bench"
-	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/internal/cli"
+	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/loadgen"
 )
 
@@ -149,6 +149,8 @@ func newBenchServeCmd() *cobra.Command {
 func newBenchOverheadCmd() *cobra.Command {
 	cfg := bench.OverheadConfig{}
 	var workloads string
+	var pairs int
+	var pairPhase time.Duration
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -158,13 +160,15 @@ of every kernel program), and without deptrace again (the noise floor). It
 prints Markdown tables for docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := bundler.CheckCapabilities(); err != nil {
+			if err := kernel.CheckCapabilities(); err != nil {
 				return err
 			}
 			if cfg.Duration < time.Second || cfg.Duration > time.Hour {
 				return fmt.Errorf("invalid --duration %s: allowed 1s to 1h", cfg.Duration)
 			}
-			cfg.Workloads = strings.Split(workloads, ",")
+			if workloads != "" {
+				cfg.Workloads = strings.Split(workloads, ",")
+			}
 			probe := loadgen.Config{Concurrency: cfg.Concurrency, MsgSize: cfg.MsgSize, Duration: cfg.Duration, Addrs: []string{"127.0.0.1:1"}}
 			for _, w := range cfg.Workloads {
 				probe.Workload = w
@@ -177,19 +181,43 @@ prints Markdown tables for docs/performance.md.`,
 				return fmt.Errorf("find own binary: %w", err)
 			}
 			cfg.LoadCommand = []string{self, "load"}
-			ms, err := bench.Overhead(cmd.Context(), cfg, os.Stderr)
-			if err != nil {
-				return err
+			if pairs < 0 || pairs > 1000 {
+				return fmt.Errorf("invalid --pairs %d: allowed 0 (skip the whole-machine measurement) to 1000", pairs)
 			}
-			bench.WriteMarkdown(os.Stdout, ms, cfg)
+			if workloads != "" {
+				ms, err := bench.Overhead(cmd.Context(), cfg, os.Stderr)
+				if err != nil {
+					return err
+				}
+				bench.WriteMarkdown(os.Stdout, ms, cfg)
+			}
+			if pairs > 0 {
+				rs, err := bench.Paired(cmd.Context(), cfg.LoadCommand, pairedLoads, pairs, pairPhase, os.Stderr)
+				if err != nil {
+					return err
+				}
+				fmt.Println()
+				bench.WritePairedMarkdown(os.Stdout, rs, pairs, pairPhase)
+			}
 			return nil
 		},
 	}
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", 10*time.Second, "length of each phase (1s to 1h)")
 	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "clients (short-lived) and connections (persistent)")
 	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response")
-	cmd.Flags().StringVar(&workloads, "workloads", loadgen.TCPShort+","+loadgen.TCPPersistent+","+loadgen.UDP, "comma list of workloads")
+	cmd.Flags().StringVar(&workloads, "workloads", loadgen.TCPShort+","+loadgen.TCPPersistent+","+loadgen.UDP, "comma list of workloads for the bpf_stats view (empty: skip it)")
+	cmd.Flags().Float64Var(&cfg.Rate, "rate", 0, "pace the bpf_stats view's load (round trips/s; 0: flat out)")
+	cmd.Flags().IntVar(&pairs, "pairs", 10, "interleaved untraced/traced pairs per load of the whole-machine measurement (0 skips it)")
+	cmd.Flags().DurationVar(&pairPhase, "pair-phase", 3*time.Second, "length of each run of a pair")
 	return cmd
+}
+
+// pairedLoads are the fixed-rate loads of the whole-machine measurement.
+var pairedLoads = []bench.PairedLoad{
+	{Name: "short-lived TCP", Workload: loadgen.TCPShort, Rate: 5000},
+	{Name: "persistent TCP", Workload: loadgen.TCPPersistent, Rate: 40000},
+	{Name: "UDP, new socket per round trip", Workload: loadgen.UDP, Rate: 5000},
+	{Name: "short-lived TCP, 1,000 client hosts", Workload: loadgen.TCPShort, Rate: 5000, Clients: 1000},
 }
 
 func newBenchCompareCmd() *cobra.Command {
@@ -211,7 +239,7 @@ results.json and PNG plots go to --out.`,
   deptrace-bench compare --workloads tcp-short --rates 1000,5000 --peers "" --duration 3s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := bundler.CheckCapabilities(); err != nil {
+			if err := kernel.CheckCapabilities(); err != nil {
 				return err
 			}
 			var err error

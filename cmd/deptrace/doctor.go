@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/agent"
-	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -86,16 +86,16 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	_ = unix.Uname(&uts)
 	fmt.Fprintf(out, "kernel        %s %s\n", unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Machine[:]))
 	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
-		fmt.Fprintf(out, "btf           missing: %v\n", bundler.ErrNoBTF)
+		fmt.Fprintf(out, "btf           missing: %v\n", kernel.ErrNoBTF)
 	} else {
 		fmt.Fprintln(out, "btf           /sys/kernel/btf/vmlinux")
 	}
-	if err := bundler.CheckCapabilities(); err != nil {
+	if err := kernel.CheckCapabilities(); err != nil {
 		fmt.Fprintf(out, "capabilities  %v\n", err)
 	} else {
 		fmt.Fprintln(out, "capabilities  CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN")
 	}
-	if root, err := bundler.CgroupV2Root(); err != nil {
+	if root, err := kernel.CgroupV2Root(); err != nil {
 		fmt.Fprintf(out, "cgroup v2     %v (UDP hooks unavailable)\n", err)
 	} else {
 		fmt.Fprintf(out, "cgroup v2     %s\n", root)
@@ -108,7 +108,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	t, err := tracer.New(cfg)
 	if err != nil {
 		fmt.Fprintf(out, "\nbundler       cannot load: %v\n", err)
-		var hookErr *bundler.RequiredHookError
+		var hookErr *tracer.RequiredHookError
 		if errors.As(err, &hookErr) && hookErr.Hook.Log != "" {
 			fmt.Fprintf(out, "verifier log:\n%s\n", hookErr.Hook.Log)
 		}
@@ -147,11 +147,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintf(out, "seeding       %d listening ports found in %d network namespaces\n", ports, nsCount)
 	}
 	if lp, err := t.ListeningPorts(); err == nil {
-		byProto := map[uint8]int{}
-		for _, p := range lp {
-			byProto[p.Proto]++
-		}
-		fmt.Fprintf(out, "port table    %d TCP listening, %d UDP bound (of %d)\n", byProto[unix.IPPROTO_TCP], byProto[unix.IPPROTO_UDP], cfg.PortMapSize)
+		fmt.Fprintf(out, "port table    %d TCP listening ports (of %d)\n", len(lp), cfg.PortMapSize)
 	}
 
 	if sample > 0 {
@@ -164,22 +160,19 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	if err != nil {
 		return err
 	}
-	drain := "batch lookup-and-delete"
-	if !t.BatchDrain() {
-		drain = "iterate-and-delete (no batch operations on this kernel)"
-	}
-	fmt.Fprintf(out, "drain         %s; %d bundled flows in a %s sample\n", drain, len(iv.Flows), sample)
+	fmt.Fprintf(out, "drain         %d bundled flows and %d listeners in a %s sample\n", len(iv.Flows), len(iv.Listeners), sample)
 
 	st, err := t.Stats()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "\nLOSS COUNTERS (since load)")
-	fmt.Fprintf(out, "flow map full        %d\n", st.FlowInsertFailed)
-	fmt.Fprintf(out, "port table full      %d\n", st.PortInsertFailed)
-	fmt.Fprintf(out, "udp peer unknown     %d\n", st.UDPPeerUnknown)
-	fmt.Fprintf(out, "udp peer dropped     %d\n", st.PendingInsertFailed)
-	fmt.Fprintf(out, "recursion misses     %d\n", st.RecursionMisses)
+	fmt.Fprintf(out, "flow map full        %d\n", st.Lost.FlowMapFull)
+	fmt.Fprintf(out, "flow alloc failed    %d\n", st.Lost.FlowAllocFailed)
+	fmt.Fprintf(out, "port table full      %d\n", st.Lost.PortMapFull)
+	fmt.Fprintf(out, "udp peer unknown     %d\n", st.Lost.UDPPeerUnknown)
+	fmt.Fprintf(out, "sock storage failed  %d\n", st.Lost.SockStorageFailed)
+	fmt.Fprintf(out, "recursion misses     %d\n", st.Lost.RecursionMisses)
 
 	names := make([]string, 0, len(st.Programs))
 	for n := range st.Programs {

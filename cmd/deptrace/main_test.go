@@ -77,7 +77,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "--interval", "10ms"}, nil, "invalid --interval 10ms: allowed 100ms to 1h0m0s"},
 		{[]string{"trace", "--output", "xml"}, nil, `invalid --output "xml": allowed table, jsonl`},
 		{[]string{"trace", "--port", "0"}, nil, `invalid --port "0": allowed 1 to 65535`},
-		{[]string{"trace", "--proto", "sctp"}, nil, `invalid --proto "sctp": allowed tcp, udp, all`},
+		{[]string{"trace", "--proto", "sctp"}, nil, `invalid --proto "sctp": allowed tcp, udp, unix, all`},
 		{[]string{"trace", "--flow-map-size", "1"}, nil, "invalid --flow-map-size 1: allowed 64 to 4194304"},
 		{[]string{"trace", "--duration", "-1s"}, nil, "invalid --duration -1s"},
 		{[]string{"trace", "--netns", "no-such-ns-xyz"}, nil, `invalid --netns "no-such-ns-xyz"`},
@@ -201,12 +201,20 @@ func TestTraceJSONL(t *testing.T) {
 
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	var conns = map[uint32]uint64{}
+	listeners := 0
 	for _, line := range strings.Split(strings.TrimSpace(p.stdout.String()), "\n") {
 		var f tracer.Flow
 		if err := json.Unmarshal([]byte(line), &f); err != nil {
 			t.Fatalf("line %q: %v", line, err)
 		}
-		if f.Proto != "tcp" || f.Port != 8443 {
+		if f.Kind == tracer.KindListener {
+			if f.Port != 8443 || f.NetNS != b.Inode {
+				t.Errorf("listener record %s", line)
+			}
+			listeners++
+			continue
+		}
+		if f.Kind != tracer.KindFlow || f.Proto != "tcp" || f.Port != 8443 {
 			t.Errorf("filter let through %+v", f)
 		}
 		if f.NetNS == a.Inode && f.Direction != "outbound" || f.NetNS == b.Inode && f.Direction != "inbound" {
@@ -216,6 +224,9 @@ func TestTraceJSONL(t *testing.T) {
 	}
 	if conns[a.Inode] != 5 || conns[b.Inode] != 5 {
 		t.Errorf("connections per host %v; want 5 on %d and %d\n%s", conns, a.Inode, b.Inode, p.stdout.String())
+	}
+	if listeners == 0 {
+		t.Errorf("no listener record for the server's port 8443:\n%s", p.stdout.String())
 	}
 }
 
@@ -259,7 +270,7 @@ func TestDoctor(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"active  tp_btf/inet_sock_set_state", "active  iter/tcp", "LOSS COUNTERS", "flow map full        0", "batch lookup-and-delete"} {
+	for _, want := range []string{"active  tp_btf/inet_sock_set_state", "active  iter/tcp", "LOSS COUNTERS", "active  iter/bpf_sk_storage_map", "flow map full        0", "sock storage failed  0", "listeners in a 100ms sample"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, stdout)
 		}

@@ -66,7 +66,8 @@ func scrapeMetrics(t *testing.T, url string) map[string]float64 {
 // pingPong makes n TCP connections from a to b:port; on each the client
 // sends "ping!" (5 bytes) and the server, having read them, answers
 // "pong" (4 bytes), which the client reads: every byte is sent and read.
-func pingPong(t *testing.T, a, b *testnet.Host, port, n int) {
+// It returns the listening socket, still open.
+func pingPong(t *testing.T, a, b *testnet.Host, port, n int) net.Listener {
 	t.Helper()
 	addr := fmt.Sprintf("%s:%d", b.IPv4, port)
 	ln := b.Listen(t, "tcp4", addr)
@@ -110,6 +111,7 @@ func pingPong(t *testing.T, a, b *testnet.Host, port, n int) {
 			t.Fatal(err)
 		}
 	}
+	return ln
 }
 
 // The agent's /metrics counts exactly the traffic made in two test hosts,
@@ -129,7 +131,7 @@ func TestAgentMetricsCountTraffic(t *testing.T) {
 	url := m[1]
 
 	const port, n = 7300, 7
-	pingPong(t, a, b, port, n)
+	ln := pingPong(t, a, b, port, n)
 
 	comm, err := os.ReadFile("/proc/self/comm")
 	if err != nil {
@@ -183,6 +185,12 @@ func TestAgentMetricsCountTraffic(t *testing.T) {
 	if s := dump(got, a.Name, b.Name); strings.Contains(s, fmt.Sprintf(`"%s"`, a.IPv4)) {
 		t.Errorf("the client address is a label without --metrics-client-addr:\n%s", s)
 	}
+	// The listening socket: its backlog and no drops.
+	lis := fmt.Sprintf(`{host="metricstest/%s",port="%d",process=%q}`, b.Name, port, proc)
+	if got["deptrace_listener_backlog_limit"+lis] < 1 || got["deptrace_listener_drops_total"+lis] != 0 {
+		t.Errorf("listener %s: backlog %v, drops %v; want a backlog and no drops\n%s", lis,
+			got["deptrace_listener_backlog_limit"+lis], got["deptrace_listener_drops_total"+lis], dump(got, b.Name))
+	}
 	for _, k := range []string{`deptrace_events_lost_total{reason="flow_map_full"}`, `deptrace_drain_duration_seconds_count{}`, `deptrace_flows_total{}`, `deptrace_flow_map_capacity{}`} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("self-metric %s missing", k)
@@ -192,7 +200,9 @@ func TestAgentMetricsCountTraffic(t *testing.T) {
 		t.Errorf("drains not counted: %v drains, %v flows", got[`deptrace_drain_duration_seconds_count{}`], got[`deptrace_flows_total{}`])
 	}
 
-	// Idle: both series go after the 3 s TTL.
+	// Idle, the listener closed: every series of the two hosts goes after
+	// the 3 s TTL.
+	ln.Close()
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		got = scrapeMetrics(t, url)

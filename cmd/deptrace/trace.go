@@ -70,7 +70,7 @@ partial interval before exiting.`,
 	cmd.Flags().DurationVar(&interval, "interval", time.Second, "time between two drains of the kernel map (100ms to 1h)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "stop after this long; 0 runs until interrupted")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: "+strings.Join(output.Formats, ", "))
-	cmd.Flags().StringVar(&proto, "proto", "all", "protocols to show: tcp, udp, all (comma list)")
+	cmd.Flags().StringVar(&proto, "proto", "all", "protocols to show: tcp, udp, unix, all (comma list)")
 	cmd.Flags().StringSliceVar(&ports, "port", nil, "server ports to show (comma list); default all")
 	return cmd
 }
@@ -112,7 +112,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 			lost += l.Total()
 			log.Warn("events lost this interval", lossAttrs(l, cfg)...)
 		}
-		return w.Write(shown)
+		return w.Write(shown, filter.ApplyListeners(iv.Listeners))
 	})
 	log.Info("stopped", "flows", flows, "events_lost", lost)
 	return err
@@ -129,8 +129,11 @@ func lossAttrs(l tracer.Losses, cfg tracer.Config) []any {
 	if l.UDPPeerUnknown > 0 {
 		attrs = append(attrs, "udp_peer_unknown", l.UDPPeerUnknown)
 	}
-	if l.UDPPeerDropped > 0 {
-		attrs = append(attrs, "udp_peer_dropped", l.UDPPeerDropped)
+	if l.FlowAllocFailed > 0 {
+		attrs = append(attrs, "flow_alloc_failed", l.FlowAllocFailed)
+	}
+	if l.SockStorageFailed > 0 {
+		attrs = append(attrs, "sock_storage_failed", l.SockStorageFailed)
 	}
 	if l.RecursionMisses > 0 {
 		attrs = append(attrs, "recursion_misses", l.RecursionMisses)

@@ -89,6 +89,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
 	err = runTimed(ctx, t, func(iv tracer.Interval, took time.Duration) error {
 		m.ObserveInterval(iv, hostID, took)
+		m.ObserveListeners(iv.Listeners, hostID)
 		if l := iv.Lost; l.Total() > 0 {
 			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
 		}
@@ -106,7 +107,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			if ports, err := t.ListeningPorts(); err == nil {
 				for _, p := range ports {
 					proto := tracer.ProtoTCP
-					if p.Proto == 17 {
+					if p.Proto == tracer.ProtoUDP {
 						proto = tracer.ProtoUDP
 					}
 					b.Services = append(b.Services, store.Service{HostID: ids.host(p.NetNS).ID, Proto: proto, Port: p.Port, Comm: p.Comm, LastSeen: iv.Time})

@@ -6,9 +6,10 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/deptrace/deptrace/internal/baseline/fivetuple"
+	"github.com/deptrace/deptrace/internal/baseline/perevent"
 	"github.com/deptrace/deptrace/internal/baseline/poll"
 	"github.com/deptrace/deptrace/internal/baseline/stream"
-	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -47,23 +48,49 @@ func NewMethod(name string) (Method, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &statsMethod{name: Streaming, collect: m.Collect, stats: m.Stats, close: m.Close}, nil
-	case FiveTuple, Bundling:
-		cfg := tracer.DefaultConfig()
-		cfg.FiveTuple = name == FiveTuple
-		if cfg.FiveTuple {
-			// One entry per connection (and per UDP client socket) each
-			// interval, both ends on this host: room for the top rates.
-			cfg.FlowMapSize = 1 << 17
-		}
-		t, err := tracer.New(cfg)
+		return perEventMethod(Streaming, m.Collect, m.Stats, m.Close), nil
+	case FiveTuple:
+		m, err := fivetuple.New()
 		if err != nil {
 			return nil, err
 		}
-		return &statsMethod{name: name, stats: t.Stats, close: t.Close,
-			collect: func() ([]tracer.Flow, error) { iv, err := t.Collect(); return iv.Flows, err }}, nil
+		return perEventMethod(FiveTuple, m.Collect, m.Stats, m.Close), nil
+	case Bundling:
+		t, err := tracer.New(tracer.DefaultConfig())
+		if err != nil {
+			return nil, err
+		}
+		return &statsMethod{name: name, close: t.Close,
+			collect: func() ([]tracer.Flow, error) { iv, err := t.Collect(); return iv.Flows, err },
+			stats: func() (map[string]ProgramRuns, uint64, error) {
+				s, err := t.Stats()
+				runs := map[string]ProgramRuns{}
+				for n, p := range s.Programs {
+					runs[n] = ProgramRuns{p.RunCount, p.RunTime}
+				}
+				return runs, s.Lost.Total(), err
+			}}, nil
 	}
 	return nil, fmt.Errorf("invalid method %q: allowed %v", name, Methods)
+}
+
+// perEventMethod wraps a baseline built on the per-call kernel side.
+func perEventMethod(name string, collect func() ([]tracer.Flow, error), stats func() (perevent.Stats, error), closeFn func() error) Method {
+	return &statsMethod{name: name, collect: collect, close: closeFn,
+		stats: func() (map[string]ProgramRuns, uint64, error) {
+			s, err := stats()
+			runs := map[string]ProgramRuns{}
+			for n, p := range s.Programs {
+				runs[n] = ProgramRuns{p.RunCount, p.RunTime}
+			}
+			return runs, s.Lost(), err
+		}}
+}
+
+// ProgramRuns are one kernel program's cumulative run count and run time.
+type ProgramRuns struct {
+	Count uint64
+	Time  time.Duration
 }
 
 // progMethod adapts the baselines, which expose their programs.
@@ -96,13 +123,11 @@ func (p progMethod) KernelTime() (uint64, time.Duration, error) {
 	return runs, total, nil
 }
 
-// statsMethod is a method built on the bundler object (bundling, per
-// 5-tuple, streaming): its kernel time and losses come from the bundler's
-// statistics.
+// statsMethod is a method whose kernel programs report their statistics.
 type statsMethod struct {
 	name    string
 	collect func() ([]tracer.Flow, error)
-	stats   func() (bundler.Stats, error)
+	stats   func() (map[string]ProgramRuns, uint64, error)
 	close   func() error
 }
 
@@ -111,23 +136,23 @@ func (m *statsMethod) Collect() ([]tracer.Flow, error) { return m.collect() }
 func (m *statsMethod) Close() error                    { return m.close() }
 
 func (m *statsMethod) KernelTime() (uint64, time.Duration, error) {
-	s, err := m.stats()
+	progs, _, err := m.stats()
 	if err != nil {
 		return 0, 0, err
 	}
 	var runs uint64
 	var total time.Duration
-	for _, p := range s.Programs {
-		runs += p.RunCount
-		total += p.RunTime
+	for _, p := range progs {
+		runs += p.Count
+		total += p.Time
 	}
 	return runs, total, nil
 }
 
 func (m *statsMethod) Losses() uint64 {
-	s, err := m.stats()
+	_, lost, err := m.stats()
 	if err != nil {
 		return 0
 	}
-	return s.Lost()
+	return lost
 }

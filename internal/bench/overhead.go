@@ -29,6 +29,8 @@ type OverheadConfig struct {
 	Concurrency int           // short-lived clients, and persistent connections
 	MsgSize     int
 	Workloads   []string
+	// Rate paces the load (round trips per second); 0 runs it flat out.
+	Rate float64
 	// LoadCommand starts the load generator as its own process (so its CPU
 	// is not the agent's); it gets `--workload ... --json` appended.
 	LoadCommand []string
@@ -118,7 +120,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 				drains++
 				flows += len(iv.Flows)
 				lost += iv.Lost.Total()
-				return sink.Write(iv.Flows)
+				return sink.Write(iv.Flows, iv.Listeners)
 			})
 		}()
 		close := func() { stopAgent(); <-agentDone; t.Close() }
@@ -199,7 +201,8 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 func runLoad(ctx context.Context, cfg OverheadConfig, workload string) (loadgen.Result, error) {
 	args := append([]string{}, cfg.LoadCommand[1:]...)
 	args = append(args, "--workload", workload, "--concurrency", strconv.Itoa(cfg.Concurrency),
-		"--msg-size", strconv.Itoa(cfg.MsgSize), "--duration", cfg.Duration.String(), "--serve", "127.0.0.1:0", "--output", "json")
+		"--msg-size", strconv.Itoa(cfg.MsgSize), "--duration", cfg.Duration.String(), "--serve", "127.0.0.1:0", "--output", "json",
+		"--rate", strconv.FormatFloat(cfg.Rate, 'f', -1, 64))
 	return runLoadProcess(ctx, cfg.LoadCommand[0], args)
 }
 

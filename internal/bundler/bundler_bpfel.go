@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bundlerDirection uint32
+
+const (
+	bundlerDirectionDIR_OUTBOUND bundlerDirection = 1
+	bundlerDirectionDIR_INBOUND  bundlerDirection = 2
+)
+
 type bundlerFlowKey struct {
 	_          structs.HostLayout
 	Netns      uint32
@@ -21,23 +28,40 @@ type bundlerFlowKey struct {
 	Direction  uint8
 	LocalAddr  [16]uint8
 	RemoteAddr [16]uint8
-	ClientPort uint16
-	Pad        uint16
 }
+
+type bundlerFlowProto uint32
+
+const (
+	bundlerFlowProtoPROTO_UNIX bundlerFlowProto = 1
+)
 
 type bundlerFlowValue struct {
 	_                 structs.HostLayout
 	Connections       uint64
 	FailedConnections uint64
+	FailedRefused     uint64
+	FailedTimeout     uint64
+	FailedReset       uint64
+	FailedUnreachable uint64
 	BytesSent         uint64
 	BytesReceived     uint64
+	DatagramsSent     uint64
+	DatagramsReceived uint64
+	LatencyCount      uint64
+	LatencySumUs      uint64
+	LatencyMaxUs      uint64
+	ResetsSent        uint64
+	ResetsReceived    uint64
+	Retransmits       uint64
 	FirstSeenNs       uint64
 	LastSeenNs        uint64
 	LastJiffies       uint64
 	CgroupId          uint64
 	Pid               uint32
-	Pad               uint32
+	PeerPid           uint32
 	Comm              [16]int8
+	PeerComm          [16]int8
 }
 
 type bundlerListenRecord struct {
@@ -46,6 +70,20 @@ type bundlerListenRecord struct {
 	Port  uint16
 	Proto uint8
 	Pad   uint8
+}
+
+type bundlerListenerRecord struct {
+	_            structs.HostLayout
+	Netns        uint32
+	Port         uint16
+	Pad          [2]uint8
+	LocalAddr    [16]uint8
+	BacklogLimit uint32
+	Queue        uint32
+	Drops        uint64
+	Pid          uint32
+	Pad2         uint32
+	Comm         [16]int8
 }
 
 type bundlerPortKey struct {
@@ -64,68 +102,89 @@ type bundlerPortValue struct {
 	Comm     [16]int8
 }
 
+type bundlerSockState struct {
+	_                 structs.HostLayout
+	Key               bundlerFlowKey
+	Kind              uint32
+	Pid               uint32
+	Comm              [16]int8
+	CgroupId          uint64
+	SynNs             uint64
+	BaseAcked         uint64
+	BaseReceived      uint64
+	BaseUna           uint32
+	Counting          uint32
+	RepSent           uint64
+	RepReceived       uint64
+	LastRawReceived   uint64
+	RepRetrans        uint32
+	OpenPending       uint32
+	LatencyUs         uint32
+	Pad               uint32
+	UdpBytesSent      uint64
+	UdpBytesReceived  uint64
+	UdpDgramsSent     uint64
+	UdpDgramsReceived uint64
+	UdpDaddr          [16]uint8
+	UdpDport          uint16
+	PeerPort          uint16
+	Tid               uint32
+	Peer              [16]uint8
+	RepDrops          uint64
+}
+
 type bundlerStatIndex uint32
 
 const (
-	bundlerStatIndexSTAT_FLOW_INSERT_FAILED    bundlerStatIndex = 0
-	bundlerStatIndexSTAT_PORT_INSERT_FAILED    bundlerStatIndex = 1
-	bundlerStatIndexSTAT_UDP_PEER_UNKNOWN      bundlerStatIndex = 2
-	bundlerStatIndexSTAT_PENDING_INSERT_FAILED bundlerStatIndex = 3
-	bundlerStatIndexSTAT_STREAM_DROPPED        bundlerStatIndex = 4
-	bundlerStatIndexSTAT_MAX                   bundlerStatIndex = 5
+	bundlerStatIndexSTAT_FLOW_MAP_FULL       bundlerStatIndex = 0
+	bundlerStatIndexSTAT_FLOW_ALLOC_FAILED   bundlerStatIndex = 1
+	bundlerStatIndexSTAT_PORT_MAP_FULL       bundlerStatIndex = 2
+	bundlerStatIndexSTAT_UDP_PEER_UNKNOWN    bundlerStatIndex = 3
+	bundlerStatIndexSTAT_SOCK_STORAGE_FAILED bundlerStatIndex = 4
+	bundlerStatIndexSTAT_MAX                 bundlerStatIndex = 5
 )
 
-type bundlerStreamEvent struct {
-	_     structs.HostLayout
-	Key   bundlerFlowKey
-	Kind  uint8
-	Pad   [3]uint8
-	Bytes uint32
-}
-
-type bundlerUdpState struct {
-	_        structs.HostLayout
-	Bind     uint32
-	Tid      uint32
-	Peer     [16]uint8
-	PeerPort uint16
-	Pad      uint16
-	Pad2     uint32
+type bundlerUnixPath struct {
+	_    structs.HostLayout
+	Len  uint32
+	Path [108]int8
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bundlerMapEvents          = "events"
-	bundlerMapFlows           = "flows"
-	bundlerMapListenAny       = "listen_any"
-	bundlerMapPorts           = "ports"
-	bundlerMapStats           = "stats"
-	bundlerMapUdpSock         = "udp_sock"
-	bundlerProgOnRecv         = "on_recv"
-	bundlerProgOnSend         = "on_send"
-	bundlerProgOnTcpState     = "on_tcp_state"
-	bundlerProgSeedTcp        = "seed_tcp"
-	bundlerProgSeedUdp        = "seed_udp"
-	bundlerProgUdpBind4       = "udp_bind4"
-	bundlerProgUdpBind6       = "udp_bind6"
-	bundlerProgUdpPrebind4    = "udp_prebind4"
-	bundlerProgUdpPrebind6    = "udp_prebind6"
-	bundlerProgUdpRecvmsg4    = "udp_recvmsg4"
-	bundlerProgUdpRecvmsg6    = "udp_recvmsg6"
-	bundlerProgUdpRelease     = "udp_release"
-	bundlerProgUdpSendmsg4    = "udp_sendmsg4"
-	bundlerProgUdpSendmsg6    = "udp_sendmsg6"
-	bundlerVarBtfFlowKey      = "_btf_flow_key"
-	bundlerVarBtfFlowValue    = "_btf_flow_value"
-	bundlerVarBtfListenRecord = "_btf_listen_record"
-	bundlerVarBtfPortKey      = "_btf_port_key"
-	bundlerVarBtfPortValue    = "_btf_port_value"
-	bundlerVarBtfStatIndex    = "_btf_stat_index"
-	bundlerVarBtfStreamEvent  = "_btf_stream_event"
-	bundlerVarMode            = "mode"
-	bundlerVarTargetNetns     = "target_netns"
+	bundlerMapFlows             = "flows"
+	bundlerMapPathScratch       = "path_scratch"
+	bundlerMapPorts             = "ports"
+	bundlerMapSocks             = "socks"
+	bundlerMapStats             = "stats"
+	bundlerMapUnixPaths         = "unix_paths"
+	bundlerProgHarvest          = "harvest"
+	bundlerProgOnReceiveReset   = "on_receive_reset"
+	bundlerProgOnRecv           = "on_recv"
+	bundlerProgOnSend           = "on_send"
+	bundlerProgOnSendReset      = "on_send_reset"
+	bundlerProgOnTcpState       = "on_tcp_state"
+	bundlerProgSeedListeners    = "seed_listeners"
+	bundlerProgTagConnections   = "tag_connections"
+	bundlerProgUdpRecvmsg4      = "udp_recvmsg4"
+	bundlerProgUdpRecvmsg6      = "udp_recvmsg6"
+	bundlerProgUdpRelease       = "udp_release"
+	bundlerProgUdpSendmsg4      = "udp_sendmsg4"
+	bundlerProgUdpSendmsg6      = "udp_sendmsg6"
+	bundlerVarBtfDirection      = "_btf_direction"
+	bundlerVarBtfFlowKey        = "_btf_flow_key"
+	bundlerVarBtfFlowProto      = "_btf_flow_proto"
+	bundlerVarBtfFlowValue      = "_btf_flow_value"
+	bundlerVarBtfListenRecord   = "_btf_listen_record"
+	bundlerVarBtfListenerRecord = "_btf_listener_record"
+	bundlerVarBtfPortKey        = "_btf_port_key"
+	bundlerVarBtfPortValue      = "_btf_port_value"
+	bundlerVarBtfStatIndex      = "_btf_stat_index"
+	bundlerVarBtfUnixPath       = "_btf_unix_path"
+	bundlerVarTargetNetns       = "target_netns"
+	bundlerVarZeroFlow          = "zero_flow"
 )
 
 // loadBundler returns the embedded CollectionSpec for bundler.
@@ -170,47 +229,49 @@ type bundlerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerProgramSpecs struct {
-	OnRecv      *ebpf.ProgramSpec `ebpf:"on_recv"`
-	OnSend      *ebpf.ProgramSpec `ebpf:"on_send"`
-	OnTcpState  *ebpf.ProgramSpec `ebpf:"on_tcp_state"`
-	SeedTcp     *ebpf.ProgramSpec `ebpf:"seed_tcp"`
-	SeedUdp     *ebpf.ProgramSpec `ebpf:"seed_udp"`
-	UdpBind4    *ebpf.ProgramSpec `ebpf:"udp_bind4"`
-	UdpBind6    *ebpf.ProgramSpec `ebpf:"udp_bind6"`
-	UdpPrebind4 *ebpf.ProgramSpec `ebpf:"udp_prebind4"`
-	UdpPrebind6 *ebpf.ProgramSpec `ebpf:"udp_prebind6"`
-	UdpRecvmsg4 *ebpf.ProgramSpec `ebpf:"udp_recvmsg4"`
-	UdpRecvmsg6 *ebpf.ProgramSpec `ebpf:"udp_recvmsg6"`
-	UdpRelease  *ebpf.ProgramSpec `ebpf:"udp_release"`
-	UdpSendmsg4 *ebpf.ProgramSpec `ebpf:"udp_sendmsg4"`
-	UdpSendmsg6 *ebpf.ProgramSpec `ebpf:"udp_sendmsg6"`
+	Harvest        *ebpf.ProgramSpec `ebpf:"harvest"`
+	OnReceiveReset *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
+	OnRecv         *ebpf.ProgramSpec `ebpf:"on_recv"`
+	OnSend         *ebpf.ProgramSpec `ebpf:"on_send"`
+	OnSendReset    *ebpf.ProgramSpec `ebpf:"on_send_reset"`
+	OnTcpState     *ebpf.ProgramSpec `ebpf:"on_tcp_state"`
+	SeedListeners  *ebpf.ProgramSpec `ebpf:"seed_listeners"`
+	TagConnections *ebpf.ProgramSpec `ebpf:"tag_connections"`
+	UdpRecvmsg4    *ebpf.ProgramSpec `ebpf:"udp_recvmsg4"`
+	UdpRecvmsg6    *ebpf.ProgramSpec `ebpf:"udp_recvmsg6"`
+	UdpRelease     *ebpf.ProgramSpec `ebpf:"udp_release"`
+	UdpSendmsg4    *ebpf.ProgramSpec `ebpf:"udp_sendmsg4"`
+	UdpSendmsg6    *ebpf.ProgramSpec `ebpf:"udp_sendmsg6"`
 }
 
 // bundlerMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
-	Events    *ebpf.MapSpec `ebpf:"events"`
-	Flows     *ebpf.MapSpec `ebpf:"flows"`
-	ListenAny *ebpf.MapSpec `ebpf:"listen_any"`
-	Ports     *ebpf.MapSpec `ebpf:"ports"`
-	Stats     *ebpf.MapSpec `ebpf:"stats"`
-	UdpSock   *ebpf.MapSpec `ebpf:"udp_sock"`
+	Flows       *ebpf.MapSpec `ebpf:"flows"`
+	PathScratch *ebpf.MapSpec `ebpf:"path_scratch"`
+	Ports       *ebpf.MapSpec `ebpf:"ports"`
+	Socks       *ebpf.MapSpec `ebpf:"socks"`
+	Stats       *ebpf.MapSpec `ebpf:"stats"`
+	UnixPaths   *ebpf.MapSpec `ebpf:"unix_paths"`
 }
 
 // bundlerVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerVariableSpecs struct {
-	BtfFlowKey      *ebpf.VariableSpec `ebpf:"_btf_flow_key"`
-	BtfFlowValue    *ebpf.VariableSpec `ebpf:"_btf_flow_value"`
-	BtfListenRecord *ebpf.VariableSpec `ebpf:"_btf_listen_record"`
-	BtfPortKey      *ebpf.VariableSpec `ebpf:"_btf_port_key"`
-	BtfPortValue    *ebpf.VariableSpec `ebpf:"_btf_port_value"`
-	BtfStatIndex    *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
-	BtfStreamEvent  *ebpf.VariableSpec `ebpf:"_btf_stream_event"`
-	Mode            *ebpf.VariableSpec `ebpf:"mode"`
-	TargetNetns     *ebpf.VariableSpec `ebpf:"target_netns"`
+	BtfDirection      *ebpf.VariableSpec `ebpf:"_btf_direction"`
+	BtfFlowKey        *ebpf.VariableSpec `ebpf:"_btf_flow_key"`
+	BtfFlowProto      *ebpf.VariableSpec `ebpf:"_btf_flow_proto"`
+	BtfFlowValue      *ebpf.VariableSpec `ebpf:"_btf_flow_value"`
+	BtfListenRecord   *ebpf.VariableSpec `ebpf:"_btf_listen_record"`
+	BtfListenerRecord *ebpf.VariableSpec `ebpf:"_btf_listener_record"`
+	BtfPortKey        *ebpf.VariableSpec `ebpf:"_btf_port_key"`
+	BtfPortValue      *ebpf.VariableSpec `ebpf:"_btf_port_value"`
+	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
+	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
+	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
+	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
 }
 
 // bundlerObjects contains all objects after they have been loaded into the kernel.
@@ -233,22 +294,22 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
-	Events    *ebpf.Map `ebpf:"events"`
-	Flows     *ebpf.Map `ebpf:"flows"`
-	ListenAny *ebpf.Map `ebpf:"listen_any"`
-	Ports     *ebpf.Map `ebpf:"ports"`
-	Stats     *ebpf.Map `ebpf:"stats"`
-	UdpSock   *ebpf.Map `ebpf:"udp_sock"`
+	Flows       *ebpf.Map `ebpf:"flows"`
+	PathScratch *ebpf.Map `ebpf:"path_scratch"`
+	Ports       *ebpf.Map `ebpf:"ports"`
+	Socks       *ebpf.Map `ebpf:"socks"`
+	Stats       *ebpf.Map `ebpf:"stats"`
+	UnixPaths   *ebpf.Map `ebpf:"unix_paths"`
 }
 
 func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
-		m.Events,
 		m.Flows,
-		m.ListenAny,
+		m.PathScratch,
 		m.Ports,
+		m.Socks,
 		m.Stats,
-		m.UdpSock,
+		m.UnixPaths,
 	)
 }
 
@@ -256,48 +317,49 @@ func (m *bundlerMaps) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerVariables struct {
-	BtfFlowKey      *ebpf.Variable `ebpf:"_btf_flow_key"`
-	BtfFlowValue    *ebpf.Variable `ebpf:"_btf_flow_value"`
-	BtfListenRecord *ebpf.Variable `ebpf:"_btf_listen_record"`
-	BtfPortKey      *ebpf.Variable `ebpf:"_btf_port_key"`
-	BtfPortValue    *ebpf.Variable `ebpf:"_btf_port_value"`
-	BtfStatIndex    *ebpf.Variable `ebpf:"_btf_stat_index"`
-	BtfStreamEvent  *ebpf.Variable `ebpf:"_btf_stream_event"`
-	Mode            *ebpf.Variable `ebpf:"mode"`
-	TargetNetns     *ebpf.Variable `ebpf:"target_netns"`
+	BtfDirection      *ebpf.Variable `ebpf:"_btf_direction"`
+	BtfFlowKey        *ebpf.Variable `ebpf:"_btf_flow_key"`
+	BtfFlowProto      *ebpf.Variable `ebpf:"_btf_flow_proto"`
+	BtfFlowValue      *ebpf.Variable `ebpf:"_btf_flow_value"`
+	BtfListenRecord   *ebpf.Variable `ebpf:"_btf_listen_record"`
+	BtfListenerRecord *ebpf.Variable `ebpf:"_btf_listener_record"`
+	BtfPortKey        *ebpf.Variable `ebpf:"_btf_port_key"`
+	BtfPortValue      *ebpf.Variable `ebpf:"_btf_port_value"`
+	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
+	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
+	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
+	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`
 }
 
 // bundlerPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerPrograms struct {
-	OnRecv      *ebpf.Program `ebpf:"on_recv"`
-	OnSend      *ebpf.Program `ebpf:"on_send"`
-	OnTcpState  *ebpf.Program `ebpf:"on_tcp_state"`
-	SeedTcp     *ebpf.Program `ebpf:"seed_tcp"`
-	SeedUdp     *ebpf.Program `ebpf:"seed_udp"`
-	UdpBind4    *ebpf.Program `ebpf:"udp_bind4"`
-	UdpBind6    *ebpf.Program `ebpf:"udp_bind6"`
-	UdpPrebind4 *ebpf.Program `ebpf:"udp_prebind4"`
-	UdpPrebind6 *ebpf.Program `ebpf:"udp_prebind6"`
-	UdpRecvmsg4 *ebpf.Program `ebpf:"udp_recvmsg4"`
-	UdpRecvmsg6 *ebpf.Program `ebpf:"udp_recvmsg6"`
-	UdpRelease  *ebpf.Program `ebpf:"udp_release"`
-	UdpSendmsg4 *ebpf.Program `ebpf:"udp_sendmsg4"`
-	UdpSendmsg6 *ebpf.Program `ebpf:"udp_sendmsg6"`
+	Harvest        *ebpf.Program `ebpf:"harvest"`
+	OnReceiveReset *ebpf.Program `ebpf:"on_receive_reset"`
+	OnRecv         *ebpf.Program `ebpf:"on_recv"`
+	OnSend         *ebpf.Program `ebpf:"on_send"`
+	OnSendReset    *ebpf.Program `ebpf:"on_send_reset"`
+	OnTcpState     *ebpf.Program `ebpf:"on_tcp_state"`
+	SeedListeners  *ebpf.Program `ebpf:"seed_listeners"`
+	TagConnections *ebpf.Program `ebpf:"tag_connections"`
+	UdpRecvmsg4    *ebpf.Program `ebpf:"udp_recvmsg4"`
+	UdpRecvmsg6    *ebpf.Program `ebpf:"udp_recvmsg6"`
+	UdpRelease     *ebpf.Program `ebpf:"udp_release"`
+	UdpSendmsg4    *ebpf.Program `ebpf:"udp_sendmsg4"`
+	UdpSendmsg6    *ebpf.Program `ebpf:"udp_sendmsg6"`
 }
 
 func (p *bundlerPrograms) Close() error {
 	return _BundlerClose(
+		p.Harvest,
+		p.OnReceiveReset,
 		p.OnRecv,
 		p.OnSend,
+		p.OnSendReset,
 		p.OnTcpState,
-		p.SeedTcp,
-		p.SeedUdp,
-		p.UdpBind4,
-		p.UdpBind6,
-		p.UdpPrebind4,
-		p.UdpPrebind6,
+		p.SeedListeners,
+		p.TagConnections,
 		p.UdpRecvmsg4,
 		p.UdpRecvmsg6,
 		p.UdpRelease,

@@ -1,9 +1,10 @@
 // Package bundler loads bpf/bundler.bpf.c, attaches its programs to the
-// hooks this kernel offers and drains the bundled-flow map. It is the only
-// package that knows the kernel side.
+// hooks this kernel offers, and drains the bundled flows: it harvests the
+// counters of live sockets, swaps the active flow map and reads the idle
+// one. It is the only package that knows deptrace's kernel side.
 package bundler
 
 // The generated bundler_bpfel.go/.o are committed so that a clone builds
 // without clang; `make generate` rebuilds them and `make check-generate`
 // fails when they differ from their sources.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type flow_value -type port_key -type port_value -type listen_record -type stat_index -type stream_event bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include

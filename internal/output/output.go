@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -19,9 +18,9 @@ import (
 // Formats accepted by --output.
 var Formats = []string{"table", "jsonl"}
 
-// Writer prints one interval of flows.
+// Writer prints one interval: its flows and its listeners.
 type Writer interface {
-	Write(flows []tracer.Flow) error
+	Write(flows []tracer.Flow, listeners []tracer.Listener) error
 }
 
 // New returns the writer for format, or an error naming the allowed ones.
@@ -35,12 +34,18 @@ func New(format string, w io.Writer, netnsNames map[uint32]string) (Writer, erro
 	return nil, fmt.Errorf("invalid --output %q: allowed %s", format, strings.Join(Formats, ", "))
 }
 
-// JSONL writes one JSON object per flow per line.
+// JSONL writes one JSON object per flow (kind "flow") and per listener
+// (kind "listener") per line.
 type JSONL struct{ enc *json.Encoder }
 
-func (j *JSONL) Write(flows []tracer.Flow) error {
+func (j *JSONL) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 	for _, f := range Sorted(flows) {
 		if err := j.enc.Encode(f); err != nil {
+			return err
+		}
+	}
+	for _, l := range listeners {
+		if err := j.enc.Encode(l); err != nil {
 			return err
 		}
 	}
@@ -49,31 +54,58 @@ func (j *JSONL) Write(flows []tracer.Flow) error {
 
 // Table is the compact, netstat-like view: the local end on the left, the
 // ephemeral client port shown as "many", an arrow pointing at the server.
+// Column widths only grow, so columns do not jump between intervals.
 //
-//	TIME      PROTO  LOCAL            DIR  PEER             PROCESS       CONNS  FAILED  SENT  RECV  NETNS
-//	12:00:01  tcp    10.0.1.9:many    -->  10.0.1.10:3306   php/812       22     0       1840  96K   host
+//	TIME      PROTO  LOCAL          DIR  PEER            PROCESS   CONNS  FAILED  SENT  RECV   LATENCY  HEALTH  NETNS
+//	12:00:01  tcp    10.0.1.9:many  -->  10.0.1.10:3306  php/812   22     0       1840  96000  310us    ok      host
 type Table struct {
 	w      io.Writer
 	names  map[uint32]string
 	header bool
+	widths []int
 }
 
 // TableHeader is the first line of table output.
-var TableHeader = []string{"TIME", "PROTO", "LOCAL", "DIR", "PEER", "PROCESS", "CONNS", "FAILED", "SENT", "RECV", "NETNS"}
+var TableHeader = []string{"TIME", "PROTO", "LOCAL", "DIR", "PEER", "PROCESS", "CONNS", "FAILED", "SENT", "RECV", "LATENCY", "HEALTH", "NETNS"}
 
-func (t *Table) Write(flows []tracer.Flow) error {
-	if len(flows) == 0 {
+func (t *Table) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
+	var rows [][]string
+	for _, f := range Sorted(flows) {
+		rows = append(rows, TableRow(f, t.names))
+	}
+	for _, l := range listeners {
+		if l.Drops > 0 { // a listener shows up only when it is in trouble
+			rows = append(rows, ListenerRow(l, t.names))
+		}
+	}
+	if len(rows) == 0 {
 		return nil
 	}
-	tw := tabwriter.NewWriter(t.w, 0, 0, 2, ' ', 0)
 	if !t.header {
-		fmt.Fprintln(tw, strings.Join(TableHeader, "\t"))
+		rows = append([][]string{TableHeader}, rows...)
 		t.header = true
 	}
-	for _, f := range Sorted(flows) {
-		fmt.Fprintln(tw, strings.Join(TableRow(f, t.names), "\t"))
+	for _, r := range rows {
+		for i, c := range r {
+			if i >= len(t.widths) {
+				t.widths = append(t.widths, 0)
+			}
+			t.widths[i] = max(t.widths[i], len(c))
+		}
 	}
-	return tw.Flush()
+	var b strings.Builder
+	for _, r := range rows {
+		for i, c := range r {
+			if i == len(r)-1 {
+				b.WriteString(c)
+				break
+			}
+			fmt.Fprintf(&b, "%-*s  ", t.widths[i], c)
+		}
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(t.w, b.String())
+	return err
 }
 
 // TableRow renders one flow as table cells.
@@ -82,19 +114,85 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 	if f.Direction == tracer.Inbound {
 		local, peer, arrow = Endpoint(f.LocalAddr, strconv.Itoa(int(f.Port))), Endpoint(f.RemoteAddr, "many"), "<--"
 	}
+	if f.Proto == tracer.ProtoUnix {
+		// The socket path is the service; the other end is a process.
+		other := "-"
+		if f.PeerPID != 0 {
+			other = fmt.Sprintf("%s/%d", f.PeerComm, f.PeerPID)
+		}
+		local, peer = "-", f.RemoteAddr+" ("+other+")"
+		if f.Direction == tracer.Inbound {
+			local, peer = f.LocalAddr, other
+		}
+	}
 	process := "-"
 	if f.PID != 0 {
 		process = fmt.Sprintf("%s/%d", f.Comm, f.PID)
 	}
-	ns := strconv.FormatUint(uint64(f.NetNS), 10)
-	if name, ok := names[f.NetNS]; ok && name != "" {
-		ns = name
+	conns := strconv.FormatUint(f.Connections, 10)
+	if f.Proto == tracer.ProtoUDP || (f.Proto == tracer.ProtoUnix && f.Connections == 0 && f.DatagramsSent+f.DatagramsReceived > 0) {
+		// Datagrams have no connections: count datagrams.
+		conns = strconv.FormatUint(f.DatagramsSent+f.DatagramsReceived, 10) + "dg"
 	}
 	return []string{
 		f.Time.Format("15:04:05"), f.Proto, local, arrow, peer, process,
-		strconv.FormatUint(f.Connections, 10), strconv.FormatUint(f.FailedConnections, 10),
-		strconv.FormatUint(f.BytesSent, 10), strconv.FormatUint(f.BytesReceived, 10), ns,
+		conns, strconv.FormatUint(f.FailedConnections, 10),
+		strconv.FormatUint(f.BytesSent, 10), strconv.FormatUint(f.BytesReceived, 10),
+		Latency(f.Counters), Health(f.Counters), netnsName(f.NetNS, names),
 	}
+}
+
+// ListenerRow renders a listener that dropped connections.
+func ListenerRow(l tracer.Listener, names map[uint32]string) []string {
+	process := "-"
+	if l.PID != 0 {
+		process = fmt.Sprintf("%s/%d", l.Comm, l.PID)
+	}
+	return []string{l.Time.Format("15:04:05"), l.Proto, Endpoint(l.LocalAddr, strconv.Itoa(int(l.Port))), "LSN", "-", process,
+		"-", "-", "-", "-", "-", fmt.Sprintf("drops=%d queue=%d/%d", l.Drops, l.QueueMax, l.BacklogLimit), netnsName(l.NetNS, names)}
+}
+
+func netnsName(ino uint32, names map[uint32]string) string {
+	if name, ok := names[ino]; ok && name != "" {
+		return name
+	}
+	return strconv.FormatUint(uint64(ino), 10)
+}
+
+// Latency is the mean connect latency, or "-" when nothing connected.
+func Latency(c tracer.Counters) string {
+	if c.ConnectLatencyCount == 0 {
+		return "-"
+	}
+	us := c.ConnectLatencySumUs / c.ConnectLatencyCount
+	switch {
+	case us >= 1_000_000:
+		return fmt.Sprintf("%.1fs", float64(us)/1e6)
+	case us >= 1000:
+		return fmt.Sprintf("%.1fms", float64(us)/1e3)
+	}
+	return fmt.Sprintf("%dus", us)
+}
+
+// Health is "ok", or what went wrong: failure causes, resets sent/received,
+// retransmitted segments.
+func Health(c tracer.Counters) string {
+	var parts []string
+	for _, p := range []struct {
+		name string
+		n    uint64
+	}{
+		{"refused", c.FailedRefused}, {"timeout", c.FailedTimeout}, {"reset", c.FailedReset},
+		{"unreach", c.FailedUnreachable}, {"rst_out", c.ResetsSent}, {"rst_in", c.ResetsReceived}, {"retrans", c.Retransmits},
+	} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", p.name, p.n))
+		}
+	}
+	if len(parts) == 0 {
+		return "ok"
+	}
+	return strings.Join(parts, ",")
 }
 
 // Endpoint formats addr:port with IPv6 in brackets; port may be a word.
@@ -142,10 +240,10 @@ func ParseProtos(v string) ([]string, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "", "all":
 			return nil, nil
-		case tracer.ProtoTCP, tracer.ProtoUDP:
+		case tracer.ProtoTCP, tracer.ProtoUDP, tracer.ProtoUnix:
 			out = append(out, p)
 		default:
-			return nil, fmt.Errorf("invalid --proto %q: allowed tcp, udp, all", p)
+			return nil, fmt.Errorf("invalid --proto %q: allowed tcp, udp, unix, all", p)
 		}
 	}
 	return out, nil
@@ -179,6 +277,22 @@ func (fl Filter) Match(f tracer.Flow) bool {
 		return false
 	}
 	return true
+}
+
+// MatchListener reports whether l passes the filter.
+func (fl Filter) MatchListener(l tracer.Listener) bool {
+	return (len(fl.Protos) == 0 || slices.Contains(fl.Protos, l.Proto)) && (len(fl.Ports) == 0 || slices.Contains(fl.Ports, l.Port))
+}
+
+// ApplyListeners returns the listeners that match.
+func (fl Filter) ApplyListeners(ls []tracer.Listener) []tracer.Listener {
+	var out []tracer.Listener
+	for _, l := range ls {
+		if fl.MatchListener(l) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // Apply returns the flows that match.

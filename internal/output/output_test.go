@@ -13,7 +13,7 @@ import (
 
 func flow(dir, proto, local, remote string, port uint16) tracer.Flow {
 	return tracer.Flow{
-		Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), NetNS: 4026531840,
+		Kind: tracer.KindFlow, Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), NetNS: 4026531840,
 		Proto: proto, Direction: dir,
 		LocalAddr: local, RemoteAddr: remote, Port: port,
 		PID: 812, Comm: "php-fpm",
@@ -23,12 +23,12 @@ func flow(dir, proto, local, remote string, port uint16) tracer.Flow {
 
 func TestTableRowArrowsPointAtTheServer(t *testing.T) {
 	out := TableRow(flow(tracer.Outbound, "tcp", "10.0.1.9", "10.0.1.10", 3306), nil)
-	want := []string{"03:04:05", "tcp", "10.0.1.9:many", "-->", "10.0.1.10:3306", "php-fpm/812", "22", "1", "1840", "96000", "4026531840"}
+	want := []string{"03:04:05", "tcp", "10.0.1.9:many", "-->", "10.0.1.10:3306", "php-fpm/812", "22", "1", "1840", "96000", "-", "ok", "4026531840"}
 	if !slices.Equal(out, want) {
 		t.Errorf("outbound row %q, want %q", out, want)
 	}
 	in := TableRow(flow(tracer.Inbound, "tcp", "10.0.1.9", "10.0.2.13", 80), map[uint32]string{4026531840: "web"})
-	if in[2] != "10.0.1.9:80" || in[3] != "<--" || in[4] != "10.0.2.13:many" || in[10] != "web" {
+	if in[2] != "10.0.1.9:80" || in[3] != "<--" || in[4] != "10.0.2.13:many" || in[12] != "web" {
 		t.Errorf("inbound row %q", in)
 	}
 	v6 := TableRow(flow(tracer.Outbound, "udp", "2001:db8::1", "2001:db8::2", 53), nil)
@@ -48,12 +48,45 @@ func TestTablePrintsHeaderOnceAndSkipsEmptyIntervals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)})
-	w.Write(nil)
-	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)})
+	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
+	w.Write(nil, nil)
+	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "TIME") || strings.HasPrefix(lines[2], "TIME") {
 		t.Errorf("table output:\n%s", buf.String())
+	}
+}
+
+// Columns never jump back: a wide row in one interval keeps the widths
+// for the next, narrower one.
+func TestTableWidthsOnlyGrow(t *testing.T) {
+	var buf bytes.Buffer
+	w, _ := New("table", &buf, nil)
+	wide := flow(tracer.Outbound, "tcp", "2001:db8::1234:5678", "2001:db8::9abc:def0", 5432)
+	w.Write([]tracer.Flow{wide}, nil)
+	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	col := func(line string) int { return strings.Index(line, "php-fpm") }
+	if len(lines) != 3 || col(lines[1]) != col(lines[2]) || col(lines[1]) != strings.Index(lines[0], "PROCESS") {
+		t.Errorf("columns moved between intervals:\n%s", buf.String())
+	}
+}
+
+func TestUDPShowsDatagramsAndHealthShowsTrouble(t *testing.T) {
+	u := flow(tracer.Outbound, "udp", "10.0.0.1", "10.0.0.2", 53)
+	u.Counters = tracer.Counters{DatagramsSent: 3, DatagramsReceived: 3}
+	if got := TableRow(u, nil)[6]; got != "6dg" {
+		t.Errorf("udp conns column %q, want 6dg", got)
+	}
+	c := tracer.Counters{FailedRefused: 2, ResetsReceived: 1, ConnectLatencyCount: 2, ConnectLatencySumUs: 3000}
+	if h, l := Health(c), Latency(c); h != "refused=2,rst_in=1" || l != "1.5ms" {
+		t.Errorf("health %q latency %q", h, l)
+	}
+	var buf bytes.Buffer
+	w, _ := New("table", &buf, nil)
+	w.Write(nil, []tracer.Listener{{Proto: "tcp", LocalAddr: "10.0.0.1", Port: 80, Drops: 4, QueueMax: 1, BacklogLimit: 1}, {Proto: "tcp", LocalAddr: "10.0.0.1", Port: 81}})
+	if out := buf.String(); !strings.Contains(out, "drops=4 queue=1/1") || strings.Contains(out, ":81") {
+		t.Errorf("only the dropping listener should show:\n%s", out)
 	}
 }
 
@@ -63,17 +96,19 @@ func TestJSONLFieldsAreTheDocumentedOnes(t *testing.T) {
 	w.Write([]tracer.Flow{
 		flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432),
 		flow(tracer.Inbound, "udp", "::ffff:10.0.0.3", "2001:db8::9", 53),
-	})
+	}, []tracer.Listener{{Kind: tracer.KindListener, Proto: "tcp", Port: 80, BacklogLimit: 511}})
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 2 {
+	if len(lines) != 3 || !strings.Contains(lines[2], `"kind":"listener"`) || !strings.Contains(lines[2], `"backlog_limit":511`) {
 		t.Fatalf("want 2 lines, got %q", buf.String())
 	}
 	var m map[string]any
 	if err := json.Unmarshal([]byte(lines[0]), &m); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"time", "netns", "proto", "direction", "local_addr", "remote_addr", "port", "pid", "comm",
-		"cgroup_id", "connections", "failed_connections", "bytes_sent", "bytes_received", "first_seen", "last_seen"} {
+	for _, k := range []string{"kind", "time", "netns", "proto", "direction", "local_addr", "remote_addr", "port", "pid", "comm",
+		"cgroup_id", "connections", "failed_connections", "bytes_sent", "bytes_received", "first_seen", "last_seen",
+		"failed_refused", "failed_timeout", "failed_reset", "failed_unreachable", "datagrams_sent", "datagrams_received",
+		"connect_latency_count", "connect_latency_sum_us", "connect_latency_max_us", "resets_sent", "resets_received", "retransmits"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("field %q missing from %s", k, lines[0])
 		}
@@ -105,7 +140,7 @@ func TestFilters(t *testing.T) {
 	if p, err := ParseProtos("all"); err != nil || p != nil {
 		t.Errorf("all: %v %v", p, err)
 	}
-	if _, err := ParseProtos("sctp"); err == nil || !strings.Contains(err.Error(), "tcp, udp, all") {
+	if _, err := ParseProtos("sctp"); err == nil || !strings.Contains(err.Error(), "tcp, udp, unix, all") {
 		t.Errorf("sctp accepted or badly reported: %v", err)
 	}
 	ports, err := ParsePorts([]string{"80,443", "5432"})
@@ -141,5 +176,18 @@ func TestSortedIsStable(t *testing.T) {
 	}
 	if got[0].Direction != tracer.Inbound { // "inbound" < "outbound"
 		t.Errorf("inbound should sort first at equal port: %v", got)
+	}
+}
+
+func TestUnixRowsNameThePathAndBothProcesses(t *testing.T) {
+	f := flow(tracer.Outbound, "unix", "", "/run/app.sock", 0)
+	f.Comm, f.PID, f.PeerComm, f.PeerPID = "nginx", 880, "gunicorn", 901
+	row := TableRow(f, nil)
+	if row[2] != "-" || row[3] != "-->" || row[4] != "/run/app.sock (gunicorn/901)" || row[5] != "nginx/880" {
+		t.Errorf("outbound unix row %q", row)
+	}
+	in := flow(tracer.Inbound, "unix", "/run/app.sock", "", 0)
+	if row := TableRow(in, nil); row[2] != "/run/app.sock" || row[3] != "<--" {
+		t.Errorf("inbound unix row %q", row)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 
-	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/baseline/perevent"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -23,7 +23,7 @@ const pollEvery = 50 * time.Millisecond
 
 // Method streams events and aggregates them in user space.
 type Method struct {
-	b      *bundler.Bundler
+	b      *perevent.Bundler
 	reader *ringbuf.Reader
 	done   chan struct{}
 	mu     sync.Mutex
@@ -40,7 +40,7 @@ type flowKey struct {
 // New loads the bundler in stream mode and starts reading events.
 func New() (*Method, error) {
 	cfg := tracer.DefaultConfig()
-	b, err := bundler.Load(bundler.Config{FlowMapSize: cfg.FlowMapSize, PortMapSize: cfg.PortMapSize, Mode: bundler.ModeStream})
+	b, err := perevent.Load(perevent.Config{FlowMapSize: cfg.FlowMapSize, PortMapSize: cfg.PortMapSize, Mode: perevent.ModeStream})
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func (m *Method) read() {
 			}
 			continue
 		}
-		e, err := bundler.DecodeEvent(rec.RawSample)
+		e, err := perevent.DecodeEvent(rec.RawSample)
 		if err != nil {
 			continue
 		}
@@ -84,7 +84,7 @@ func (m *Method) read() {
 			if e.Proto == 17 {
 				proto = tracer.ProtoUDP
 			}
-			if e.Direction == bundler.DirInbound {
+			if e.Direction == perevent.DirInbound {
 				dir = tracer.Inbound
 			}
 			f = &tracer.Flow{NetNS: e.NetNS, Proto: proto, Direction: dir, Kind: tracer.KindFlow, LocalAddr: e.Local.String(), RemoteAddr: e.Remote.String(), Port: e.Port, FirstSeen: now}
@@ -92,13 +92,13 @@ func (m *Method) read() {
 		}
 		f.LastSeen = now
 		switch e.Kind {
-		case bundler.EventOpen:
+		case perevent.EventOpen:
 			f.Connections++
-		case bundler.EventFailed:
+		case perevent.EventFailed:
 			f.FailedConnections++
-		case bundler.EventUDPSend:
+		case perevent.EventUDPSend:
 			f.BytesSent += uint64(e.Bytes)
-		case bundler.EventUDPRecv:
+		case perevent.EventUDPRecv:
 			f.BytesReceived += uint64(e.Bytes)
 		}
 		m.mu.Unlock()
@@ -124,7 +124,7 @@ func (m *Method) Collect() ([]tracer.Flow, error) {
 }
 
 // Stats are the kernel side's counters and program statistics.
-func (m *Method) Stats() (bundler.Stats, error) { return m.b.Stats() }
+func (m *Method) Stats() (perevent.Stats, error) { return m.b.Stats() }
 
 // Close stops reading and detaches everything.
 func (m *Method) Close() error {

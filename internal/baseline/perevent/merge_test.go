@@ -1,4 +1,4 @@
-package bundler
+package perevent
 
 import (
 	"net/netip"
@@ -14,11 +14,11 @@ func comm(s string) (c [16]int8) {
 }
 
 func TestMergeSumsCPUsAndUnmapsIPv4(t *testing.T) {
-	var k bundlerFlowKey
+	var k pereventFlowKey
 	k.Netns, k.Port, k.Proto, k.Direction = 7, 5432, 6, DirOutbound
 	k.LocalAddr = netip.MustParseAddr("::ffff:192.0.2.1").As16()
 	k.RemoteAddr = netip.MustParseAddr("2001:db8::2").As16()
-	cpus := []bundlerFlowValue{
+	cpus := []pereventFlowValue{
 		{Connections: 2, BytesSent: 10, FirstSeenNs: 500, LastSeenNs: 900, Pid: 11, Comm: comm("old"), CgroupId: 1},
 		{}, // a CPU that saw nothing
 		{Connections: 3, FailedConnections: 1, BytesReceived: 7, FirstSeenNs: 300, LastSeenNs: 1000, Pid: 12, Comm: comm("psql"), CgroupId: 2},
@@ -74,11 +74,11 @@ func TestConfigValidateNamesTheRange(t *testing.T) {
 
 // The key layout is part of the kernel contract: no implicit padding.
 func TestKeyLayoutHasNoHoles(t *testing.T) {
-	var k bundlerFlowKey
+	var k pereventFlowKey
 	if got := sizeOf(k); got != 4+2+1+1+16+16+2+2 {
 		t.Errorf("flow key is %d bytes", got)
 	}
-	var p bundlerPortKey
+	var p pereventPortKey
 	if got := sizeOf(p); got != 8 {
 		t.Errorf("port key is %d bytes", got)
 	}

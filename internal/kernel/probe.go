@@ -1,4 +1,7 @@
-package bundler
+// Package kernel probes what the running kernel and process allow:
+// capabilities, BTF, the cgroup v2 root. Loaders of BPF objects share it;
+// every probe is cached once.
+package kernel
 
 import (
 	"bufio"
@@ -74,7 +77,8 @@ func effectiveCaps() (uint64, error) {
 	return 0, errors.New("no CapEff line in /proc/self/status")
 }
 
-var kernelBTF = sync.OnceValues(func() (*btf.Spec, error) {
+// BTF is the running kernel's BTF, loaded once.
+var BTF = sync.OnceValues(func() (*btf.Spec, error) {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoBTF, err)
@@ -82,10 +86,10 @@ var kernelBTF = sync.OnceValues(func() (*btf.Spec, error) {
 	return spec, nil
 })
 
-// kernelHas reports whether the kernel's BTF names a type of this name:
+// Has reports whether the kernel's BTF names a type of this name:
 // tracepoints (btf_trace_*), kfuncs and iterator contexts all leave one.
-func kernelHas(name string) bool {
-	spec, err := kernelBTF()
+func Has(name string) bool {
+	spec, err := BTF()
 	if err != nil {
 		return false
 	}

@@ -1,4 +1,4 @@
-package bundler
+package perevent
 
 import (
 	"net"
@@ -12,8 +12,8 @@ func entriesFor(t *testing.T, b *Bundler, port uint16) int {
 	t.Helper()
 	n := 0
 	for _, m := range b.inner {
-		var k bundlerFlowKey
-		vals := make([]bundlerFlowValue, b.ncpu)
+		var k pereventFlowKey
+		vals := make([]pereventFlowValue, b.ncpu)
 		it := m.Iterate()
 		for it.Next(&k, &vals) {
 			if k.Port == port {

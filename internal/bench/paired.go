@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/loadgen"
+	"github.com/deptrace/deptrace/internal/output"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// PairedLoad is one paced load of the whole-machine measurement.
+type PairedLoad struct {
+	Name     string
+	Workload string
+	Rate     float64 // round trips (connections) per second, over all clients
+	Clients  int     // emulated client hosts (127.1.x.y sources); 0 = one
+}
+
+// PairedResult is the extra CPU of the whole machine that tracing costs at
+// one fixed rate, from interleaved runs with and without deptrace.
+type PairedResult struct {
+	Load PairedLoad
+	// ExtraUs is, per pair, (busy CPU traced - busy CPU untraced) divided
+	// by the traced run's round trips, in microseconds of CPU.
+	ExtraUs []float64
+	// Rates achieved, untraced and traced, per pair.
+	BaseRates, TracedRates []float64
+	// BusyBase and BusyTraced are the whole machine's busy CPU, % of one
+	// core, per pair.
+	BusyBase, BusyTraced []float64
+}
+
+// Median of the extra CPU per round trip, µs.
+func (r PairedResult) Median() float64 { return quantile(r.ExtraUs, 0.5) }
+
+// Spread is the 25th and 75th percentile of the extra CPU per round trip.
+func (r PairedResult) Spread() (lo, hi float64) {
+	return quantile(r.ExtraUs, 0.25), quantile(r.ExtraUs, 0.75)
+}
+
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	pos := q * float64(len(s)-1)
+	lo := int(pos)
+	if lo+1 >= len(s) {
+		return s[lo]
+	}
+	return s[lo] + (pos-float64(lo))*(s[lo+1]-s[lo])
+}
+
+// Paired runs each load pairs times without and with deptrace (tracer
+// loaded and drained every second as the agent does), alternating, and
+// measures the busy CPU of the whole machine from /proc/stat (idle,
+// iowait and steal excluded) during each run. It needs no bpf_stats: it is
+// the cost as a user feels it, both ends of every connection included.
+func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int, phase time.Duration, progress io.Writer) ([]PairedResult, error) {
+	var out []PairedResult
+	for _, l := range loads {
+		r := PairedResult{Load: l}
+		for i := 0; i < pairs; i++ {
+			fmt.Fprintf(progress, "bench: paired %s: pair %d/%d\n", l.Name, i+1, pairs)
+			base, baseBusy, err := busyDuring(ctx, loadCmd, l, phase)
+			if err != nil {
+				return out, err
+			}
+			t, err := tracer.New(tracer.DefaultConfig())
+			if err != nil {
+				return out, fmt.Errorf("load tracer: %w", err)
+			}
+			agentCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
+				done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows, iv.Listeners) })
+			}()
+			traced, tracedBusy, err := busyDuring(ctx, loadCmd, l, phase)
+			stop()
+			<-done
+			t.Close()
+			if err != nil {
+				return out, err
+			}
+			extra := (tracedBusy - baseBusy).Seconds() / float64(max(traced.RoundTrips, 1)) * 1e6
+			r.ExtraUs = append(r.ExtraUs, extra)
+			r.BaseRates = append(r.BaseRates, base.Rate)
+			r.TracedRates = append(r.TracedRates, traced.Rate)
+			r.BusyBase = append(r.BusyBase, baseBusy.Seconds()/base.Elapsed.Seconds()*100)
+			r.BusyTraced = append(r.BusyTraced, tracedBusy.Seconds()/traced.Elapsed.Seconds()*100)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// busyDuring runs the load process and returns the machine's busy CPU time
+// over the load's run.
+func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.Duration) (loadgen.Result, time.Duration, error) {
+	args := append([]string{}, loadCmd[1:]...)
+	args = append(args, "--workload", l.Workload, "--rate", strconv.FormatFloat(l.Rate, 'f', -1, 64),
+		"--concurrency", "8", "--duration", phase.String(), "--serve", "127.0.0.1:0", "--output", "json")
+	if l.Clients > 0 {
+		args = append(args, "--clients", strconv.Itoa(l.Clients))
+	}
+	b0, err := machineBusy()
+	if err != nil {
+		return loadgen.Result{}, 0, err
+	}
+	res, err := runLoadProcess(ctx, loadCmd[0], args)
+	b1, err2 := machineBusy()
+	if err == nil {
+		err = err2
+	}
+	return res, b1 - b0, err
+}
+
+// machineBusy is the CPU time all CPUs spent not idle since boot, from the
+// first line of /proc/stat: user nice system idle iowait irq softirq steal
+// (guest time is already inside user).
+func machineBusy() (time.Duration, error) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, fmt.Errorf("read /proc/stat: %w", err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("unexpected /proc/stat line %q", line)
+	}
+	var ticks [8]uint64
+	for i := range ticks {
+		if ticks[i], err = strconv.ParseUint(f[i+1], 10, 64); err != nil {
+			return 0, fmt.Errorf("parse /proc/stat %q: %w", line, err)
+		}
+	}
+	busy := ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6] // user nice system irq softirq
+	const userHz = 100                                           // USER_HZ, fixed by the kernel ABI
+	return time.Duration(busy) * time.Second / userHz, nil
+}
+
+// WritePairedMarkdown renders the paired measurement.
+func WritePairedMarkdown(w io.Writer, rs []PairedResult, pairs int, phase time.Duration) {
+	fmt.Fprintf(w, "Whole machine, %d interleaved pairs of %s runs per load (untraced, then traced with the tracer draining every second); busy CPU from /proc/stat, idle, iowait and steal excluded. Extra CPU per round trip = (busy traced - busy untraced) / round trips.\n\n", pairs, phase)
+	fmt.Fprintln(w, "| load | target rate/s | rate untraced (median) | rate traced (median) | busy untraced | busy traced | extra CPU per round trip, median | 25th-75th percentile |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, r := range rs {
+		lo, hi := r.Spread()
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.1f %% | %.1f %% | %.2f µs | %.2f to %.2f µs |\n", r.Load.Name, r.Load.Rate,
+			quantile(r.BaseRates, 0.5), quantile(r.TracedRates, 0.5), quantile(r.BusyBase, 0.5), quantile(r.BusyTraced, 0.5), r.Median(), lo, hi)
+	}
+}

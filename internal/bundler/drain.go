@@ -1,0 +1,328 @@
+package bundler
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Counts are one flow's counters, CPUs summed (see struct flow_value).
+type Counts struct {
+	Connections       uint64
+	FailedConnections uint64
+	FailedRefused     uint64
+	FailedTimeout     uint64
+	FailedReset       uint64
+	FailedUnreachable uint64
+	BytesSent         uint64
+	BytesReceived     uint64
+	DatagramsSent     uint64
+	DatagramsReceived uint64
+	LatencyCount      uint64
+	LatencySumUs      uint64
+	LatencyMaxUs      uint64
+	ResetsSent        uint64
+	ResetsReceived    uint64
+	Retransmits       uint64
+}
+
+// Entry is one bundled flow drained from the kernel.
+type Entry struct {
+	NetNS         uint32
+	Proto         uint8
+	Direction     uint8
+	Port          uint16
+	Local, Remote netip.Addr // IPv4 unmapped
+	Counts
+	FirstSeenBootNs uint64 // CLOCK_BOOTTIME
+	LastSeenBootNs  uint64
+	PID             uint32
+	Comm            string
+	CgroupID        uint64
+	// Unix flows: the server's socket path ("@name" for an abstract one)
+	// and the process at the other end, when known.
+	Path     string
+	PeerPID  uint32
+	PeerComm string
+}
+
+// ProtoUnix is Entry.Proto of unix-domain flows.
+const ProtoUnix = uint8(bundlerFlowProtoPROTO_UNIX)
+
+// Listener is one listening TCP socket as the harvest saw it.
+type Listener struct {
+	NetNS        uint32
+	Port         uint16
+	Local        netip.Addr
+	BacklogLimit uint32
+	Queue        uint32 // accept queue at the harvest
+	Drops        uint64 // since the previous harvest
+	PID          uint32
+	Comm         string
+}
+
+// retainIdle is how many drains of one map in a row a flow may be idle in
+// before its entry is deleted.
+const retainIdle = 2
+
+type drainState struct {
+	first  bool                      // the first drain happened
+	paths  map[uint64]string         // unix socket paths by hash
+	idle   [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
+	keyBuf []bundlerFlowKey
+	valBuf []bundlerFlowValue
+}
+
+func (d *drainState) init() {
+	d.idle = [2]map[bundlerFlowKey]int{{}, {}}
+	d.paths = map[uint64]string{}
+}
+
+// Drain ends an interval. It first harvests the counters of every live
+// socket deptrace tagged into the active map, then swaps in the idle map
+// and reads and resets the one programs wrote to until now. The swap
+// returns only after an RCU grace period, so no program can still be
+// writing to the drained map: no entry and no increment is lost between
+// intervals.
+func (b *Bundler) Drain() ([]Entry, []Listener, error) {
+	var carried []Entry
+	if !b.drain.first {
+		// The first drain also reports what a previous process left: the
+		// counts salvaged from a replaced kernel side, and an adopted
+		// side's idle map, which holds an interval nobody read if that
+		// process died between a swap and its read.
+		b.drain.first = true
+		carried = append(carried, b.adopt.Salvaged...)
+		if b.adopt.Adopted {
+			idle := 1 - b.active
+			left, err := b.drainMap(b.inner[idle], idle)
+			if err != nil {
+				return nil, nil, err
+			}
+			carried = append(carried, left...)
+		}
+	}
+	listeners, harvestErr := b.harvest()
+	next := 1 - b.active
+	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
+		return nil, listeners, fmt.Errorf("swap bundled-flow map: %w", err)
+	}
+	oldIdx := b.active
+	b.active = next
+	entries, err := b.drainMap(b.inner[oldIdx], oldIdx)
+	return append(carried, entries...), listeners, errors.Join(harvestErr, err)
+}
+
+// harvest runs the socket-storage iterator: it folds live sockets' counter
+// growth into the active flow map and reports every listener.
+func (b *Bundler) harvest() ([]Listener, error) {
+	it, ok := b.iters["harvest"]
+	if !ok {
+		return nil, errors.New("harvest iterator is not attached")
+	}
+	recs, err := readIter[bundlerListenerRecord](it)
+	if err != nil {
+		return nil, fmt.Errorf("harvest live sockets: %w", err)
+	}
+	out := make([]Listener, len(recs))
+	for i, r := range recs {
+		out[i] = Listener{NetNS: r.Netns, Port: r.Port, Local: netip.AddrFrom16(r.LocalAddr).Unmap(),
+			BacklogLimit: r.BacklogLimit, Queue: r.Queue, Drops: r.Drops, PID: r.Pid, Comm: commString(r.Comm)}
+	}
+	return out, nil
+}
+
+// drainMap reads every entry of m and keeps the recurring ones, zeroed.
+// Bundled flows recur every interval: an entry kept lets the next
+// interval's events find it instead of inserting (an insert costs
+// microseconds when the kernel's allocator refills, a lookup tens of
+// nanoseconds). A flow idle for retainIdle drains of this map in a row is
+// deleted.
+func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
+	keys, vals, err := b.readAll(m)
+	out := make([]Entry, len(keys))
+	for i, k := range keys {
+		out[i] = merge(k, vals[i*b.ncpu:(i+1)*b.ncpu])
+		if k.Proto == ProtoUnix {
+			out[i].Path = b.unixPath(binary.NativeEndian.Uint64(k.RemoteAddr[:8]))
+			out[i].Local, out[i].Remote = netip.Addr{}, netip.Addr{}
+		}
+	}
+	if err != nil {
+		return out, fmt.Errorf("drain bundled flows: %w", err)
+	}
+	idle := b.drain.idle[idx]
+	var zeroKeys, delKeys []bundlerFlowKey
+	var zeroVals []bundlerFlowValue
+	for i, k := range keys {
+		if out[i].Counts == (Counts{}) {
+			if idle[k]++; idle[k] >= retainIdle {
+				delete(idle, k)
+				delKeys = append(delKeys, k)
+				continue
+			}
+		} else {
+			delete(idle, k)
+		}
+		zeroKeys = append(zeroKeys, k)
+		for _, v := range vals[i*b.ncpu : (i+1)*b.ncpu] {
+			// Keep the process: a flow whose next interval has only
+			// softirq events stays named.
+			zeroVals = append(zeroVals, bundlerFlowValue{Pid: v.Pid, Comm: v.Comm, CgroupId: v.CgroupId})
+		}
+	}
+	if len(zeroKeys) > 0 {
+		if _, err := m.BatchUpdate(zeroKeys, zeroVals, nil); err != nil {
+			return out, fmt.Errorf("reset bundled flows: %w", err)
+		}
+	}
+	if len(delKeys) > 0 {
+		if _, err := m.BatchDelete(delKeys, nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return out, fmt.Errorf("delete idle flows: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// readAll reads every entry of m with batch lookups.
+func (b *Bundler) readAll(m *ebpf.Map) ([]bundlerFlowKey, []bundlerFlowValue, error) {
+	batch := 1024
+	var keys []bundlerFlowKey
+	var vals []bundlerFlowValue
+	var cursor ebpf.MapBatchCursor
+	for {
+		if len(b.drain.keyBuf) < batch {
+			b.drain.keyBuf = make([]bundlerFlowKey, batch)
+			b.drain.valBuf = make([]bundlerFlowValue, batch*b.ncpu)
+		}
+		n, err := m.BatchLookup(&cursor, b.drain.keyBuf[:batch], b.drain.valBuf[:batch*b.ncpu], nil)
+		keys = append(keys, b.drain.keyBuf[:n]...)
+		vals = append(vals, b.drain.valBuf[:n*b.ncpu]...)
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return keys, vals, nil
+		case errors.Is(err, unix.ENOSPC) && batch < 1<<20:
+			// A hash bucket holds more keys than the batch: grow, retry.
+			batch *= 4
+		case err != nil:
+			return keys, vals, err
+		}
+	}
+}
+
+// merge sums one flow's per-CPU slots. The process is taken from the slot
+// that saw it last.
+func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
+	e := Entry{
+		NetNS:     k.Netns,
+		Proto:     k.Proto,
+		Direction: k.Direction,
+		Port:      k.Port,
+		Local:     netip.AddrFrom16(k.LocalAddr).Unmap(),
+		Remote:    netip.AddrFrom16(k.RemoteAddr).Unmap(),
+	}
+	var procSeen uint64
+	for _, v := range cpus {
+		c := &e.Counts
+		c.Connections += v.Connections
+		c.FailedConnections += v.FailedConnections
+		c.FailedRefused += v.FailedRefused
+		c.FailedTimeout += v.FailedTimeout
+		c.FailedReset += v.FailedReset
+		c.FailedUnreachable += v.FailedUnreachable
+		c.BytesSent += v.BytesSent
+		c.BytesReceived += v.BytesReceived
+		c.DatagramsSent += v.DatagramsSent
+		c.DatagramsReceived += v.DatagramsReceived
+		c.LatencyCount += v.LatencyCount
+		c.LatencySumUs += v.LatencySumUs
+		c.LatencyMaxUs = max(c.LatencyMaxUs, v.LatencyMaxUs)
+		c.ResetsSent += v.ResetsSent
+		c.ResetsReceived += v.ResetsReceived
+		c.Retransmits += v.Retransmits
+		if v.FirstSeenNs != 0 && (e.FirstSeenBootNs == 0 || v.FirstSeenNs < e.FirstSeenBootNs) {
+			e.FirstSeenBootNs = v.FirstSeenNs
+		}
+		if v.LastSeenNs > e.LastSeenBootNs {
+			e.LastSeenBootNs = v.LastSeenNs
+		}
+		if v.Pid != 0 && v.LastSeenNs >= procSeen {
+			procSeen = v.LastSeenNs
+			e.PID = v.Pid
+			e.Comm = commString(v.Comm)
+			e.CgroupID = v.CgroupId
+			if v.PeerPid != 0 {
+				e.PeerPID, e.PeerComm = v.PeerPid, commString(v.PeerComm)
+			}
+		}
+	}
+	return e
+}
+
+// unixPath resolves a path hash from the kernel's table, remembering
+// every answer: a path never changes its hash.
+func (b *Bundler) unixPath(h uint64) string {
+	if p, ok := b.drain.paths[h]; ok {
+		return p
+	}
+	var v bundlerUnixPath
+	if err := b.shared.Maps["unix_paths"].Lookup(h, &v); err != nil {
+		return fmt.Sprintf("unix:%016x", h) // evicted before the drain: still one stable name
+	}
+	n := min(int(v.Len), len(v.Path))
+	raw := make([]byte, n)
+	for i := range raw {
+		raw[i] = byte(v.Path[i])
+	}
+	p := string(raw)
+	if n > 0 && raw[0] == 0 {
+		p = "@" + string(raw[1:]) // abstract name, as ss shows it
+	} else if i := bytes.IndexByte(raw, 0); i >= 0 {
+		p = string(raw[:i])
+	}
+	if len(b.drain.paths) > 1<<16 {
+		clear(b.drain.paths)
+	}
+	b.drain.paths[h] = p
+	return p
+}
+
+func commString(c [16]int8) string {
+	b := make([]byte, 0, len(c))
+	for _, ch := range c {
+		if ch == 0 {
+			break
+		}
+		b = append(b, byte(ch))
+	}
+	return string(b)
+}
+
+// readIter runs an iterator once and decodes its output as records of T.
+func readIter[T any](it *link.Iter) ([]T, error) {
+	rd, err := it.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	raw, err := io.ReadAll(rd)
+	if err != nil {
+		return nil, err
+	}
+	size := binary.Size(new(T))
+	if size <= 0 || len(raw)%size != 0 {
+		return nil, fmt.Errorf("iterator output of %d bytes is not a whole number of %d-byte records", len(raw), size)
+	}
+	recs := make([]T, len(raw)/size)
+	if err := binary.Read(bytes.NewReader(raw), binary.NativeEndian, recs); err != nil {
+		return nil, err
+	}
+	return recs, nil
+}

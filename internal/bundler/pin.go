@@ -1,0 +1,293 @@
+package bundler
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// Pinning keeps the kernel side alive across agent restarts: maps and links
+// pinned under PinPath stay attached and counting after the process that
+// loaded them exits (or is killed); the next agent adopts them and drains
+// what was counted meanwhile. Layout of PinPath:
+//
+//	meta              the object's SHA-256: adopt only the very same code
+//	map_<name>        every map the programs write (flows, flows_a, flows_b, ...)
+//	link_<program>    every attached tracepoint and cgroup program
+//
+// Iterator programs are not pinned: each agent loads its own against the
+// pinned maps.
+
+// pinnedMaps are the maps whose contents must survive a restart.
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths"}
+
+// AdoptReport says what Load found under the pin path.
+type AdoptReport struct {
+	// Adopted is true when a running kernel side was taken over.
+	Adopted bool
+	// Replaced says why a pinned kernel side was not adopted but removed
+	// ("" when there was none).
+	Replaced string
+	// Salvaged are the counts read from a replaced kernel side whose
+	// flow layout was still readable; Unreadable counts entries that were not.
+	Salvaged   []Entry
+	Unreadable int
+	// MountedBPFFS is true when Load had to mount bpffs at the pin path's
+	// parent (a fresh machine may have a plain directory there).
+	MountedBPFFS bool
+}
+
+func binarySize[T any]() int {
+	var t T
+	return binary.Size(t)
+}
+
+func objectHash() [32]byte { return sha256.Sum256(_BundlerBytes) }
+
+// ensureBPFFS mounts bpffs on the pin path's parent when it is not one.
+func ensureBPFFS(dir string) (mounted bool, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, fmt.Errorf("create %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if st.Type == unix.BPF_FS_MAGIC {
+		return false, nil
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return false, fmt.Errorf("%s is not a bpffs and mounting one there failed: %w", dir, err)
+	}
+	return true, nil
+}
+
+// lockAgent makes this process the only one owning pinPath: a second agent
+// gets an error naming the first one's pid. The lock lives in /run (bpffs
+// holds BPF objects only) and dies with the process.
+func lockAgent(pinPath string) (*os.File, error) {
+	dir := "/run/deptrace"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	name := filepath.Join(dir, strings.ReplaceAll(strings.Trim(pinPath, "/"), "/", "_")+".lock")
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", name, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		owner, _ := os.ReadFile(name)
+		f.Close()
+		return nil, fmt.Errorf("another deptrace (pid %s) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
+	}
+	f.Truncate(0)
+	f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	return f, nil
+}
+
+// pin writes every map and link of a freshly loaded kernel side.
+func (b *Bundler) pin() error {
+	if err := os.MkdirAll(b.cfg.PinPath, 0o700); err != nil {
+		return err
+	}
+	meta, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deptrace_meta", Type: ebpf.Array, KeySize: 4, ValueSize: 32, MaxEntries: 1})
+	if err != nil {
+		return fmt.Errorf("create meta map: %w", err)
+	}
+	defer meta.Close()
+	h := objectHash()
+	if err := meta.Put(uint32(0), h[:]); err != nil {
+		return fmt.Errorf("write meta map: %w", err)
+	}
+	if err := meta.Pin(filepath.Join(b.cfg.PinPath, "meta")); err != nil {
+		return fmt.Errorf("pin meta map: %w", err)
+	}
+	for _, name := range pinnedMaps {
+		if err := b.shared.Maps[name].Pin(filepath.Join(b.cfg.PinPath, "map_"+name)); err != nil {
+			return fmt.Errorf("pin map %s: %w", name, err)
+		}
+	}
+	for i, m := range b.inner {
+		if err := m.Pin(filepath.Join(b.cfg.PinPath, fmt.Sprintf("map_flows_%c", 'a'+i))); err != nil {
+			return fmt.Errorf("pin bundled-flow map: %w", err)
+		}
+	}
+	for prog, l := range b.linkOf {
+		if err := l.Pin(filepath.Join(b.cfg.PinPath, "link_"+prog)); err != nil {
+			return fmt.Errorf("pin link of %s: %w", prog, err)
+		}
+	}
+	b.pinned = true
+	return nil
+}
+
+// pinnedSide is what a pin path holds.
+type pinnedSide struct {
+	hash  []byte
+	maps  map[string]*ebpf.Map
+	inner [2]*ebpf.Map
+	links map[string]link.Link
+}
+
+func (p *pinnedSide) close() {
+	for _, m := range p.maps {
+		m.Close()
+	}
+	for _, m := range p.inner {
+		if m != nil {
+			m.Close()
+		}
+	}
+	for _, l := range p.links {
+		l.Close()
+	}
+}
+
+// loadPinned opens what is pinned at path; ok is false when nothing is.
+func loadPinned(path string) (p *pinnedSide, ok bool, err error) {
+	meta, err := ebpf.LoadPinnedMap(filepath.Join(path, "meta"), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, true, fmt.Errorf("open pinned meta map: %w", err)
+	}
+	defer meta.Close()
+	p = &pinnedSide{maps: map[string]*ebpf.Map{}, links: map[string]link.Link{}}
+	var h [32]byte
+	if err := meta.Lookup(uint32(0), &h); err == nil {
+		p.hash = h[:]
+	}
+	for _, name := range pinnedMaps {
+		if m, err := ebpf.LoadPinnedMap(filepath.Join(path, "map_"+name), nil); err == nil {
+			p.maps[name] = m
+		}
+	}
+	for i := range p.inner {
+		if m, err := ebpf.LoadPinnedMap(filepath.Join(path, fmt.Sprintf("map_flows_%c", 'a'+i)), nil); err == nil {
+			p.inner[i] = m
+		}
+	}
+	entries, _ := os.ReadDir(path)
+	for _, e := range entries {
+		if prog, ok := strings.CutPrefix(e.Name(), "link_"); ok {
+			if l, err := link.LoadPinnedLink(filepath.Join(path, e.Name()), nil); err == nil {
+				p.links[prog] = l
+			}
+		}
+	}
+	return p, true, nil
+}
+
+// compatible reports why the pinned side cannot be adopted, or "".
+func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, cfg Config) string {
+	h := objectHash()
+	if string(p.hash) != string(h[:]) {
+		return "it was loaded by another deptrace build"
+	}
+	for _, name := range pinnedMaps {
+		m, ok := p.maps[name]
+		if !ok {
+			return "map " + name + " is missing"
+		}
+		s := spec.Maps[name].Copy()
+		if name == "ports" {
+			s.MaxEntries = cfg.PortMapSize
+		}
+		if err := s.Compatible(m); err != nil {
+			return fmt.Sprintf("map %s differs: %v", name, err)
+		}
+	}
+	inner := spec.Maps["flows"].InnerMap.Copy()
+	inner.MaxEntries = cfg.FlowMapSize
+	for _, m := range p.inner {
+		if m == nil {
+			return "a bundled-flow map is missing"
+		}
+		if err := inner.Compatible(m); err != nil {
+			return fmt.Sprintf("bundled-flow map differs (another --flow-map-size?): %v", err)
+		}
+	}
+	if _, ok := p.links["on_tcp_state"]; !ok {
+		return "its TCP tracepoint is not attached"
+	}
+	return ""
+}
+
+// salvage reads what an incompatible pinned side counted, if its flow maps
+// still have today's key and value layout.
+func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
+	for _, m := range p.inner {
+		if m == nil {
+			continue
+		}
+		if m.KeySize() != uint32(binarySize[bundlerFlowKey]()) || m.ValueSize() != uint32(binarySize[bundlerFlowValue]()) {
+			var k, v []byte
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				unreadable++
+			}
+			continue
+		}
+		var k bundlerFlowKey
+		vals := make([]bundlerFlowValue, ncpu)
+		it := m.Iterate()
+		for it.Next(&k, &vals) {
+			e := merge(k, vals)
+			if e.Counts != (Counts{}) {
+				entries = append(entries, e)
+			}
+		}
+	}
+	return entries, unreadable
+}
+
+// remove detaches a pinned kernel side and deletes its pins.
+func removePinned(path string, p *pinnedSide) error {
+	var errs []error
+	if p != nil {
+		for _, l := range p.links {
+			if err := l.Unpin(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		p.close() // the last reference: programs detach
+	}
+	entries, _ := os.ReadDir(path)
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(path, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Cleanup removes a kernel side left pinned at path by an agent that was
+// killed or stopped with --keep-tracing. It refuses while an agent owns it.
+func Cleanup(path string) (found bool, err error) {
+	lock, err := lockAgent(path)
+	if err != nil {
+		return false, err
+	}
+	defer lock.Close()
+	p, ok, err := loadPinned(path)
+	if !ok {
+		if _, statErr := os.Stat(path); statErr == nil {
+			return true, removePinned(path, nil)
+		}
+		return false, err
+	}
+	return true, errors.Join(err, removePinned(path, p))
+}

@@ -1,0 +1,85 @@
+package bundler
+
+import (
+	"fmt"
+	"time"
+)
+
+// Stats are the kernel side's loss counters (cumulative since Load) and
+// per-program statistics.
+type Stats struct {
+	FlowMapFull       uint64 // counts lost: bundled-flow map full
+	FlowAllocFailed   uint64 // counts lost: a flow entry could not be allocated
+	PortMapFull       uint64 // listening ports not tracked: port table full
+	UDPPeerUnknown    uint64 // UDP datagrams on unconnected sockets with no peer seen
+	SockStorageFailed uint64 // sockets whose storage could not be created: their counts lost
+	RecursionMisses   uint64 // program runs the kernel skipped (nested on one CPU)
+	Programs          map[string]ProgramStats
+}
+
+// ProgramStats are per-program run count and run time; RunTime and
+// RunCount only grow while kernel.bpf_stats_enabled is on.
+type ProgramStats struct {
+	RunCount        uint64
+	RunTime         time.Duration
+	RecursionMisses uint64
+}
+
+// Stats reads the loss counters and every program's statistics.
+func (b *Bundler) Stats() (Stats, error) {
+	var s Stats
+	m := b.shared.Maps["stats"]
+	vals := make([]uint64, b.ncpu)
+	for _, c := range []struct {
+		idx bundlerStatIndex
+		dst *uint64
+	}{
+		{bundlerStatIndexSTAT_FLOW_MAP_FULL, &s.FlowMapFull},
+		{bundlerStatIndexSTAT_FLOW_ALLOC_FAILED, &s.FlowAllocFailed},
+		{bundlerStatIndexSTAT_PORT_MAP_FULL, &s.PortMapFull},
+		{bundlerStatIndexSTAT_UDP_PEER_UNKNOWN, &s.UDPPeerUnknown},
+		{bundlerStatIndexSTAT_SOCK_STORAGE_FAILED, &s.SockStorageFailed},
+	} {
+		if err := m.Lookup(uint32(c.idx), &vals); err != nil {
+			return s, fmt.Errorf("read loss counter %d: %w", c.idx, err)
+		}
+		for _, v := range vals {
+			*c.dst += v
+		}
+	}
+	s.Programs = map[string]ProgramStats{}
+	for name, p := range b.programs {
+		ps, err := p.Stats()
+		if err != nil {
+			return s, fmt.Errorf("read stats of %s: %w", name, err)
+		}
+		s.Programs[name] = ProgramStats{RunCount: ps.RunCount, RunTime: ps.Runtime, RecursionMisses: ps.RecursionMisses}
+		s.RecursionMisses += ps.RecursionMisses
+	}
+	return s, nil
+}
+
+// Port is one entry of the listening-port table.
+type Port struct {
+	NetNS uint32
+	Proto uint8
+	Port  uint16
+	Refs  uint32
+	PID   uint32
+	Comm  string
+}
+
+// Ports lists the listening-port table.
+func (b *Bundler) Ports() ([]Port, error) {
+	var out []Port
+	var k bundlerPortKey
+	var v bundlerPortValue
+	it := b.shared.Maps["ports"].Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, Port{NetNS: k.Netns, Proto: k.Proto, Port: k.Port, Refs: v.Refs, PID: v.Pid, Comm: commString(v.Comm)})
+	}
+	if err := it.Err(); err != nil {
+		return out, fmt.Errorf("list listening ports: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,184 @@
+package tracer_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// unixServerEnv makes this test binary a unix-socket echo server (see
+// TestMain): the other end of the unix tests is a process of its own, with
+// a name of its own.
+const unixServerEnv = "DEPTRACE_TEST_UNIX_SERVER"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(unixServerEnv); path != "" {
+		os.Exit(serveUnix(path))
+	}
+	os.Exit(m.Run())
+}
+
+// serveUnix echoes every connection on a unix stream socket until stdin
+// closes.
+func serveUnix(path string) int {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ready")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					c.Write(buf[:n])
+				}
+			}()
+		}
+	}()
+	io.Copy(io.Discard, os.Stdin)
+	ln.Close()
+	return 0
+}
+
+// startUnixServer runs the echo server as a separate process named name.
+func startUnixServer(t *testing.T, name, path string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), name)
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), unixServerEnv+"="+path)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	ready := make([]byte, 6)
+	if _, err := io.ReadFull(stdout, ready); err != nil {
+		t.Fatalf("unix server did not start: %v", err)
+	}
+}
+
+// unixFlows returns the ledger's flows on one socket path.
+func unixFlows(l *ledger, path string) (out, in tracer.Flow) {
+	for _, f := range l.flows {
+		if f.Proto != tracer.ProtoUnix {
+			continue
+		}
+		if f.Direction == tracer.Outbound && f.RemoteAddr == path {
+			out = *f
+		}
+		if f.Direction == tracer.Inbound && f.LocalAddr == path {
+			in = *f
+		}
+	}
+	return out, in
+}
+
+// Both ends of a unix stream dependency, each process named, and each
+// naming the process at the other end.
+func TestUnixStreamBothEndsNamed(t *testing.T) {
+	tr := startTracer(t, nil)
+	for _, path := range []string{filepath.Join(t.TempDir(), "app.sock"), fmt.Sprintf("@deptrace-test-%d", os.Getpid())} {
+		t.Run(path[:1], func(t *testing.T) {
+			startUnixServer(t, "uxserver", path)
+			const n, size = 5, 10
+			for i := 0; i < n; i++ {
+				c, err := net.Dial("unix", path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := roundTrip(c, size, size); err != nil {
+					t.Fatal(err)
+				}
+				c.Close()
+			}
+			l := newLedger()
+			settle(t, tr, l, func(l *ledger) bool {
+				o, i := unixFlows(l, path)
+				return o.BytesReceived >= n*size && i.BytesSent >= n*size && o.PeerComm != "" && i.PeerComm != ""
+			})
+			o, i := unixFlows(l, path)
+			if o.Connections != n || o.BytesSent != n*size || o.BytesReceived != n*size || o.Port != 0 {
+				t.Errorf("client side: %+v", o.Counters)
+			}
+			if o.Comm != testComm() || o.PeerComm != "uxserver" || o.PeerPID == 0 {
+				t.Errorf("client side names %q with peer %d/%q; want %q with peer uxserver", o.Comm, o.PeerPID, o.PeerComm, testComm())
+			}
+			if i.Connections != n || i.BytesSent != n*size || i.BytesReceived != n*size {
+				t.Errorf("server side: %+v", i.Counters)
+			}
+			if i.Comm != "uxserver" || i.PeerComm != testComm() || i.PID != o.PeerPID {
+				t.Errorf("server side names %d/%q with peer %q; want uxserver/%d with peer %q", i.PID, i.Comm, i.PeerComm, o.PeerPID, testComm())
+			}
+		})
+	}
+}
+
+// Datagrams to a named socket (as syslog() sends to /dev/log) are unix
+// flows too, counted in datagrams.
+func TestUnixDatagramsToANamedSocket(t *testing.T) {
+	tr := startTracer(t, nil)
+	path := filepath.Join(t.TempDir(), "log")
+	srv, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c, err := net.Dial("unixgram", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 3
+	for i := 0; i < n; i++ {
+		if _, err := c.Write([]byte("<13>hello")); err != nil {
+			t.Fatal(err)
+		}
+		srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := srv.Read(make([]byte, 64)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := newLedger()
+	settle(t, tr, l, func(l *ledger) bool {
+		o, i := unixFlows(l, path)
+		return o.DatagramsSent >= n && i.DatagramsReceived >= n
+	})
+	o, i := unixFlows(l, path)
+	if o.DatagramsSent != n || o.BytesSent != n*9 || o.Connections != 0 {
+		t.Errorf("sender: %+v", o.Counters)
+	}
+	if i.DatagramsReceived != n || i.BytesReceived != n*9 {
+		t.Errorf("receiver: %+v", i.Counters)
+	}
+}
