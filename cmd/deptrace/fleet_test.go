@@ -110,7 +110,7 @@ func TestFleetGraph(t *testing.T) {
 	var agents []*proc
 	for _, h := range nw.Hosts {
 		p := startReady(t, "msg=\"agent started\"", "agent", "--netns", h.Name, "--store", dsn, "--interval", "1s",
-			"--host-id", "fleet", "--spool", filepath.Join(t.TempDir(), "spool"))
+			"--host-id", "fleet", "--spool", filepath.Join(t.TempDir(), "spool"), "--metrics-listen", "")
 		agents = append(agents, p)
 	}
 
@@ -227,7 +227,7 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 	pg.Stop()
 
 	spool := filepath.Join(t.TempDir(), "spool.jsonl")
-	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", b.Name, "--store", pg.DSN, "--interval", "1s", "--host-id", "spooltest", "--spool", spool)
+	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", b.Name, "--store", pg.DSN, "--interval", "1s", "--host-id", "spooltest", "--spool", spool, "--metrics-listen", "")
 	tcpTraffic(t, nw, 7000, 3)
 	deadline := time.Now().Add(20 * time.Second)
 	for {

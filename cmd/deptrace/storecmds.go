@@ -3,71 +3,16 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
 )
-
-func newAgentCmd() *cobra.Command {
-	var (
-		tf        tracerFlags
-		cfg       agent.Config
-		interval  time.Duration
-		retention string
-		spoolMax  int64
-	)
-	cmd := &cobra.Command{
-		Use:   "agent",
-		Short: "Trace continuously and write the dependency graph's history into a store",
-		Long: `agent runs the tracer and writes every interval's bundled flows into a store:
-by default an SQLite file at ` + store.DefaultPath + `, created on first run;
-with --store postgres://... a PostgreSQL database that many agents on many hosts
-share. While the store is unreachable the agent keeps tracing and spools
-batches to disk (bounded by --spool-max), retrying every 5 s.`,
-		Example: `  deptrace agent
-  deptrace agent --store postgres://deptrace@db.example/deptrace --netns self --retention 30d`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			tcfg, err := tf.config()
-			if err != nil {
-				return err
-			}
-			if interval < time.Second || interval > time.Hour {
-				return fmt.Errorf("invalid --interval %s: allowed 1s to 1h", interval)
-			}
-			tcfg.Interval = interval
-			cfg.Tracer = tcfg
-			if cfg.Retention, err = parseRetention(retention); err != nil {
-				return err
-			}
-			if spoolMax < 1<<20 {
-				return fmt.Errorf("invalid --spool-max %d: allowed 1048576 (1 MiB) or more", spoolMax)
-			}
-			cfg.SpoolMax = spoolMax
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return agent.Run(ctx, cfg, slog.With("component", "agent"))
-		},
-	}
-	tf.register(cmd)
-	cmd.Flags().StringVar(&cfg.Store, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
-	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between two drains and store writes (1s to 1h)")
-	cmd.Flags().StringVar(&retention, "retention", "0", "delete buckets older than this (e.g. 30d, 12h); 0 keeps everything")
-	cmd.Flags().StringVar(&cfg.SpoolPath, "spool", agent.DefaultSpoolPath, "where batches wait while the store is unreachable")
-	cmd.Flags().Int64Var(&spoolMax, "spool-max", 256<<20, "most bytes the spool may hold")
-	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
-	return cmd
-}
 
 // parseRetention accepts Go durations plus a "d" (day) suffix.
 func parseRetention(v string) (time.Duration, error) {

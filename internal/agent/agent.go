@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
@@ -27,6 +28,9 @@ type Config struct {
 	SpoolPath string
 	SpoolMax  int64  // bytes
 	HostID    string // id of this machine's root namespace; default hostname
+	// MetricsListen is where /metrics is served; "" disables metrics.
+	MetricsListen string
+	Metrics       metrics.Options
 }
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
@@ -34,6 +38,18 @@ const DefaultSpoolPath = "/var/lib/deptrace/spool.jsonl"
 
 // Run traces and stores until ctx is done, then flushes the last interval.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	var m *metrics.Metrics // nil: metrics off, every call a no-op
+	if cfg.MetricsListen != "" {
+		cfg.Metrics.FlowMapSize = cfg.Tracer.FlowMapSize
+		m = metrics.New(cfg.Metrics)
+		sctx, stopServing := context.WithCancel(ctx) // also when Run fails
+		defer stopServing()
+		addr, err := m.Serve(sctx, cfg.MetricsListen, log)
+		if err != nil {
+			return err
+		}
+		log.Info("metrics served", "url", "http://"+addr.String()+"/metrics")
+	}
 	st, err := store.Open(ctx, cfg.Store)
 	storeErr := err
 	if err != nil {
@@ -58,7 +74,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil}
+	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil, metrics: m}
 	log.Info("agent started", "store", cfg.Store, "store_reachable", storeErr == nil, "interval", cfg.Tracer.Interval, "host", ids.rootID)
 
 	batches := make(chan store.Batch, 16)
@@ -70,7 +86,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}()
 
 	var n int
-	err = t.Run(ctx, func(iv tracer.Interval) error {
+	hostID := func(ns uint32) string { return ids.host(ns).ID }
+	err = runTimed(ctx, t, func(iv tracer.Interval, took time.Duration) error {
+		m.ObserveInterval(iv, hostID, took)
+		m.ObserveListeners(iv.Listeners, hostID)
 		if l := iv.Lost; l.Total() > 0 {
 			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
 		}
@@ -114,6 +133,37 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
+// runTimed is tracer.Run with each drain timed for the metrics: a drain
+// every interval, and one more when ctx is done so that the last partial
+// interval is not lost.
+func runTimed(ctx context.Context, t *tracer.Tracer, emit func(tracer.Interval, time.Duration) error) error {
+	tick := time.NewTicker(t.Config().Interval)
+	defer tick.Stop()
+	for {
+		last := false
+		select {
+		case <-ctx.Done():
+			last = true
+		case <-tick.C:
+		}
+		start := time.Now()
+		iv, err := t.Collect()
+		took := time.Since(start)
+		if last {
+			if emitErr := emit(iv, took); err == nil {
+				err = emitErr
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if err := emit(iv, took); err != nil {
+			return err
+		}
+	}
+}
+
 // Observation turns one flow seen on host into a stored observation.
 func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observation {
 	return store.Observation{
@@ -132,6 +182,7 @@ type writer struct {
 	spool      *spool
 	failing    bool
 	lastRetain time.Time
+	metrics    *metrics.Metrics
 }
 
 func (w *writer) loop(batches <-chan store.Batch) {
@@ -148,6 +199,7 @@ func (w *writer) loop(batches <-chan store.Batch) {
 		case <-retry.C:
 			w.drainSpool()
 		}
+		w.metrics.SetSpool(w.spool.size(), w.spool.dropped)
 	}
 }
 
@@ -207,6 +259,7 @@ func (w *writer) drainSpool() {
 }
 
 func (w *writer) fail(err error) {
+	w.metrics.StoreWriteError()
 	if !w.failing {
 		w.log.Warn("store write failed; spooling and retrying every 5s", "store", w.cfg.Store, "spool", w.spool.path, "err", err)
 	}

@@ -14,7 +14,7 @@ import (
 func TestCompareSmoke(t *testing.T) {
 	testnet.RequireRoot(t)
 	out := t.TempDir()
-	_, stderr, code := run(t, nil, "bench", "compare", "--workloads", "tcp-persistent,tcp-short", "--rates", "200",
+	_, stderr, code := run(t, nil, "compare", "--workloads", "tcp-persistent,tcp-short", "--rates", "200",
 		"--peers", "5", "--peers-rate", "200", "--peers-workload", "udp", "--duration", "1s", "--persistent", "4", "--concurrency", "2", "--out", out)
 	if code != 0 {
 		t.Fatalf("compare failed:\n%s", stderr)

@@ -1,3 +1,7 @@
+// Command deptrace-bench holds deptrace's benchmarks: a TCP/UDP echo load
+// generator, the overhead measurement and the comparison of tracing
+// methods with its plots. It is a binary of its own so that the
+// production deptrace binary links no benchmark or plotting code.
 package main
 
 import (
@@ -15,14 +19,26 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/deptrace/deptrace/internal/bench"
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/loadgen"
 )
 
-func newBenchCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "bench", Short: "Load generator and overhead benchmarks"}
-	cmd.AddCommand(newBenchLoadCmd(), newBenchServeCmd(), newBenchOverheadCmd(), newBenchCompareCmd(), newBenchReportCmd())
-	return cmd
+func main() { cli.Main(newRootCmd()) }
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "deptrace-bench",
+		Short: "Load generator and overhead benchmarks of deptrace",
+		Long: `deptrace-bench drives loads and measures deptrace's cost (overhead) and how
+bundling compares with polling, streaming and per-5-tuple aggregation (compare).
+
+Every flag can also be set from the environment: --duration is
+DEPTRACE_DURATION, and so on.`,
+	}
+	cli.Configure(root)
+	root.AddCommand(newBenchLoadCmd(), newBenchServeCmd(), newBenchOverheadCmd(), newBenchCompareCmd(), newBenchReportCmd())
+	return root
 }
 
 func newBenchLoadCmd() *cobra.Command {
@@ -44,9 +60,9 @@ ground truth: every client-server edge that completed a round trip. With
 reached=false, never silently. --clients N spreads client source addresses
 over N loopback addresses (127.1.0.1...) to emulate N client hosts; --ports N
 makes --serve listen on N consecutive ports to emulate N services.`,
-		Example: `  deptrace bench load --serve 127.0.0.1:0 --workload tcp-short --duration 10s
-  deptrace bench load --serve 127.0.0.1:20000 --ports 100 --clients 1000 --rate 10000 --workload udp
-  deptrace bench load --addr 127.0.0.1:7000 --workload tcp-persistent --concurrency 100 --rate 5000`,
+		Example: `  deptrace-bench load --serve 127.0.0.1:0 --workload tcp-short --duration 10s
+  deptrace-bench load --serve 127.0.0.1:20000 --ports 100 --clients 1000 --rate 10000 --workload udp
+  deptrace-bench load --addr 127.0.0.1:7000 --workload tcp-persistent --concurrency 100 --rate 5000`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if format != "table" && format != "json" {
@@ -107,7 +123,7 @@ func newBenchServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "serve",
 		Short:   "Run TCP and UDP echo servers until interrupted",
-		Example: `  deptrace bench serve --addr 127.0.0.1:20000 --ports 1000`,
+		Example: `  deptrace-bench serve --addr 127.0.0.1:20000 --ports 1000`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -164,7 +180,7 @@ prints Markdown tables for docs/performance.md.`,
 			if err != nil {
 				return fmt.Errorf("find own binary: %w", err)
 			}
-			cfg.LoadCommand = []string{self, "bench", "load"}
+			cfg.LoadCommand = []string{self, "load"}
 			if pairs < 0 || pairs > 1000 {
 				return fmt.Errorf("invalid --pairs %d: allowed 0 (skip the whole-machine measurement) to 1000", pairs)
 			}
@@ -219,8 +235,8 @@ with the method attached and draining every --interval (the tracer process's
 CPU and the recall of true dependencies), then once per eBPF method with
 bpf_stats on (kernel program time). Progress goes to stderr; results.csv,
 results.json and PNG plots go to --out.`,
-		Example: `  deptrace bench compare --out bench-out
-  deptrace bench compare --workloads tcp-short --rates 1000,5000 --peers "" --duration 3s`,
+		Example: `  deptrace-bench compare --out bench-out
+  deptrace-bench compare --workloads tcp-short --rates 1000,5000 --peers "" --duration 3s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := kernel.CheckCapabilities(); err != nil {
@@ -256,7 +272,7 @@ results.json and PNG plots go to --out.`,
 			if err != nil {
 				return fmt.Errorf("find own binary: %w", err)
 			}
-			cfg.LoadCommand = []string{self, "bench", "load"}
+			cfg.LoadCommand = []string{self, "load"}
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return fmt.Errorf("create --out %s: %w", out, err)
 			}

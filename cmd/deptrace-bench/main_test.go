@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// binary is deptrace-bench built once for the tests that run it as a
+// process (the benchmarks start their load generator as `binary load`).
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deptrace-bench")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	binary = filepath.Join(dir, "deptrace-bench")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build deptrace-bench: %v\n%s", err, out)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func run(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+// The subcommands kept their names and flags; bad input is one line,
+// exit status 1.
+func TestSubcommandsAndBadInput(t *testing.T) {
+	stdout, _, code := run(t, nil, "--help")
+	if code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for _, sub := range []string{"load", "serve", "overhead", "compare", "report"} {
+		if !strings.Contains(stdout, "\n  "+sub+" ") {
+			t.Errorf("--help lacks the %s subcommand:\n%s", sub, stdout)
+		}
+	}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"load", "--serve", "127.0.0.1:0", "--output", "xml"}, `deptrace-bench: invalid --output "xml": allowed table, json`},
+		{[]string{"load"}, "deptrace-bench: missing --addr"},
+		{[]string{"report", "/nonexistent-dir"}, "deptrace-bench: read results:"},
+		{[]string{"load", "--log-level", "loud"}, `deptrace-bench: invalid --log-level "loud": allowed debug, info, warn, error`},
+	}
+	for _, c := range cases {
+		stdout, stderr, code := run(t, nil, c.args...)
+		if code != 1 || stdout != "" || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.HasPrefix(stderr, c.want) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 1 and one line starting %q", c.args, code, stdout, stderr, c.want)
+		}
+	}
+}
+
+// A short paced load against its own echo servers completes and reports
+// JSON: the binary the benchmarks start as their load generator works.
+func TestLoadRuns(t *testing.T) {
+	stdout, stderr, code := run(t, nil, "load", "--serve", "127.0.0.1:0", "--workload", "tcp-short", "--duration", "1s", "--rate", "50", "--output", "json")
+	if code != 0 {
+		t.Fatalf("load: exit %d: %s", code, stderr)
+	}
+	var r struct {
+		RoundTrips uint64 `json:"round_trips"`
+		Errors     uint64 `json:"errors"`
+		Edges      []struct {
+			RoundTrips uint64 `json:"round_trips"`
+		} `json:"edges"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		t.Fatalf("load output is not JSON: %v\n%s", err, stdout)
+	}
+	if r.RoundTrips == 0 || r.Errors != 0 || len(r.Edges) != 1 || r.Edges[0].RoundTrips != r.RoundTrips {
+		t.Errorf("want round trips, no errors, one edge carrying them all:\n%s", stdout)
+	}
+}

@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// root builds a command tree whose "run" subcommand logs one line at each
+// level and records its --size flag.
+func root(out *bytes.Buffer, size *int) *cobra.Command {
+	r := &cobra.Command{Use: "deptrace"}
+	Configure(r)
+	sub := &cobra.Command{Use: "run", RunE: func(*cobra.Command, []string) error {
+		slog.Debug("dbg line", "component", "test")
+		slog.Info("info line", "component", "test")
+		slog.Warn("warn line", "component", "test")
+		return nil
+	}}
+	sub.Flags().IntVar(size, "size", 1, "a size")
+	r.AddCommand(sub)
+	r.SetErr(out)
+	r.SetOut(out)
+	return r
+}
+
+func TestLoggingFlagsAndEnv(t *testing.T) {
+	defer slog.SetDefault(slog.Default())
+	cases := []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		wantErr string
+		check   func(t *testing.T, out string)
+	}{
+		{name: "default text info", args: []string{"run"}, check: func(t *testing.T, out string) {
+			if !strings.Contains(out, `level=INFO msg="info line"`) || strings.Contains(out, "dbg line") {
+				t.Errorf("want text at info and above:\n%s", out)
+			}
+		}},
+		{name: "json debug flags", args: []string{"run", "--log-format", "json", "--log-level", "debug"}, check: func(t *testing.T, out string) {
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 3 {
+				t.Fatalf("want 3 JSON lines (debug, info, warn), got:\n%s", out)
+			}
+			for _, l := range lines {
+				var rec map[string]any
+				if err := json.Unmarshal([]byte(l), &rec); err != nil || rec["component"] != "test" || rec["msg"] == nil {
+					t.Errorf("not a JSON log record with component: %q (%v)", l, err)
+				}
+			}
+		}},
+		{name: "env", env: map[string]string{"DEPTRACE_LOG_FORMAT": "json", "DEPTRACE_LOG_LEVEL": "warn"}, args: []string{"run"}, check: func(t *testing.T, out string) {
+			if strings.TrimSpace(out) == "" || strings.Contains(out, "info line") || !strings.HasPrefix(out, `{"time"`) {
+				t.Errorf("want JSON, warn only:\n%s", out)
+			}
+		}},
+		{name: "flag beats env", env: map[string]string{"DEPTRACE_LOG_LEVEL": "error"}, args: []string{"--log-level", "info", "run"}, check: func(t *testing.T, out string) {
+			if !strings.Contains(out, "info line") {
+				t.Errorf("the flag must win over the environment:\n%s", out)
+			}
+		}},
+		{name: "bad format", args: []string{"run", "--log-format", "xml"}, wantErr: `invalid --log-format "xml": allowed text, json`},
+		{name: "bad level", args: []string{"run", "--log-level", "verbose"}, wantErr: `invalid --log-level "verbose": allowed debug, info, warn, error`},
+		{name: "bad env level", env: map[string]string{"DEPTRACE_LOG_LEVEL": "INFO "}, args: []string{"run"}, wantErr: `invalid --log-level "INFO ": allowed debug, info, warn, error (set from DEPTRACE_LOG_LEVEL)`},
+		{name: "bad env int", env: map[string]string{"DEPTRACE_SIZE": "big"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_SIZE="big" for --size`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			var out bytes.Buffer
+			var size int
+			r := root(&out, &size)
+			r.SetArgs(c.args)
+			err := r.Execute()
+			if c.wantErr != "" {
+				if err == nil || !strings.HasPrefix(OneLine(err), c.wantErr) {
+					t.Fatalf("error %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.check(t, out.String())
+		})
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	if got := OneLine(errString("load: verifier\n  line 1\n\tline 2")); got != "load: verifier; line 1; line 2" {
+		t.Errorf("OneLine = %q", got)
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }

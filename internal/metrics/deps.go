@@ -1,0 +1,277 @@
+package metrics
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// depKey is one series' labels. Every field is bounded by the number of
+// dependencies: the client's ephemeral port, the pid and (unless asked
+// for) the client address are not part of it.
+type depKey struct {
+	direction string
+	host      string
+	process   string
+	remote    string // outbound: the server's address (unix: socket path)
+	client    string // inbound with Options.ClientAddr only
+	port      string // "" for unix
+	proto     string
+}
+
+type depSeries struct {
+	c    tracer.Counters
+	seen time.Time
+}
+
+type listenerKey struct{ host, process, port string }
+
+type listenerSeries struct {
+	drops           uint64
+	queueMax, limit uint32
+	seen            time.Time
+}
+
+// family is one metric name per direction and the Counters field it reads.
+type family struct {
+	suffix, help string
+	value        func(*tracer.Counters) uint64
+	tcpOnly      bool // health that only TCP has
+	packetOnly   bool // datagrams: udp and unix
+}
+
+var families = []family{
+	{"connections_total", "Connections opened (TCP handshakes, unix stream connects).", func(c *tracer.Counters) uint64 { return c.Connections }, false, false},
+	{"failed_connections_total", "Connection opens that failed.", func(c *tracer.Counters) uint64 { return c.FailedConnections }, false, false},
+	{"sent_bytes_total", "Payload bytes sent by the local end.", func(c *tracer.Counters) uint64 { return c.BytesSent }, false, false},
+	{"received_bytes_total", "Payload bytes received by the local end.", func(c *tracer.Counters) uint64 { return c.BytesReceived }, false, false},
+	{"sent_datagrams_total", "Datagrams sent by the local end.", func(c *tracer.Counters) uint64 { return c.DatagramsSent }, false, true},
+	{"received_datagrams_total", "Datagrams received by the local end.", func(c *tracer.Counters) uint64 { return c.DatagramsReceived }, false, true},
+	{"sent_resets_total", "TCP resets sent by the local end.", func(c *tracer.Counters) uint64 { return c.ResetsSent }, true, false},
+	{"received_resets_total", "TCP resets received by the local end.", func(c *tracer.Counters) uint64 { return c.ResetsReceived }, true, false},
+	{"retransmits_total", "TCP segments retransmitted by the local end.", func(c *tracer.Counters) uint64 { return c.Retransmits }, true, false},
+}
+
+// causes split failed TCP connections (a label on a family of its own so
+// that failed_connections_total keeps the same labels as the others).
+var causes = []struct {
+	name  string
+	value func(*tracer.Counters) uint64
+}{
+	{"refused", func(c *tracer.Counters) uint64 { return c.FailedRefused }},
+	{"timeout", func(c *tracer.Counters) uint64 { return c.FailedTimeout }},
+	{"reset", func(c *tracer.Counters) uint64 { return c.FailedReset }},
+	{"unreachable", func(c *tracer.Counters) uint64 { return c.FailedUnreachable }},
+}
+
+// depCollector holds the dependency and listener series and hands them to
+// Prometheus as constant metrics at each scrape; it is the TTL's owner.
+type depCollector struct {
+	opt Options
+
+	descs     map[string][]*prometheus.Desc // direction -> one per family
+	causeDesc map[string]*prometheus.Desc
+	latency   *prometheus.Desc // outbound only: the client measures it
+	lDrops    *prometheus.Desc
+	lQueue    *prometheus.Desc
+	lLimit    *prometheus.Desc
+	series    *prometheus.Desc
+	dropped   *prometheus.Desc
+	expired   *prometheus.Desc
+
+	mu        sync.Mutex
+	deps      map[depKey]*depSeries
+	listeners map[listenerKey]*listenerSeries
+	nDropped  uint64
+	nExpired  uint64
+}
+
+func newDepCollector(o Options) *depCollector {
+	c := &depCollector{
+		opt:       o,
+		descs:     map[string][]*prometheus.Desc{},
+		causeDesc: map[string]*prometheus.Desc{},
+		deps:      map[depKey]*depSeries{},
+		listeners: map[listenerKey]*listenerSeries{},
+	}
+	for _, dir := range []string{tracer.Outbound, tracer.Inbound} {
+		labels := c.labelNames(dir)
+		for _, f := range families {
+			c.descs[dir] = append(c.descs[dir], prometheus.NewDesc("deptrace_"+dir+"_"+f.suffix, f.help, labels, nil))
+		}
+		c.causeDesc[dir] = prometheus.NewDesc("deptrace_"+dir+"_failed_connections_by_cause_total",
+			"Failed TCP connection opens by cause: refused, timeout, reset, unreachable.", append(labels, "cause"), nil)
+	}
+	c.latency = prometheus.NewDesc("deptrace_outbound_connect_latency_seconds",
+		"TCP connect latency (SYN sent to established) seen by the client: _sum and _count, no quantiles.", c.labelNames(tracer.Outbound), nil)
+	ll := []string{"host", "process", "port"}
+	c.lDrops = prometheus.NewDesc("deptrace_listener_drops_total", "Connections a listening socket dropped because its accept queue was full.", ll, nil)
+	c.lQueue = prometheus.NewDesc("deptrace_listener_queue_max", "Deepest accept queue of a listening socket in the last interval it was seen.", ll, nil)
+	c.lLimit = prometheus.NewDesc("deptrace_listener_backlog_limit", "listen() backlog of a listening socket.", ll, nil)
+	c.series = prometheus.NewDesc("deptrace_metrics_series", "Dependency and listener series held (each is several metrics).", nil, nil)
+	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Series not created because the series limit was reached.", nil, nil)
+	c.expired = prometheus.NewDesc("deptrace_metrics_series_expired_total", "Series dropped after being idle longer than the TTL (--metrics-ttl).", nil, nil)
+	return c
+}
+
+func (c *depCollector) labelNames(dir string) []string {
+	if dir == tracer.Outbound {
+		return []string{"host", "process", "remote", "port", "proto"}
+	}
+	if c.opt.ClientAddr {
+		return []string{"host", "process", "port", "proto", "client"}
+	}
+	return []string{"host", "process", "port", "proto"}
+}
+
+func (c *depCollector) labelValues(k depKey) []string {
+	if k.direction == tracer.Outbound {
+		return []string{k.host, k.process, k.remote, k.port, k.proto}
+	}
+	if c.opt.ClientAddr {
+		return []string{k.host, k.process, k.port, k.proto, k.client}
+	}
+	return []string{k.host, k.process, k.port, k.proto}
+}
+
+// keyOf maps a flow to its series.
+func (c *depCollector) keyOf(f tracer.Flow, host string) depKey {
+	k := depKey{direction: f.Direction, host: utf8(host), process: utf8(f.Comm), proto: f.Proto}
+	if !f.IsUnix() {
+		k.port = strconv.Itoa(int(f.Port))
+	}
+	switch {
+	case f.Direction == tracer.Outbound:
+		k.remote = utf8(f.RemoteAddr) // unix: the server's socket path
+	case c.opt.ClientAddr && !f.IsUnix():
+		k.client = f.RemoteAddr
+	}
+	return k
+}
+
+func (c *depCollector) addFlows(flows []tracer.Flow, host func(uint32) string) {
+	now := c.opt.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expire(now)
+	for _, f := range flows {
+		if f.Direction != tracer.Outbound && f.Direction != tracer.Inbound {
+			continue
+		}
+		k := c.keyOf(f, host(f.NetNS))
+		s := c.deps[k]
+		if s == nil {
+			if c.full() {
+				c.nDropped++
+				continue
+			}
+			s = &depSeries{}
+			c.deps[k] = s
+		}
+		s.c.Add(f.Counters)
+		s.seen = now
+	}
+}
+
+func (c *depCollector) addListeners(ls []tracer.Listener, host func(uint32) string) {
+	now := c.opt.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expire(now)
+	for _, l := range ls {
+		k := listenerKey{host: utf8(host(l.NetNS)), process: utf8(l.Comm), port: strconv.Itoa(int(l.Port))}
+		s := c.listeners[k]
+		if s == nil {
+			if c.full() {
+				c.nDropped++
+				continue
+			}
+			s = &listenerSeries{}
+			c.listeners[k] = s
+		}
+		s.drops += l.Drops
+		s.queueMax, s.limit, s.seen = l.QueueMax, l.BacklogLimit, now
+	}
+}
+
+func (c *depCollector) full() bool { return len(c.deps)+len(c.listeners) >= c.opt.MaxSeries }
+
+// expire drops series idle for longer than the TTL; c.mu is held.
+func (c *depCollector) expire(now time.Time) {
+	for k, s := range c.deps {
+		if now.Sub(s.seen) > c.opt.TTL {
+			delete(c.deps, k)
+			c.nExpired++
+		}
+	}
+	for k, s := range c.listeners {
+		if now.Sub(s.seen) > c.opt.TTL {
+			delete(c.listeners, k)
+			c.nExpired++
+		}
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *depCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, ds := range c.descs {
+		for _, d := range ds {
+			ch <- d
+		}
+	}
+	for _, d := range c.causeDesc {
+		ch <- d
+	}
+	for _, d := range []*prometheus.Desc{c.latency, c.lDrops, c.lQueue, c.lLimit, c.series, c.dropped, c.expired} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expire(c.opt.Now())
+	for k, s := range c.deps {
+		lv := c.labelValues(k)
+		tcp := k.proto == tracer.ProtoTCP
+		for i, f := range families {
+			if (f.tcpOnly && !tcp) || (f.packetOnly && tcp) {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(c.descs[k.direction][i], prometheus.CounterValue, float64(f.value(&s.c)), lv...)
+		}
+		if !tcp {
+			continue
+		}
+		// Failures are rare: cause series appear with the first failure
+		// rather than four zeros on every dependency (a third of a scrape).
+		if s.c.FailedConnections > 0 {
+			for _, cause := range causes {
+				ch <- prometheus.MustNewConstMetric(c.causeDesc[k.direction], prometheus.CounterValue, float64(cause.value(&s.c)), slices.Concat(lv, []string{cause.name})...)
+			}
+		}
+		if k.direction == tracer.Outbound {
+			ch <- prometheus.MustNewConstSummary(c.latency, s.c.ConnectLatencyCount, float64(s.c.ConnectLatencySumUs)/1e6, nil, lv...)
+		}
+	}
+	for k, s := range c.listeners {
+		lv := []string{k.host, k.process, k.port}
+		ch <- prometheus.MustNewConstMetric(c.lDrops, prometheus.CounterValue, float64(s.drops), lv...)
+		ch <- prometheus.MustNewConstMetric(c.lQueue, prometheus.GaugeValue, float64(s.queueMax), lv...)
+		ch <- prometheus.MustNewConstMetric(c.lLimit, prometheus.GaugeValue, float64(s.limit), lv...)
+	}
+	ch <- prometheus.MustNewConstMetric(c.series, prometheus.GaugeValue, float64(len(c.deps)+len(c.listeners)))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(c.nDropped))
+	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(c.nExpired))
+}
+
+// utf8 keeps a label value valid: command names and socket paths are
+// bytes, and Prometheus refuses invalid UTF-8.
+func utf8(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }

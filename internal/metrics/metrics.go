@@ -1,0 +1,253 @@
+// Package metrics exposes what the agent sees as Prometheus metrics:
+// dependency counters with bounded labels, listener health, and the
+// agent's own health (losses, drains, store writes, spool).
+//
+// Flows arrive as per-interval deltas (tracer.Flow); the dependency
+// collector adds them into cumulative counters, one series per bounded
+// label set, and drops a series once it has been idle for longer than the
+// TTL so that departed peers do not accumulate. Labels never hold
+// ephemeral ports or pids; the client address of inbound flows is a label
+// only when Options.ClientAddr asks for it.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// Defaults of Options.
+const (
+	DefaultListen    = "127.0.0.1:9477"
+	DefaultTTL       = 10 * time.Minute
+	DefaultMaxSeries = 100000
+	MinTTL           = time.Second
+)
+
+// Options configure Metrics. The zero value is usable: defaults apply.
+type Options struct {
+	// TTL drops a series idle for longer than this (default 10 min).
+	TTL time.Duration
+	// ClientAddr adds a client label (the client's IP address) to inbound
+	// series. Off by default: client addresses are unbounded.
+	ClientAddr bool
+	// MaxSeries bounds the dependency and listener series held; past it
+	// new series are dropped and counted (default 100000).
+	MaxSeries int
+	// FlowMapSize is the kernel flow map's capacity, exported so that
+	// flows per drain can be read as a fill ratio.
+	FlowMapSize uint32
+	// Now is the clock (tests inject one); default time.Now.
+	Now func() time.Time
+}
+
+// Metrics holds every metric the agent exports. A nil *Metrics is valid
+// and records nothing, so callers need not check whether metrics are on.
+type Metrics struct {
+	reg        *prometheus.Registry
+	deps       *depCollector
+	lost       *prometheus.CounterVec
+	drain      prometheus.Histogram
+	perDrain   prometheus.Histogram
+	lastDrain  prometheus.Gauge
+	flows      prometheus.Counter
+	storeErrs  prometheus.Counter
+	spoolBytes atomic.Int64
+	spoolDrops atomic.Uint64
+}
+
+// lossFields are tracer.Losses' counters, named after their json tags
+// and found by reflection, so that a new loss cause appears as a reason
+// without a change here.
+var lossFields = func() (out []lossField) {
+	t := reflect.TypeFor[tracer.Losses]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Type.Kind() != reflect.Uint64 {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			name = f.Name
+		}
+		out = append(out, lossField{index: i, reason: name})
+	}
+	return out
+}()
+
+type lossField struct {
+	index  int
+	reason string
+}
+
+// New builds the metrics and their registry (with the Go runtime and
+// process collectors).
+func New(o Options) *Metrics {
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.MaxSeries <= 0 {
+		o.MaxSeries = DefaultMaxSeries
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	m := &Metrics{
+		reg:  prometheus.NewRegistry(),
+		deps: newDepCollector(o),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "deptrace_events_lost_total",
+			Help: "Kernel events deptrace could not record, by reason.",
+		}, []string{"reason"}),
+		drain: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "deptrace_drain_duration_seconds",
+			Help:    "Time one drain of the kernel flow map took.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5 ms .. 4 s
+		}),
+		perDrain: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "deptrace_flows_per_drain",
+			Help:    "Bundled flows read by one drain.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 .. 262144
+		}),
+		lastDrain: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "deptrace_last_drain_flows",
+			Help: "Bundled flows read by the last drain; divided by deptrace_flow_map_capacity it is the map's fill.",
+		}),
+		flows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "deptrace_flows_total",
+			Help: "Bundled flows read from the kernel.",
+		}),
+		storeErrs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "deptrace_store_write_errors_total",
+			Help: "Failed writes to the store (the batch is spooled and retried).",
+		}),
+	}
+	for _, f := range lossFields {
+		m.lost.WithLabelValues(f.reason) // every reason exists from the start, at 0
+	}
+	capacity := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "deptrace_flow_map_capacity",
+		Help: "Most distinct bundled flows the kernel map holds per interval (--flow-map-size).",
+	})
+	capacity.Set(float64(o.FlowMapSize))
+	m.reg.MustRegister(m.deps, m.lost, m.drain, m.perDrain, m.lastDrain, m.flows, m.storeErrs, capacity,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "deptrace_spool_bytes",
+			Help: "Bytes of batches waiting in the spool for the store.",
+		}, func() float64 { return float64(m.spoolBytes.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "deptrace_spool_dropped_batches_total",
+			Help: "Batches dropped because the spool was full or unwritable.",
+		}, func() float64 { return float64(m.spoolDrops.Load()) }),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Registry is where every metric is registered.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// ObserveInterval adds one drain's flows and losses. host names the host
+// of a network namespace (the agent's host ids); drain is how long the
+// drain took.
+func (m *Metrics) ObserveInterval(iv tracer.Interval, host func(netns uint32) string, drain time.Duration) {
+	if m == nil {
+		return
+	}
+	m.drain.Observe(drain.Seconds())
+	m.perDrain.Observe(float64(len(iv.Flows)))
+	m.lastDrain.Set(float64(len(iv.Flows)))
+	m.flows.Add(float64(len(iv.Flows)))
+	v := reflect.ValueOf(iv.Lost)
+	for _, f := range lossFields {
+		if n := v.Field(f.index).Uint(); n > 0 {
+			m.lost.WithLabelValues(f.reason).Add(float64(n))
+		}
+	}
+	m.deps.addFlows(iv.Flows, host)
+}
+
+// ObserveListeners adds one interval's listener records (accept-queue
+// depth and drops of listening sockets).
+func (m *Metrics) ObserveListeners(ls []tracer.Listener, host func(netns uint32) string) {
+	if m == nil {
+		return
+	}
+	m.deps.addListeners(ls, host)
+}
+
+// StoreWriteError counts one failed store write.
+func (m *Metrics) StoreWriteError() {
+	if m != nil {
+		m.storeErrs.Inc()
+	}
+}
+
+// SetSpool reports the spool's size and how many batches it has dropped
+// so far (cumulative).
+func (m *Metrics) SetSpool(bytes int64, droppedBatches uint64) {
+	if m != nil {
+		m.spoolBytes.Store(bytes)
+		m.spoolDrops.Store(droppedBatches)
+	}
+}
+
+// CheckListen validates a --metrics-listen value: host:port with a port,
+// or "" (disabled).
+func CheckListen(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return fmt.Errorf("invalid --metrics-listen %q: allowed host:port (e.g. %s) or \"\" to disable", addr, DefaultListen)
+	}
+	return nil
+}
+
+// Serve listens on addr and serves /metrics until ctx is done. The
+// listening socket is opened before Serve returns, so a busy port is an
+// error here, not later; the returned address is the one bound (useful
+// with port 0).
+func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) (net.Addr, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen on %s (--metrics-listen): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "deptrace agent: metrics at /metrics")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return ln.Addr(), nil
+}
