@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 func newAgentCmd() *cobra.Command {
@@ -23,6 +25,7 @@ func newAgentCmd() *cobra.Command {
 		interval  time.Duration
 		retention string
 		spoolMax  int64
+		pinPath   string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -35,7 +38,12 @@ batches to disk (bounded by --spool-max), retrying every 5 s.
 
 It serves Prometheus metrics at http://` + metrics.DefaultListen + `/metrics
 (--metrics-listen; "" turns them off): one counter per dependency, listener
-and loss cause, and the agent's own health. See docs/metrics.md.`,
+and loss cause, and the agent's own health. See docs/metrics.md.
+
+The kernel side is pinned under --pin-path: if the agent is killed, it keeps
+counting, and the next agent adopts it and reports what was counted
+meanwhile. A clean stop (SIGTERM) detaches it unless --keep-tracing;
+deptrace cleanup removes one a killed agent left.`,
 		Example: `  deptrace agent
   deptrace agent --store postgres://deptrace@db.example/deptrace --netns self --retention 30d`,
 		Args: cobra.NoArgs,
@@ -48,6 +56,13 @@ and loss cause, and the agent's own health. See docs/metrics.md.`,
 				return fmt.Errorf("invalid --interval %s: allowed 1s to 1h", interval)
 			}
 			tcfg.Interval = interval
+			if pinPath != "" && !filepath.IsAbs(pinPath) {
+				return fmt.Errorf("invalid --pin-path %q: allowed an absolute path on bpffs (default %s) or \"\" for no pinning", pinPath, tracer.DefaultPinPath)
+			}
+			if cfg.KeepTracing && pinPath == "" {
+				return fmt.Errorf("invalid --keep-tracing with --pin-path \"\": only a pinned kernel side can be kept")
+			}
+			tcfg.PinPath = pinPath
 			cfg.Tracer = tcfg
 			if cfg.Retention, err = parseRetention(retention); err != nil {
 				return err
@@ -76,6 +91,8 @@ and loss cause, and the agent's own health. See docs/metrics.md.`,
 	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
 	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics-listen", metrics.DefaultListen, "host:port serving Prometheus /metrics; \"\" disables them")
 	cmd.Flags().DurationVar(&cfg.Metrics.TTL, "metrics-ttl", metrics.DefaultTTL, "drop a metric series idle for longer than this (1s or more)")
+	cmd.Flags().StringVar(&pinPath, "pin-path", tracer.DefaultPinPath, "bpffs directory where the kernel side is pinned, so it keeps counting if the agent dies; \"\" disables pinning")
+	cmd.Flags().BoolVar(&cfg.KeepTracing, "keep-tracing", false, "on a clean stop, leave the pinned kernel side attached and counting for the next agent")
 	cmd.Flags().BoolVar(&cfg.Metrics.ClientAddr, "metrics-client-addr", false, "label inbound series with the client address (unbounded: only for few clients)")
 	return cmd
 }

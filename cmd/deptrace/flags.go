@@ -5,7 +5,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -20,18 +19,18 @@ type tracerFlags struct {
 func (f *tracerFlags) register(cmd *cobra.Command) {
 	def := tracer.DefaultConfig()
 	cmd.Flags().StringVar(&f.netns, "netns", "all", "network namespace to trace: all, self, an inode number, an ip-netns name or an nsfs path")
-	cmd.Flags().Uint32Var(&f.flowMapSize, "flow-map-size", def.FlowMapSize, fmt.Sprintf("most distinct bundled flows per interval (%d to %d)", bundler.MinMapSize, bundler.MaxFlowMapSize))
-	cmd.Flags().Uint32Var(&f.portMapSize, "port-map-size", def.PortMapSize, fmt.Sprintf("most listening ports tracked (%d to %d)", bundler.MinMapSize, bundler.MaxPortMapSize))
+	cmd.Flags().Uint32Var(&f.flowMapSize, "flow-map-size", def.FlowMapSize, fmt.Sprintf("most distinct bundled flows per interval (%d to %d)", tracer.MinMapSize, tracer.MaxFlowMapSize))
+	cmd.Flags().Uint32Var(&f.portMapSize, "port-map-size", def.PortMapSize, fmt.Sprintf("most listening ports tracked (%d to %d)", tracer.MinMapSize, tracer.MaxPortMapSize))
 }
 
 // config validates the flags, naming the flag and its allowed range.
 func (f *tracerFlags) config() (tracer.Config, error) {
 	cfg := tracer.DefaultConfig()
-	if f.flowMapSize < bundler.MinMapSize || f.flowMapSize > bundler.MaxFlowMapSize {
-		return cfg, fmt.Errorf("invalid --flow-map-size %d: allowed %d to %d", f.flowMapSize, bundler.MinMapSize, bundler.MaxFlowMapSize)
+	if f.flowMapSize < tracer.MinMapSize || f.flowMapSize > tracer.MaxFlowMapSize {
+		return cfg, fmt.Errorf("invalid --flow-map-size %d: allowed %d to %d", f.flowMapSize, tracer.MinMapSize, tracer.MaxFlowMapSize)
 	}
-	if f.portMapSize < bundler.MinMapSize || f.portMapSize > bundler.MaxPortMapSize {
-		return cfg, fmt.Errorf("invalid --port-map-size %d: allowed %d to %d", f.portMapSize, bundler.MinMapSize, bundler.MaxPortMapSize)
+	if f.portMapSize < tracer.MinMapSize || f.portMapSize > tracer.MaxPortMapSize {
+		return cfg, fmt.Errorf("invalid --port-map-size %d: allowed %d to %d", f.portMapSize, tracer.MinMapSize, tracer.MaxPortMapSize)
 	}
 	ns, err := netns.Resolve(f.netns)
 	if err != nil {

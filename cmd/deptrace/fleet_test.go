@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // fleetRoles are the programs of the fleet test: a client, a proxy that
@@ -110,7 +112,7 @@ func TestFleetGraph(t *testing.T) {
 	var agents []*proc
 	for _, h := range nw.Hosts {
 		p := startReady(t, "msg=\"agent started\"", "agent", "--netns", h.Name, "--store", dsn, "--interval", "1s",
-			"--host-id", "fleet", "--spool", filepath.Join(t.TempDir(), "spool"), "--metrics-listen", "")
+			"--host-id", "fleet", "--spool", filepath.Join(t.TempDir(), "spool"), "--metrics-listen", "", "--pin-path", testPinPath(t, h.Name))
 		agents = append(agents, p)
 	}
 
@@ -227,7 +229,7 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 	pg.Stop()
 
 	spool := filepath.Join(t.TempDir(), "spool.jsonl")
-	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", b.Name, "--store", pg.DSN, "--interval", "1s", "--host-id", "spooltest", "--spool", spool, "--metrics-listen", "")
+	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", b.Name, "--store", pg.DSN, "--interval", "1s", "--host-id", "spooltest", "--spool", spool, "--metrics-listen", "", "--pin-path", testPinPath(t, "spooltest"))
 	tcpTraffic(t, nw, 7000, 3)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -277,3 +279,88 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 }
 
 var agentSpoolStatus = agent.SpoolStatus
+
+// testPinPath is a pin path of this test's own, removed when it ends: the
+// default one belongs to a real agent, and agents of one test must not
+// share one.
+func testPinPath(t *testing.T, name string) string {
+	p := filepath.Join(filepath.Dir(tracer.DefaultPinPath), fmt.Sprintf("deptrace-test-%d-%s", os.Getpid(), name))
+	t.Cleanup(func() { tracer.Cleanup(p) })
+	return p
+}
+
+// An agent killed with SIGKILL loses nothing: its kernel side keeps
+// counting, the next agent adopts it, and the store holds every connection
+// (before the kill, while no agent ran, after), each once.
+func TestAgentKilledLosesNothing(t *testing.T) {
+	testnet.RequireRoot(t)
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	db := filepath.Join(t.TempDir(), "deptrace.db")
+	pin := testPinPath(t, "killed")
+	args := []string{"agent", "--netns", b.Name, "--store", db, "--interval", "1s", "--host-id", "killtest",
+		"--spool", filepath.Join(t.TempDir(), "spool"), "--metrics-listen", "", "--pin-path", pin}
+
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7400")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	connect := func(n int) {
+		for i := 0; i < n; i++ {
+			c, err := a.Dial("tcp4", b.IPv4.String()+":7400")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Write([]byte("x"))
+			c.Close()
+		}
+	}
+
+	first := startReady(t, "msg=\"agent started\"", args...)
+	connect(30)
+	time.Sleep(time.Second)
+	first.cmd.Process.Kill()
+	<-first.done
+	if _, err := os.Stat(pin); err != nil {
+		t.Fatalf("the killed agent left no kernel side: %v", err)
+	}
+	connect(20) // no agent runs
+
+	second := startReady(t, "msg=\"agent started\"", args...)
+	if !strings.Contains(second.errText(), "adopted the kernel side") {
+		t.Errorf("second agent did not adopt:\n%s", second.errText())
+	}
+	if _, _, code := run(t, nil, args...); code != 1 {
+		t.Errorf("a third agent on the same pin path started (exit %d); want a refusal", code)
+	}
+	connect(10)
+	time.Sleep(2 * time.Second)
+	second.cmd.Process.Signal(syscall.SIGTERM)
+	second.wait(t)
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Errorf("a clean stop left the kernel side pinned: %v", err)
+	}
+
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", db)
+	if code != 0 {
+		t.Fatal(stderr)
+	}
+	var g graph.Graph
+	json.Unmarshal([]byte(stdout), &g)
+	var conns uint64
+	for _, e := range g.Edges {
+		if e.To == graph.ServiceID("killtest/"+b.Name, "tcp", 7400) {
+			conns += e.Connections
+		}
+	}
+	if conns != 60 {
+		t.Errorf("the store holds %d of 60 connections:\n%s", conns, stdout)
+	}
+}

@@ -123,7 +123,7 @@ func TestAgentMetricsCountTraffic(t *testing.T) {
 	dir := t.TempDir()
 	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", "all", "--interval", "1s",
 		"--host-id", "metricstest", "--store", filepath.Join(dir, "deptrace.db"), "--spool", filepath.Join(dir, "spool"),
-		"--metrics-listen", "127.0.0.1:0", "--metrics-ttl", "3s")
+		"--metrics-listen", "127.0.0.1:0", "--metrics-ttl", "3s", "--pin-path", testPinPath(t, "metrics"))
 	m := regexp.MustCompile(`msg="metrics served" .*url=(\S+)`).FindStringSubmatch(p.errText())
 	if m == nil {
 		t.Fatalf("no metrics URL in the agent's log:\n%s", p.errText())

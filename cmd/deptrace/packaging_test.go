@@ -98,7 +98,7 @@ func TestUnitCapabilities(t *testing.T) {
 	}
 	caps := strings.Fields(amb[0])
 	slices.Sort(caps)
-	want := []string{"CAP_BPF", "CAP_NET_ADMIN", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE"}
+	want := []string{"CAP_BPF", "CAP_DAC_OVERRIDE", "CAP_NET_ADMIN", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE"}
 	if !slices.Equal(caps, want) {
 		t.Errorf("unit capabilities %v, want %v", caps, want)
 	}
@@ -119,7 +119,7 @@ func TestUnitCapabilities(t *testing.T) {
 	}
 }
 
-var capNumbers = map[string]uintptr{"CAP_NET_ADMIN": 12, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
+var capNumbers = map[string]uintptr{"CAP_DAC_OVERRIDE": 1, "CAP_NET_ADMIN": 12, "CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_PERFMON": 38, "CAP_BPF": 39}
 
 // The agent works as an unprivileged user holding only the unit's ambient
 // capabilities: it loads, attaches, finds the namespaces, and counts the
@@ -162,7 +162,7 @@ func TestAgentRunsWithTheUnitsCapabilitiesOnly(t *testing.T) {
 
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	p := startAs(t, asNobody(caps), "msg=\"agent started\"", "agent", "--netns", "all", "--interval", "1s", "--host-id", "captest",
+	p := startAs(t, asNobody(caps), "msg=\"agent started\"", "agent", "--netns", "all", "--interval", "1s", "--host-id", "captest", "--pin-path", testPinPath(t, "captest"),
 		"--store", filepath.Join(state, "deptrace.db"), "--spool", filepath.Join(state, "spool.jsonl"), "--metrics-listen", "127.0.0.1:0")
 	m := regexp.MustCompile(`msg="metrics served" .*url=(\S+)`).FindStringSubmatch(p.errText())
 	if m == nil {

@@ -31,6 +31,9 @@ type Config struct {
 	// MetricsListen is where /metrics is served; "" disables metrics.
 	MetricsListen string
 	Metrics       metrics.Options
+	// KeepTracing leaves a pinned kernel side (Tracer.PinPath) attached
+	// and counting when the agent stops, for the next agent to adopt.
+	KeepTracing bool
 }
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
@@ -63,9 +66,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return err
 	}
-	defer t.Close()
+	defer func() {
+		if cfg.KeepTracing {
+			t.Release()
+			log.Info("kernel side left attached and counting for the next agent", "pin_path", cfg.Tracer.PinPath)
+			return
+		}
+		if err := t.Close(); err != nil {
+			log.Warn("removing the pinned kernel side", "pin_path", cfg.Tracer.PinPath, "err", err)
+		}
+	}()
+	if ad := t.Adoption(); ad.MountedBPFFS {
+		log.Info("mounted bpffs for the pinned kernel side", "path", cfg.Tracer.PinPath)
+	}
+	switch ad := t.Adoption(); {
+	case ad.Adopted:
+		log.Info("adopted the kernel side a previous agent left counting", "pin_path", cfg.Tracer.PinPath)
+	case ad.Replaced != "":
+		log.Warn("replaced a pinned kernel side", "pin_path", cfg.Tracer.PinPath, "why", ad.Replaced,
+			"flows_salvaged", ad.Salvaged, "entries_lost", ad.Unreadable)
+	}
 	for _, h := range t.Hooks() {
-		if !h.Active {
+		if !h.Active && !h.Standby {
 			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
 		}
 	}
