@@ -83,7 +83,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	}
 	defer t.Close()
 	for _, h := range t.Hooks() {
-		if !h.Active {
+		if !h.Active && !h.Standby {
 			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
 		}
 	}
