@@ -31,3 +31,27 @@ if ! command -v chromium-headless-shell >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null
 fi
+
+# --- real software (tests/realsoftware): the privileged tests drive Debian's
+# nginx, gunicorn, curl and nftables (psql comes with postgresql above; ss and
+# nstat with iproute2); they fail under CI=true without them. The tests start
+# their own nginx; a packaged nginx service that this install starts (where
+# services start on install) is stopped and disabled again.
+real_need=()
+command -v nginx >/dev/null || real_need+=(nginx)
+command -v gunicorn >/dev/null || real_need+=(gunicorn)
+command -v curl >/dev/null || real_need+=(curl)
+command -v nft >/dev/null || real_need+=(nftables)
+command -v psql >/dev/null || real_need+=(postgresql-client)
+if [ ${#real_need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps: missing ${real_need[*]}; run as root or: sudo apt-get install ${real_need[*]}" >&2
+    exit 1
+  fi
+  echo "deps: installing ${real_need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${real_need[@]}" >/dev/null
+  if [[ " ${real_need[*]} " == *" nginx "* ]] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    systemctl disable --now nginx >/dev/null 2>&1 || true
+  fi
+fi
