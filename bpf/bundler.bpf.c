@@ -143,7 +143,7 @@ struct sock_state {
 	__u32 rep_retrans;
 	__u32 open_pending;  /* 1 while the open is not counted yet */
 	__u32 latency_us;    /* connect latency of the pending open */
-	__u32 _pad;
+	__u32 connect_err;   /* TCP: an error the application read with SO_ERROR while connecting */
 	/* connected UDP: per-datagram counters, taken by exchange */
 	__u64 udp_bytes_sent;
 	__u64 udp_bytes_received;
@@ -516,12 +516,17 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 	st->open_pending = 1;
 }
 
-/* Why an open failed, from the error the kernel gave the socket. */
-static __always_inline void count_failure(struct flow_value *v, const struct sock *sk)
+/* Why an open failed, from the error the kernel gave the socket, or that
+ * the application already read from it (an ICMP error that arrives while
+ * connect() holds the socket lock is only a soft error, and SO_ERROR
+ * clears it). */
+static __always_inline void count_failure(struct flow_value *v, const struct sock *sk, const struct sock_state *st)
 {
 	int err = sk->sk_err;
 	if (!err)
 		err = sk->sk_err_soft;
+	if (!err && st)
+		err = st->connect_err;
 	__sync_fetch_and_add(&v->failed_connections, 1);
 	switch (err) {
 	case ECONNREFUSED:
@@ -552,7 +557,7 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return;
-	count_failure(v, sk);
+	count_failure(v, sk, st && st->kind == SK_TCP ? st : NULL);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp && tp->total_retrans)
 		__sync_fetch_and_add(&v->retransmits, tp->total_retrans);
@@ -610,6 +615,10 @@ static __always_inline void count_reset(struct sock *sk, bool sent)
 {
 	if (!sk)
 		return;
+	/* A RST in answer to a SYN is a refused connect, counted as such. */
+	int state = sk->__sk_common.skc_state;
+	if (state == TCP_SYN_SENT || state == TCP_SYN_RECV)
+		return;
 	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
 	if (!st || st->kind != SK_TCP)
 		return;
@@ -635,6 +644,27 @@ int BPF_PROG(on_receive_reset, struct sock *sk)
 {
 	count_reset(sk, false);
 	return 0;
+}
+
+/* The error a connecting application reads with getsockopt(SO_ERROR),
+ * which clears it before the socket closes: kept for the close. */
+#define SOL_SOCKET 1
+#define SO_ERROR 4
+SEC("cgroup/getsockopt")
+int connect_error(struct bpf_sockopt *ctx)
+{
+	if (ctx->level != SOL_SOCKET || ctx->optname != SO_ERROR)
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk || sk->protocol != IPPROTO_TCP || sk->state != TCP_SYN_SENT)
+		return 1;
+	int *val = ctx->optval;
+	if ((void *)(val + 1) > ctx->optval_end || *val == 0)
+		return 1;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st && st->kind == SK_TCP)
+		st->connect_err = *val;
+	return 1;
 }
 
 /* ---- listeners ---- */

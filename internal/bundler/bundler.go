@@ -99,6 +99,8 @@ var hookDefs = []hookDef{
 		provides: "UDP datagrams and unix sockets sent, where sock_send_length is missing (before 6.3)"},
 	{program: "on_recv_fexit", hook: "fexit/sock_recvmsg", kind: kindFexit, requires: []string{"sock_recvmsg"}, fallbackFor: "on_recv",
 		provides: "UDP datagrams and unix sockets received, where sock_recv_length is missing (before 6.3)"},
+	{program: "connect_error", hook: "cgroup/getsockopt", kind: kindCgroup, attach: ebpf.AttachCGroupGetsockopt,
+		provides: "the cause of a failed connect whose error the application read itself (SO_ERROR) before closing"},
 	{program: "udp_sendmsg4", hook: "cgroup/sendmsg4", kind: kindCgroup, attach: ebpf.AttachCGroupUDP4Sendmsg,
 		provides: "peers of IPv4 UDP datagrams sent with sendto() on unconnected sockets"},
 	{program: "udp_sendmsg6", hook: "cgroup/sendmsg6", kind: kindCgroup, attach: ebpf.AttachCGroupUDP6Sendmsg,

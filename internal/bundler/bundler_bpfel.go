@@ -120,7 +120,7 @@ type bundlerSockState struct {
 	RepRetrans        uint32
 	OpenPending       uint32
 	LatencyUs         uint32
-	Pad               uint32
+	ConnectErr        uint32
 	UdpBytesSent      uint64
 	UdpBytesReceived  uint64
 	UdpDgramsSent     uint64
@@ -160,6 +160,7 @@ const (
 	bundlerMapSocks             = "socks"
 	bundlerMapStats             = "stats"
 	bundlerMapUnixPaths         = "unix_paths"
+	bundlerProgConnectError     = "connect_error"
 	bundlerProgHarvest          = "harvest"
 	bundlerProgOnReceiveReset   = "on_receive_reset"
 	bundlerProgOnRecv           = "on_recv"
@@ -231,6 +232,7 @@ type bundlerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerProgramSpecs struct {
+	ConnectError   *ebpf.ProgramSpec `ebpf:"connect_error"`
 	Harvest        *ebpf.ProgramSpec `ebpf:"harvest"`
 	OnReceiveReset *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
 	OnRecv         *ebpf.ProgramSpec `ebpf:"on_recv"`
@@ -339,6 +341,7 @@ type bundlerVariables struct {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerPrograms struct {
+	ConnectError   *ebpf.Program `ebpf:"connect_error"`
 	Harvest        *ebpf.Program `ebpf:"harvest"`
 	OnReceiveReset *ebpf.Program `ebpf:"on_receive_reset"`
 	OnRecv         *ebpf.Program `ebpf:"on_recv"`
@@ -358,6 +361,7 @@ type bundlerPrograms struct {
 
 func (p *bundlerPrograms) Close() error {
 	return _BundlerClose(
+		p.ConnectError,
 		p.Harvest,
 		p.OnReceiveReset,
 		p.OnRecv,
