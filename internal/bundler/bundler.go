@@ -170,6 +170,9 @@ func Load(cfg Config) (*Bundler, error) {
 	if _, err := kernel.BTF(); err != nil {
 		return nil, err
 	}
+	if err := kernel.Prepare(); err != nil {
+		return nil, err
+	}
 	spec, err := loadBundler()
 	if err != nil {
 		return nil, fmt.Errorf("parse bundler object: %w", err)
