@@ -11,6 +11,7 @@ import (
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // seedStore writes a small history: client -> web:80 -> db:5432 an hour
@@ -29,7 +30,7 @@ func seedStore(t *testing.T, path string) string {
 	old := now.Add(-time.Hour)
 	o := func(host, dir, local, remote string, port uint16, comm string, at time.Time) store.Observation {
 		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local,
-			RemoteAddr: remote, Port: port, Comm: comm, Connections: 4, BytesSent: 10, BytesReceived: 20, FirstSeen: at, LastSeen: at}
+			RemoteAddr: remote, Port: port, Comm: comm, Counters: tracer.Counters{Connections: 4, BytesSent: 10, BytesReceived: 20}, FirstSeen: at, LastSeen: at}
 	}
 	b := store.Batch{
 		Hosts: []store.Host{

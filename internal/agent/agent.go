@@ -114,12 +114,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
-// Observation turns one flow seen on host into a stored observation.
+// Observation turns one flow seen on host into a stored observation. For
+// unix flows the addresses are socket paths and the peer process is kept:
+// outbound, RemoteAddr is the server's socket and PeerComm the server;
+// inbound, LocalAddr is the socket and PeerComm the client.
 func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observation {
 	return store.Observation{
 		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: f.Direction, Proto: f.Proto,
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
-		Connections: f.Connections, FailedConnections: f.FailedConnections, BytesSent: f.BytesSent, BytesReceived: f.BytesReceived,
+		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
 	}
 }

@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 func batch(n int) store.Batch {
 	return store.Batch{Observations: []store.Observation{{HostID: "h", Direction: "outbound", Proto: "tcp",
-		LocalAddr: "198.51.100.1", RemoteAddr: "198.51.100.2", Port: uint16(n), Connections: uint64(n), LastSeen: time.Unix(int64(n), 0)}}}
+		LocalAddr: "198.51.100.1", RemoteAddr: "198.51.100.2", Port: uint16(n), Counters: tracer.Counters{Connections: uint64(n)}, LastSeen: time.Unix(int64(n), 0)}}}
 }
 
 func TestSpoolKeepsOrderAndRetriesWhatFailed(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // Node kinds.
@@ -34,19 +35,17 @@ type Node struct {
 }
 
 // Edge points from a client (process or external client) to a service
-// (service or external server). BytesSent flows client to server,
-// BytesReceived server to client.
+// (service or external server). Its counters are the client's point of
+// view: *Sent flows client to server, *Received server to client (bytes,
+// datagrams, resets), whichever end reported them.
 type Edge struct {
-	From              string    `json:"from"`
-	To                string    `json:"to"`
-	Proto             string    `json:"proto"`
-	Port              uint16    `json:"port"`
-	Connections       uint64    `json:"connections"`
-	FailedConnections uint64    `json:"failed_connections"`
-	BytesSent         uint64    `json:"bytes_sent"`
-	BytesReceived     uint64    `json:"bytes_received"`
-	FirstSeen         time.Time `json:"first_seen"`
-	LastSeen          time.Time `json:"last_seen"`
+	From  string `json:"from"`
+	To    string `json:"to"`
+	Proto string `json:"proto"`
+	Port  uint16 `json:"port"`
+	tracer.Counters
+	FirstSeen time.Time `json:"first_seen"`
+	LastSeen  time.Time `json:"last_seen"`
 }
 
 // Graph is a set of nodes and the edges between them.
@@ -98,21 +97,22 @@ type side struct {
 	proto                  string
 	port                   uint16
 	process                string
-	conns, failed          uint64
-	toServer, toClient     uint64
+	c                      tracer.Counters // the client's point of view
 	first, last            time.Time
 }
 
-func (s *side) add(o store.Observation, outbound bool) {
-	s.conns += o.Connections
-	s.failed += o.FailedConnections
-	if outbound {
-		s.toServer += o.BytesSent
-		s.toClient += o.BytesReceived
-	} else {
-		s.toServer += o.BytesReceived
-		s.toClient += o.BytesSent
+// clientView turns a server's counters to the client's point of view.
+func clientView(c tracer.Counters, outbound bool) tracer.Counters {
+	if !outbound {
+		c.BytesSent, c.BytesReceived = c.BytesReceived, c.BytesSent
+		c.DatagramsSent, c.DatagramsReceived = c.DatagramsReceived, c.DatagramsSent
+		c.ResetsSent, c.ResetsReceived = c.ResetsReceived, c.ResetsSent
 	}
+	return c
+}
+
+func (s *side) add(o store.Observation, outbound bool) {
+	s.c.Add(clientView(o.Counters, outbound))
 	if s.first.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(s.first)) {
 		s.first = o.FirstSeen
 	}
@@ -247,10 +247,7 @@ func (b *builder) edge(from, to string, s *side) {
 		e = &Edge{From: from, To: to, Proto: s.proto, Port: s.port, FirstSeen: s.first}
 		b.edges[k] = e
 	}
-	e.Connections += s.conns
-	e.FailedConnections += s.failed
-	e.BytesSent += s.toServer
-	e.BytesReceived += s.toClient
+	e.Counters.Add(s.c)
 	if !s.first.IsZero() && s.first.Before(e.FirstSeen) {
 		e.FirstSeen = s.first
 	}

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 var at = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 
 func o(host, dir, local, remote string, port uint16, comm string, conns, sent, recv uint64) store.Observation {
 	return store.Observation{HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local, RemoteAddr: remote, Port: port,
-		Comm: comm, Connections: conns, BytesSent: sent, BytesReceived: recv, FirstSeen: at, LastSeen: at.Add(time.Minute)}
+		Comm: comm, Counters: tracer.Counters{Connections: conns, BytesSent: sent, BytesReceived: recv}, FirstSeen: at, LastSeen: at.Add(time.Minute)}
 }
 
 var hosts = []store.Host{
@@ -226,5 +227,28 @@ func TestFormats(t *testing.T) {
 	}
 	if err := Write(&buf, g, "png"); err == nil || !strings.Contains(err.Error(), "json, dot, mermaid") {
 		t.Errorf("bad format: %v", err)
+	}
+}
+
+// UDP has no connections: its edges read in datagrams, turned to the
+// client's point of view when only the server reports.
+func TestUDPEdgesCountDatagrams(t *testing.T) {
+	dns := o("db", "inbound", "198.51.100.4", "198.51.100.1", 53, "unbound", 0, 900, 100)
+	dns.Proto, dns.DatagramsSent, dns.DatagramsReceived = "udp", 10, 12
+	g := Build([]store.Observation{dns}, hosts)
+	e := edge(t, g, ProcessID("client", ""), ServiceID("db", "udp", 53))
+	if e.DatagramsSent != 12 || e.DatagramsReceived != 10 || e.BytesSent != 100 {
+		t.Errorf("client view of the server's counters: %+v", e)
+	}
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hosts, "unbound")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	if !strings.Contains(buf.String(), "via udp/53  dgrams=12/10 sent=100 recv=900") || strings.Contains(buf.String(), "conns=") {
+		t.Errorf("look:\n%s", buf.String())
+	}
+	buf.Reset()
+	Write(&buf, g, "mermaid")
+	if !strings.Contains(buf.String(), "udp/53 22 datagrams") {
+		t.Errorf("mermaid:\n%s", buf.String())
 	}
 }

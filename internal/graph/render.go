@@ -62,9 +62,27 @@ func endpoint(addr string, port uint16) string {
 	return netip.AddrPortFrom(a, port).String()
 }
 
+// volume is how much an edge carried: connections for connection
+// protocols, datagrams (sent/received by the client) for UDP, which has no
+// connections.
+func volume(e Edge) string {
+	if e.Proto == "udp" {
+		return fmt.Sprintf("dgrams=%d/%d", e.DatagramsSent, e.DatagramsReceived)
+	}
+	return fmt.Sprintf("conns=%d failed=%d", e.Connections, e.FailedConnections)
+}
+
+// shortVolume labels an edge in a picture.
+func shortVolume(e Edge) string {
+	if e.Proto == "udp" {
+		return fmt.Sprintf("%d datagrams", e.DatagramsSent+e.DatagramsReceived)
+	}
+	return fmt.Sprintf("%d conns", e.Connections)
+}
+
 func counters(e Edge) string {
-	return fmt.Sprintf("conns=%d failed=%d sent=%d recv=%d last=%s",
-		e.Connections, e.FailedConnections, e.BytesSent, e.BytesReceived, e.LastSeen.Local().Format(time.DateTime))
+	return fmt.Sprintf("%s sent=%d recv=%d last=%s",
+		volume(e), e.BytesSent, e.BytesReceived, e.LastSeen.Local().Format(time.DateTime))
 }
 
 // WriteTrees renders look's trees the way operators read ss output: one
@@ -155,7 +173,7 @@ func writeDOT(w io.Writer, g Graph) error {
 	}
 	for _, e := range g.Edges {
 		fmt.Fprintf(&sb, "  %s -> %s [label=%s];\n", dotQuote(e.From), dotQuote(e.To),
-			dotQuote(fmt.Sprintf("%s/%d conns=%d", e.Proto, e.Port, e.Connections)))
+			dotQuote(fmt.Sprintf("%s/%d %s", e.Proto, e.Port, shortVolume(e))))
 	}
 	sb.WriteString("}\n")
 	_, err := io.WriteString(w, sb.String())
@@ -181,7 +199,7 @@ func writeMermaid(w io.Writer, g Graph) error {
 		fmt.Fprintf(&sb, "  %s%s\"%s\"%s\n", ids[n.ID], open, esc(Label(n)), close)
 	}
 	for _, e := range g.Edges {
-		fmt.Fprintf(&sb, "  %s -->|\"%s/%d %d conns\"| %s\n", ids[e.From], e.Proto, e.Port, e.Connections, ids[e.To])
+		fmt.Fprintf(&sb, "  %s -->|\"%s/%d %s\"| %s\n", ids[e.From], e.Proto, e.Port, shortVolume(e), ids[e.To])
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err

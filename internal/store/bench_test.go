@@ -19,6 +19,7 @@ import (
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 func benchBackends(b *testing.B) map[string]string {
@@ -65,7 +66,7 @@ func BenchmarkIngest(b *testing.B) {
 							batch.Observations = append(batch.Observations, store.Observation{
 								Bucket: at.Add(time.Duration(i) * time.Minute), HostID: host, Direction: "outbound", Proto: "tcp",
 								LocalAddr: hostAddr(a), RemoteAddr: hostAddr(e), Port: 5432, Comm: "app",
-								Connections: 3, BytesSent: 100, BytesReceived: 1000, FirstSeen: at, LastSeen: at})
+								Counters: tracer.Counters{Connections: 3, BytesSent: 100, BytesReceived: 1000}, FirstSeen: at, LastSeen: at})
 						}
 						if err := stores[a].Write(context.Background(), batch); err != nil {
 							b.Error(err)
@@ -106,12 +107,12 @@ func dayOfHistory(b *testing.B, s *store.Store, now time.Time) {
 					batch.Observations = append(batch.Observations,
 						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
 							LocalAddr: hostAddr(h), RemoteAddr: hostAddr(peer), Port: ports[svc], Comm: "app",
-							Connections: 5, BytesSent: 500, BytesReceived: 5000, FirstSeen: at, LastSeen: at.Add(time.Second)})
+							Counters: tracer.Counters{Connections: 5, BytesSent: 500, BytesReceived: 5000}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					if k < 3 { // the service's own view names its process
 						batch.Observations = append(batch.Observations,
 							store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
 								LocalAddr: hostAddr(peer), RemoteAddr: hostAddr(h), Port: ports[svc], Comm: procs[svc],
-								Connections: 5, BytesSent: 5000, BytesReceived: 500, FirstSeen: at, LastSeen: at.Add(time.Second)})
+								Counters: tracer.Counters{Connections: 5, BytesSent: 5000, BytesReceived: 500}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					}
 				}
 			}
