@@ -45,6 +45,8 @@ func seedStore(t *testing.T, path string) string {
 			o("db", "inbound", "198.51.100.3", "198.51.100.2", 5432, "postgres", old),
 			o("web", "outbound", "198.51.100.2", "203.0.113.5", 6379, "nginx", now.Add(-2*time.Minute)),
 		},
+		Listeners: []store.Listener{{Bucket: old.Truncate(time.Minute), HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres",
+			BacklogLimit: 16, QueueMax: 16, Drops: 2, FirstSeen: old, LastSeen: old}},
 	}
 	if err := s.Write(context.Background(), b); err != nil {
 		t.Fatal(err)
@@ -67,7 +69,7 @@ func lookGraphDiff(t *testing.T, db string) {
 	}
 	for _, want := range []string{
 		"nginx on web (198.51.100.2)",
-		"-> tcp 198.51.100.3:5432 postgres on db  conns=4",
+		"-> tcp 198.51.100.3:5432 postgres on db  [listen backlog=16 queue_max=16 drops=2 DROPPING]  conns=4",
 		"-> tcp 203.0.113.5:6379 (external)",
 		"<- curl on client (198.51.100.1)  via tcp/80  conns=4",
 	} {
@@ -81,6 +83,10 @@ func lookGraphDiff(t *testing.T, db string) {
 		t.Errorf("look --reverse:\n%s", out)
 	}
 
+	out, _, _ = run(t, nil, "graph", "--format", "json", "--store", db)
+	if !strings.Contains(out, `"unhealthy": true`) || !strings.Contains(out, `"drops": 2`) || !strings.Contains(out, "accept queue full") {
+		t.Errorf("graph json does not flag the dropping service:\n%s", out)
+	}
 	out, _, _ = run(t, nil, "graph", "--format", "json", "--store", db, "--since", "10m")
 	var g graph.Graph
 	if err := json.Unmarshal([]byte(out), &g); err != nil {

@@ -173,7 +173,11 @@ func loadGraph(ctx context.Context, st *store.Store, r store.Range) (graph.Graph
 	if err != nil {
 		return graph.Graph{}, nil, err
 	}
-	return graph.Build(obs, hosts), hosts, nil
+	listeners, err := st.Listeners(ctx, r)
+	if err != nil {
+		return graph.Graph{}, nil, err
+	}
+	return graph.Build(obs, hosts, listeners), hosts, nil
 }
 
 func newLookCmd() *cobra.Command {

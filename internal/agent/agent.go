@@ -96,7 +96,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		}
 		n++
-		if len(b.Observations)+len(b.Services) == 0 {
+		if len(b.Observations)+len(b.Services)+len(b.Listeners) == 0 {
 			return nil
 		}
 		select {
@@ -124,6 +124,16 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
 		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
+	}
+}
+
+// Listener turns one listening socket's interval record, seen on host,
+// into a stored listener.
+func Listener(host string, l tracer.Listener, bucket time.Duration) store.Listener {
+	return store.Listener{
+		Bucket: l.Time.Truncate(bucket), HostID: host, Proto: l.Proto, LocalAddr: l.LocalAddr, Port: l.Port,
+		PID: l.PID, Comm: l.Comm, BacklogLimit: l.BacklogLimit, QueueMax: l.QueueMax, Drops: l.Drops,
+		FirstSeen: l.Time, LastSeen: l.Time,
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
@@ -32,6 +33,21 @@ type Node struct {
 	Port    uint16 `json:"port"`
 	Proto   string `json:"proto"`
 	Process string `json:"process"`
+	// Listen queue of a TCP service whose agent reports listener state:
+	// the listen backlog, the deepest accept queue seen in the range, and
+	// connections dropped because the queue was full. Nil otherwise.
+	Listener *ListenerState `json:"listener,omitempty"`
+	// Unhealthy marks a service that dropped connections; Reasons says
+	// why, one phrase each.
+	Unhealthy bool     `json:"unhealthy"`
+	Reasons   []string `json:"reasons,omitempty"`
+}
+
+// ListenerState is a service's accept queue over the range.
+type ListenerState struct {
+	BacklogLimit uint32 `json:"backlog_limit"`
+	QueueMax     uint32 `json:"queue_max"`
+	Drops        uint64 `json:"drops"`
 }
 
 // Edge points from a client (process or external client) to a service
@@ -44,8 +60,47 @@ type Edge struct {
 	Proto string `json:"proto"`
 	Port  uint16 `json:"port"`
 	tracer.Counters
-	FirstSeen time.Time `json:"first_seen"`
-	LastSeen  time.Time `json:"last_seen"`
+	// ConnectLatencyAvgUs is connect_latency_sum_us / connect_latency_count
+	// (0 when nothing was measured).
+	ConnectLatencyAvgUs uint64    `json:"connect_latency_avg_us"`
+	FirstSeen           time.Time `json:"first_seen"`
+	LastSeen            time.Time `json:"last_seen"`
+	// Unhealthy: failed connections, resets or retransmissions on the
+	// edge (tracer.Counters.Unhealthy); Reasons lists them.
+	Unhealthy bool     `json:"unhealthy"`
+	Reasons   []string `json:"reasons,omitempty"`
+}
+
+// health fills the derived fields from the counters.
+func (e *Edge) health() {
+	c := e.Counters
+	if c.ConnectLatencyCount > 0 {
+		e.ConnectLatencyAvgUs = c.ConnectLatencySumUs / c.ConnectLatencyCount
+	}
+	e.Unhealthy = c.Unhealthy()
+	e.Reasons = nil
+	if c.FailedConnections > 0 {
+		var causes []string
+		for _, x := range []struct {
+			n    uint64
+			name string
+		}{{c.FailedRefused, "refused"}, {c.FailedTimeout, "timed out"}, {c.FailedReset, "reset"}, {c.FailedUnreachable, "unreachable"}} {
+			if x.n > 0 {
+				causes = append(causes, fmt.Sprintf("%d %s", x.n, x.name))
+			}
+		}
+		r := fmt.Sprintf("%d failed connections", c.FailedConnections)
+		if len(causes) > 0 {
+			r += " (" + strings.Join(causes, ", ") + ")"
+		}
+		e.Reasons = append(e.Reasons, r)
+	}
+	if c.ResetsSent+c.ResetsReceived > 0 {
+		e.Reasons = append(e.Reasons, fmt.Sprintf("%d resets sent by the client, %d received", c.ResetsSent, c.ResetsReceived))
+	}
+	if c.Retransmits > 0 {
+		e.Reasons = append(e.Reasons, fmt.Sprintf("%d retransmitted segments", c.Retransmits))
+	}
 }
 
 // Graph is a set of nodes and the edges between them.
@@ -124,7 +179,9 @@ func (s *side) add(o store.Observation, outbound bool) {
 // Build joins observations into the graph. For every dependency the
 // client's view gives the counters when the client runs an agent, the
 // server's otherwise; the server's view names the service's process.
-func Build(obs []store.Observation, hosts []store.Host) Graph {
+// Listener state goes on the service nodes; a listener that dropped
+// connections makes its service node even when no edge reached it.
+func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listener) Graph {
 	own := newOwners(hosts)
 	hostAddr := map[string]string{}
 	for _, h := range hosts {
@@ -215,7 +272,41 @@ func Build(obs []store.Observation, hosts []store.Host) Graph {
 		}
 		g.edge(from, to, in)
 	}
+	g.listeners(listeners, hostAddr)
 	return g.graph()
+}
+
+// listeners puts each service's accept-queue state on its node: summed
+// drops and deepest queue over its addresses, the largest backlog.
+func (b *builder) listeners(ls []store.Listener, hostAddr map[string]string) {
+	for _, l := range ls {
+		id := ServiceID(l.HostID, l.Proto, l.Port)
+		n, ok := b.nodes[id]
+		if !ok {
+			if l.Drops == 0 {
+				continue
+			}
+			n = Node{ID: id, Kind: KindService, Host: l.HostID, Addr: hostAddr[l.HostID], Port: l.Port, Proto: l.Proto, Process: l.Comm}
+		}
+		if n.Listener == nil {
+			n.Listener = &ListenerState{}
+		}
+		n.Listener.BacklogLimit = max(n.Listener.BacklogLimit, l.BacklogLimit)
+		n.Listener.QueueMax = max(n.Listener.QueueMax, l.QueueMax)
+		n.Listener.Drops += l.Drops
+		if n.Process == "" {
+			n.Process = l.Comm
+		}
+		b.nodes[id] = n
+	}
+	for id, n := range b.nodes {
+		if n.Listener != nil && n.Listener.Drops > 0 {
+			n.Unhealthy = true
+			n.Reasons = []string{fmt.Sprintf("%d connections dropped: accept queue full (backlog %d, deepest queue %d)",
+				n.Listener.Drops, n.Listener.BacklogLimit, n.Listener.QueueMax)}
+			b.nodes[id] = n
+		}
+	}
 }
 
 type builder struct {
@@ -262,6 +353,7 @@ func (b *builder) graph() Graph {
 		g.Nodes = append(g.Nodes, n)
 	}
 	for _, e := range b.edges {
+		e.health()
 		g.Edges = append(g.Edges, *e)
 	}
 	slices.SortFunc(g.Nodes, func(a, b Node) int { return cmp.Compare(a.ID, b.ID) })

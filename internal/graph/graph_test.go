@@ -62,7 +62,7 @@ func node(t *testing.T, g Graph, id string) Node {
 }
 
 func TestBothEndsJoinIntoOneEdge(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	if len(g.Edges) != 4 {
 		t.Fatalf("%d edges, want 4: %+v", len(g.Edges), g.Edges)
 	}
@@ -88,7 +88,7 @@ func TestBothEndsJoinIntoOneEdge(t *testing.T) {
 func TestOnlyTheServerReports(t *testing.T) {
 	// A client with no agent: the server's view makes the edge, from an
 	// external client, with bytes turned to the client's point of view.
-	g := Build([]store.Observation{o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 3, 900, 100)}, hosts)
+	g := Build([]store.Observation{o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 3, 900, 100)}, hosts, nil)
 	e := edge(t, g, ExternalID("203.0.113.9", 0), ServiceID("db", "tcp", 5432))
 	if e.Connections != 3 || e.BytesSent != 100 || e.BytesReceived != 900 {
 		t.Errorf("%+v", e)
@@ -100,7 +100,7 @@ func TestLoopbackStaysOnTheHost(t *testing.T) {
 		o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),
 		o("web", "inbound", "127.0.0.1", "127.0.0.1", 6379, "redis-server", 2, 10, 10),
 		o("client", "outbound", "127.0.0.1", "127.0.0.1", 6379, "other", 1, 1, 1), // another host's loopback
-	}, hosts)
+	}, hosts, nil)
 	if len(g.Edges) != 2 {
 		t.Fatalf("edges %+v", g.Edges)
 	}
@@ -112,7 +112,7 @@ func TestLoopbackStaysOnTheHost(t *testing.T) {
 }
 
 func TestResolve(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	cases := map[string][]string{
 		"postgres":          {ProcessID("db", "postgres")},
 		"198.51.100.4":      {ProcessID("db", "postgres")},
@@ -132,7 +132,7 @@ func TestResolve(t *testing.T) {
 }
 
 func TestLookDepthAndReverse(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	roots, _ := Resolve(g, hosts, "nginx")
 	trees := Look(g, roots, 1, true, true)
 	if len(trees) != 1 || len(trees[0].Outbound) != 1 || len(trees[0].Outbound[0].Children) != 0 || len(trees[0].Inbound) != 1 {
@@ -163,7 +163,7 @@ func TestCyclesAreShownOnce(t *testing.T) {
 		o("app", "outbound", "198.51.100.3", "198.51.100.2", 9001, "b", 1, 1, 1),
 		o("web", "inbound", "198.51.100.2", "198.51.100.3", 9001, "a", 1, 1, 1),
 	}
-	g := Build(obs, hosts)
+	g := Build(obs, hosts, nil)
 	roots, _ := Resolve(g, hosts, "a")
 	trees := Look(g, roots, 0, true, false)
 	b := trees[0].Outbound[0]
@@ -178,13 +178,13 @@ func TestCyclesAreShownOnce(t *testing.T) {
 }
 
 func TestReachableAndDiff(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	roots, _ := Resolve(g, hosts, "198.51.100.3:8080")
 	sub := Reachable(g, roots, 1)
 	if len(sub.Edges) != 3 { // nginx->app, app->db, app->external
 		t.Errorf("reachable depth 1: %+v", sub.Edges)
 	}
-	before := Build(chain()[:4], hosts)
+	before := Build(chain()[:4], hosts, nil)
 	appeared, disappeared := Diff(before, g)
 	if len(appeared) != 2 || len(disappeared) != 0 {
 		t.Errorf("diff: +%v -%v", appeared, disappeared)
@@ -196,7 +196,7 @@ func TestReachableAndDiff(t *testing.T) {
 }
 
 func TestFormats(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	var buf bytes.Buffer
 	if err := Write(&buf, g, "json"); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestFormats(t *testing.T) {
 func TestUDPEdgesCountDatagrams(t *testing.T) {
 	dns := o("db", "inbound", "198.51.100.4", "198.51.100.1", 53, "unbound", 0, 900, 100)
 	dns.Proto, dns.DatagramsSent, dns.DatagramsReceived = "udp", 10, 12
-	g := Build([]store.Observation{dns}, hosts)
+	g := Build([]store.Observation{dns}, hosts, nil)
 	e := edge(t, g, ProcessID("client", ""), ServiceID("db", "udp", 53))
 	if e.DatagramsSent != 12 || e.DatagramsReceived != 10 || e.BytesSent != 100 {
 		t.Errorf("client view of the server's counters: %+v", e)
@@ -250,5 +250,74 @@ func TestUDPEdgesCountDatagrams(t *testing.T) {
 	Write(&buf, g, "mermaid")
 	if !strings.Contains(buf.String(), "udp/53 22 datagrams") {
 		t.Errorf("mermaid:\n%s", buf.String())
+	}
+}
+
+// Health: an edge with failures, resets or retransmits is marked with its
+// reasons; a service whose accept queue dropped connections is flagged,
+// and one that only dropped (no edge reached it) still shows.
+func TestHealthOfEdgesAndListeners(t *testing.T) {
+	obs := chain()
+	obs[4].FailedConnections, obs[4].FailedRefused, obs[4].FailedTimeout = 3, 2, 1
+	obs[4].ConnectLatencyCount, obs[4].ConnectLatencySumUs, obs[4].ConnectLatencyMaxUs = 20, 40000, 9000
+	obs[4].Retransmits = 7
+	listeners := []store.Listener{
+		{HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres", BacklogLimit: 128, QueueMax: 128, Drops: 12},
+		{HostID: "db", Proto: "tcp", LocalAddr: "::", Port: 5432, Comm: "postgres", BacklogLimit: 128, QueueMax: 40, Drops: 3},
+		{HostID: "app", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 8080, Comm: "app", BacklogLimit: 4096, QueueMax: 2},
+		{HostID: "web", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 9999, Comm: "stuck", BacklogLimit: 1, QueueMax: 1, Drops: 10},
+	}
+	g := Build(obs, hosts, listeners)
+	e := edge(t, g, ProcessID("app", "app"), ServiceID("db", "tcp", 5432))
+	if !e.Unhealthy || e.ConnectLatencyAvgUs != 2000 || len(e.Reasons) != 2 ||
+		e.Reasons[0] != "3 failed connections (2 refused, 1 timed out)" || e.Reasons[1] != "7 retransmitted segments" {
+		t.Errorf("unhealthy edge: %+v", e)
+	}
+	if e := edge(t, g, ProcessID("web", "nginx"), ServiceID("app", "tcp", 8080)); e.Unhealthy || e.Reasons != nil {
+		t.Errorf("healthy edge marked: %+v", e)
+	}
+	db := node(t, g, ServiceID("db", "tcp", 5432))
+	if db.Listener == nil || *db.Listener != (ListenerState{BacklogLimit: 128, QueueMax: 128, Drops: 15}) || !db.Unhealthy ||
+		!strings.Contains(db.Reasons[0], "15 connections dropped") {
+		t.Errorf("dropping service: %+v %+v", db, db.Listener)
+	}
+	if app := node(t, g, ServiceID("app", "tcp", 8080)); app.Unhealthy || app.Listener == nil || app.Listener.BacklogLimit != 4096 {
+		t.Errorf("healthy listener: %+v", app)
+	}
+	if stuck := node(t, g, ServiceID("web", "tcp", 9999)); !stuck.Unhealthy || stuck.Process != "stuck" {
+		t.Errorf("a service that only drops: %+v", stuck)
+	}
+
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hosts, "app")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	for _, want := range []string{
+		"-> tcp 198.51.100.4:5432 postgres on db  [listen backlog=128 queue_max=128 drops=15 DROPPING]  UNHEALTHY  conns=20 failed=3 (refused=2 timeout=1) sent=100 recv=900 connect=2ms/9ms retrans=7",
+		"<- nginx on web (198.51.100.2)  via tcp/8080  [listen backlog=4096 queue_max=2 drops=0]  conns=5",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("look lacks %q:\n%s", want, buf.String())
+		}
+	}
+	buf.Reset()
+	Write(&buf, g, "json")
+	var doc struct {
+		Nodes []map[string]any
+		Edges []map[string]any
+	}
+	json.Unmarshal(buf.Bytes(), &doc)
+	var flagged, marked int
+	for _, n := range doc.Nodes {
+		if n["unhealthy"] == true {
+			flagged++
+		}
+	}
+	for _, e := range doc.Edges {
+		if e["unhealthy"] == true && e["retransmits"] == float64(7) && e["failed_refused"] == float64(2) && e["connect_latency_max_us"] == float64(9000) {
+			marked++
+		}
+	}
+	if flagged != 2 || marked != 1 {
+		t.Errorf("json: %d unhealthy nodes (want 2), %d marked edges (want 1):\n%s", flagged, marked, buf.String())
 	}
 }

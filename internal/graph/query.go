@@ -130,6 +130,7 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 type Branch struct {
 	Edge     Edge
 	Peer     Node // the service (outbound) or client (inbound)
+	Via      Node // inbound: the service of the root the edge enters
 	Children []*Branch
 	Repeat   bool // Peer already appears above: not expanded again
 }
@@ -175,6 +176,9 @@ func (ix *index) walk(id string, depth int, outbound bool, seen map[string]bool)
 			peerID = e.From
 		}
 		b := &Branch{Edge: e, Peer: ix.nodes[peerID]}
+		if !outbound {
+			b.Via = ix.nodes[e.To]
+		}
 		// The same (host, process) reached through another of its
 		// services counts as seen too.
 		key := entityKey(b.Peer)

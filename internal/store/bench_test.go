@@ -146,7 +146,11 @@ func BenchmarkQueryDay(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						g = graph.Build(obs, hosts)
+						ls, err := s.Listeners(ctx, r)
+						if err != nil {
+							b.Fatal(err)
+						}
+						g = graph.Build(obs, hosts, ls)
 						if look {
 							roots, err := graph.Resolve(g, hosts, "h42")
 							if err != nil {

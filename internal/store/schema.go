@@ -114,7 +114,28 @@ var migrations = []string{
 		FROM observations o JOIN flow_keys k ON k.host_id = o.host_id AND k.direction = o.direction AND k.proto = o.proto
 			AND k.local_addr = o.local_addr AND k.remote_addr = o.remote_addr AND k.port = o.port AND k.comm = o.comm AND k.peer_comm = '';
 	DROP TABLE observations`,
+
+	// 3: listening TCP sockets per bucket: how deep the accept queue got
+	// and how many connections it dropped.
+	`CREATE TABLE listener_minutes (` + listenerBucketColumns + `)`,
 }
+
+// listenerBucketColumns are the columns of every table of listener state
+// per bucket. backlog_limit is the latest value (the row's last_seen's).
+const listenerBucketColumns = `
+		bucket BIGINT NOT NULL,
+		host_id TEXT NOT NULL,
+		proto TEXT NOT NULL,
+		local_addr TEXT NOT NULL,
+		port INTEGER NOT NULL,
+		comm TEXT NOT NULL,
+		pid BIGINT NOT NULL,
+		backlog_limit BIGINT NOT NULL,
+		queue_max BIGINT NOT NULL,
+		drops BIGINT NOT NULL,
+		first_seen BIGINT NOT NULL,
+		last_seen BIGINT NOT NULL,
+		PRIMARY KEY (bucket, host_id, proto, local_addr, port, comm)`
 
 // flowBucketColumns are the columns of every table of flow counters per
 // bucket (minute rows and their rollups): one column per tracer.Counters

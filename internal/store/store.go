@@ -78,6 +78,7 @@ type Batch struct {
 	Hosts        []Host
 	Services     []Service
 	Observations []Observation
+	Listeners    []Listener
 }
 
 // Store is an open database.
@@ -196,6 +197,9 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 		}
 	}
 	if err := s.writeFlows(ctx, tx, b.Observations); err != nil {
+		return err
+	}
+	if err := s.writeListeners(ctx, tx, b.Listeners); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -323,11 +327,11 @@ func retainedTables() []struct {
 		level level
 		names []string
 	}
-	for _, l := range levels {
+	for i, l := range levels {
 		out = append(out, struct {
 			level level
 			names []string
-		}{l, []string{l.table}})
+		}{l, []string{l.table, listenerTables[i]}})
 	}
 	return out
 }

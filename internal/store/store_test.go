@@ -250,7 +250,7 @@ func TestGraphIsTheSameOnBothBackends(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := graph.Build(got, hosts)
+		g := graph.Build(got, hosts, nil)
 		if len(g.Edges) != 3 {
 			t.Errorf("%s: %d edges: %+v", name, len(g.Edges), g.Edges)
 		}
@@ -363,6 +363,45 @@ func TestUpgradeFromSchemaV1(t *testing.T) {
 			if o.Connections != 5 || o.FailedConnections != 1 || o.BytesSent != 110 || o.BytesReceived != 220 || o.PID != 42 ||
 				!o.FirstSeen.Equal(t0) || !o.LastSeen.Equal(t0.Add(time.Minute+time.Second)) {
 				t.Errorf("after upgrade: %+v", o)
+			}
+		})
+	}
+}
+
+// Listener state accumulates per bucket like the counters: deepest queue,
+// summed drops, the latest backlog; a range merges buckets the same way.
+func TestListenersAccumulate(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			l := func(at time.Time, backlog, queue uint32, drops uint64) store.Listener {
+				return store.Listener{Bucket: at.Truncate(time.Minute), HostID: "web", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 80, PID: 7, Comm: "nginx",
+					BacklogLimit: backlog, QueueMax: queue, Drops: drops, FirstSeen: at, LastSeen: at}
+			}
+			batches := []store.Batch{
+				{Listeners: []store.Listener{l(t0.Add(10*time.Second), 128, 3, 0)}},
+				{Listeners: []store.Listener{l(t0.Add(20*time.Second), 511, 9, 4), l(t0.Add(5*time.Second), 64, 1, 1)}},
+				{Listeners: []store.Listener{l(t0.Add(70*time.Second), 511, 2, 10)}},
+			}
+			for _, b := range batches {
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Listeners(ctx, store.Range{})
+			if err != nil || len(got) != 1 {
+				t.Fatalf("%v %+v", err, got)
+			}
+			if g := got[0]; g.BacklogLimit != 511 || g.QueueMax != 9 || g.Drops != 15 || g.Comm != "nginx" ||
+				!g.FirstSeen.Equal(t0.Add(5*time.Second)) || !g.LastSeen.Equal(t0.Add(70*time.Second)) {
+				t.Errorf("merged listener %+v", g)
+			}
+			// Only the first minute: the 10:00:05 record's backlog (64) is
+			// older than 10:00:20's (511), whatever the write order.
+			got, _ = s.Listeners(ctx, store.Range{Since: t0, Until: t0.Add(time.Minute)})
+			if len(got) != 1 || got[0].BacklogLimit != 511 || got[0].QueueMax != 9 || got[0].Drops != 5 {
+				t.Errorf("first minute %+v", got)
 			}
 		})
 	}
