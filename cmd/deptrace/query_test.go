@@ -32,6 +32,10 @@ func seedStore(t *testing.T, path string) string {
 		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local,
 			RemoteAddr: remote, Port: port, Comm: comm, Counters: tracer.Counters{Connections: 4, BytesSent: 10, BytesReceived: 20}, FirstSeen: at, LastSeen: at}
 	}
+	unix := func(x store.Observation, peer string) store.Observation {
+		x.Proto, x.PeerComm = "unix", peer
+		return x
+	}
 	b := store.Batch{
 		Hosts: []store.Host{
 			{ID: "client", Name: "client", Addrs: []string{"198.51.100.1"}, LastSeen: now},
@@ -44,6 +48,8 @@ func seedStore(t *testing.T, path string) string {
 			o("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", old),
 			o("db", "inbound", "198.51.100.3", "198.51.100.2", 5432, "postgres", old),
 			o("web", "outbound", "198.51.100.2", "203.0.113.5", 6379, "nginx", now.Add(-2*time.Minute)),
+			unix(o("web", "outbound", "", "/run/app.sock", 0, "nginx", old), "gunicorn"),
+			unix(o("web", "inbound", "/run/app.sock", "", 0, "gunicorn", old), "nginx"),
 		},
 		Listeners: []store.Listener{{Bucket: old.Truncate(time.Minute), HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres",
 			BacklogLimit: 16, QueueMax: 16, Drops: 2, FirstSeen: old, LastSeen: old}},
@@ -72,6 +78,7 @@ func lookGraphDiff(t *testing.T, db string) {
 		"-> tcp 198.51.100.3:5432 postgres on db  [listen backlog=16 queue_max=16 drops=2 DROPPING]  conns=4",
 		"-> tcp 203.0.113.5:6379 (external)",
 		"<- curl on client (198.51.100.1)  via tcp/80  conns=4",
+		"-> unix /run/app.sock gunicorn on web  conns=4",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("look lacks %q:\n%s", want, out)
@@ -95,6 +102,10 @@ func lookGraphDiff(t *testing.T, db string) {
 	if len(g.Edges) != 1 || g.Edges[0].Port != 6379 {
 		t.Errorf("--since 10m should keep only the cache edge: %s", out)
 	}
+	out, _, _ = run(t, nil, "graph", "--format", "mermaid", "--store", db, "--target", "/run/app.sock")
+	if !strings.Contains(out, "unix /run/app.sock gunicorn on web") || !strings.Contains(out, `"unix 4 conns"`) || strings.Count(out, "-->|") != 2 { // nginx -> socket, and curl -> nginx above it
+		t.Errorf("mermaid around the unix socket:\n%s", out)
+	}
 	out, _, _ = run(t, nil, "graph", "--format", "dot", "--store", db, "--target", "postgres", "--depth", "1")
 	if !strings.HasPrefix(out, "digraph") || strings.Count(out, " -> ") != 1 {
 		t.Errorf("dot around postgres at depth 1:\n%s", out)
@@ -105,7 +116,7 @@ func lookGraphDiff(t *testing.T, db string) {
 		t.Errorf("diff of the last 30 min against the 30 before:\n%s", out)
 	}
 	out, _, _ = run(t, nil, "diff", "--since", "30m", "--before-since", "2h", "--before-until", "30m", "--store", db)
-	if strings.Count(out, "- ") != 2 || strings.Count(out, "+ ") != 1 {
+	if strings.Count(out, "\n- ") != 3 || strings.Count(out, "+ ") != 1 {
 		t.Errorf("diff against the older window:\n%s", out)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,10 +78,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		b := store.Batch{}
 		seen := map[uint32]bool{}
 		for _, f := range iv.Flows {
-			h := ids.host(f.NetNS)
-			if !seen[f.NetNS] {
-				seen[f.NetNS] = true
-				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: f.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+			ns := flowNetNS(f, ids.rootNS)
+			h := ids.host(ns)
+			if !seen[ns] {
+				seen[ns] = true
+				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: ns, Addrs: h.Addrs, LastSeen: iv.Time})
 			}
 			b.Observations = append(b.Observations, Observation(h.ID, f, store.DefaultBucket))
 		}
@@ -125,6 +127,18 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
 	}
+}
+
+// flowNetNS is the namespace whose host a flow belongs to. A unix socket
+// with a path lives in the file system, not in a network namespace: both
+// ends of it are on the machine, so its flows go to the root namespace's
+// host whichever namespace the process is in. Abstract names ("@name")
+// are per network namespace and stay there.
+func flowNetNS(f tracer.Flow, root uint32) uint32 {
+	if f.IsUnix() && !strings.HasPrefix(f.Server(), "@") {
+		return root
+	}
+	return f.NetNS
 }
 
 // Listener turns one listening socket's interval record, seen on host,

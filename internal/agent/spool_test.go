@@ -64,3 +64,36 @@ func TestSpoolIsBounded(t *testing.T) {
 		t.Errorf("size %d, %d refused, %d counted dropped", s.size(), errs, s.dropped)
 	}
 }
+
+// What a batch holds for a unix flow: path sockets belong to the machine
+// (the root namespace's host) from any namespace, abstract ones to their
+// namespace; the peer process and every counter are kept.
+func TestUnixFlowObservation(t *testing.T) {
+	at := time.Date(2026, 11, 20, 10, 0, 30, 0, time.UTC)
+	f := tracer.Flow{Kind: tracer.KindFlow, Time: at, NetNS: 99, Proto: tracer.ProtoUnix, Direction: tracer.Outbound,
+		RemoteAddr: "/run/app.sock", PID: 10, Comm: "nginx", PeerPID: 20, PeerComm: "gunicorn",
+		Counters: tracer.Counters{Connections: 3, BytesSent: 30, ResetsReceived: 1}, FirstSeen: at, LastSeen: at}
+	if ns := flowNetNS(f, 1); ns != 1 {
+		t.Errorf("path socket in netns 99 went to %d, want the root's 1", ns)
+	}
+	abstract := f
+	abstract.RemoteAddr = "@app"
+	if ns := flowNetNS(abstract, 1); ns != 99 {
+		t.Errorf("abstract socket went to %d, want its namespace 99", ns)
+	}
+	in := f
+	in.Direction, in.LocalAddr, in.RemoteAddr = tracer.Inbound, "/run/app.sock", ""
+	if ns := flowNetNS(in, 1); ns != 1 {
+		t.Errorf("inbound path socket went to %d", ns)
+	}
+	tcp := f
+	tcp.Proto, tcp.RemoteAddr = tracer.ProtoTCP, "198.51.100.2"
+	if ns := flowNetNS(tcp, 1); ns != 99 {
+		t.Errorf("tcp flow moved to %d", ns)
+	}
+	o := Observation("web", f, store.DefaultBucket)
+	if o.HostID != "web" || o.Proto != "unix" || o.RemoteAddr != "/run/app.sock" || o.Port != 0 || o.PeerPID != 20 || o.PeerComm != "gunicorn" ||
+		o.Counters != f.Counters || !o.Bucket.Equal(at.Truncate(time.Minute)) {
+		t.Errorf("observation %+v", o)
+	}
+}

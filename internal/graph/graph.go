@@ -19,7 +19,7 @@ import (
 // Node kinds.
 const (
 	KindProcess  = "process"  // a client process on a host: (host, process)
-	KindService  = "service"  // a listening service: (host, proto, port), with its process
+	KindService  = "service"  // a listening service: (host, proto, port) or (host, unix socket path), with its process
 	KindExternal = "external" // an endpoint on a host that runs no agent
 )
 
@@ -114,6 +114,11 @@ func ProcessID(host, process string) string { return "process:" + host + "/" + p
 func ServiceID(host, proto string, port uint16) string {
 	return fmt.Sprintf("service:%s/%s/%d", host, proto, port)
 }
+
+// UnixServiceID names a unix-socket service: a socket path (or "@name"
+// for an abstract socket) on a host.
+func UnixServiceID(host, path string) string { return "service:" + host + "/unix:" + path }
+
 func ExternalID(addr string, port uint16) string {
 	if port == 0 {
 		return "external:" + addr
@@ -205,7 +210,12 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 	}
 	outs := map[outKey]*side{}
 	ins := map[inKey]*side{}
+	var unix []store.Observation
 	for _, o := range obs {
+		if o.Proto == tracer.ProtoUnix {
+			unix = append(unix, o)
+			continue
+		}
 		if o.Direction == "outbound" {
 			server, _ := own.of(o.RemoteAddr, o.HostID)
 			k := outKey{o.HostID, o.Comm, server, "", o.Proto, o.Port}
@@ -272,8 +282,60 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 		g.edge(from, to, in)
 	}
+	g.unix(unix, hostAddr)
 	g.listeners(listeners, hostAddr)
 	return g.graph()
+}
+
+// unix joins unix-socket flows. Both ends are on one host: the client
+// reports (outbound) the server's socket path and the server process as
+// its peer; the server reports (inbound) its socket path and the client
+// process as its peer. The client's view gives the counters when there
+// is one.
+func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
+	type key struct{ host, path, client string }
+	type pair struct {
+		out, in *side
+		server  string // process
+	}
+	pairs := map[key]*pair{}
+	var order []key
+	for _, o := range obs {
+		outbound := o.Direction == tracer.Outbound
+		k := key{o.HostID, o.LocalAddr, o.PeerComm}
+		server := o.Comm
+		if outbound {
+			k, server = key{o.HostID, o.RemoteAddr, o.Comm}, o.PeerComm
+		}
+		p := pairs[k]
+		if p == nil {
+			p = &pair{}
+			pairs[k] = p
+			order = append(order, k)
+		}
+		sd := &p.in
+		if outbound {
+			sd = &p.out
+		}
+		if *sd == nil {
+			*sd = &side{client: k.host, server: k.host, serverAddr: k.path, proto: tracer.ProtoUnix, process: k.client}
+		}
+		(*sd).add(o, outbound)
+		// The server process: the latest name either end gave.
+		if server != "" && (p.server == "" || !o.LastSeen.Before((*sd).last)) {
+			p.server = server
+		}
+	}
+	for _, k := range order {
+		p := pairs[k]
+		from := b.node(Node{ID: ProcessID(k.host, k.client), Kind: KindProcess, Host: k.host, Addr: hostAddr[k.host], Process: k.client})
+		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: tracer.ProtoUnix, Process: p.server})
+		sd := p.out
+		if sd == nil {
+			sd = p.in
+		}
+		b.edge(from, to, sd)
+	}
 }
 
 // listeners puts each service's accept-queue state on its node: summed

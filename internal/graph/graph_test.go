@@ -321,3 +321,64 @@ func TestHealthOfEdgesAndListeners(t *testing.T) {
 		t.Errorf("json: %d unhealthy nodes (want 2), %d marked edges (want 1):\n%s", flagged, marked, buf.String())
 	}
 }
+
+func unixObs(host, dir, local, remote, comm, peer string, conns, sent, recv uint64) store.Observation {
+	x := o(host, dir, local, remote, 0, comm, conns, sent, recv)
+	x.Proto, x.PeerComm = "unix", peer
+	return x
+}
+
+// Unix sockets: nginx -> gunicorn over /run/app.sock, both ends on web;
+// psql -> postgres reported only by the server; another host's socket of
+// the same path is another service.
+func TestUnixServices(t *testing.T) {
+	obs := append(chain(),
+		unixObs("web", "outbound", "", "/run/app.sock", "nginx", "gunicorn", 7, 700, 7000),
+		unixObs("web", "inbound", "/run/app.sock", "", "gunicorn", "nginx", 7, 7000, 700),
+		unixObs("db", "inbound", "/var/run/postgresql/.s.PGSQL.5432", "", "postgres", "psql", 2, 900, 100),
+		unixObs("app", "outbound", "", "/run/app.sock", "worker", "other", 1, 1, 1),
+	)
+	g := Build(obs, hosts, nil)
+	e := edge(t, g, ProcessID("web", "nginx"), UnixServiceID("web", "/run/app.sock"))
+	if e.Proto != "unix" || e.Port != 0 || e.Connections != 7 || e.BytesSent != 700 || e.BytesReceived != 7000 {
+		t.Errorf("nginx -> gunicorn: %+v", e)
+	}
+	if n := node(t, g, UnixServiceID("web", "/run/app.sock")); n.Process != "gunicorn" || n.Kind != KindService || n.Addr != "/run/app.sock" {
+		t.Errorf("unix service node: %+v", n)
+	}
+	e = edge(t, g, ProcessID("db", "psql"), UnixServiceID("db", "/var/run/postgresql/.s.PGSQL.5432"))
+	if e.Connections != 2 || e.BytesSent != 100 {
+		t.Errorf("server-only unix edge, client's view: %+v", e)
+	}
+	edge(t, g, ProcessID("app", "worker"), UnixServiceID("app", "/run/app.sock"))
+	if len(g.Edges) != 4+3 {
+		t.Errorf("%d edges: %+v", len(g.Edges), g.Edges)
+	}
+
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hosts, "nginx")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	if !strings.Contains(buf.String(), "-> unix /run/app.sock gunicorn on web  conns=7 failed=0 sent=700 recv=7000") {
+		t.Errorf("look nginx:\n%s", buf.String())
+	}
+	buf.Reset()
+	roots, _ = Resolve(g, hosts, "gunicorn")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	if !strings.Contains(buf.String(), "<- nginx on web (198.51.100.2)  via unix /run/app.sock  conns=7") {
+		t.Errorf("look gunicorn:\n%s", buf.String())
+	}
+	if got, err := Resolve(g, hosts, "/run/app.sock"); err != nil || len(got) != 2 {
+		t.Errorf("a socket path names its services on every host: %v %v", got, err)
+	}
+
+	for format, want := range map[string]string{
+		"json":    `"id": "service:web/unix:/run/app.sock"`,
+		"dot":     `"process:web/nginx" -> "service:web/unix:/run/app.sock" [label="unix 7 conns"]`,
+		"mermaid": `"unix /run/app.sock gunicorn on web"`,
+	} {
+		buf.Reset()
+		if err := Write(&buf, g, format); err != nil || !strings.Contains(buf.String(), want) {
+			t.Errorf("%s lacks %q:\n%s", format, want, buf.String())
+		}
+	}
+}

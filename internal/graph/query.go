@@ -70,14 +70,14 @@ func (ix *index) incoming(id string) []Edge {
 }
 
 // Resolve finds what a user means by target: "addr:port" (one service or
-// external endpoint), an address (everything on the host that holds it, or
+// external endpoint), a unix socket path ("/run/app.sock", "@name"), an address (everything on the host that holds it, or
 // the external endpoint), a host id or name (everything on it), or a
 // process name. Except for addr:port, results are entities: a process on a
 // host, with all its services (see ProcessID).
 func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 	target = strings.TrimSpace(target)
 	if target == "" {
-		return nil, fmt.Errorf("empty target: give a host, an address, address:port or a process name")
+		return nil, fmt.Errorf("empty target: give a host, an address, address:port, a unix socket path or a process name")
 	}
 	var ids []string
 	add := func(id string) {
@@ -98,7 +98,14 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			owner[a] = h.ID
 		}
 	}
-	if ap, err := netip.ParseAddrPort(target); err == nil {
+	if strings.HasPrefix(target, "/") || strings.HasPrefix(target, "@") {
+		// A unix socket path (or abstract name): its service on every host.
+		for _, n := range g.Nodes {
+			if n.Kind == KindService && n.Proto == "unix" && n.Addr == target {
+				add(n.ID)
+			}
+		}
+	} else if ap, err := netip.ParseAddrPort(target); err == nil {
 		addr := ap.Addr().Unmap().String()
 		host := owner[addr]
 		for _, n := range g.Nodes {
@@ -206,6 +213,9 @@ func entityKey(n Node) string {
 // either direction (depth <= 0: unlimited).
 func Reachable(g Graph, roots []string, depth int) Graph {
 	ix := newIndex(g)
+	if depth <= 0 {
+		depth = -1 // never reaches 0 below: unlimited
+	}
 	keep := map[string]bool{}
 	edges := map[[2]string]bool{}
 	var visit func(id string, d int, outbound bool)

@@ -41,6 +41,9 @@ func Label(n Node) string {
 		if proc == "" {
 			proc = "?"
 		}
+		if n.Proto == "unix" {
+			return fmt.Sprintf("unix %s %s on %s", n.Addr, proc, n.Host)
+		}
 		return fmt.Sprintf("%s %s %s on %s", n.Proto, endpoint(n.Addr, n.Port), proc, n.Host)
 	default:
 		proc := n.Process
@@ -72,7 +75,23 @@ func volume(e Edge) string {
 	return fmt.Sprintf("conns=%d failed=%d", e.Connections, e.FailedConnections)
 }
 
+// edgeService names the service end of an edge: proto/port, or the socket
+// path for unix.
+func edgeService(e Edge, to Node) string {
+	if e.Proto == "unix" {
+		return "unix " + to.Addr
+	}
+	return fmt.Sprintf("%s/%d", e.Proto, e.Port)
+}
+
 // shortVolume labels an edge in a picture.
+func edgeProto(e Edge) string {
+	if e.Proto == "unix" {
+		return "unix"
+	}
+	return fmt.Sprintf("%s/%d", e.Proto, e.Port)
+}
+
 func shortVolume(e Edge) string {
 	if e.Proto == "udp" {
 		return fmt.Sprintf("%d datagrams", e.DatagramsSent+e.DatagramsReceived)
@@ -168,7 +187,7 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		}
 		arrow, via := "-> ", ""
 		if !outbound {
-			arrow, via = "<- ", fmt.Sprintf("  via %s/%d", b.Edge.Proto, b.Edge.Port)+nodeHealth(b.Via)
+			arrow, via = "<- ", "  via "+edgeService(b.Edge, b.Via)+nodeHealth(b.Via)
 		}
 		repeat := ""
 		if b.Repeat {
@@ -233,7 +252,7 @@ func writeDOT(w io.Writer, g Graph) error {
 			extra = " color=red"
 		}
 		fmt.Fprintf(&sb, "  %s -> %s [label=%s%s];\n", dotQuote(e.From), dotQuote(e.To),
-			dotQuote(fmt.Sprintf("%s/%d %s", e.Proto, e.Port, shortVolume(e))), extra)
+			dotQuote(edgeProto(e)+" "+shortVolume(e)), extra)
 	}
 	sb.WriteString("}\n")
 	_, err := io.WriteString(w, sb.String())
@@ -260,7 +279,7 @@ func writeMermaid(w io.Writer, g Graph) error {
 	}
 	var bad []string
 	for i, e := range g.Edges {
-		fmt.Fprintf(&sb, "  %s -->|\"%s/%d %s\"| %s\n", ids[e.From], e.Proto, e.Port, shortVolume(e), ids[e.To])
+		fmt.Fprintf(&sb, "  %s -->|\"%s %s\"| %s\n", ids[e.From], esc(edgeProto(e)), shortVolume(e), ids[e.To])
 		if e.Unhealthy {
 			bad = append(bad, strconv.Itoa(i))
 		}
