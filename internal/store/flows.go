@@ -82,8 +82,9 @@ type level struct {
 var minuteLevel = level{"flow_minutes", int64(time.Minute)}
 
 // levels, finest first. Every write adds to each of them in the same
-// transaction, so a rollup row always equals the sum of its minute rows.
-var levels = []level{minuteLevel}
+// transaction, so a rollup row always equals the sum of its minute rows,
+// late writes (a spool replayed after an outage) included.
+var levels = []level{minuteLevel, {"flow_hours", int64(time.Hour)}, {"flow_days", int64(24 * time.Hour)}}
 
 // floorTo and ceilTo align ns to multiples of w (UTC-aligned for hours and
 // days, since the Unix epoch is at a day boundary).
@@ -385,8 +386,35 @@ func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error
 	return s.observations(ctx, r, levels)
 }
 
+// retainedFrom is the start of the oldest minute bucket retention kept
+// (math.MinInt64 when nothing was ever deleted).
+func (s *Store) retainedFrom(ctx context.Context) (int64, error) {
+	var from int64
+	if err := s.db.QueryRowContext(ctx, `SELECT retained_from FROM retention_state WHERE id = 1`).Scan(&from); err != nil {
+		return 0, fmt.Errorf("read retention state: %w", err)
+	}
+	if from == 0 {
+		return math.MinInt64, nil
+	}
+	return from, nil
+}
+
+// bounds are r's ends in nanoseconds, the start no earlier than what
+// retention kept.
+func (s *Store) bounds(ctx context.Context, r Range) (lo, hi int64, err error) {
+	lo, hi = r.bounds()
+	from, err := s.retainedFrom(ctx)
+	return max(lo, from), hi, err
+}
+
 func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
-	lo, hi := r.bounds()
+	lo, hi, err := s.bounds(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if lo >= hi {
+		return nil, nil
+	}
 	segs := plan(lo, hi, lvls)
 	if len(segs) == 0 {
 		return nil, nil

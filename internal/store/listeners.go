@@ -57,7 +57,7 @@ func (l *Listener) merge(o Listener) {
 }
 
 // listenerTables parallel levels: the listener table of each resolution.
-var listenerTables = []string{"listener_minutes"}
+var listenerTables = []string{"listener_minutes", "listener_hours", "listener_days"}
 
 func (s *Store) writeListeners(ctx context.Context, tx *sql.Tx, ls []Listener) error {
 	if len(ls) == 0 {
@@ -118,7 +118,13 @@ func (s *Store) Listeners(ctx context.Context, r Range) ([]Listener, error) {
 }
 
 func (s *Store) listeners(ctx context.Context, r Range, lvls []level) ([]Listener, error) {
-	lo, hi := r.bounds()
+	lo, hi, err := s.bounds(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if lo >= hi {
+		return nil, nil
+	}
 	var args []any
 	var parts []string
 	cols := "host_id, proto, local_addr, port, comm, pid, backlog_limit, queue_max, drops, first_seen, last_seen"

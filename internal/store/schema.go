@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // dialect holds what differs between SQLite and PostgreSQL.
@@ -116,8 +117,38 @@ var migrations = []string{
 	DROP TABLE observations`,
 
 	// 3: listening TCP sockets per bucket: how deep the accept queue got
-	// and how many connections it dropped.
-	`CREATE TABLE listener_minutes (` + listenerBucketColumns + `)`,
+	// and how many connections it dropped; with hourly and daily rollups.
+	`CREATE TABLE listener_minutes (` + listenerBucketColumns + `);
+	CREATE TABLE listener_hours (` + listenerBucketColumns + `);
+	CREATE TABLE listener_days (` + listenerBucketColumns + `)`,
+
+	// 4: hourly and daily rollups of the flow counters, filled from the
+	// minute rows already stored; from then on every write adds to all
+	// three levels in one transaction. retention_state remembers from when
+	// minute rows are kept, so queries never read the older part of a
+	// rollup that straddles the retention cutoff.
+	`CREATE TABLE flow_hours (` + flowBucketColumns + `);
+	CREATE TABLE flow_days (` + flowBucketColumns + `);
+	` + rollupFrom("flow_hours", time.Hour) + `;
+	` + rollupFrom("flow_days", 24*time.Hour) + `;
+	CREATE TABLE retention_state (id INTEGER PRIMARY KEY, retained_from BIGINT NOT NULL);
+	INSERT INTO retention_state (id, retained_from) VALUES (1, 0)`,
+}
+
+// rollupFrom fills a rollup table from the minute rows.
+func rollupFrom(table string, width time.Duration) string {
+	bucket := fmt.Sprintf("bucket - (bucket %% %d)", int64(width))
+	var sums []string
+	for _, c := range counterColumns {
+		if maxColumns[c] {
+			sums = append(sums, "MAX("+c+")")
+		} else {
+			sums = append(sums, "SUM("+c+")")
+		}
+	}
+	return "INSERT INTO " + table + " (bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen) " +
+		"SELECT " + bucket + ", key_id, MAX(pid), MAX(peer_pid), " + strings.Join(sums, ", ") + ", MIN(first_seen), MAX(last_seen) " +
+		"FROM flow_minutes GROUP BY " + bucket + ", key_id"
 }
 
 // listenerBucketColumns are the columns of every table of listener state

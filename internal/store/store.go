@@ -287,6 +287,13 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	if bucket != time.Duration(minuteLevel.width) {
 		return 0, fmt.Errorf("retain: bucket %s: this store keeps %s buckets", bucket, time.Duration(minuteLevel.width))
 	}
+	// Queries start no earlier than the oldest minute kept (see
+	// retainedFrom), so a rollup bucket that straddles the cutoff is
+	// answered from its remaining minutes and hours, never from its sum.
+	from := floorTo(ns(cutoff), minuteLevel.width)
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET retained_from = ? WHERE id = 1 AND retained_from < ?`), from, from); err != nil {
+		return 0, fmt.Errorf("record retention cutoff: %w", err)
+	}
 	var n int64
 	coarsest := minuteLevel.width
 	for _, tables := range retainedTables() {
