@@ -431,7 +431,9 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 		if maxColumns[c] {
 			fmt.Fprintf(&agg, ", MAX(%[1]s) AS %[1]s", c)
 		} else {
-			fmt.Fprintf(&agg, ", SUM(%[1]s) AS %[1]s", c)
+			// PostgreSQL sums bigints into numeric: cast back, or the
+			// driver converts every value through text.
+			fmt.Fprintf(&agg, ", CAST(SUM(%[1]s) AS BIGINT) AS %[1]s", c)
 		}
 	}
 	agg.WriteString(", MIN(first_seen) AS first_seen, MAX(last_seen) AS last_seen")
@@ -441,8 +443,7 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 	}
 	q := `SELECT k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm, a.pid, a.peer_pid` + sel.String() + `, a.first_seen, a.last_seen
 		FROM (SELECT key_id, ` + agg.String() + ` FROM (` + strings.Join(parts, "\n UNION ALL ") + `) u GROUP BY key_id) a
-		JOIN flow_keys k ON k.id = a.key_id
-		ORDER BY k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm`
+		JOIN flow_keys k ON k.id = a.key_id`
 	rows, err := s.db.QueryContext(ctx, s.d.rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("query observations: %w", err)
@@ -469,5 +470,10 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 		o.FirstSeen, o.LastSeen = fromNs(first), fromNs(last)
 		out = append(out, o)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read observations: %w", err)
+	}
+	// Sorting here is cheaper than in SQL, on text columns after the join.
+	slices.SortFunc(out, func(a, b Observation) int { return keyOf(a).compare(keyOf(b)) })
+	return out, nil
 }
