@@ -85,6 +85,12 @@ func lookGraphDiff(t *testing.T, db string) {
 		}
 	}
 
+	// Names as people type them: "gres" can only be postgres.
+	out, _, code = run(t, nil, "look", "gres", "--store", db)
+	if code != 0 || !strings.HasPrefix(out, "postgres on db (198.51.100.3)") {
+		t.Errorf("look gres:\n%s", out)
+	}
+
 	out, _, _ = run(t, nil, "look", "postgres", "--reverse", "--store", db)
 	if !strings.Contains(out, "<- nginx on web") || !strings.Contains(out, "   └─ <- curl on client") || strings.Contains(out, "depends on") {
 		t.Errorf("look --reverse:\n%s", out)
@@ -128,6 +134,7 @@ func TestQueryErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"look", "nosuchthing", "--store", db}, `no host, address, service or process matches "nosuchthing"`},
+		{[]string{"look", "u", "--store", db}, `"u" matches several processes by substring: curl, gunicorn; give the full name`},
 		{[]string{"look", "nginx", "--since", "last tuesday", "--store", db}, `invalid --since "last tuesday"`},
 		{[]string{"look", "nginx", "--since", "1h", "--until", "2h", "--store", db}, "invalid range"},
 		{[]string{"look", "nginx", "--depth", "-1", "--store", db}, "invalid --depth -1"},

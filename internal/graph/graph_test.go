@@ -382,3 +382,44 @@ func TestUnixServices(t *testing.T) {
 		}
 	}
 }
+
+// Process names match the way a person types them: exact, then ignoring
+// case, then by prefix, then by substring, and only when unambiguous.
+func TestProcessNamesMatchAsTyped(t *testing.T) {
+	obs := []store.Observation{
+		o("web", "outbound", "198.51.100.2", "198.51.100.4", 6379, "php-fpm", 1, 1, 1),
+		o("db", "inbound", "198.51.100.4", "198.51.100.2", 6379, "redis-server", 1, 1, 1),
+		o("db", "inbound", "198.51.100.4", "198.51.100.2", 26379, "redis-sentinel", 1, 1, 1),
+		o("app", "outbound", "198.51.100.3", "198.51.100.4", 5432, "Postgres-Exporter", 1, 1, 1),
+		o("app", "outbound", "198.51.100.3", "198.51.100.4", 5433, "postgres", 1, 1, 1),
+	}
+	g := Build(obs, hosts, nil)
+	for typed, want := range map[string]string{
+		"php-fpm":           ProcessID("web", "php-fpm"),
+		"php":               ProcessID("web", "php-fpm"),
+		"fpm":               ProcessID("web", "php-fpm"),
+		"redis-se":          "", // ambiguous
+		"redis-serv":        ProcessID("db", "redis-server"),
+		"sentinel":          ProcessID("db", "redis-sentinel"),
+		"postgres":          ProcessID("app", "postgres"), // exact beats the prefix of Postgres-Exporter
+		"POSTGRES-exporter": ProcessID("app", "Postgres-Exporter"),
+		"exporter":          ProcessID("app", "Postgres-Exporter"),
+	} {
+		got, err := Resolve(g, hosts, typed)
+		if want == "" {
+			if err == nil || !strings.Contains(err.Error(), `"redis-se" matches several processes by prefix: redis-sentinel, redis-server`) {
+				t.Errorf("%s: %v %v, want an error listing both", typed, got, err)
+			}
+			continue
+		}
+		if err != nil || len(got) != 1 || got[0] != want {
+			t.Errorf("%s: %v %v, want %s", typed, got, err, want)
+		}
+	}
+	if _, err := Resolve(g, hosts, "redis"); err == nil || !strings.Contains(err.Error(), "redis-sentinel, redis-server") {
+		t.Errorf("redis: %v", err)
+	}
+	if _, err := Resolve(g, hosts, "mysql"); err == nil || !strings.Contains(err.Error(), `no host, address, service or process matches "mysql"`) {
+		t.Errorf("mysql: %v", err)
+	}
+}

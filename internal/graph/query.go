@@ -124,7 +124,13 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			}
 		}
 		if len(ids) == 0 {
-			entities(func(n Node) bool { return n.Process == target })
+			name, err := MatchProcess(g, target)
+			if err != nil {
+				return nil, err
+			}
+			if name != "" {
+				entities(func(n Node) bool { return n.Process == name })
+			}
 		}
 	}
 	if len(ids) == 0 {
@@ -284,4 +290,51 @@ func Diff(before, after Graph) (appeared, disappeared []Edge) {
 		}
 	}
 	return appeared, disappeared
+}
+
+// MatchProcess finds the process name a person means by typed: the exact
+// name; else the one name that matches ignoring case; else the one name
+// that starts with typed; else the one that contains it ("redis" finds
+// "redis-server"). When a step matches several names the error lists them;
+// when nothing matches, it returns "" and no error.
+func MatchProcess(g Graph, typed string) (string, error) {
+	names := map[string]bool{}
+	for _, n := range g.Nodes {
+		if n.Process != "" {
+			names[n.Process] = true
+		}
+	}
+	if names[typed] {
+		return typed, nil
+	}
+	lower := strings.ToLower(typed)
+	for _, step := range []struct {
+		how   string
+		match func(name string) bool
+	}{
+		{"ignoring case", func(name string) bool { return name == lower }},
+		{"by prefix", func(name string) bool { return strings.HasPrefix(name, lower) }},
+		{"by substring", func(name string) bool { return strings.Contains(name, lower) }},
+	} {
+		var found []string
+		for name := range names {
+			if step.match(strings.ToLower(name)) {
+				found = append(found, name)
+			}
+		}
+		switch len(found) {
+		case 0:
+			continue
+		case 1:
+			return found[0], nil
+		}
+		slices.Sort(found)
+		const most = 10
+		list := strings.Join(found[:min(len(found), most)], ", ")
+		if len(found) > most {
+			list += fmt.Sprintf(" and %d more", len(found)-most)
+		}
+		return "", fmt.Errorf("%q matches several processes %s: %s; give the full name", typed, step.how, list)
+	}
+	return "", nil
 }
