@@ -5,12 +5,15 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -70,12 +73,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		w.loop(batches)
 	}()
 
+	nextID, err := batchIDs()
+	if err != nil {
+		return err
+	}
 	var n int
 	err = t.Run(ctx, func(iv tracer.Interval) error {
 		if l := iv.Lost; l.Total() > 0 {
 			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
 		}
-		b := store.Batch{}
+		b := store.Batch{ID: nextID()}
 		seen := map[uint32]bool{}
 		for _, f := range iv.Flows {
 			ns := flowNetNS(f, ids.rootNS)
@@ -127,6 +134,23 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
 	}
+}
+
+// batchIDs returns a generator of batch ids unique across agents and
+// restarts: a random id for this agent instance, then a sequence number.
+// The store records applied ids, so a batch replayed from the spool after
+// a crash between the write and the spool's bookkeeping counts once.
+func batchIDs() (func() string, error) {
+	var r [8]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return nil, fmt.Errorf("batch ids: %w", err)
+	}
+	instance := hex.EncodeToString(r[:])
+	var seq uint64
+	return func() string {
+		seq++
+		return instance + "-" + strconv.FormatUint(seq, 10)
+	}, nil
 }
 
 // flowNetNS is the namespace whose host a flow belongs to. A unix socket

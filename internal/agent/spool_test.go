@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -95,5 +97,57 @@ func TestUnixFlowObservation(t *testing.T) {
 	if o.HostID != "web" || o.Proto != "unix" || o.RemoteAddr != "/run/app.sock" || o.Port != 0 || o.PeerPID != 20 || o.PeerComm != "gunicorn" ||
 		o.Counters != f.Counters || !o.Bucket.Equal(at.Truncate(time.Minute)) {
 		t.Errorf("observation %+v", o)
+	}
+}
+
+// The agent crashes after the store committed a batch and before the
+// spool forgot it: the next agent replays the spool, and the store counts
+// the batch once. On both back ends.
+func TestReplayAfterCrashCountsOnce(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range map[string]string{"sqlite": filepath.Join(t.TempDir(), "deptrace.db"), "postgres": pgtest.Start(t)} {
+		t.Run(name, func(t *testing.T) {
+			st, err := store.Open(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			next, err := batchIDs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sp := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 1 << 20}
+			first, second := batch(3), batch(3)
+			first.ID, second.ID = next(), next()
+			if first.ID == second.ID {
+				t.Fatalf("ids repeat: %s", first.ID)
+			}
+			// Both batches were spooled while the store was down; the
+			// store came back and the first was written, then the agent
+			// died before the spool was truncated.
+			for _, b := range []store.Batch{first, second} {
+				if err := sp.add(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := st.Write(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+			// The next agent replays everything the spool holds.
+			n, err := sp.replay(func(b store.Batch) error { return st.Write(ctx, b) })
+			if err != nil || n != 2 {
+				t.Fatalf("replay: %d %v", n, err)
+			}
+			obs, err := st.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(obs) != 1 || obs[0].Connections != 6 {
+				t.Errorf("after the replay: %+v; want 6 connections (two batches of 3, the first not counted twice)", obs)
+			}
+			if sp.pending() {
+				t.Error("spool not empty after the replay")
+			}
+		})
 	}
 }

@@ -136,6 +136,14 @@ var migrations = []string{
 	` + rollupFrom("flow_days", 24*time.Hour) + `;
 	CREATE TABLE retention_state (id INTEGER PRIMARY KEY, retained_from BIGINT NOT NULL);
 	INSERT INTO retention_state (id, retained_from) VALUES (1, 0)`,
+
+	// 5: ids of the batches already applied, written in the same
+	// transaction as their counters, so a batch replayed from the spool
+	// after a crash is not counted twice.
+	`CREATE TABLE applied_batches (
+		id TEXT PRIMARY KEY,
+		applied_at BIGINT NOT NULL
+	)`,
 }
 
 // rollupFrom fills a rollup table from the minute rows.

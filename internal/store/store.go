@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
@@ -73,8 +74,13 @@ type Service struct {
 	LastSeen time.Time
 }
 
-// Batch is what an agent writes after one interval.
+// Batch is what an agent writes after one interval. ID, when set, makes
+// the write idempotent: a batch whose ID the store has already applied is
+// skipped, so replaying a spool that still holds it after a crash counts
+// nothing twice. IDs must be unique per batch across every agent (agent
+// instance + sequence).
 type Batch struct {
+	ID           string `json:",omitempty"`
 	Hosts        []Host
 	Services     []Service
 	Observations []Observation
@@ -83,9 +89,10 @@ type Batch struct {
 
 // Store is an open database.
 type Store struct {
-	db      *sql.DB
-	d       dialect
-	display string
+	db         *sql.DB
+	d          dialect
+	display    string
+	lastForget atomic.Int64 // unix ns; see forgetOldBatches
 }
 
 // Open opens (and creates or migrates) the store named by spec: a file
@@ -174,6 +181,23 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
+	if b.ID != "" {
+		// First, so that a concurrent writer of the same batch waits on
+		// this row and then finds it applied.
+		res, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO applied_batches (id, applied_at) VALUES (?, ?) ON CONFLICT (id) DO NOTHING`),
+			b.ID, time.Now().UnixNano())
+		if err != nil {
+			return fmt.Errorf("record batch %s: %w", b.ID, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("record batch %s: %w", b.ID, err)
+		} else if n == 0 {
+			return nil // applied before: nothing to do
+		}
+		if err := s.forgetOldBatches(ctx, tx); err != nil {
+			return err
+		}
+	}
 	for _, h := range b.Hosts {
 		seen := ns(h.LastSeen)
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO hosts (id, name, netns, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)
@@ -260,6 +284,27 @@ func (s *Store) Services(ctx context.Context, r Range) ([]Service, error) {
 		out = append(out, sv)
 	}
 	return out, rows.Err()
+}
+
+// BatchMemory is how long the ids of applied batches are kept: a batch
+// replayed later than this after it was applied would count twice. The
+// spool is replayed as soon as the store answers, so this only matters
+// for an agent that crashed in the middle of a write and stayed down for
+// a month.
+const BatchMemory = 30 * 24 * time.Hour
+
+// forgetOldBatches deletes batch ids older than BatchMemory, at most once
+// an hour per open store.
+func (s *Store) forgetOldBatches(ctx context.Context, tx *sql.Tx) error {
+	now := time.Now()
+	last := s.lastForget.Load()
+	if now.UnixNano()-last < int64(time.Hour) || !s.lastForget.CompareAndSwap(last, now.UnixNano()) {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM applied_batches WHERE applied_at < ?`), now.Add(-BatchMemory).UnixNano()); err != nil {
+		return fmt.Errorf("forget old batch ids: %w", err)
+	}
+	return nil
 }
 
 // seenWhere selects rows whose first/last seen overlap r.

@@ -406,3 +406,53 @@ func TestListenersAccumulate(t *testing.T) {
 		})
 	}
 }
+
+// A batch with an id is applied once: writing it again (a spool replayed
+// after a crash) changes nothing; another id with the same content counts.
+func TestBatchIDsMakeWritesIdempotent(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			b := fleet(t0)
+			b.ID = "agent-a-1"
+			b.Listeners = []store.Listener{{Bucket: t0, HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres", Drops: 3, FirstSeen: t0, LastSeen: t0}}
+			total := func() (conns, drops uint64) {
+				obs, err := s.Observations(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, o := range obs {
+					conns += o.Connections
+				}
+				ls, err := s.Listeners(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, l := range ls {
+					drops += l.Drops
+				}
+				return conns, drops
+			}
+			for i := 0; i < 3; i++ {
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c, d := total(); c != 14 || d != 3 {
+				t.Errorf("one batch written three times: %d connections, %d drops; want 14 and 3", c, d)
+			}
+			// A second store handle (another process) sees the same ids.
+			if err := open(t, spec).Write(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			b.ID = "agent-a-2"
+			if err := s.Write(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			if c, d := total(); c != 28 || d != 6 {
+				t.Errorf("two batches: %d connections, %d drops; want 28 and 6", c, d)
+			}
+		})
+	}
+}
