@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,10 +140,18 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 	if err != nil {
 		b.Fatal(err)
 	}
+	plan, err := s.PlanRows(ctx, r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !fromMinutes {
+		b.Logf("%s reads bucket rows %v", label, plan)
+	}
 	b.Run(label, func(b *testing.B) {
 		var g graph.Graph
 		var rows int
 		var queryTime time.Duration
+		cpu0 := cpuTime()
 		for i := 0; i < b.N; i++ {
 			t0 := time.Now()
 			var obs []store.Observation
@@ -173,7 +182,26 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 		b.ReportMetric(float64(len(g.Edges)), "edges")
 		b.ReportMetric(float64(rows), "flows")
 		b.ReportMetric(queryTime.Seconds()/float64(b.N), "store-s/op")
+		// CPU time of this process: all the work for SQLite, decoding and
+		// the graph for PostgreSQL. On a shared machine it moves less than
+		// wall time with the load.
+		b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
+		var total int64
+		for _, n := range plan {
+			total += n
+		}
+		if !fromMinutes {
+			b.ReportMetric(float64(total), "bucket-rows")
+		}
 	})
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkQueryDay: a day of history, every edge active once an hour.

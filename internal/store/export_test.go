@@ -78,3 +78,33 @@ func (s *Store) ReadRollup(ctx context.Context, table string, width int64) (map[
 	}
 	return out, rows.Err()
 }
+
+// PlanRows counts the bucket rows a range reads, per table.
+func (s *Store) PlanRows(ctx context.Context, r Range) (map[string]int64, error) {
+	lo, hi, err := s.bounds(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, sg := range plan(lo, hi, levels) {
+		var args []any
+		q := segmentSQL(sg, "COUNT(*)", lo, hi, &args)
+		var n int64
+		if err := s.db.QueryRowContext(ctx, s.d.rebind(q), args...).Scan(&n); err != nil {
+			return nil, err
+		}
+		out[sg.level.table] += n
+	}
+	return out, nil
+}
+
+// QuerySQL is the statement Observations runs for r, for EXPLAIN.
+func (s *Store) QuerySQL(ctx context.Context, r Range) (string, []any) {
+	return s.lastSQL(ctx, r)
+}
+
+func (s *Store) lastSQL(ctx context.Context, r Range) (string, []any) {
+	lo, hi, _ := s.bounds(ctx, r)
+	q, args := observationsSQL(lo, hi, levels)
+	return s.d.rebind(q), args
+}

@@ -407,17 +407,34 @@ func (s *Store) bounds(ctx context.Context, r Range) (lo, hi int64, err error) {
 	return max(lo, from), hi, err
 }
 
-func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
-	lo, hi, err := s.bounds(ctx, r)
+// readTx opens a read-only transaction for one graph query. On PostgreSQL
+// it sets what the aggregation needs (measured, see docs/performance.md):
+// no JIT (compiling the plan took longer than running it), no parallel
+// workers (each would build the whole hash table, then sort and merge
+// them), and room for the hash table of every flow in memory rather than
+// in batches on disk.
+func (s *Store) readTx(ctx context.Context) (*sql.Tx, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("begin query: %w", err)
 	}
-	if lo >= hi {
-		return nil, nil
+	if s.d.name == postgres.name {
+		for _, set := range []string{"SET LOCAL jit = off", "SET LOCAL max_parallel_workers_per_gather = 0", "SET LOCAL work_mem = '256MB'"} {
+			if _, err := tx.ExecContext(ctx, set); err != nil {
+				tx.Rollback()
+				return nil, fmt.Errorf("query settings: %w", err)
+			}
+		}
 	}
+	return tx, nil
+}
+
+// observationsSQL aggregates, per flow, the rows of [lo, hi) read from
+// the levels lvls.
+func observationsSQL(lo, hi int64, lvls []level) (string, []any) {
 	segs := plan(lo, hi, lvls)
 	if len(segs) == 0 {
-		return nil, nil
+		return "", nil
 	}
 	cols := "key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
 	var args []any
@@ -444,7 +461,27 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 	q := `SELECT k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm, a.pid, a.peer_pid` + sel.String() + `, a.first_seen, a.last_seen
 		FROM (SELECT key_id, ` + agg.String() + ` FROM (` + strings.Join(parts, "\n UNION ALL ") + `) u GROUP BY key_id) a
 		JOIN flow_keys k ON k.id = a.key_id`
-	rows, err := s.db.QueryContext(ctx, s.d.rebind(q), args...)
+	return q, args
+}
+
+func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
+	lo, hi, err := s.bounds(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if lo >= hi {
+		return nil, nil
+	}
+	q, args := observationsSQL(lo, hi, lvls)
+	if q == "" {
+		return nil, nil
+	}
+	tx, err := s.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, s.d.rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("query observations: %w", err)
 	}
