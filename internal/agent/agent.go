@@ -73,10 +73,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		w.loop(batches)
 	}()
 
-	nextID, err := batchIDs()
-	if err != nil {
-		return err
-	}
+	nextID := batchIDs()
 	var n int
 	err = t.Run(ctx, func(iv tracer.Interval) error {
 		if l := iv.Lost; l.Total() > 0 {
@@ -140,17 +137,15 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 // restarts: a random id for this agent instance, then a sequence number.
 // The store records applied ids, so a batch replayed from the spool after
 // a crash between the write and the spool's bookkeeping counts once.
-func batchIDs() (func() string, error) {
+func batchIDs() func() string {
 	var r [8]byte
-	if _, err := rand.Read(r[:]); err != nil {
-		return nil, fmt.Errorf("batch ids: %w", err)
-	}
+	rand.Read(r[:]) // never fails (crypto/rand crashes the program instead)
 	instance := hex.EncodeToString(r[:])
 	var seq uint64
 	return func() string {
 		seq++
 		return instance + "-" + strconv.FormatUint(seq, 10)
-	}, nil
+	}
 }
 
 // flowNetNS is the namespace whose host a flow belongs to. A unix socket

@@ -112,10 +112,7 @@ func TestReplayAfterCrashCountsOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			next, err := batchIDs()
-			if err != nil {
-				t.Fatal(err)
-			}
+			next := batchIDs()
 			sp := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 1 << 20}
 			first, second := batch(3), batch(3)
 			first.ID, second.ID = next(), next()
