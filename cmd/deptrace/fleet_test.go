@@ -266,7 +266,7 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 	var g graph.Graph
 	json.Unmarshal([]byte(stdout), &g)
 	// Only b runs an agent: the client is an external endpoint, not dropped.
-	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Connections: 3}
+	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Counters: tracer.Counters{Connections: 3}}
 	found := false
 	for _, e := range g.Edges {
 		if e.From == want.From && e.To == want.To && e.Connections == want.Connections {

@@ -11,6 +11,7 @@ import (
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // seedStore writes a small history: client -> web:80 -> db:5432 an hour
@@ -29,7 +30,11 @@ func seedStore(t *testing.T, path string) string {
 	old := now.Add(-time.Hour)
 	o := func(host, dir, local, remote string, port uint16, comm string, at time.Time) store.Observation {
 		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local,
-			RemoteAddr: remote, Port: port, Comm: comm, Connections: 4, BytesSent: 10, BytesReceived: 20, FirstSeen: at, LastSeen: at}
+			RemoteAddr: remote, Port: port, Comm: comm, Counters: tracer.Counters{Connections: 4, BytesSent: 10, BytesReceived: 20}, FirstSeen: at, LastSeen: at}
+	}
+	unix := func(x store.Observation, peer string) store.Observation {
+		x.Proto, x.PeerComm = "unix", peer
+		return x
 	}
 	b := store.Batch{
 		Hosts: []store.Host{
@@ -43,7 +48,11 @@ func seedStore(t *testing.T, path string) string {
 			o("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", old),
 			o("db", "inbound", "198.51.100.3", "198.51.100.2", 5432, "postgres", old),
 			o("web", "outbound", "198.51.100.2", "203.0.113.5", 6379, "nginx", now.Add(-2*time.Minute)),
+			unix(o("web", "outbound", "", "/run/app.sock", 0, "nginx", old), "gunicorn"),
+			unix(o("web", "inbound", "/run/app.sock", "", 0, "gunicorn", old), "nginx"),
 		},
+		Listeners: []store.Listener{{Bucket: old.Truncate(time.Minute), HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres",
+			BacklogLimit: 16, QueueMax: 16, Drops: 2, FirstSeen: old, LastSeen: old}},
 	}
 	if err := s.Write(context.Background(), b); err != nil {
 		t.Fatal(err)
@@ -66,13 +75,20 @@ func lookGraphDiff(t *testing.T, db string) {
 	}
 	for _, want := range []string{
 		"nginx on web (198.51.100.2)",
-		"-> tcp 198.51.100.3:5432 postgres on db  conns=4",
+		"-> tcp 198.51.100.3:5432 postgres on db  [listen backlog=16 queue_max=16 drops=2 DROPPING]  conns=4",
 		"-> tcp 203.0.113.5:6379 (external)",
 		"<- curl on client (198.51.100.1)  via tcp/80  conns=4",
+		"-> unix /run/app.sock gunicorn on web  conns=4",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("look lacks %q:\n%s", want, out)
 		}
+	}
+
+	// Names as people type them: "gres" can only be postgres.
+	out, _, code = run(t, nil, "look", "gres", "--store", db)
+	if code != 0 || !strings.HasPrefix(out, "postgres on db (198.51.100.3)") {
+		t.Errorf("look gres:\n%s", out)
 	}
 
 	out, _, _ = run(t, nil, "look", "postgres", "--reverse", "--store", db)
@@ -80,6 +96,10 @@ func lookGraphDiff(t *testing.T, db string) {
 		t.Errorf("look --reverse:\n%s", out)
 	}
 
+	out, _, _ = run(t, nil, "graph", "--format", "json", "--store", db)
+	if !strings.Contains(out, `"unhealthy": true`) || !strings.Contains(out, `"drops": 2`) || !strings.Contains(out, "accept queue full") {
+		t.Errorf("graph json does not flag the dropping service:\n%s", out)
+	}
 	out, _, _ = run(t, nil, "graph", "--format", "json", "--store", db, "--since", "10m")
 	var g graph.Graph
 	if err := json.Unmarshal([]byte(out), &g); err != nil {
@@ -87,6 +107,10 @@ func lookGraphDiff(t *testing.T, db string) {
 	}
 	if len(g.Edges) != 1 || g.Edges[0].Port != 6379 {
 		t.Errorf("--since 10m should keep only the cache edge: %s", out)
+	}
+	out, _, _ = run(t, nil, "graph", "--format", "mermaid", "--store", db, "--target", "/run/app.sock")
+	if !strings.Contains(out, "unix /run/app.sock gunicorn on web") || !strings.Contains(out, `"unix 4 conns"`) || strings.Count(out, "-->|") != 2 { // nginx -> socket, and curl -> nginx above it
+		t.Errorf("mermaid around the unix socket:\n%s", out)
 	}
 	out, _, _ = run(t, nil, "graph", "--format", "dot", "--store", db, "--target", "postgres", "--depth", "1")
 	if !strings.HasPrefix(out, "digraph") || strings.Count(out, " -> ") != 1 {
@@ -98,7 +122,7 @@ func lookGraphDiff(t *testing.T, db string) {
 		t.Errorf("diff of the last 30 min against the 30 before:\n%s", out)
 	}
 	out, _, _ = run(t, nil, "diff", "--since", "30m", "--before-since", "2h", "--before-until", "30m", "--store", db)
-	if strings.Count(out, "- ") != 2 || strings.Count(out, "+ ") != 1 {
+	if strings.Count(out, "\n- ") != 3 || strings.Count(out, "+ ") != 1 {
 		t.Errorf("diff against the older window:\n%s", out)
 	}
 }
@@ -110,6 +134,7 @@ func TestQueryErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"look", "nosuchthing", "--store", db}, `no host, address, service or process matches "nosuchthing"`},
+		{[]string{"look", "u", "--store", db}, `"u" matches several processes by substring: curl, gunicorn; give the full name`},
 		{[]string{"look", "nginx", "--since", "last tuesday", "--store", db}, `invalid --since "last tuesday"`},
 		{[]string{"look", "nginx", "--since", "1h", "--until", "2h", "--store", db}, "invalid range"},
 		{[]string{"look", "nginx", "--depth", "-1", "--store", db}, "invalid --depth -1"},

@@ -110,15 +110,7 @@ func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, erro
 }
 
 func loadGraph(ctx context.Context, st *store.Store, r store.Range) (graph.Graph, []store.Host, error) {
-	obs, err := st.Observations(ctx, r)
-	if err != nil {
-		return graph.Graph{}, nil, err
-	}
-	hosts, err := st.Hosts(ctx)
-	if err != nil {
-		return graph.Graph{}, nil, err
-	}
-	return graph.Build(obs, hosts), hosts, nil
+	return graph.Load(ctx, st, r)
 }
 
 func newLookCmd() *cobra.Command {

@@ -5,12 +5,16 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,6 +111,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		w.loop(batches)
 	}()
 
+	nextID := batchIDs()
 	var n int
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
 	err = runTimed(ctx, t, func(iv tracer.Interval, took time.Duration) error {
@@ -115,15 +120,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if l := iv.Lost; l.Total() > 0 {
 			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
 		}
-		b := store.Batch{}
+		b := store.Batch{ID: nextID()}
 		seen := map[uint32]bool{}
 		for _, f := range iv.Flows {
-			h := ids.host(f.NetNS)
-			if !seen[f.NetNS] {
-				seen[f.NetNS] = true
-				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: f.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+			ns := flowNetNS(f, ids.rootNS)
+			h := ids.host(ns)
+			if !seen[ns] {
+				seen[ns] = true
+				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: ns, Addrs: h.Addrs, LastSeen: iv.Time})
 			}
 			b.Observations = append(b.Observations, Observation(h.ID, f, store.DefaultBucket))
+		}
+		for _, l := range iv.Listeners {
+			h := ids.host(l.NetNS)
+			if !seen[l.NetNS] {
+				seen[l.NetNS] = true
+				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: l.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+			}
+			b.Listeners = append(b.Listeners, Listener(h.ID, l, store.DefaultBucket))
 		}
 		if n%30 == 0 { // listening services change slowly
 			if ports, err := t.ListeningPorts(); err == nil {
@@ -137,7 +151,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		}
 		n++
-		if len(b.Observations)+len(b.Services) == 0 {
+		if len(b.Observations)+len(b.Services)+len(b.Listeners) == 0 {
 			return nil
 		}
 		select {
@@ -186,13 +200,53 @@ func runTimed(ctx context.Context, t *tracer.Tracer, emit func(tracer.Interval, 
 	}
 }
 
-// Observation turns one flow seen on host into a stored observation.
+// Observation turns one flow seen on host into a stored observation. For
+// unix flows the addresses are socket paths and the peer process is kept:
+// outbound, RemoteAddr is the server's socket and PeerComm the server;
+// inbound, LocalAddr is the socket and PeerComm the client.
 func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observation {
 	return store.Observation{
 		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: f.Direction, Proto: f.Proto,
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
-		Connections: f.Connections, FailedConnections: f.FailedConnections, BytesSent: f.BytesSent, BytesReceived: f.BytesReceived,
+		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
+	}
+}
+
+// batchIDs returns a generator of batch ids unique across agents and
+// restarts: a random id for this agent instance, then a sequence number.
+// The store records applied ids, so a batch replayed from the spool after
+// a crash between the write and the spool's bookkeeping counts once.
+func batchIDs() func() string {
+	var r [8]byte
+	rand.Read(r[:]) // never fails (crypto/rand crashes the program instead)
+	instance := hex.EncodeToString(r[:])
+	var seq uint64
+	return func() string {
+		seq++
+		return instance + "-" + strconv.FormatUint(seq, 10)
+	}
+}
+
+// flowNetNS is the namespace whose host a flow belongs to. A unix socket
+// with a path lives in the file system, not in a network namespace: both
+// ends of it are on the machine, so its flows go to the root namespace's
+// host whichever namespace the process is in. Abstract names ("@name")
+// are per network namespace and stay there.
+func flowNetNS(f tracer.Flow, root uint32) uint32 {
+	if f.IsUnix() && !strings.HasPrefix(f.Server(), "@") {
+		return root
+	}
+	return f.NetNS
+}
+
+// Listener turns one listening socket's interval record, seen on host,
+// into a stored listener.
+func Listener(host string, l tracer.Listener, bucket time.Duration) store.Listener {
+	return store.Listener{
+		Bucket: l.Time.Truncate(bucket), HostID: host, Proto: l.Proto, LocalAddr: l.LocalAddr, Port: l.Port,
+		PID: l.PID, Comm: l.Comm, BacklogLimit: l.BacklogLimit, QueueMax: l.QueueMax, Drops: l.Drops,
+		FirstSeen: l.Time, LastSeen: l.Time,
 	}
 }
 

@@ -1,17 +1,20 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 func batch(n int) store.Batch {
 	return store.Batch{Observations: []store.Observation{{HostID: "h", Direction: "outbound", Proto: "tcp",
-		LocalAddr: "198.51.100.1", RemoteAddr: "198.51.100.2", Port: uint16(n), Connections: uint64(n), LastSeen: time.Unix(int64(n), 0)}}}
+		LocalAddr: "198.51.100.1", RemoteAddr: "198.51.100.2", Port: uint16(n), Counters: tracer.Counters{Connections: uint64(n)}, LastSeen: time.Unix(int64(n), 0)}}}
 }
 
 func TestSpoolKeepsOrderAndRetriesWhatFailed(t *testing.T) {
@@ -61,5 +64,87 @@ func TestSpoolIsBounded(t *testing.T) {
 	}
 	if s.size() > 600 || errs == 0 || s.dropped != uint64(errs) {
 		t.Errorf("size %d, %d refused, %d counted dropped", s.size(), errs, s.dropped)
+	}
+}
+
+// What a batch holds for a unix flow: path sockets belong to the machine
+// (the root namespace's host) from any namespace, abstract ones to their
+// namespace; the peer process and every counter are kept.
+func TestUnixFlowObservation(t *testing.T) {
+	at := time.Date(2026, 11, 20, 10, 0, 30, 0, time.UTC)
+	f := tracer.Flow{Kind: tracer.KindFlow, Time: at, NetNS: 99, Proto: tracer.ProtoUnix, Direction: tracer.Outbound,
+		RemoteAddr: "/run/app.sock", PID: 10, Comm: "nginx", PeerPID: 20, PeerComm: "gunicorn",
+		Counters: tracer.Counters{Connections: 3, BytesSent: 30, ResetsReceived: 1}, FirstSeen: at, LastSeen: at}
+	if ns := flowNetNS(f, 1); ns != 1 {
+		t.Errorf("path socket in netns 99 went to %d, want the root's 1", ns)
+	}
+	abstract := f
+	abstract.RemoteAddr = "@app"
+	if ns := flowNetNS(abstract, 1); ns != 99 {
+		t.Errorf("abstract socket went to %d, want its namespace 99", ns)
+	}
+	in := f
+	in.Direction, in.LocalAddr, in.RemoteAddr = tracer.Inbound, "/run/app.sock", ""
+	if ns := flowNetNS(in, 1); ns != 1 {
+		t.Errorf("inbound path socket went to %d", ns)
+	}
+	tcp := f
+	tcp.Proto, tcp.RemoteAddr = tracer.ProtoTCP, "198.51.100.2"
+	if ns := flowNetNS(tcp, 1); ns != 99 {
+		t.Errorf("tcp flow moved to %d", ns)
+	}
+	o := Observation("web", f, store.DefaultBucket)
+	if o.HostID != "web" || o.Proto != "unix" || o.RemoteAddr != "/run/app.sock" || o.Port != 0 || o.PeerPID != 20 || o.PeerComm != "gunicorn" ||
+		o.Counters != f.Counters || !o.Bucket.Equal(at.Truncate(time.Minute)) {
+		t.Errorf("observation %+v", o)
+	}
+}
+
+// The agent crashes after the store committed a batch and before the
+// spool forgot it: the next agent replays the spool, and the store counts
+// the batch once. On both back ends.
+func TestReplayAfterCrashCountsOnce(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range map[string]string{"sqlite": filepath.Join(t.TempDir(), "deptrace.db"), "postgres": pgtest.Start(t)} {
+		t.Run(name, func(t *testing.T) {
+			st, err := store.Open(ctx, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			next := batchIDs()
+			sp := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 1 << 20}
+			first, second := batch(3), batch(3)
+			first.ID, second.ID = next(), next()
+			if first.ID == second.ID {
+				t.Fatalf("ids repeat: %s", first.ID)
+			}
+			// Both batches were spooled while the store was down; the
+			// store came back and the first was written, then the agent
+			// died before the spool was truncated.
+			for _, b := range []store.Batch{first, second} {
+				if err := sp.add(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := st.Write(ctx, first); err != nil {
+				t.Fatal(err)
+			}
+			// The next agent replays everything the spool holds.
+			n, err := sp.replay(func(b store.Batch) error { return st.Write(ctx, b) })
+			if err != nil || n != 2 {
+				t.Fatalf("replay: %d %v", n, err)
+			}
+			obs, err := st.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(obs) != 1 || obs[0].Connections != 6 {
+				t.Errorf("after the replay: %+v; want 6 connections (two batches of 3, the first not counted twice)", obs)
+			}
+			if sp.pending() {
+				t.Error("spool not empty after the replay")
+			}
+		})
 	}
 }

@@ -9,15 +9,17 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // Node kinds.
 const (
 	KindProcess  = "process"  // a client process on a host: (host, process)
-	KindService  = "service"  // a listening service: (host, proto, port), with its process
+	KindService  = "service"  // a listening service: (host, proto, port) or (host, unix socket path), with its process
 	KindExternal = "external" // an endpoint on a host that runs no agent
 )
 
@@ -31,22 +33,74 @@ type Node struct {
 	Port    uint16 `json:"port"`
 	Proto   string `json:"proto"`
 	Process string `json:"process"`
+	// Listen queue of a TCP service whose agent reports listener state:
+	// the listen backlog, the deepest accept queue seen in the range, and
+	// connections dropped because the queue was full. Nil otherwise.
+	Listener *ListenerState `json:"listener,omitempty"`
+	// Unhealthy marks a service that dropped connections; Reasons says
+	// why, one phrase each.
+	Unhealthy bool     `json:"unhealthy"`
+	Reasons   []string `json:"reasons,omitempty"`
+}
+
+// ListenerState is a service's accept queue over the range.
+type ListenerState struct {
+	BacklogLimit uint32 `json:"backlog_limit"`
+	QueueMax     uint32 `json:"queue_max"`
+	Drops        uint64 `json:"drops"`
 }
 
 // Edge points from a client (process or external client) to a service
-// (service or external server). BytesSent flows client to server,
-// BytesReceived server to client.
+// (service or external server). Its counters are the client's point of
+// view: *Sent flows client to server, *Received server to client (bytes,
+// datagrams, resets), whichever end reported them.
 type Edge struct {
-	From              string    `json:"from"`
-	To                string    `json:"to"`
-	Proto             string    `json:"proto"`
-	Port              uint16    `json:"port"`
-	Connections       uint64    `json:"connections"`
-	FailedConnections uint64    `json:"failed_connections"`
-	BytesSent         uint64    `json:"bytes_sent"`
-	BytesReceived     uint64    `json:"bytes_received"`
-	FirstSeen         time.Time `json:"first_seen"`
-	LastSeen          time.Time `json:"last_seen"`
+	From  string `json:"from"`
+	To    string `json:"to"`
+	Proto string `json:"proto"`
+	Port  uint16 `json:"port"`
+	tracer.Counters
+	// ConnectLatencyAvgUs is connect_latency_sum_us / connect_latency_count
+	// (0 when nothing was measured).
+	ConnectLatencyAvgUs uint64    `json:"connect_latency_avg_us"`
+	FirstSeen           time.Time `json:"first_seen"`
+	LastSeen            time.Time `json:"last_seen"`
+	// Unhealthy: failed connections, resets or retransmissions on the
+	// edge (tracer.Counters.Unhealthy); Reasons lists them.
+	Unhealthy bool     `json:"unhealthy"`
+	Reasons   []string `json:"reasons,omitempty"`
+}
+
+// health fills the derived fields from the counters.
+func (e *Edge) health() {
+	c := e.Counters
+	if c.ConnectLatencyCount > 0 {
+		e.ConnectLatencyAvgUs = c.ConnectLatencySumUs / c.ConnectLatencyCount
+	}
+	e.Unhealthy = c.Unhealthy()
+	e.Reasons = nil
+	if c.FailedConnections > 0 {
+		var causes []string
+		for _, x := range []struct {
+			n    uint64
+			name string
+		}{{c.FailedRefused, "refused"}, {c.FailedTimeout, "timed out"}, {c.FailedReset, "reset"}, {c.FailedUnreachable, "unreachable"}} {
+			if x.n > 0 {
+				causes = append(causes, fmt.Sprintf("%d %s", x.n, x.name))
+			}
+		}
+		r := fmt.Sprintf("%d failed connections", c.FailedConnections)
+		if len(causes) > 0 {
+			r += " (" + strings.Join(causes, ", ") + ")"
+		}
+		e.Reasons = append(e.Reasons, r)
+	}
+	if c.ResetsSent+c.ResetsReceived > 0 {
+		e.Reasons = append(e.Reasons, fmt.Sprintf("%d resets sent by the client, %d received", c.ResetsSent, c.ResetsReceived))
+	}
+	if c.Retransmits > 0 {
+		e.Reasons = append(e.Reasons, fmt.Sprintf("%d retransmitted segments", c.Retransmits))
+	}
 }
 
 // Graph is a set of nodes and the edges between them.
@@ -60,6 +114,11 @@ func ProcessID(host, process string) string { return "process:" + host + "/" + p
 func ServiceID(host, proto string, port uint16) string {
 	return fmt.Sprintf("service:%s/%s/%d", host, proto, port)
 }
+
+// UnixServiceID names a unix-socket service: a socket path (or "@name"
+// for an abstract socket) on a host.
+func UnixServiceID(host, path string) string { return "service:" + host + "/unix:" + path }
+
 func ExternalID(addr string, port uint16) string {
 	if port == 0 {
 		return "external:" + addr
@@ -98,21 +157,22 @@ type side struct {
 	proto                  string
 	port                   uint16
 	process                string
-	conns, failed          uint64
-	toServer, toClient     uint64
+	c                      tracer.Counters // the client's point of view
 	first, last            time.Time
 }
 
-func (s *side) add(o store.Observation, outbound bool) {
-	s.conns += o.Connections
-	s.failed += o.FailedConnections
-	if outbound {
-		s.toServer += o.BytesSent
-		s.toClient += o.BytesReceived
-	} else {
-		s.toServer += o.BytesReceived
-		s.toClient += o.BytesSent
+// clientView turns a server's counters to the client's point of view.
+func clientView(c tracer.Counters, outbound bool) tracer.Counters {
+	if !outbound {
+		c.BytesSent, c.BytesReceived = c.BytesReceived, c.BytesSent
+		c.DatagramsSent, c.DatagramsReceived = c.DatagramsReceived, c.DatagramsSent
+		c.ResetsSent, c.ResetsReceived = c.ResetsReceived, c.ResetsSent
 	}
+	return c
+}
+
+func (s *side) add(o store.Observation, outbound bool) {
+	s.c.Add(clientView(o.Counters, outbound))
 	if s.first.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(s.first)) {
 		s.first = o.FirstSeen
 	}
@@ -124,7 +184,9 @@ func (s *side) add(o store.Observation, outbound bool) {
 // Build joins observations into the graph. For every dependency the
 // client's view gives the counters when the client runs an agent, the
 // server's otherwise; the server's view names the service's process.
-func Build(obs []store.Observation, hosts []store.Host) Graph {
+// Listener state goes on the service nodes; a listener that dropped
+// connections makes its service node even when no edge reached it.
+func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listener) Graph {
 	own := newOwners(hosts)
 	hostAddr := map[string]string{}
 	for _, h := range hosts {
@@ -148,7 +210,12 @@ func Build(obs []store.Observation, hosts []store.Host) Graph {
 	}
 	outs := map[outKey]*side{}
 	ins := map[inKey]*side{}
+	var unix []store.Observation
 	for _, o := range obs {
+		if o.Proto == tracer.ProtoUnix {
+			unix = append(unix, o)
+			continue
+		}
 		if o.Direction == "outbound" {
 			server, _ := own.of(o.RemoteAddr, o.HostID)
 			k := outKey{o.HostID, o.Comm, server, "", o.Proto, o.Port}
@@ -215,7 +282,93 @@ func Build(obs []store.Observation, hosts []store.Host) Graph {
 		}
 		g.edge(from, to, in)
 	}
+	g.unix(unix, hostAddr)
+	g.listeners(listeners, hostAddr)
 	return g.graph()
+}
+
+// unix joins unix-socket flows. Both ends are on one host: the client
+// reports (outbound) the server's socket path and the server process as
+// its peer; the server reports (inbound) its socket path and the client
+// process as its peer. The client's view gives the counters when there
+// is one.
+func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
+	type key struct{ host, path, client string }
+	type pair struct {
+		out, in *side
+		server  string // process
+	}
+	pairs := map[key]*pair{}
+	var order []key
+	for _, o := range obs {
+		outbound := o.Direction == tracer.Outbound
+		k := key{o.HostID, o.LocalAddr, o.PeerComm}
+		server := o.Comm
+		if outbound {
+			k, server = key{o.HostID, o.RemoteAddr, o.Comm}, o.PeerComm
+		}
+		p := pairs[k]
+		if p == nil {
+			p = &pair{}
+			pairs[k] = p
+			order = append(order, k)
+		}
+		sd := &p.in
+		if outbound {
+			sd = &p.out
+		}
+		if *sd == nil {
+			*sd = &side{client: k.host, server: k.host, serverAddr: k.path, proto: tracer.ProtoUnix, process: k.client}
+		}
+		(*sd).add(o, outbound)
+		// The server process: the latest name either end gave.
+		if server != "" && (p.server == "" || !o.LastSeen.Before((*sd).last)) {
+			p.server = server
+		}
+	}
+	for _, k := range order {
+		p := pairs[k]
+		from := b.node(Node{ID: ProcessID(k.host, k.client), Kind: KindProcess, Host: k.host, Addr: hostAddr[k.host], Process: k.client})
+		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: tracer.ProtoUnix, Process: p.server})
+		sd := p.out
+		if sd == nil {
+			sd = p.in
+		}
+		b.edge(from, to, sd)
+	}
+}
+
+// listeners puts each service's accept-queue state on its node: summed
+// drops and deepest queue over its addresses, the largest backlog.
+func (b *builder) listeners(ls []store.Listener, hostAddr map[string]string) {
+	for _, l := range ls {
+		id := ServiceID(l.HostID, l.Proto, l.Port)
+		n, ok := b.nodes[id]
+		if !ok {
+			if l.Drops == 0 {
+				continue
+			}
+			n = Node{ID: id, Kind: KindService, Host: l.HostID, Addr: hostAddr[l.HostID], Port: l.Port, Proto: l.Proto, Process: l.Comm}
+		}
+		if n.Listener == nil {
+			n.Listener = &ListenerState{}
+		}
+		n.Listener.BacklogLimit = max(n.Listener.BacklogLimit, l.BacklogLimit)
+		n.Listener.QueueMax = max(n.Listener.QueueMax, l.QueueMax)
+		n.Listener.Drops += l.Drops
+		if n.Process == "" {
+			n.Process = l.Comm
+		}
+		b.nodes[id] = n
+	}
+	for id, n := range b.nodes {
+		if n.Listener != nil && n.Listener.Drops > 0 {
+			n.Unhealthy = true
+			n.Reasons = []string{fmt.Sprintf("%d connections dropped: accept queue full (backlog %d, deepest queue %d)",
+				n.Listener.Drops, n.Listener.BacklogLimit, n.Listener.QueueMax)}
+			b.nodes[id] = n
+		}
+	}
 }
 
 type builder struct {
@@ -247,10 +400,7 @@ func (b *builder) edge(from, to string, s *side) {
 		e = &Edge{From: from, To: to, Proto: s.proto, Port: s.port, FirstSeen: s.first}
 		b.edges[k] = e
 	}
-	e.Connections += s.conns
-	e.FailedConnections += s.failed
-	e.BytesSent += s.toServer
-	e.BytesReceived += s.toClient
+	e.Counters.Add(s.c)
 	if !s.first.IsZero() && s.first.Before(e.FirstSeen) {
 		e.FirstSeen = s.first
 	}
@@ -264,10 +414,18 @@ func (b *builder) graph() Graph {
 	for _, n := range b.nodes {
 		g.Nodes = append(g.Nodes, n)
 	}
+	// Sort pointers: an Edge is large, and moving 50,000 of them around
+	// in a sort costs more than the rest of the build.
+	edges := make([]*Edge, 0, len(b.edges))
 	for _, e := range b.edges {
+		e.health()
+		edges = append(edges, e)
+	}
+	slices.SortFunc(edges, func(a, b *Edge) int { return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To)) })
+	g.Edges = make([]Edge, 0, len(edges))
+	for _, e := range edges {
 		g.Edges = append(g.Edges, *e)
 	}
 	slices.SortFunc(g.Nodes, func(a, b Node) int { return cmp.Compare(a.ID, b.ID) })
-	slices.SortFunc(g.Edges, func(a, b Edge) int { return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To)) })
 	return g
 }

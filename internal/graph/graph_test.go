@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 var at = time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
 
 func o(host, dir, local, remote string, port uint16, comm string, conns, sent, recv uint64) store.Observation {
 	return store.Observation{HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local, RemoteAddr: remote, Port: port,
-		Comm: comm, Connections: conns, BytesSent: sent, BytesReceived: recv, FirstSeen: at, LastSeen: at.Add(time.Minute)}
+		Comm: comm, Counters: tracer.Counters{Connections: conns, BytesSent: sent, BytesReceived: recv}, FirstSeen: at, LastSeen: at.Add(time.Minute)}
 }
 
 var hosts = []store.Host{
@@ -61,7 +62,7 @@ func node(t *testing.T, g Graph, id string) Node {
 }
 
 func TestBothEndsJoinIntoOneEdge(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	if len(g.Edges) != 4 {
 		t.Fatalf("%d edges, want 4: %+v", len(g.Edges), g.Edges)
 	}
@@ -87,7 +88,7 @@ func TestBothEndsJoinIntoOneEdge(t *testing.T) {
 func TestOnlyTheServerReports(t *testing.T) {
 	// A client with no agent: the server's view makes the edge, from an
 	// external client, with bytes turned to the client's point of view.
-	g := Build([]store.Observation{o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 3, 900, 100)}, hosts)
+	g := Build([]store.Observation{o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 3, 900, 100)}, hosts, nil)
 	e := edge(t, g, ExternalID("203.0.113.9", 0), ServiceID("db", "tcp", 5432))
 	if e.Connections != 3 || e.BytesSent != 100 || e.BytesReceived != 900 {
 		t.Errorf("%+v", e)
@@ -99,7 +100,7 @@ func TestLoopbackStaysOnTheHost(t *testing.T) {
 		o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),
 		o("web", "inbound", "127.0.0.1", "127.0.0.1", 6379, "redis-server", 2, 10, 10),
 		o("client", "outbound", "127.0.0.1", "127.0.0.1", 6379, "other", 1, 1, 1), // another host's loopback
-	}, hosts)
+	}, hosts, nil)
 	if len(g.Edges) != 2 {
 		t.Fatalf("edges %+v", g.Edges)
 	}
@@ -111,7 +112,7 @@ func TestLoopbackStaysOnTheHost(t *testing.T) {
 }
 
 func TestResolve(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	cases := map[string][]string{
 		"postgres":          {ProcessID("db", "postgres")},
 		"198.51.100.4":      {ProcessID("db", "postgres")},
@@ -131,7 +132,7 @@ func TestResolve(t *testing.T) {
 }
 
 func TestLookDepthAndReverse(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	roots, _ := Resolve(g, hosts, "nginx")
 	trees := Look(g, roots, 1, true, true)
 	if len(trees) != 1 || len(trees[0].Outbound) != 1 || len(trees[0].Outbound[0].Children) != 0 || len(trees[0].Inbound) != 1 {
@@ -162,7 +163,7 @@ func TestCyclesAreShownOnce(t *testing.T) {
 		o("app", "outbound", "198.51.100.3", "198.51.100.2", 9001, "b", 1, 1, 1),
 		o("web", "inbound", "198.51.100.2", "198.51.100.3", 9001, "a", 1, 1, 1),
 	}
-	g := Build(obs, hosts)
+	g := Build(obs, hosts, nil)
 	roots, _ := Resolve(g, hosts, "a")
 	trees := Look(g, roots, 0, true, false)
 	b := trees[0].Outbound[0]
@@ -177,13 +178,13 @@ func TestCyclesAreShownOnce(t *testing.T) {
 }
 
 func TestReachableAndDiff(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	roots, _ := Resolve(g, hosts, "198.51.100.3:8080")
 	sub := Reachable(g, roots, 1)
 	if len(sub.Edges) != 3 { // nginx->app, app->db, app->external
 		t.Errorf("reachable depth 1: %+v", sub.Edges)
 	}
-	before := Build(chain()[:4], hosts)
+	before := Build(chain()[:4], hosts, nil)
 	appeared, disappeared := Diff(before, g)
 	if len(appeared) != 2 || len(disappeared) != 0 {
 		t.Errorf("diff: +%v -%v", appeared, disappeared)
@@ -195,7 +196,7 @@ func TestReachableAndDiff(t *testing.T) {
 }
 
 func TestFormats(t *testing.T) {
-	g := Build(chain(), hosts)
+	g := Build(chain(), hosts, nil)
 	var buf bytes.Buffer
 	if err := Write(&buf, g, "json"); err != nil {
 		t.Fatal(err)
@@ -226,5 +227,199 @@ func TestFormats(t *testing.T) {
 	}
 	if err := Write(&buf, g, "png"); err == nil || !strings.Contains(err.Error(), "json, dot, mermaid") {
 		t.Errorf("bad format: %v", err)
+	}
+}
+
+// UDP has no connections: its edges read in datagrams, turned to the
+// client's point of view when only the server reports.
+func TestUDPEdgesCountDatagrams(t *testing.T) {
+	dns := o("db", "inbound", "198.51.100.4", "198.51.100.1", 53, "unbound", 0, 900, 100)
+	dns.Proto, dns.DatagramsSent, dns.DatagramsReceived = "udp", 10, 12
+	g := Build([]store.Observation{dns}, hosts, nil)
+	e := edge(t, g, ProcessID("client", ""), ServiceID("db", "udp", 53))
+	if e.DatagramsSent != 12 || e.DatagramsReceived != 10 || e.BytesSent != 100 {
+		t.Errorf("client view of the server's counters: %+v", e)
+	}
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hosts, "unbound")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	if !strings.Contains(buf.String(), "via udp/53  dgrams=12/10 sent=100 recv=900") || strings.Contains(buf.String(), "conns=") {
+		t.Errorf("look:\n%s", buf.String())
+	}
+	buf.Reset()
+	Write(&buf, g, "mermaid")
+	if !strings.Contains(buf.String(), "udp/53 22 datagrams") {
+		t.Errorf("mermaid:\n%s", buf.String())
+	}
+}
+
+// Health: an edge with failures, resets or retransmits is marked with its
+// reasons; a service whose accept queue dropped connections is flagged,
+// and one that only dropped (no edge reached it) still shows.
+func TestHealthOfEdgesAndListeners(t *testing.T) {
+	obs := chain()
+	obs[4].FailedConnections, obs[4].FailedRefused, obs[4].FailedTimeout = 3, 2, 1
+	obs[4].ConnectLatencyCount, obs[4].ConnectLatencySumUs, obs[4].ConnectLatencyMaxUs = 20, 40000, 9000
+	obs[4].Retransmits = 7
+	listeners := []store.Listener{
+		{HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres", BacklogLimit: 128, QueueMax: 128, Drops: 12},
+		{HostID: "db", Proto: "tcp", LocalAddr: "::", Port: 5432, Comm: "postgres", BacklogLimit: 128, QueueMax: 40, Drops: 3},
+		{HostID: "app", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 8080, Comm: "app", BacklogLimit: 4096, QueueMax: 2},
+		{HostID: "web", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 9999, Comm: "stuck", BacklogLimit: 1, QueueMax: 1, Drops: 10},
+	}
+	g := Build(obs, hosts, listeners)
+	e := edge(t, g, ProcessID("app", "app"), ServiceID("db", "tcp", 5432))
+	if !e.Unhealthy || e.ConnectLatencyAvgUs != 2000 || len(e.Reasons) != 2 ||
+		e.Reasons[0] != "3 failed connections (2 refused, 1 timed out)" || e.Reasons[1] != "7 retransmitted segments" {
+		t.Errorf("unhealthy edge: %+v", e)
+	}
+	if e := edge(t, g, ProcessID("web", "nginx"), ServiceID("app", "tcp", 8080)); e.Unhealthy || e.Reasons != nil {
+		t.Errorf("healthy edge marked: %+v", e)
+	}
+	db := node(t, g, ServiceID("db", "tcp", 5432))
+	if db.Listener == nil || *db.Listener != (ListenerState{BacklogLimit: 128, QueueMax: 128, Drops: 15}) || !db.Unhealthy ||
+		!strings.Contains(db.Reasons[0], "15 connections dropped") {
+		t.Errorf("dropping service: %+v %+v", db, db.Listener)
+	}
+	if app := node(t, g, ServiceID("app", "tcp", 8080)); app.Unhealthy || app.Listener == nil || app.Listener.BacklogLimit != 4096 {
+		t.Errorf("healthy listener: %+v", app)
+	}
+	if stuck := node(t, g, ServiceID("web", "tcp", 9999)); !stuck.Unhealthy || stuck.Process != "stuck" {
+		t.Errorf("a service that only drops: %+v", stuck)
+	}
+
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hosts, "app")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	for _, want := range []string{
+		"-> tcp 198.51.100.4:5432 postgres on db  [listen backlog=128 queue_max=128 drops=15 DROPPING]  UNHEALTHY  conns=20 failed=3 (refused=2 timeout=1) sent=100 recv=900 connect=2ms/9ms retrans=7",
+		"<- nginx on web (198.51.100.2)  via tcp/8080  [listen backlog=4096 queue_max=2 drops=0]  conns=5",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("look lacks %q:\n%s", want, buf.String())
+		}
+	}
+	buf.Reset()
+	Write(&buf, g, "json")
+	var doc struct {
+		Nodes []map[string]any
+		Edges []map[string]any
+	}
+	json.Unmarshal(buf.Bytes(), &doc)
+	var flagged, marked int
+	for _, n := range doc.Nodes {
+		if n["unhealthy"] == true {
+			flagged++
+		}
+	}
+	for _, e := range doc.Edges {
+		if e["unhealthy"] == true && e["retransmits"] == float64(7) && e["failed_refused"] == float64(2) && e["connect_latency_max_us"] == float64(9000) {
+			marked++
+		}
+	}
+	if flagged != 2 || marked != 1 {
+		t.Errorf("json: %d unhealthy nodes (want 2), %d marked edges (want 1):\n%s", flagged, marked, buf.String())
+	}
+}
+
+func unixObs(host, dir, local, remote, comm, peer string, conns, sent, recv uint64) store.Observation {
+	x := o(host, dir, local, remote, 0, comm, conns, sent, recv)
+	x.Proto, x.PeerComm = "unix", peer
+	return x
+}
+
+// Unix sockets: nginx -> gunicorn over /run/app.sock, both ends on web;
+// psql -> postgres reported only by the server; another host's socket of
+// the same path is another service.
+func TestUnixServices(t *testing.T) {
+	obs := append(chain(),
+		unixObs("web", "outbound", "", "/run/app.sock", "nginx", "gunicorn", 7, 700, 7000),
+		unixObs("web", "inbound", "/run/app.sock", "", "gunicorn", "nginx", 7, 7000, 700),
+		unixObs("db", "inbound", "/var/run/postgresql/.s.PGSQL.5432", "", "postgres", "psql", 2, 900, 100),
+		unixObs("app", "outbound", "", "/run/app.sock", "worker", "other", 1, 1, 1),
+	)
+	g := Build(obs, hosts, nil)
+	e := edge(t, g, ProcessID("web", "nginx"), UnixServiceID("web", "/run/app.sock"))
+	if e.Proto != "unix" || e.Port != 0 || e.Connections != 7 || e.BytesSent != 700 || e.BytesReceived != 7000 {
+		t.Errorf("nginx -> gunicorn: %+v", e)
+	}
+	if n := node(t, g, UnixServiceID("web", "/run/app.sock")); n.Process != "gunicorn" || n.Kind != KindService || n.Addr != "/run/app.sock" {
+		t.Errorf("unix service node: %+v", n)
+	}
+	e = edge(t, g, ProcessID("db", "psql"), UnixServiceID("db", "/var/run/postgresql/.s.PGSQL.5432"))
+	if e.Connections != 2 || e.BytesSent != 100 {
+		t.Errorf("server-only unix edge, client's view: %+v", e)
+	}
+	edge(t, g, ProcessID("app", "worker"), UnixServiceID("app", "/run/app.sock"))
+	if len(g.Edges) != 4+3 {
+		t.Errorf("%d edges: %+v", len(g.Edges), g.Edges)
+	}
+
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hosts, "nginx")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	if !strings.Contains(buf.String(), "-> unix /run/app.sock gunicorn on web  conns=7 failed=0 sent=700 recv=7000") {
+		t.Errorf("look nginx:\n%s", buf.String())
+	}
+	buf.Reset()
+	roots, _ = Resolve(g, hosts, "gunicorn")
+	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	if !strings.Contains(buf.String(), "<- nginx on web (198.51.100.2)  via unix /run/app.sock  conns=7") {
+		t.Errorf("look gunicorn:\n%s", buf.String())
+	}
+	if got, err := Resolve(g, hosts, "/run/app.sock"); err != nil || len(got) != 2 {
+		t.Errorf("a socket path names its services on every host: %v %v", got, err)
+	}
+
+	for format, want := range map[string]string{
+		"json":    `"id": "service:web/unix:/run/app.sock"`,
+		"dot":     `"process:web/nginx" -> "service:web/unix:/run/app.sock" [label="unix 7 conns"]`,
+		"mermaid": `"unix /run/app.sock gunicorn on web"`,
+	} {
+		buf.Reset()
+		if err := Write(&buf, g, format); err != nil || !strings.Contains(buf.String(), want) {
+			t.Errorf("%s lacks %q:\n%s", format, want, buf.String())
+		}
+	}
+}
+
+// Process names match the way a person types them: exact, then ignoring
+// case, then by prefix, then by substring, and only when unambiguous.
+func TestProcessNamesMatchAsTyped(t *testing.T) {
+	obs := []store.Observation{
+		o("web", "outbound", "198.51.100.2", "198.51.100.4", 6379, "php-fpm", 1, 1, 1),
+		o("db", "inbound", "198.51.100.4", "198.51.100.2", 6379, "redis-server", 1, 1, 1),
+		o("db", "inbound", "198.51.100.4", "198.51.100.2", 26379, "redis-sentinel", 1, 1, 1),
+		o("app", "outbound", "198.51.100.3", "198.51.100.4", 5432, "Postgres-Exporter", 1, 1, 1),
+		o("app", "outbound", "198.51.100.3", "198.51.100.4", 5433, "postgres", 1, 1, 1),
+	}
+	g := Build(obs, hosts, nil)
+	for typed, want := range map[string]string{
+		"php-fpm":           ProcessID("web", "php-fpm"),
+		"php":               ProcessID("web", "php-fpm"),
+		"fpm":               ProcessID("web", "php-fpm"),
+		"redis-se":          "", // ambiguous
+		"redis-serv":        ProcessID("db", "redis-server"),
+		"sentinel":          ProcessID("db", "redis-sentinel"),
+		"postgres":          ProcessID("app", "postgres"), // exact beats the prefix of Postgres-Exporter
+		"POSTGRES-exporter": ProcessID("app", "Postgres-Exporter"),
+		"exporter":          ProcessID("app", "Postgres-Exporter"),
+	} {
+		got, err := Resolve(g, hosts, typed)
+		if want == "" {
+			if err == nil || !strings.Contains(err.Error(), `"redis-se" matches several processes by prefix: redis-sentinel, redis-server`) {
+				t.Errorf("%s: %v %v, want an error listing both", typed, got, err)
+			}
+			continue
+		}
+		if err != nil || len(got) != 1 || got[0] != want {
+			t.Errorf("%s: %v %v, want %s", typed, got, err, want)
+		}
+	}
+	if _, err := Resolve(g, hosts, "redis"); err == nil || !strings.Contains(err.Error(), "redis-sentinel, redis-server") {
+		t.Errorf("redis: %v", err)
+	}
+	if _, err := Resolve(g, hosts, "mysql"); err == nil || !strings.Contains(err.Error(), `no host, address, service or process matches "mysql"`) {
+		t.Errorf("mysql: %v", err)
 	}
 }

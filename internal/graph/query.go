@@ -70,14 +70,14 @@ func (ix *index) incoming(id string) []Edge {
 }
 
 // Resolve finds what a user means by target: "addr:port" (one service or
-// external endpoint), an address (everything on the host that holds it, or
+// external endpoint), a unix socket path ("/run/app.sock", "@name"), an address (everything on the host that holds it, or
 // the external endpoint), a host id or name (everything on it), or a
 // process name. Except for addr:port, results are entities: a process on a
 // host, with all its services (see ProcessID).
 func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 	target = strings.TrimSpace(target)
 	if target == "" {
-		return nil, fmt.Errorf("empty target: give a host, an address, address:port or a process name")
+		return nil, fmt.Errorf("empty target: give a host, an address, address:port, a unix socket path or a process name")
 	}
 	var ids []string
 	add := func(id string) {
@@ -98,7 +98,14 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			owner[a] = h.ID
 		}
 	}
-	if ap, err := netip.ParseAddrPort(target); err == nil {
+	if strings.HasPrefix(target, "/") || strings.HasPrefix(target, "@") {
+		// A unix socket path (or abstract name): its service on every host.
+		for _, n := range g.Nodes {
+			if n.Kind == KindService && n.Proto == "unix" && n.Addr == target {
+				add(n.ID)
+			}
+		}
+	} else if ap, err := netip.ParseAddrPort(target); err == nil {
 		addr := ap.Addr().Unmap().String()
 		host := owner[addr]
 		for _, n := range g.Nodes {
@@ -117,7 +124,13 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			}
 		}
 		if len(ids) == 0 {
-			entities(func(n Node) bool { return n.Process == target })
+			name, err := MatchProcess(g, target)
+			if err != nil {
+				return nil, err
+			}
+			if name != "" {
+				entities(func(n Node) bool { return n.Process == name })
+			}
 		}
 	}
 	if len(ids) == 0 {
@@ -130,6 +143,7 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 type Branch struct {
 	Edge     Edge
 	Peer     Node // the service (outbound) or client (inbound)
+	Via      Node // inbound: the service of the root the edge enters
 	Children []*Branch
 	Repeat   bool // Peer already appears above: not expanded again
 }
@@ -175,6 +189,9 @@ func (ix *index) walk(id string, depth int, outbound bool, seen map[string]bool)
 			peerID = e.From
 		}
 		b := &Branch{Edge: e, Peer: ix.nodes[peerID]}
+		if !outbound {
+			b.Via = ix.nodes[e.To]
+		}
 		// The same (host, process) reached through another of its
 		// services counts as seen too.
 		key := entityKey(b.Peer)
@@ -202,6 +219,9 @@ func entityKey(n Node) string {
 // either direction (depth <= 0: unlimited).
 func Reachable(g Graph, roots []string, depth int) Graph {
 	ix := newIndex(g)
+	if depth <= 0 {
+		depth = -1 // never reaches 0 below: unlimited
+	}
 	keep := map[string]bool{}
 	edges := map[[2]string]bool{}
 	var visit func(id string, d int, outbound bool)
@@ -270,4 +290,51 @@ func Diff(before, after Graph) (appeared, disappeared []Edge) {
 		}
 	}
 	return appeared, disappeared
+}
+
+// MatchProcess finds the process name a person means by typed: the exact
+// name; else the one name that matches ignoring case; else the one name
+// that starts with typed; else the one that contains it ("redis" finds
+// "redis-server"). When a step matches several names the error lists them;
+// when nothing matches, it returns "" and no error.
+func MatchProcess(g Graph, typed string) (string, error) {
+	names := map[string]bool{}
+	for _, n := range g.Nodes {
+		if n.Process != "" {
+			names[n.Process] = true
+		}
+	}
+	if names[typed] {
+		return typed, nil
+	}
+	lower := strings.ToLower(typed)
+	for _, step := range []struct {
+		how   string
+		match func(name string) bool
+	}{
+		{"ignoring case", func(name string) bool { return name == lower }},
+		{"by prefix", func(name string) bool { return strings.HasPrefix(name, lower) }},
+		{"by substring", func(name string) bool { return strings.Contains(name, lower) }},
+	} {
+		var found []string
+		for name := range names {
+			if step.match(strings.ToLower(name)) {
+				found = append(found, name)
+			}
+		}
+		switch len(found) {
+		case 0:
+			continue
+		case 1:
+			return found[0], nil
+		}
+		slices.Sort(found)
+		const most = 10
+		list := strings.Join(found[:min(len(found), most)], ", ")
+		if len(found) > most {
+			list += fmt.Sprintf(" and %d more", len(found)-most)
+		}
+		return "", fmt.Errorf("%q matches several processes %s: %s; give the full name", typed, step.how, list)
+	}
+	return "", nil
 }

@@ -41,6 +41,9 @@ func Label(n Node) string {
 		if proc == "" {
 			proc = "?"
 		}
+		if n.Proto == "unix" {
+			return fmt.Sprintf("unix %s %s on %s", n.Addr, proc, n.Host)
+		}
 		return fmt.Sprintf("%s %s %s on %s", n.Proto, endpoint(n.Addr, n.Port), proc, n.Host)
 	default:
 		proc := n.Process
@@ -62,9 +65,95 @@ func endpoint(addr string, port uint16) string {
 	return netip.AddrPortFrom(a, port).String()
 }
 
+// volume is how much an edge carried: connections for connection
+// protocols, datagrams (sent/received by the client) for UDP, which has no
+// connections.
+func volume(e Edge) string {
+	if e.Proto == "udp" {
+		return fmt.Sprintf("dgrams=%d/%d", e.DatagramsSent, e.DatagramsReceived)
+	}
+	return fmt.Sprintf("conns=%d failed=%d", e.Connections, e.FailedConnections)
+}
+
+// edgeService names the service end of an edge: proto/port, or the socket
+// path for unix.
+func edgeService(e Edge, to Node) string {
+	if e.Proto == "unix" {
+		return "unix " + to.Addr
+	}
+	return fmt.Sprintf("%s/%d", e.Proto, e.Port)
+}
+
+// shortVolume labels an edge in a picture.
+func edgeProto(e Edge) string {
+	if e.Proto == "unix" {
+		return "unix"
+	}
+	return fmt.Sprintf("%s/%d", e.Proto, e.Port)
+}
+
+func shortVolume(e Edge) string {
+	if e.Proto == "udp" {
+		return fmt.Sprintf("%d datagrams", e.DatagramsSent+e.DatagramsReceived)
+	}
+	return fmt.Sprintf("%d conns", e.Connections)
+}
+
 func counters(e Edge) string {
-	return fmt.Sprintf("conns=%d failed=%d sent=%d recv=%d last=%s",
-		e.Connections, e.FailedConnections, e.BytesSent, e.BytesReceived, e.LastSeen.Local().Format(time.DateTime))
+	var sb strings.Builder
+	sb.WriteString(volume(e))
+	c := e.Counters
+	if c.FailedConnections > 0 {
+		var causes []string
+		for _, x := range []struct {
+			n    uint64
+			name string
+		}{{c.FailedRefused, "refused"}, {c.FailedTimeout, "timeout"}, {c.FailedReset, "reset"}, {c.FailedUnreachable, "unreachable"}} {
+			if x.n > 0 {
+				causes = append(causes, fmt.Sprintf("%s=%d", x.name, x.n))
+			}
+		}
+		if len(causes) > 0 {
+			sb.WriteString(" (" + strings.Join(causes, " ") + ")")
+		}
+	}
+	fmt.Fprintf(&sb, " sent=%d recv=%d", e.BytesSent, e.BytesReceived)
+	if c.ConnectLatencyCount > 0 {
+		fmt.Fprintf(&sb, " connect=%s/%s", us(e.ConnectLatencyAvgUs), us(c.ConnectLatencyMaxUs))
+	}
+	if c.ResetsSent+c.ResetsReceived > 0 {
+		fmt.Fprintf(&sb, " resets=%d/%d", c.ResetsSent, c.ResetsReceived)
+	}
+	if c.Retransmits > 0 {
+		fmt.Fprintf(&sb, " retrans=%d", c.Retransmits)
+	}
+	fmt.Fprintf(&sb, " last=%s", e.LastSeen.Local().Format(time.DateTime))
+	return sb.String()
+}
+
+// us prints a latency in microseconds the way people read it.
+func us(v uint64) string {
+	return time.Duration(v * uint64(time.Microsecond)).Round(10 * time.Microsecond).String()
+}
+
+// nodeHealth is what look adds after a service's label: its accept queue
+// and whether it drops.
+func nodeHealth(n Node) string {
+	if n.Listener == nil {
+		return ""
+	}
+	s := fmt.Sprintf("  [listen backlog=%d queue_max=%d drops=%d", n.Listener.BacklogLimit, n.Listener.QueueMax, n.Listener.Drops)
+	if n.Unhealthy {
+		s += " DROPPING"
+	}
+	return s + "]"
+}
+
+func edgeMark(e Edge) string {
+	if e.Unhealthy {
+		return "  UNHEALTHY"
+	}
+	return ""
 }
 
 // WriteTrees renders look's trees the way operators read ss output: one
@@ -74,7 +163,7 @@ func WriteTrees(w io.Writer, trees []Tree, outbound, inbound bool) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintln(w, Label(t.Root))
+		fmt.Fprintln(w, Label(t.Root)+nodeHealth(t.Root))
 		if outbound {
 			fmt.Fprintln(w, "  depends on (outbound):")
 			writeBranches(w, t.Outbound, "    ", true)
@@ -98,13 +187,13 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		}
 		arrow, via := "-> ", ""
 		if !outbound {
-			arrow, via = "<- ", fmt.Sprintf("  via %s/%d", b.Edge.Proto, b.Edge.Port)
+			arrow, via = "<- ", "  via "+edgeService(b.Edge, b.Via)+nodeHealth(b.Via)
 		}
 		repeat := ""
 		if b.Repeat {
 			repeat = "  (shown above)"
 		}
-		fmt.Fprintf(w, "%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), via, counters(b.Edge), repeat)
+		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), nodeHealth(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), repeat)
 		writeChildren(w, b.Children, indent+next, outbound)
 	}
 }
@@ -126,10 +215,10 @@ func WriteDiff(w io.Writer, g Graph, appeared, disappeared []Edge, before Graph)
 		nodes[n.ID] = n
 	}
 	for _, e := range appeared {
-		fmt.Fprintf(w, "+ %s -> %s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), counters(e))
+		fmt.Fprintf(w, "+ %s -> %s%s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), edgeMark(e), counters(e))
 	}
 	for _, e := range disappeared {
-		fmt.Fprintf(w, "- %s -> %s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), counters(e))
+		fmt.Fprintf(w, "- %s -> %s%s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), edgeMark(e), counters(e))
 	}
 	if len(appeared)+len(disappeared) == 0 {
 		fmt.Fprintln(w, "no edge appeared or disappeared")
@@ -151,11 +240,19 @@ func writeDOT(w io.Writer, g Graph) error {
 		case KindExternal:
 			shape = "diamond"
 		}
-		fmt.Fprintf(&sb, "  %s [label=%s shape=%s];\n", dotQuote(n.ID), dotQuote(Label(n)), shape)
+		extra := ""
+		if n.Unhealthy {
+			extra = " color=red"
+		}
+		fmt.Fprintf(&sb, "  %s [label=%s shape=%s%s];\n", dotQuote(n.ID), dotQuote(Label(n)), shape, extra)
 	}
 	for _, e := range g.Edges {
-		fmt.Fprintf(&sb, "  %s -> %s [label=%s];\n", dotQuote(e.From), dotQuote(e.To),
-			dotQuote(fmt.Sprintf("%s/%d conns=%d", e.Proto, e.Port, e.Connections)))
+		extra := ""
+		if e.Unhealthy {
+			extra = " color=red"
+		}
+		fmt.Fprintf(&sb, "  %s -> %s [label=%s%s];\n", dotQuote(e.From), dotQuote(e.To),
+			dotQuote(edgeProto(e)+" "+shortVolume(e)), extra)
 	}
 	sb.WriteString("}\n")
 	_, err := io.WriteString(w, sb.String())
@@ -180,8 +277,24 @@ func writeMermaid(w io.Writer, g Graph) error {
 		}
 		fmt.Fprintf(&sb, "  %s%s\"%s\"%s\n", ids[n.ID], open, esc(Label(n)), close)
 	}
-	for _, e := range g.Edges {
-		fmt.Fprintf(&sb, "  %s -->|\"%s/%d %d conns\"| %s\n", ids[e.From], e.Proto, e.Port, e.Connections, ids[e.To])
+	var bad []string
+	for i, e := range g.Edges {
+		fmt.Fprintf(&sb, "  %s -->|\"%s %s\"| %s\n", ids[e.From], esc(edgeProto(e)), shortVolume(e), ids[e.To])
+		if e.Unhealthy {
+			bad = append(bad, strconv.Itoa(i))
+		}
+	}
+	if len(bad) > 0 {
+		fmt.Fprintf(&sb, "  linkStyle %s stroke:red\n", strings.Join(bad, ","))
+	}
+	var badNodes []string
+	for _, n := range g.Nodes {
+		if n.Unhealthy {
+			badNodes = append(badNodes, ids[n.ID])
+		}
+	}
+	if len(badNodes) > 0 {
+		fmt.Fprintf(&sb, "  classDef unhealthy stroke:red\n  class %s unhealthy\n", strings.Join(badNodes, ","))
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err

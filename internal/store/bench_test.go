@@ -13,12 +13,14 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 func benchBackends(b *testing.B) map[string]string {
@@ -65,7 +67,7 @@ func BenchmarkIngest(b *testing.B) {
 							batch.Observations = append(batch.Observations, store.Observation{
 								Bucket: at.Add(time.Duration(i) * time.Minute), HostID: host, Direction: "outbound", Proto: "tcp",
 								LocalAddr: hostAddr(a), RemoteAddr: hostAddr(e), Port: 5432, Comm: "app",
-								Connections: 3, BytesSent: 100, BytesReceived: 1000, FirstSeen: at, LastSeen: at})
+								Counters: tracer.Counters{Connections: 3, BytesSent: 100, BytesReceived: 1000}, FirstSeen: at, LastSeen: at})
 						}
 						if err := stores[a].Write(context.Background(), batch); err != nil {
 							b.Error(err)
@@ -106,12 +108,12 @@ func dayOfHistory(b *testing.B, s *store.Store, now time.Time) {
 					batch.Observations = append(batch.Observations,
 						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
 							LocalAddr: hostAddr(h), RemoteAddr: hostAddr(peer), Port: ports[svc], Comm: "app",
-							Connections: 5, BytesSent: 500, BytesReceived: 5000, FirstSeen: at, LastSeen: at.Add(time.Second)})
+							Counters: tracer.Counters{Connections: 5, BytesSent: 500, BytesReceived: 5000}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					if k < 3 { // the service's own view names its process
 						batch.Observations = append(batch.Observations,
 							store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
 								LocalAddr: hostAddr(peer), RemoteAddr: hostAddr(h), Port: ports[svc], Comm: procs[svc],
-								Connections: 5, BytesSent: 5000, BytesReceived: 500, FirstSeen: at, LastSeen: at.Add(time.Second)})
+								Counters: tracer.Counters{Connections: 5, BytesSent: 5000, BytesReceived: 500}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					}
 				}
 			}
@@ -122,6 +124,87 @@ func dayOfHistory(b *testing.B, s *store.Store, now time.Time) {
 	}
 }
 
+// benchNow is a fixed time of day (12:30 UTC, today), so that a "last
+// 24 h" range always splits the same way into minutes, hours and days:
+// 30 minutes of minute buckets, 11 hours of hourly rollups of yesterday,
+// and today's daily rollup.
+func benchNow() time.Time {
+	return time.Now().UTC().Truncate(24 * time.Hour).Add(12*time.Hour + 30*time.Minute)
+}
+
+// queryBench times building the whole graph (store query, listeners and
+// the Go join), and look at depth 3 from one host.
+func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look bool, fromMinutes bool) {
+	ctx := context.Background()
+	hosts, err := s.Hosts(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	plan, err := s.PlanRows(ctx, r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !fromMinutes {
+		b.Logf("%s reads bucket rows %v", label, plan)
+	}
+	b.Run(label, func(b *testing.B) {
+		var g graph.Graph
+		var rows int
+		var queryTime time.Duration
+		cpu0 := cpuTime()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			var obs []store.Observation
+			if fromMinutes {
+				obs, err = s.ObservationsFromMinutes(ctx, r)
+			} else {
+				obs, err = s.Observations(ctx, r)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			ls, err := s.Listeners(ctx, r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			queryTime += time.Since(t0)
+			rows = len(obs)
+			g = graph.Build(obs, hosts, ls)
+			if look {
+				roots, err := graph.Resolve(g, hosts, "h42")
+				if err != nil {
+					b.Fatal(err)
+				}
+				graph.Look(g, roots, 3, true, true)
+			}
+		}
+		b.ReportMetric(float64(len(g.Nodes)), "nodes")
+		b.ReportMetric(float64(len(g.Edges)), "edges")
+		b.ReportMetric(float64(rows), "flows")
+		b.ReportMetric(queryTime.Seconds()/float64(b.N), "store-s/op")
+		// CPU time of this process: all the work for SQLite, decoding and
+		// the graph for PostgreSQL. On a shared machine it moves less than
+		// wall time with the load.
+		b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
+		var total int64
+		for _, n := range plan {
+			total += n
+		}
+		if !fromMinutes {
+			b.ReportMetric(float64(total), "bucket-rows")
+		}
+	})
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkQueryDay: a day of history, every edge active once an hour.
 func BenchmarkQueryDay(b *testing.B) {
 	for name, spec := range benchBackends(b) {
 		b.Run(name, func(b *testing.B) {
@@ -131,36 +214,80 @@ func BenchmarkQueryDay(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer s.Close()
-			now := time.Now()
+			now := benchNow()
 			t0 := time.Now()
 			dayOfHistory(b, s, now)
 			b.Logf("%s: loaded a day of history in %s", name, time.Since(t0).Round(time.Millisecond))
-			hosts, _ := s.Hosts(ctx)
+			day := store.Range{Since: now.Add(-24 * time.Hour)}
+			queryBench(b, s, "graph-24h", day, false, false)
+			queryBench(b, s, "graph-24h-minutes-only", day, false, true)
+			queryBench(b, s, "graph-1h", store.Range{Since: now.Add(-time.Hour)}, false, false)
+			queryBench(b, s, "look-depth3-24h", day, true, false)
+		})
+	}
+}
 
-			run := func(label string, r store.Range, look bool) {
-				b.Run(label, func(b *testing.B) {
-					var g graph.Graph
-					for i := 0; i < b.N; i++ {
-						obs, err := s.Observations(ctx, r)
-						if err != nil {
-							b.Fatal(err)
-						}
-						g = graph.Build(obs, hosts)
-						if look {
-							roots, err := graph.Resolve(g, hosts, "h42")
-							if err != nil {
-								b.Fatal(err)
-							}
-							graph.Look(g, roots, 3, true, true)
-						}
+// monthOfHistory writes the same 10,000 nodes and 50,000 edges as
+// dayOfHistory over 30 days, every edge active once a day (at an hour
+// that differs per edge): 1.7 M observations.
+func monthOfHistory(b *testing.B, s *store.Store, now time.Time) {
+	const hosts, fanout = 2500, 20
+	ports := []uint16{80, 5432, 6379}
+	procs := []string{"nginx", "postgres", "redis-server"}
+	ctx := context.Background()
+	var hb store.Batch
+	for h := 0; h < hosts; h++ {
+		hb.Hosts = append(hb.Hosts, store.Host{ID: fmt.Sprintf("h%d", h), Name: fmt.Sprintf("h%d", h), Addrs: []string{hostAddr(h)}, LastSeen: now})
+	}
+	if err := s.Write(ctx, hb); err != nil {
+		b.Fatal(err)
+	}
+	for day := 30; day >= 1; day-- {
+		for first := 0; first < hosts; first += 250 {
+			var batch store.Batch
+			for h := first; h < first+250; h++ {
+				at := now.Add(-time.Duration(day)*24*time.Hour + time.Duration(h%24)*time.Hour)
+				for k := 0; k < fanout; k++ {
+					peer := (h + 1 + k*97) % hosts
+					svc := k % 3
+					c := tracer.Counters{Connections: 5, BytesSent: 500, BytesReceived: 5000, ConnectLatencyCount: 5, ConnectLatencySumUs: 1500, ConnectLatencyMaxUs: 700}
+					batch.Observations = append(batch.Observations,
+						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
+							LocalAddr: hostAddr(h), RemoteAddr: hostAddr(peer), Port: ports[svc], Comm: "app",
+							Counters: c, FirstSeen: at, LastSeen: at.Add(time.Second)})
+					if k < 3 {
+						batch.Observations = append(batch.Observations,
+							store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
+								LocalAddr: hostAddr(peer), RemoteAddr: hostAddr(h), Port: ports[svc], Comm: procs[svc],
+								Counters: tracer.Counters{Connections: 5, BytesSent: 5000, BytesReceived: 500}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					}
-					b.ReportMetric(float64(len(g.Nodes)), "nodes")
-					b.ReportMetric(float64(len(g.Edges)), "edges")
-				})
+				}
 			}
-			run("graph-24h", store.Range{Since: now.Add(-25 * time.Hour)}, false)
-			run("graph-1h", store.Range{Since: now.Add(-90 * time.Minute)}, false)
-			run("look-depth3-24h", store.Range{Since: now.Add(-25 * time.Hour)}, true)
+			if err := s.Write(ctx, batch); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// BenchmarkQueryMonth: 30 days of history, every edge active once a day.
+func BenchmarkQueryMonth(b *testing.B) {
+	for name, spec := range benchBackends(b) {
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			s, err := store.Open(ctx, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			now := benchNow()
+			t0 := time.Now()
+			monthOfHistory(b, s, now)
+			b.Logf("%s: loaded 30 days of history in %s", name, time.Since(t0).Round(time.Millisecond))
+			month := store.Range{Since: now.Add(-30 * 24 * time.Hour)}
+			queryBench(b, s, "graph-30d", month, false, false)
+			queryBench(b, s, "graph-30d-minutes-only", month, false, true)
+			queryBench(b, s, "graph-24h", store.Range{Since: now.Add(-24 * time.Hour)}, false, false)
 		})
 	}
 }

@@ -12,17 +12,18 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	_ "modernc.org/sqlite"             // registers "sqlite"
+
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // DefaultPath is the embedded store agent, look, graph and diff use when
@@ -33,23 +34,25 @@ const DefaultPath = "/var/lib/deptrace/deptrace.db"
 const DefaultBucket = time.Minute
 
 // Observation is one bundled flow seen by one host's agent, its counters
-// summed over one bucket.
+// summed over one bucket. For unix flows (Proto "unix", Port 0) the
+// addresses are socket paths and PeerComm names the process at the other
+// end; PeerComm is part of the flow's identity (an accepting unix server
+// sees each client process as a flow of its own).
 type Observation struct {
-	Bucket            time.Time
-	HostID            string
-	Direction         string // "outbound" or "inbound"
-	Proto             string
-	LocalAddr         string
-	RemoteAddr        string
-	Port              uint16
-	Comm              string
-	PID               uint32
-	Connections       uint64
-	FailedConnections uint64
-	BytesSent         uint64
-	BytesReceived     uint64
-	FirstSeen         time.Time
-	LastSeen          time.Time
+	Bucket     time.Time
+	HostID     string
+	Direction  string // "outbound" or "inbound"
+	Proto      string
+	LocalAddr  string
+	RemoteAddr string
+	Port       uint16
+	Comm       string
+	PID        uint32
+	PeerPID    uint32
+	PeerComm   string
+	tracer.Counters
+	FirstSeen time.Time
+	LastSeen  time.Time
 }
 
 // Host is one host: a machine's root network namespace, or any other
@@ -71,18 +74,25 @@ type Service struct {
 	LastSeen time.Time
 }
 
-// Batch is what an agent writes after one interval.
+// Batch is what an agent writes after one interval. ID, when set, makes
+// the write idempotent: a batch whose ID the store has already applied is
+// skipped, so replaying a spool that still holds it after a crash counts
+// nothing twice. IDs must be unique per batch across every agent (agent
+// instance + sequence).
 type Batch struct {
+	ID           string `json:",omitempty"`
 	Hosts        []Host
 	Services     []Service
 	Observations []Observation
+	Listeners    []Listener
 }
 
 // Store is an open database.
 type Store struct {
-	db      *sql.DB
-	d       dialect
-	display string
+	db         *sql.DB
+	d          dialect
+	display    string
+	lastForget atomic.Int64 // unix ns; see forgetOldBatches
 }
 
 // Open opens (and creates or migrates) the store named by spec: a file
@@ -171,6 +181,23 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
+	if b.ID != "" {
+		// First, so that a concurrent writer of the same batch waits on
+		// this row and then finds it applied.
+		res, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO applied_batches (id, applied_at) VALUES (?, ?) ON CONFLICT (id) DO NOTHING`),
+			b.ID, time.Now().UnixNano())
+		if err != nil {
+			return fmt.Errorf("record batch %s: %w", b.ID, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("record batch %s: %w", b.ID, err)
+		} else if n == 0 {
+			return nil // applied before: nothing to do
+		}
+		if err := s.forgetOldBatches(ctx, tx); err != nil {
+			return err
+		}
+	}
 	for _, h := range b.Hosts {
 		seen := ns(h.LastSeen)
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO hosts (id, name, netns, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)
@@ -193,158 +220,16 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 			return fmt.Errorf("write service %s %s/%d: %w", sv.HostID, sv.Proto, sv.Port, err)
 		}
 	}
-	if err := s.writeObservations(ctx, tx, b.Observations); err != nil {
+	if err := s.writeFlows(ctx, tx, b.Observations); err != nil {
+		return err
+	}
+	if err := s.writeListeners(ctx, tx, b.Listeners); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
-}
-
-const obsColumns = "bucket, host_id, direction, proto, local_addr, remote_addr, port, comm, pid, connections, failed_connections, bytes_sent, bytes_received, first_seen, last_seen"
-
-// obsKey is the primary key of observations.
-type obsKey struct {
-	bucket                                int64
-	host, dir, proto, local, remote, comm string
-	port                                  uint16
-}
-
-func (s *Store) writeObservations(ctx context.Context, tx *sql.Tx, obs []Observation) error {
-	// Merge duplicates first: one statement may not update a row twice.
-	merged := map[obsKey]*Observation{}
-	var keys []obsKey
-	for i := range obs {
-		o := obs[i]
-		k := obsKey{ns(o.Bucket), o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Comm, o.Port}
-		if m, ok := merged[k]; ok {
-			addInto(m, o)
-			continue
-		}
-		merged[k] = &o
-		keys = append(keys, k)
-	}
-	// A stable order keeps concurrent writers from deadlocking.
-	sort.Slice(keys, func(i, j int) bool { return lessKey(keys[i], keys[j]) })
-	const chunk = 400
-	for start := 0; start < len(keys); start += chunk {
-		end := min(start+chunk, len(keys))
-		var sb strings.Builder
-		sb.WriteString("INSERT INTO observations (" + obsColumns + ") VALUES ")
-		args := make([]any, 0, (end-start)*15)
-		for i, k := range keys[start:end] {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-			o := merged[k]
-			args = append(args, k.bucket, o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, int(o.Port), o.Comm,
-				int64(o.PID), int64(o.Connections), int64(o.FailedConnections), int64(o.BytesSent), int64(o.BytesReceived),
-				ns(o.FirstSeen), ns(o.LastSeen))
-		}
-		sb.WriteString(` ON CONFLICT (bucket, host_id, direction, proto, local_addr, remote_addr, port, comm) DO UPDATE SET
-			pid = excluded.pid,
-			connections = observations.connections + excluded.connections,
-			failed_connections = observations.failed_connections + excluded.failed_connections,
-			bytes_sent = observations.bytes_sent + excluded.bytes_sent,
-			bytes_received = observations.bytes_received + excluded.bytes_received,
-			first_seen = CASE WHEN excluded.first_seen < observations.first_seen THEN excluded.first_seen ELSE observations.first_seen END,
-			last_seen = CASE WHEN excluded.last_seen > observations.last_seen THEN excluded.last_seen ELSE observations.last_seen END`)
-		if _, err := tx.ExecContext(ctx, s.d.rebind(sb.String()), args...); err != nil {
-			return fmt.Errorf("write %d observations: %w", end-start, err)
-		}
-	}
-	return nil
-}
-
-func lessKey(a, b obsKey) bool {
-	if a.bucket != b.bucket {
-		return a.bucket < b.bucket
-	}
-	as := []string{a.host, a.dir, a.proto, a.local, a.remote, a.comm}
-	bs := []string{b.host, b.dir, b.proto, b.local, b.remote, b.comm}
-	for i := range as {
-		if as[i] != bs[i] {
-			return as[i] < bs[i]
-		}
-	}
-	return a.port < b.port
-}
-
-func addInto(m *Observation, o Observation) {
-	m.Connections += o.Connections
-	m.FailedConnections += o.FailedConnections
-	m.BytesSent += o.BytesSent
-	m.BytesReceived += o.BytesReceived
-	if !o.FirstSeen.IsZero() && (m.FirstSeen.IsZero() || o.FirstSeen.Before(m.FirstSeen)) {
-		m.FirstSeen = o.FirstSeen
-	}
-	if o.LastSeen.After(m.LastSeen) {
-		m.LastSeen = o.LastSeen
-		if o.PID != 0 {
-			m.PID = o.PID
-		}
-	}
-}
-
-// Range selects buckets that overlap [Since, Until); zero means open.
-type Range struct {
-	Since, Until time.Time
-	bucketed     bool
-}
-
-func (r Range) where(d dialect, args *[]any) string {
-	var conds []string
-	if !r.Since.IsZero() {
-		conds = append(conds, "last_seen >= ?")
-		*args = append(*args, ns(r.Since))
-	}
-	if !r.Since.IsZero() && r.bucketed {
-		// Lets the primary key (bucket first) narrow the scan.
-		conds = append(conds, "bucket > ?")
-		*args = append(*args, ns(r.Since.Add(-DefaultBucket)))
-	}
-	if !r.Until.IsZero() {
-		conds = append(conds, "first_seen < ?")
-		*args = append(*args, ns(r.Until))
-	}
-	if len(conds) == 0 {
-		return ""
-	}
-	return " WHERE " + strings.Join(conds, " AND ")
-}
-
-// Observations returns the observations that overlap r, each summed over
-// its buckets (Bucket is then zero).
-func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
-	var args []any
-	r.bucketed = true
-	q := `SELECT host_id, direction, proto, local_addr, remote_addr, port, comm, MAX(pid),
-		SUM(connections), SUM(failed_connections), SUM(bytes_sent), SUM(bytes_received), MIN(first_seen), MAX(last_seen)
-		FROM observations` + r.where(s.d, &args) + `
-		GROUP BY host_id, direction, proto, local_addr, remote_addr, port, comm
-		ORDER BY host_id, direction, proto, local_addr, remote_addr, port, comm`
-	rows, err := s.db.QueryContext(ctx, s.d.rebind(q), args...)
-	if err != nil {
-		return nil, fmt.Errorf("query observations: %w", err)
-	}
-	defer rows.Close()
-	var out []Observation
-	for rows.Next() {
-		var o Observation
-		var port int
-		var pid, conns, failed, sent, recv, first, last int64
-		if err := rows.Scan(&o.HostID, &o.Direction, &o.Proto, &o.LocalAddr, &o.RemoteAddr, &port, &o.Comm, &pid,
-			&conns, &failed, &sent, &recv, &first, &last); err != nil {
-			return nil, fmt.Errorf("read observation: %w", err)
-		}
-		o.Port, o.PID = uint16(port), uint32(pid)
-		o.Connections, o.FailedConnections, o.BytesSent, o.BytesReceived = uint64(conns), uint64(failed), uint64(sent), uint64(recv)
-		o.FirstSeen, o.LastSeen = fromNs(first), fromNs(last)
-		out = append(out, o)
-	}
-	return out, rows.Err()
 }
 
 // Hosts returns every known host with its addresses.
@@ -381,7 +266,7 @@ func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
 // Services returns listening services seen since r.Since (all if zero).
 func (s *Store) Services(ctx context.Context, r Range) ([]Service, error) {
 	var args []any
-	q := `SELECT host_id, proto, port, comm, last_seen FROM services` + r.where(s.d, &args) + ` ORDER BY host_id, proto, port, comm`
+	q := `SELECT host_id, proto, port, comm, last_seen FROM services` + seenWhere(r, &args) + ` ORDER BY host_id, proto, port, comm`
 	rows, err := s.db.QueryContext(ctx, s.d.rebind(q), args...)
 	if err != nil {
 		return nil, fmt.Errorf("query services: %w", err)
@@ -401,21 +286,81 @@ func (s *Store) Services(ctx context.Context, r Range) ([]Service, error) {
 	return out, rows.Err()
 }
 
-// Retain deletes every bucket that ended before cutoff, and returns how
-// many observation rows went. A bucket that ends after cutoff is never
-// touched, however little of it is recent.
+// BatchMemory is how long the ids of applied batches are kept: a batch
+// replayed later than this after it was applied would count twice. The
+// spool is replayed as soon as the store answers, so this only matters
+// for an agent that crashed in the middle of a write and stayed down for
+// a month.
+const BatchMemory = 30 * 24 * time.Hour
+
+// forgetOldBatches deletes batch ids older than BatchMemory, at most once
+// an hour per open store.
+func (s *Store) forgetOldBatches(ctx context.Context, tx *sql.Tx) error {
+	now := time.Now()
+	last := s.lastForget.Load()
+	if now.UnixNano()-last < int64(time.Hour) || !s.lastForget.CompareAndSwap(last, now.UnixNano()) {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM applied_batches WHERE applied_at < ?`), now.Add(-BatchMemory).UnixNano()); err != nil {
+		return fmt.Errorf("forget old batch ids: %w", err)
+	}
+	return nil
+}
+
+// seenWhere selects rows whose first/last seen overlap r.
+func seenWhere(r Range, args *[]any) string {
+	var conds []string
+	if !r.Since.IsZero() {
+		conds = append(conds, "last_seen >= ?")
+		*args = append(*args, ns(r.Since))
+	}
+	if !r.Until.IsZero() {
+		conds = append(conds, "first_seen < ?")
+		*args = append(*args, ns(r.Until))
+	}
+	if len(conds) == 0 {
+		return ""
+	}
+	return " WHERE " + strings.Join(conds, " AND ")
+}
+
+// Retain deletes every bucket that ended before cutoff, at every level
+// (minute rows and rollups), and returns how many minute rows went. A
+// bucket that ends after cutoff is never touched, however little of it is
+// recent. bucket is the width of the finest level (DefaultBucket).
 func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Duration) (int64, error) {
-	if bucket <= 0 {
-		return 0, errors.New("retain: bucket must be positive")
+	if bucket != time.Duration(minuteLevel.width) {
+		return 0, fmt.Errorf("retain: bucket %s: this store keeps %s buckets", bucket, time.Duration(minuteLevel.width))
 	}
-	// Buckets start at multiples of bucket; one that starts at or before
-	// cutoff-bucket has ended by cutoff.
-	lastWholeStart := cutoff.Add(-bucket).Truncate(bucket)
-	res, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM observations WHERE bucket <= ?`), ns(lastWholeStart))
-	if err != nil {
-		return 0, fmt.Errorf("delete old buckets: %w", err)
+	// Queries start no earlier than the oldest minute kept (see
+	// retainedFrom), so a rollup bucket that straddles the cutoff is
+	// answered from its remaining minutes and hours, never from its sum.
+	from := floorTo(ns(cutoff), minuteLevel.width)
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET retained_from = ? WHERE id = 1 AND retained_from < ?`), from, from); err != nil {
+		return 0, fmt.Errorf("record retention cutoff: %w", err)
 	}
-	n, _ := res.RowsAffected()
+	var n int64
+	coarsest := minuteLevel.width
+	for _, tables := range retainedTables() {
+		l := tables.level
+		coarsest = max(coarsest, l.width)
+		// Buckets start at multiples of the width; one that starts at or
+		// before cutoff-width has ended by cutoff.
+		lastWholeStart := floorTo(ns(cutoff)-l.width, l.width)
+		for _, t := range tables.names {
+			res, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM `+t+` WHERE bucket <= ?`), lastWholeStart)
+			if err != nil {
+				return n, fmt.Errorf("delete old buckets of %s: %w", t, err)
+			}
+			if t == minuteLevel.table {
+				n, _ = res.RowsAffected()
+			}
+		}
+	}
+	// A key last seen before every level's retention has no rows left.
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest); err != nil {
+		return n, fmt.Errorf("delete old flow keys: %w", err)
+	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM services WHERE last_seen < ?`), ns(cutoff)); err != nil {
 		return n, fmt.Errorf("delete old services: %w", err)
 	}
@@ -423,4 +368,22 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 		return n, fmt.Errorf("delete old host addresses: %w", err)
 	}
 	return n, nil
+}
+
+// retainedTables lists, per level, the bucket tables retention prunes.
+func retainedTables() []struct {
+	level level
+	names []string
+} {
+	var out []struct {
+		level level
+		names []string
+	}
+	for i, l := range levels {
+		out = append(out, struct {
+			level level
+			names []string
+		}{l, []string{l.table, listenerTables[i]}})
+	}
+	return out
 }

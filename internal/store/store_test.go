@@ -2,9 +2,12 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // backends opens a fresh store of each kind; every test runs on both.
@@ -38,7 +42,7 @@ func obs(host, dir, local, remote string, port uint16, comm string, at time.Time
 	return store.Observation{
 		Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp",
 		LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm, PID: 42,
-		Connections: conns, BytesSent: sent, BytesReceived: sent * 2, FirstSeen: at, LastSeen: at.Add(time.Second),
+		Counters: tracer.Counters{Connections: conns, BytesSent: sent, BytesReceived: sent * 2}, FirstSeen: at, LastSeen: at.Add(time.Second),
 	}
 }
 
@@ -246,7 +250,7 @@ func TestGraphIsTheSameOnBothBackends(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := graph.Build(got, hosts)
+		g := graph.Build(got, hosts, nil)
 		if len(g.Edges) != 3 {
 			t.Errorf("%s: %d edges: %+v", name, len(g.Edges), g.Edges)
 		}
@@ -269,5 +273,186 @@ func TestUnreachableStoreIsOneLineError(t *testing.T) {
 	}
 	if msg := err.Error(); len(msg) == 0 || msg[:len("connect to store")] != "connect to store" {
 		t.Errorf("error: %v", err)
+	}
+}
+
+// Every field of tracer.Counters is stored and accumulates: sums, except
+// the latency maximum; the peer process is kept.
+func TestEveryCounterAccumulates(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			a := obs("web", "outbound", "", "/run/app.sock", 0, "nginx", t0, 0, 0)
+			a.Proto, a.PeerPID, a.PeerComm = "unix", 77, "gunicorn"
+			a.Counters = tracer.Counters{Connections: 1, FailedConnections: 2, FailedRefused: 3, FailedTimeout: 4, FailedReset: 5, FailedUnreachable: 6,
+				BytesSent: 7, BytesReceived: 8, DatagramsSent: 9, DatagramsReceived: 10, ConnectLatencyCount: 11, ConnectLatencySumUs: 12,
+				ConnectLatencyMaxUs: 500, ResetsSent: 14, ResetsReceived: 15, Retransmits: 16}
+			b := a
+			b.ConnectLatencyMaxUs = 300
+			c := a
+			c.ConnectLatencyMaxUs = 900
+			c.Bucket = a.Bucket.Add(time.Minute) // another bucket: summed at query time
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{b, c}}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Observations(ctx, store.Range{})
+			if err != nil || len(got) != 1 {
+				t.Fatalf("%v %+v", err, got)
+			}
+			want := a.Counters
+			want.Add(b.Counters)
+			want.Add(c.Counters)
+			if got[0].Counters != want || want.ConnectLatencyMaxUs != 900 || want.Retransmits != 48 {
+				t.Errorf("counters\n got %+v\nwant %+v", got[0].Counters, want)
+			}
+			if got[0].PeerPID != 77 || got[0].PeerComm != "gunicorn" || got[0].RemoteAddr != "/run/app.sock" || got[0].Proto != "unix" {
+				t.Errorf("peer or address lost: %+v", got[0])
+			}
+		})
+	}
+}
+
+// A store written by the first release keeps its history on upgrade.
+func TestUpgradeFromSchemaV1(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			db, err := sql.Open(map[string]string{"sqlite": "sqlite", "postgres": "pgx"}[name], spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			for _, stmt := range strings.Split(store.MigrationV1, ";") {
+				if _, err := db.Exec(stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ph := func(q string) string {
+				if name == "sqlite" {
+					return q
+				}
+				n := 0
+				return regexp.MustCompile(`\?`).ReplaceAllStringFunc(q, func(string) string { n++; return fmt.Sprintf("$%d", n) })
+			}
+			stmts := []struct {
+				q    string
+				args []any
+			}{
+				{`CREATE TABLE schema_version (version INTEGER NOT NULL)`, nil},
+				{`INSERT INTO schema_version (version) VALUES (1)`, nil},
+				{`INSERT INTO observations VALUES (?, 'web', 'outbound', 'tcp', '198.51.100.2', '198.51.100.3', 5432, 'nginx', 42, 3, 1, 100, 200, ?, ?)`,
+					[]any{t0.UnixNano(), t0.UnixNano(), t0.Add(time.Second).UnixNano()}},
+				{`INSERT INTO observations VALUES (?, 'web', 'outbound', 'tcp', '198.51.100.2', '198.51.100.3', 5432, 'nginx', 42, 2, 0, 10, 20, ?, ?)`,
+					[]any{t0.Add(time.Minute).UnixNano(), t0.Add(time.Minute).UnixNano(), t0.Add(time.Minute + time.Second).UnixNano()}},
+			}
+			for _, st := range stmts {
+				if _, err := db.Exec(ph(st.q), st.args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := open(t, spec)
+			got, err := s.Observations(ctx, store.Range{})
+			if err != nil || len(got) != 1 {
+				t.Fatalf("%v %+v", err, got)
+			}
+			o := got[0]
+			if o.Connections != 5 || o.FailedConnections != 1 || o.BytesSent != 110 || o.BytesReceived != 220 || o.PID != 42 ||
+				!o.FirstSeen.Equal(t0) || !o.LastSeen.Equal(t0.Add(time.Minute+time.Second)) {
+				t.Errorf("after upgrade: %+v", o)
+			}
+		})
+	}
+}
+
+// Listener state accumulates per bucket like the counters: deepest queue,
+// summed drops, the latest backlog; a range merges buckets the same way.
+func TestListenersAccumulate(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			l := func(at time.Time, backlog, queue uint32, drops uint64) store.Listener {
+				return store.Listener{Bucket: at.Truncate(time.Minute), HostID: "web", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 80, PID: 7, Comm: "nginx",
+					BacklogLimit: backlog, QueueMax: queue, Drops: drops, FirstSeen: at, LastSeen: at}
+			}
+			batches := []store.Batch{
+				{Listeners: []store.Listener{l(t0.Add(10*time.Second), 128, 3, 0)}},
+				{Listeners: []store.Listener{l(t0.Add(20*time.Second), 511, 9, 4), l(t0.Add(5*time.Second), 64, 1, 1)}},
+				{Listeners: []store.Listener{l(t0.Add(70*time.Second), 511, 2, 10)}},
+			}
+			for _, b := range batches {
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Listeners(ctx, store.Range{})
+			if err != nil || len(got) != 1 {
+				t.Fatalf("%v %+v", err, got)
+			}
+			if g := got[0]; g.BacklogLimit != 511 || g.QueueMax != 9 || g.Drops != 15 || g.Comm != "nginx" ||
+				!g.FirstSeen.Equal(t0.Add(5*time.Second)) || !g.LastSeen.Equal(t0.Add(70*time.Second)) {
+				t.Errorf("merged listener %+v", g)
+			}
+			// Only the first minute: the 10:00:05 record's backlog (64) is
+			// older than 10:00:20's (511), whatever the write order.
+			got, _ = s.Listeners(ctx, store.Range{Since: t0, Until: t0.Add(time.Minute)})
+			if len(got) != 1 || got[0].BacklogLimit != 511 || got[0].QueueMax != 9 || got[0].Drops != 5 {
+				t.Errorf("first minute %+v", got)
+			}
+		})
+	}
+}
+
+// A batch with an id is applied once: writing it again (a spool replayed
+// after a crash) changes nothing; another id with the same content counts.
+func TestBatchIDsMakeWritesIdempotent(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			b := fleet(t0)
+			b.ID = "agent-a-1"
+			b.Listeners = []store.Listener{{Bucket: t0, HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres", Drops: 3, FirstSeen: t0, LastSeen: t0}}
+			total := func() (conns, drops uint64) {
+				obs, err := s.Observations(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, o := range obs {
+					conns += o.Connections
+				}
+				ls, err := s.Listeners(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, l := range ls {
+					drops += l.Drops
+				}
+				return conns, drops
+			}
+			for i := 0; i < 3; i++ {
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c, d := total(); c != 14 || d != 3 {
+				t.Errorf("one batch written three times: %d connections, %d drops; want 14 and 3", c, d)
+			}
+			// A second store handle (another process) sees the same ids.
+			if err := open(t, spec).Write(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			b.ID = "agent-a-2"
+			if err := s.Write(ctx, b); err != nil {
+				t.Fatal(err)
+			}
+			if c, d := total(); c != 28 || d != 6 {
+				t.Errorf("two batches: %d connections, %d drops; want 28 and 6", c, d)
+			}
+		})
 	}
 }

@@ -19,15 +19,7 @@ func (e *notFoundError) Error() string { return e.err.Error() }
 // loadGraph builds the graph of range r the way look, graph and diff do,
 // so that whatever makes the store's queries faster makes these too.
 func (s *Server) loadGraph(ctx context.Context, r store.Range) (graph.Graph, []store.Host, error) {
-	obs, err := s.st.Observations(ctx, r)
-	if err != nil {
-		return graph.Graph{}, nil, err
-	}
-	hosts, err := s.st.Hosts(ctx)
-	if err != nil {
-		return graph.Graph{}, nil, err
-	}
-	return graph.Build(obs, hosts), hosts, nil
+	return graph.Load(ctx, s.st, r)
 }
 
 // filters are the CLI's query filters, as query parameters.

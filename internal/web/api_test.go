@@ -99,14 +99,16 @@ func TestGraphIsTheCLIJSON(t *testing.T) {
 		}
 	}
 
-	// The CLI's path: Observations, Hosts, Build, Write.
-	obs, err := st.Observations(context.Background(), store.Range{Since: now.Add(-3 * time.Hour)})
+	// The CLI's path: Observations, Hosts, Listeners, Build, Write.
+	r := store.Range{Since: now.Add(-3 * time.Hour)}
+	obs, err := st.Observations(context.Background(), r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hosts, _ := st.Hosts(context.Background())
+	listeners, _ := st.Listeners(context.Background(), r)
 	var want bytes.Buffer
-	if err := graph.Write(&want, graph.Build(obs, hosts), "json"); err != nil {
+	if err := graph.Write(&want, graph.Build(obs, hosts, listeners), "json"); err != nil {
 		t.Fatal(err)
 	}
 	_, body, hdr := get(t, srv.URL, "/api/graph?since=3h")

@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 func benchAddr(h int) string { return fmt.Sprintf("10.%d.%d.1", h/256, h%256) }
@@ -59,12 +60,12 @@ func history(tb testing.TB, path string, now time.Time, hosts, fanout, hours int
 					batch.Observations = append(batch.Observations,
 						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
 							LocalAddr: benchAddr(h), RemoteAddr: benchAddr(peer), Port: ports[svc], Comm: "app",
-							Connections: 5, FailedConnections: failed, BytesSent: 500, BytesReceived: 5000, FirstSeen: at, LastSeen: at.Add(time.Second)})
+							Counters: tracer.Counters{Connections: 5, FailedConnections: failed, BytesSent: 500, BytesReceived: 5000}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					if k < 3 { // the service's own view names its process
 						batch.Observations = append(batch.Observations,
 							store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
 								LocalAddr: benchAddr(peer), RemoteAddr: benchAddr(h), Port: ports[svc], Comm: procs[svc],
-								Connections: 5, BytesSent: 5000, BytesReceived: 500, FirstSeen: at, LastSeen: at.Add(time.Second)})
+								Counters: tracer.Counters{Connections: 5, BytesSent: 5000, BytesReceived: 500}, FirstSeen: at, LastSeen: at.Add(time.Second)})
 					}
 				}
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // The seeded store, relative to now:
@@ -40,8 +41,8 @@ func seed(t testing.TB) (path string, now time.Time) {
 	old, recent := now.Add(-90*time.Minute), now.Add(-10*time.Minute)
 	o := func(host, dir, proto, local, remote string, port uint16, comm string, at time.Time, conns, failed uint64) store.Observation {
 		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: proto,
-			LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm, Connections: conns, FailedConnections: failed,
-			BytesSent: 100 * conns, BytesReceived: 1000 * conns, FirstSeen: at, LastSeen: at.Add(time.Second)}
+			LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm,
+			Counters: tracer.Counters{Connections: conns, FailedConnections: failed, BytesSent: 100 * conns, BytesReceived: 1000 * conns}, FirstSeen: at, LastSeen: at.Add(time.Second)}
 	}
 	b := store.Batch{
 		Hosts: []store.Host{

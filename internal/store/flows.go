@@ -1,0 +1,516 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// counterColumns are the columns of tracer.Counters, in the order of
+// counterFields.
+var counterColumns = []string{
+	"connections", "failed_connections", "failed_refused", "failed_timeout", "failed_reset", "failed_unreachable",
+	"bytes_sent", "bytes_received", "datagrams_sent", "datagrams_received",
+	"connect_latency_count", "connect_latency_sum_us", "connect_latency_max_us",
+	"resets_sent", "resets_received", "retransmits",
+}
+
+// maxColumns accumulate by maximum; every other counter column by sum.
+var maxColumns = map[string]bool{"connect_latency_max_us": true}
+
+func counterFields(c *tracer.Counters) []*uint64 {
+	return []*uint64{
+		&c.Connections, &c.FailedConnections, &c.FailedRefused, &c.FailedTimeout, &c.FailedReset, &c.FailedUnreachable,
+		&c.BytesSent, &c.BytesReceived, &c.DatagramsSent, &c.DatagramsReceived,
+		&c.ConnectLatencyCount, &c.ConnectLatencySumUs, &c.ConnectLatencyMaxUs,
+		&c.ResetsSent, &c.ResetsReceived, &c.Retransmits,
+	}
+}
+
+// flowKey is a flow's identity, stored once in flow_keys.
+type flowKey struct {
+	host, dir, proto, local, remote string
+	port                            uint16
+	comm, peerComm                  string
+}
+
+func keyOf(o Observation) flowKey {
+	return flowKey{o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Port, o.Comm, o.PeerComm}
+}
+
+func (k flowKey) compare(o flowKey) int {
+	for _, p := range [][2]string{{k.host, o.host}, {k.dir, o.dir}, {k.proto, o.proto}, {k.local, o.local}, {k.remote, o.remote}, {k.comm, o.comm}, {k.peerComm, o.peerComm}} {
+		if c := strings.Compare(p[0], p[1]); c != 0 {
+			return c
+		}
+	}
+	return int(k.port) - int(o.port)
+}
+
+// flowRow is one row of a bucket table: a flow's counters over one bucket.
+type flowRow struct {
+	bucket      int64
+	key         int64
+	pid, peer   uint32
+	c           tracer.Counters
+	first, last int64
+}
+
+func (r *flowRow) add(o flowRow) {
+	r.c.Add(o.c)
+	r.pid = max(r.pid, o.pid)
+	r.peer = max(r.peer, o.peer)
+	if o.first != 0 && (r.first == 0 || o.first < r.first) {
+		r.first = o.first
+	}
+	r.last = max(r.last, o.last)
+}
+
+// level is one resolution of stored counters: raw minute buckets, and the
+// rollups that sum them.
+type level struct {
+	table string
+	width int64 // bucket width in nanoseconds
+}
+
+var minuteLevel = level{"flow_minutes", int64(time.Minute)}
+
+// levels, finest first. Every write adds to each of them in the same
+// transaction, so a rollup row always equals the sum of its minute rows,
+// late writes (a spool replayed after an outage) included.
+var levels = []level{minuteLevel, {"flow_hours", int64(time.Hour)}, {"flow_days", int64(24 * time.Hour)}}
+
+// floorTo and ceilTo align ns to multiples of w (UTC-aligned for hours and
+// days, since the Unix epoch is at a day boundary).
+func floorTo(ns, w int64) int64 {
+	if ns == math.MinInt64 || ns == math.MaxInt64 {
+		return ns
+	}
+	r := ns % w
+	if r < 0 {
+		r += w
+	}
+	return ns - r
+}
+
+func ceilTo(ns, w int64) int64 {
+	f := floorTo(ns, w)
+	if f == ns {
+		return ns
+	}
+	return f + w
+}
+
+func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) error {
+	if len(obs) == 0 {
+		return nil
+	}
+	// Resolve the distinct keys to ids, in a stable order so concurrent
+	// writers take row locks in the same order.
+	var keys []flowKey
+	seen := map[flowKey]bool{}
+	for _, o := range obs {
+		k := keyOf(o)
+		if !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, flowKey.compare)
+	lastSeen := map[flowKey]int64{}
+	for _, o := range obs {
+		k := keyOf(o)
+		lastSeen[k] = max(lastSeen[k], ns(o.LastSeen), ns(o.Bucket))
+	}
+	ids, err := s.keyIDs(ctx, tx, keys, lastSeen)
+	if err != nil {
+		return err
+	}
+	rows := make([]flowRow, 0, len(obs))
+	for _, o := range obs {
+		rows = append(rows, flowRow{bucket: ns(o.Bucket.Truncate(time.Minute)), key: ids[keyOf(o)], pid: o.PID, peer: o.PeerPID,
+			c: o.Counters, first: ns(o.FirstSeen), last: ns(o.LastSeen)})
+	}
+	for _, l := range levels {
+		if err := s.upsertRows(ctx, tx, l, rows); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keyIDs inserts keys not yet known and returns the id of each.
+func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen map[flowKey]int64) (map[flowKey]int64, error) {
+	ids := make(map[flowKey]int64, len(keys))
+	const chunk = 500
+	for start := 0; start < len(keys); start += chunk {
+		part := keys[start:min(start+chunk, len(keys))]
+		var sb strings.Builder
+		sb.WriteString(`INSERT INTO flow_keys (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen) VALUES `)
+		args := make([]any, 0, len(part)*9)
+		for i, k := range part {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?)")
+			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, lastSeen[k])
+		}
+		// DO UPDATE (not DO NOTHING) so that RETURNING names existing
+		// keys too, and so that retention sees the key as recent.
+		sb.WriteString(` ON CONFLICT (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm) DO UPDATE SET
+			last_seen = CASE WHEN excluded.last_seen > flow_keys.last_seen THEN excluded.last_seen ELSE flow_keys.last_seen END
+			RETURNING id, host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm`)
+		rs, err := tx.QueryContext(ctx, s.d.rebind(sb.String()), args...)
+		if err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", len(part), err)
+		}
+		for rs.Next() {
+			var k flowKey
+			var id int64
+			var port int
+			if err := rs.Scan(&id, &k.host, &k.dir, &k.proto, &k.local, &k.remote, &port, &k.comm, &k.peerComm); err != nil {
+				rs.Close()
+				return nil, fmt.Errorf("read flow key: %w", err)
+			}
+			k.port = uint16(port)
+			ids[k] = id
+		}
+		if err := rs.Close(); err != nil {
+			return nil, fmt.Errorf("write flow keys: %w", err)
+		}
+	}
+	for _, k := range keys {
+		if _, ok := ids[k]; !ok {
+			return nil, fmt.Errorf("write flow keys: no id returned for %+v", k)
+		}
+	}
+	return ids, nil
+}
+
+// upsertRows adds rows to level l's table: rows are first merged per
+// (bucket of l, key), since one statement may not update a row twice.
+func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flowRow) error {
+	type rk struct{ bucket, key int64 }
+	merged := map[rk]*flowRow{}
+	var order []rk
+	for _, r := range rows {
+		r.bucket = floorTo(r.bucket, l.width)
+		k := rk{r.bucket, r.key}
+		if m, ok := merged[k]; ok {
+			m.add(r)
+			continue
+		}
+		merged[k] = &r
+		order = append(order, k)
+	}
+	slices.SortFunc(order, func(a, b rk) int {
+		if a.bucket != b.bucket {
+			return compareInt(a.bucket, b.bucket)
+		}
+		return compareInt(a.key, b.key)
+	})
+	cols := "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
+	ncol := 6 + len(counterColumns)
+	placeholders := "(" + strings.Repeat("?, ", ncol-1) + "?)"
+	var set strings.Builder
+	t := l.table
+	fmt.Fprintf(&set, "pid = CASE WHEN excluded.pid > %[1]s.pid THEN excluded.pid ELSE %[1]s.pid END,\n", t)
+	fmt.Fprintf(&set, "peer_pid = CASE WHEN excluded.peer_pid > %[1]s.peer_pid THEN excluded.peer_pid ELSE %[1]s.peer_pid END,\n", t)
+	for _, c := range counterColumns {
+		if maxColumns[c] {
+			fmt.Fprintf(&set, "%[2]s = CASE WHEN excluded.%[2]s > %[1]s.%[2]s THEN excluded.%[2]s ELSE %[1]s.%[2]s END,\n", t, c)
+		} else {
+			fmt.Fprintf(&set, "%[2]s = %[1]s.%[2]s + excluded.%[2]s,\n", t, c)
+		}
+	}
+	fmt.Fprintf(&set, `first_seen = CASE WHEN excluded.first_seen < %[1]s.first_seen THEN excluded.first_seen ELSE %[1]s.first_seen END,
+		last_seen = CASE WHEN excluded.last_seen > %[1]s.last_seen THEN excluded.last_seen ELSE %[1]s.last_seen END`, t)
+	const chunk = 400
+	for start := 0; start < len(order); start += chunk {
+		end := min(start+chunk, len(order))
+		var sb strings.Builder
+		sb.WriteString("INSERT INTO " + t + " (" + cols + ") VALUES ")
+		args := make([]any, 0, (end-start)*ncol)
+		for i, k := range order[start:end] {
+			if i > 0 {
+				sb.WriteString(", ")
+			}
+			sb.WriteString(placeholders)
+			r := merged[k]
+			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
+			for _, v := range counterFields(&r.c) {
+				args = append(args, int64(*v))
+			}
+			args = append(args, r.first, r.last)
+		}
+		sb.WriteString(" ON CONFLICT (bucket, key_id) DO UPDATE SET " + set.String())
+		if _, err := tx.ExecContext(ctx, s.d.rebind(sb.String()), args...); err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", end-start, t, err)
+		}
+	}
+	return nil
+}
+
+func compareInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Range selects a time range [Since, Until); a zero end is open.
+//
+// Counters are kept per bucket, so a range is answered at bucket
+// resolution: a minute bucket wholly inside the range counts wholly; a
+// minute bucket the range cuts (at most one at each end) counts if its
+// events (first to last seen) overlap the range; other buckets do not
+// count. Hourly and daily rollups answer for the hours and days wholly
+// inside the range, which gives the same sums as the minute buckets.
+type Range struct {
+	Since, Until time.Time
+}
+
+func (r Range) bounds() (lo, hi int64) {
+	lo, hi = math.MinInt64, math.MaxInt64
+	if !r.Since.IsZero() {
+		lo = r.Since.UnixNano()
+	}
+	if !r.Until.IsZero() {
+		hi = r.Until.UnixNano()
+	}
+	return lo, hi
+}
+
+// segment is one part of a range answered by one table: buckets in
+// [lo, hi), and with events set, only rows whose events overlap the range.
+type segment struct {
+	level  level
+	lo, hi int64
+	events bool
+}
+
+// plan splits a range into segments, answering each part from the
+// coarsest level whose whole buckets fit in it. With rollups false, every
+// segment reads minute buckets (used to check the rollups).
+func plan(lo, hi int64, lvls []level) []segment {
+	minute := lvls[0].width
+	var head, tail []segment
+	a, b := lo, hi
+	if f := floorTo(lo, minute); f != lo {
+		head = []segment{{lvls[0], f, f + minute, true}}
+		a = f + minute
+	}
+	if f := floorTo(hi, minute); f != hi {
+		if len(head) > 0 && head[0].lo == f { // both ends in one minute
+			return head
+		}
+		tail = []segment{{lvls[0], f, f + minute, true}}
+		b = f
+	}
+	var mid []segment
+	var fill func(a, b int64, i int)
+	fill = func(a, b int64, i int) {
+		if a >= b {
+			return
+		}
+		if i == 0 {
+			mid = append(mid, segment{lvls[0], a, b, false})
+			return
+		}
+		w := lvls[i].width
+		c0, c1 := ceilTo(a, w), floorTo(b, w)
+		if c0 >= c1 {
+			fill(a, b, i-1)
+			return
+		}
+		fill(a, c0, i-1)
+		mid = append(mid, segment{lvls[i], c0, c1, false})
+		fill(c1, b, i-1)
+	}
+	fill(a, b, len(lvls)-1)
+	out := append(head, mid...)
+	out = append(out, tail...)
+	// Adjacent minute segments without an event filter are one scan.
+	var merged []segment
+	for _, sg := range out {
+		if n := len(merged); n > 0 && !sg.events && !merged[n-1].events && merged[n-1].level == sg.level && merged[n-1].hi == sg.lo {
+			merged[n-1].hi = sg.hi
+			continue
+		}
+		merged = append(merged, sg)
+	}
+	return merged
+}
+
+// segmentSQL selects the rows of one segment.
+func segmentSQL(sg segment, cols string, lo, hi int64, args *[]any) string {
+	var conds []string
+	if sg.lo != math.MinInt64 {
+		conds = append(conds, "bucket >= ?")
+		*args = append(*args, sg.lo)
+	}
+	if sg.hi != math.MaxInt64 {
+		conds = append(conds, "bucket < ?")
+		*args = append(*args, sg.hi)
+	}
+	if sg.events {
+		if lo != math.MinInt64 {
+			conds = append(conds, "last_seen >= ?")
+			*args = append(*args, lo)
+		}
+		if hi != math.MaxInt64 {
+			conds = append(conds, "first_seen < ?")
+			*args = append(*args, hi)
+		}
+	}
+	q := "SELECT " + cols + " FROM " + sg.level.table
+	if len(conds) > 0 {
+		q += " WHERE " + strings.Join(conds, " AND ")
+	}
+	return q
+}
+
+// Observations returns, for every flow with counters in r, its counters
+// summed over the range (Bucket is then zero). Aggregation happens in SQL,
+// from rollups where the range allows.
+func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
+	return s.observations(ctx, r, levels)
+}
+
+// retainedFrom is the start of the oldest minute bucket retention kept
+// (math.MinInt64 when nothing was ever deleted).
+func (s *Store) retainedFrom(ctx context.Context) (int64, error) {
+	var from int64
+	if err := s.db.QueryRowContext(ctx, `SELECT retained_from FROM retention_state WHERE id = 1`).Scan(&from); err != nil {
+		return 0, fmt.Errorf("read retention state: %w", err)
+	}
+	if from == 0 {
+		return math.MinInt64, nil
+	}
+	return from, nil
+}
+
+// bounds are r's ends in nanoseconds, the start no earlier than what
+// retention kept.
+func (s *Store) bounds(ctx context.Context, r Range) (lo, hi int64, err error) {
+	lo, hi = r.bounds()
+	from, err := s.retainedFrom(ctx)
+	return max(lo, from), hi, err
+}
+
+// readTx opens a read-only transaction for one graph query. On PostgreSQL
+// it sets what the aggregation needs (measured, see docs/performance.md):
+// no JIT (compiling the plan took longer than running it), no parallel
+// workers (each would build the whole hash table, then sort and merge
+// them), and room for the hash table of every flow in memory rather than
+// in batches on disk.
+func (s *Store) readTx(ctx context.Context) (*sql.Tx, error) {
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("begin query: %w", err)
+	}
+	if s.d.name == postgres.name {
+		for _, set := range []string{"SET LOCAL jit = off", "SET LOCAL max_parallel_workers_per_gather = 0", "SET LOCAL work_mem = '256MB'"} {
+			if _, err := tx.ExecContext(ctx, set); err != nil {
+				tx.Rollback()
+				return nil, fmt.Errorf("query settings: %w", err)
+			}
+		}
+	}
+	return tx, nil
+}
+
+// observationsSQL aggregates, per flow, the rows of [lo, hi) read from
+// the levels lvls.
+func observationsSQL(lo, hi int64, lvls []level) (string, []any) {
+	segs := plan(lo, hi, lvls)
+	if len(segs) == 0 {
+		return "", nil
+	}
+	cols := "key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
+	var args []any
+	var parts []string
+	for _, sg := range segs {
+		parts = append(parts, segmentSQL(sg, cols, lo, hi, &args))
+	}
+	var agg strings.Builder
+	agg.WriteString("MAX(pid) AS pid, MAX(peer_pid) AS peer_pid")
+	for _, c := range counterColumns {
+		if maxColumns[c] {
+			fmt.Fprintf(&agg, ", MAX(%[1]s) AS %[1]s", c)
+		} else {
+			// PostgreSQL sums bigints into numeric: cast back, or the
+			// driver converts every value through text.
+			fmt.Fprintf(&agg, ", CAST(SUM(%[1]s) AS BIGINT) AS %[1]s", c)
+		}
+	}
+	agg.WriteString(", MIN(first_seen) AS first_seen, MAX(last_seen) AS last_seen")
+	var sel strings.Builder
+	for _, c := range counterColumns {
+		sel.WriteString(", a." + c)
+	}
+	q := `SELECT k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm, a.pid, a.peer_pid` + sel.String() + `, a.first_seen, a.last_seen
+		FROM (SELECT key_id, ` + agg.String() + ` FROM (` + strings.Join(parts, "\n UNION ALL ") + `) u GROUP BY key_id) a
+		JOIN flow_keys k ON k.id = a.key_id`
+	return q, args
+}
+
+func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
+	lo, hi, err := s.bounds(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if lo >= hi {
+		return nil, nil
+	}
+	q, args := observationsSQL(lo, hi, lvls)
+	if q == "" {
+		return nil, nil
+	}
+	tx, err := s.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, s.d.rebind(q), args...)
+	if err != nil {
+		return nil, fmt.Errorf("query observations: %w", err)
+	}
+	defer rows.Close()
+	var out []Observation
+	vals := make([]int64, len(counterColumns))
+	for rows.Next() {
+		var o Observation
+		var port int
+		var pid, peer, first, last int64
+		dest := []any{&o.HostID, &o.Direction, &o.Proto, &o.LocalAddr, &o.RemoteAddr, &port, &o.Comm, &o.PeerComm, &pid, &peer}
+		for i := range vals {
+			dest = append(dest, &vals[i])
+		}
+		dest = append(dest, &first, &last)
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("read observation: %w", err)
+		}
+		o.Port, o.PID, o.PeerPID = uint16(port), uint32(pid), uint32(peer)
+		for i, f := range counterFields(&o.Counters) {
+			*f = uint64(vals[i])
+		}
+		o.FirstSeen, o.LastSeen = fromNs(first), fromNs(last)
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read observations: %w", err)
+	}
+	// Sorting here is cheaper than in SQL, on text columns after the join.
+	slices.SortFunc(out, func(a, b Observation) int { return keyOf(a).compare(keyOf(b)) })
+	return out, nil
+}
