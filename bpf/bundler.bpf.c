@@ -281,13 +281,13 @@ static __always_inline void current_process(__u32 *pid, char *comm, __u64 *cgrou
 }
 
 /* Find or create the bundled entry of k in the active map. */
-static __always_inline struct flow_value *flow_entry(const struct flow_key *k)
+static __always_inline struct flow_value *flow_entry(const struct flow_key *key)
 {
 	__u32 zero = 0;
 	void *active = bpf_map_lookup_elem(&flows, &zero);
 	if (!active)
 		return NULL;
-	struct flow_value *v = lookup_or_init(active, k, (const void *)&zero_flow, STAT_FLOW_MAP_FULL);
+	struct flow_value *v = lookup_or_init(active, key, (const void *)&zero_flow, STAT_FLOW_MAP_FULL);
 	if (!v)
 		return NULL;
 	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
@@ -1065,8 +1065,12 @@ SEC("iter/bpf_sk_storage_map")
 int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
 {
 	struct sock *sk = ctx->sk;
-	struct sock_state *st = ctx->value;
-	if (!sk || !st)
+	if (!sk || !ctx->value)
+		return 0;
+	/* The same storage as ctx->value, but as a map value: 6.1's verifier
+	 * takes no iterator buffer as a map key (the flow key lives here). */
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (!st)
 		return 0;
 	if (st->kind == SK_TCP) {
 		if (st->counting)
