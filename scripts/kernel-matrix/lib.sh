@@ -215,6 +215,7 @@ km_boot() {
   # fault); without cx16 every kernel boots.
   local qv; qv=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p;q')
   [ "${qv:-0}" -lt 8 ] && cpu=max,-cx16
+  cpu=${KMATRIX_CPU:-$cpu}
   local append="console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init kmatrix.mode=$mode"
   : >"$dir/results.log"; : >"$dir/console.log"
   local args=(-accel tcg -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" -no-reboot -nodefaults -display none
