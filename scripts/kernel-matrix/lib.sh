@@ -117,11 +117,16 @@ km_apt_update() {
   } >"$KM_APT/sources.list"
   # Refresh at most every 6 hours (or never with KMATRIX_OFFLINE=1).
   if [ -n "${KMATRIX_OFFLINE:-}" ]; then return 0; fi
-  if [ -n "$(find "$KM_APT/lists" -maxdepth 1 -name '*_Packages*' -mmin -360 2>/dev/null | head -1)" ]; then return 0; fi
+  # Lists read from another sources list (stamp: the one of the last update) are refreshed now.
+  if cmp -s "$KM_APT/sources.list" "$KM_APT/lists/sources.stamp" &&
+     [ -n "$(find "$KM_APT/lists" -maxdepth 1 -name '*_Packages*' -mmin -360 2>/dev/null | head -1)" ]; then return 0; fi
   km_log "updating the private package lists in $KM_APT"
   # shellcheck disable=SC2046
-  apt-get $(km_apt_opts) -qq update >/dev/null 2>"$KM_APT/update.err" ||
-    { cat "$KM_APT/update.err" >&2; km_log "apt update failed: using the kernels already cached"; }
+  if apt-get $(km_apt_opts) -qq update >/dev/null 2>"$KM_APT/update.err"; then
+    cp "$KM_APT/sources.list" "$KM_APT/lists/sources.stamp"
+  else
+    cat "$KM_APT/update.err" >&2; km_log "apt update failed: using the kernels already cached"
+  fi
 }
 
 # km_resolve SERIES prints the newest kernel ABI name of a series (5.10, 6.1,
@@ -160,8 +165,8 @@ km_fetch() {
   rm -rf "$d"; mkdir -p "$d/x"
   for p in "$tmp"/*.deb; do dpkg-deb -x "$p" "$d/x"; done
   rm -rf "$tmp"
-  local mdir
-  mdir=$(ls -d "$d/x/lib/modules/$abi" "$d/x/usr/lib/modules/$abi" 2>/dev/null | head -1)
+  local mdir=
+  for p in "$d/x/lib/modules/$abi" "$d/x/usr/lib/modules/$abi"; do [ -d "$p" ] && mdir=$p && break; done
   [ -n "$mdir" ] || km_die "no modules directory in the packages of $abi"
   mv "$mdir" "$d/modules"
   for p in "$d/x/boot/vmlinuz-$abi" "$d/modules/vmlinuz"; do [ -f "$p" ] && mv "$p" "$d/vmlinuz"; done
