@@ -20,9 +20,47 @@ export PATH="$PATH:/usr/sbin:/sbin"
 km_log() { echo "kmatrix: $*" >&2; }
 km_die() { echo "kmatrix: $*" >&2; exit 2; }
 
-# km_host_deps installs what the matrix needs on the host (Debian).
+# km_qemu_major prints the major version of qemu-system-x86_64 on PATH (0: none).
+km_qemu_major() {
+  local v=
+  command -v qemu-system-x86_64 >/dev/null && v=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p;q')
+  echo "${v:-0}"
+}
+
+# km_qemu_backports installs qemu-system-x86 from bookworm-backports (QEMU 10)
+# through a private apt configuration under $KM_CACHE/host-apt: its own
+# sources list (bookworm, -updates, -security, -backports) and package lists;
+# the machine's /etc/apt is neither read for sources nor changed.
+km_qemu_backports() {
+  local a="$KM_CACHE/host-apt" kr=/usr/share/keyrings/debian-archive-keyring.gpg m=http://deb.debian.org
+  [ -f "$kr" ] || { km_log "$kr missing (install debian-archive-keyring)"; return 1; }
+  mkdir -p "$a/lists/partial" "$a/cache/archives/partial"
+  {
+    echo "deb [signed-by=$kr] $m/debian bookworm main"
+    echo "deb [signed-by=$kr] $m/debian bookworm-updates main"
+    echo "deb [signed-by=$kr] $m/debian-security bookworm-security main"
+    echo "deb [signed-by=$kr] $m/debian bookworm-backports main"
+  } >"$a/sources.list"
+  local o=(-o "Dir::Etc::SourceList=$a/sources.list" -o Dir::Etc::SourceParts=/dev/null
+           -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o "Dir::Cache::Archives=$a/cache/archives"
+           -o APT::Sandbox::User=root -o Acquire::Retries=3)
+  km_log "installing qemu-system-x86 from bookworm-backports (private apt configuration in $a)"
+  apt-get "${o[@]}" -qq update >"$a/apt.log" 2>&1 &&
+    DEBIAN_FRONTEND=noninteractive apt-get "${o[@]}" install -y -qq --no-install-recommends \
+      -t bookworm-backports qemu-system-x86 >>"$a/apt.log" 2>&1 ||
+    { tail -n 5 "$a/apt.log" >&2; return 1; }
+  rm -f "$a"/cache/archives/*.deb
+}
+
+# km_host_deps installs what the matrix needs on the host (Debian): QEMU 8 or
+# newer (from bookworm-backports on Debian 12, whose own QEMU is 7.2), static
+# busybox, cpio, zstd, xz, file, ip, depmod. It prints the QEMU it will use.
 km_host_deps() {
-  local need=()
+  local need=() codename
+  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+  if [ "$(km_qemu_major)" -lt 8 ] && [ "$(id -u)" = 0 ] && [ "$codename" = bookworm ]; then
+    km_qemu_backports || km_log "could not install QEMU from bookworm-backports"
+  fi
   command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
   { [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -x insmod >/dev/null && file -L /bin/busybox 2>/dev/null | grep static >/dev/null; } || need+=(busybox-static)
   command -v cpio >/dev/null || need+=(cpio)
@@ -31,13 +69,27 @@ km_host_deps() {
   command -v file >/dev/null || need+=(file)
   command -v ip >/dev/null || need+=(iproute2)
   command -v depmod >/dev/null || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need+=(kmod)
-  [ ${#need[@]} -eq 0 ] && return 0
-  [ "$(id -u)" = 0 ] || km_die "missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}"
-  km_log "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  # file(1) is needed by the check above; re-check busybox now.
-  file -L /bin/busybox | grep static >/dev/null || km_die "/bin/busybox is not the static build (install busybox-static)"
+  if [ ${#need[@]} -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || km_die "missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}"
+    km_log "installing ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # file(1) is needed by the check above; re-check busybox now.
+    file -L /bin/busybox | grep static >/dev/null || km_die "/bin/busybox is not the static build (install busybox-static)"
+  fi
+  km_log "using $(command -v qemu-system-x86_64): $(qemu-system-x86_64 --version | head -1), guest CPU $(km_cpu)"
+  if [ "$(km_qemu_major)" -lt 8 ] && [ -z "${KMATRIX_CPU:-}" ]; then
+    km_log "WARNING: QEMU older than 8: the guests run without cx16 (-cpu max,-cx16) to avoid a TCG double fault with 6.12+ guests;" \
+           "7.x kernels then fail every BPF socket-storage creation (kmalloc_nolock needs cmpxchg16b), so socket-storage-dependent tests are expected to fail on 7.x"
+  fi
+}
+
+# km_cpu prints the guest CPU model: max; max without cx16 on QEMU older than
+# 8 (its TCG double-faults 6.12+ guests at cmpxchg16b); KMATRIX_CPU overrides.
+km_cpu() {
+  local cpu=max
+  [ "$(km_qemu_major)" -lt 8 ] && cpu=max,-cx16
+  echo "${KMATRIX_CPU:-$cpu}"
 }
 
 # Private apt configuration: Debian's archive serves more suites than this
@@ -65,11 +117,16 @@ km_apt_update() {
   } >"$KM_APT/sources.list"
   # Refresh at most every 6 hours (or never with KMATRIX_OFFLINE=1).
   if [ -n "${KMATRIX_OFFLINE:-}" ]; then return 0; fi
-  if [ -n "$(find "$KM_APT/lists" -maxdepth 1 -name '*_Packages*' -mmin -360 2>/dev/null | head -1)" ]; then return 0; fi
+  # Lists read from another sources list (stamp: the one of the last update) are refreshed now.
+  if cmp -s "$KM_APT/sources.list" "$KM_APT/lists/sources.stamp" &&
+     [ -n "$(find "$KM_APT/lists" -maxdepth 1 -name '*_Packages*' -mmin -360 2>/dev/null | head -1)" ]; then return 0; fi
   km_log "updating the private package lists in $KM_APT"
   # shellcheck disable=SC2046
-  apt-get $(km_apt_opts) -qq update >/dev/null 2>"$KM_APT/update.err" ||
-    { cat "$KM_APT/update.err" >&2; km_log "apt update failed: using the kernels already cached"; }
+  if apt-get $(km_apt_opts) -qq update >/dev/null 2>"$KM_APT/update.err"; then
+    cp "$KM_APT/sources.list" "$KM_APT/lists/sources.stamp"
+  else
+    cat "$KM_APT/update.err" >&2; km_log "apt update failed: using the kernels already cached"
+  fi
 }
 
 # km_resolve SERIES prints the newest kernel ABI name of a series (5.10, 6.1,
@@ -108,8 +165,8 @@ km_fetch() {
   rm -rf "$d"; mkdir -p "$d/x"
   for p in "$tmp"/*.deb; do dpkg-deb -x "$p" "$d/x"; done
   rm -rf "$tmp"
-  local mdir
-  mdir=$(ls -d "$d/x/lib/modules/$abi" "$d/x/usr/lib/modules/$abi" 2>/dev/null | head -1)
+  local mdir=
+  for p in "$d/x/lib/modules/$abi" "$d/x/usr/lib/modules/$abi"; do [ -d "$p" ] && mdir=$p && break; done
   [ -n "$mdir" ] || km_die "no modules directory in the packages of $abi"
   mv "$mdir" "$d/modules"
   for p in "$d/x/boot/vmlinuz-$abi" "$d/modules/vmlinuz"; do [ -f "$p" ] && mv "$p" "$d/vmlinuz"; done
@@ -209,12 +266,9 @@ km_initramfs() {
 # limit. The guest's results go to OUTDIR/results.log (second serial port),
 # the kernel console to OUTDIR/console.log. Returns qemu's (or timeout's) status.
 km_boot() {
-  local abi=$1 initrd=$2 dir=$3 mode=${4:-batch} cpu=max
+  local abi=$1 initrd=$2 dir=$3 mode=${4:-batch} cpu
   local kdir="$KM_CACHE/kernels/$abi"
-  # QEMU before 8 corrupts 6.12+ guests under TCG at cmpxchg16b (double
-  # fault); without cx16 every kernel boots.
-  local qv; qv=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p;q')
-  [ "${qv:-0}" -lt 8 ] && cpu=max,-cx16
+  cpu=$(km_cpu)
   local append="console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init kmatrix.mode=$mode"
   : >"$dir/results.log"; : >"$dir/console.log"
   local args=(-accel tcg -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" -no-reboot -nodefaults -display none
