@@ -361,6 +361,6 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 		}
 	}
 	if conns != 60 {
-		t.Errorf("the store holds %d of 60 connections:\n%s", conns, stdout)
+		t.Errorf("the store holds %d of 60 connections:\n%s\nfirst agent:\n%s\nsecond agent:\n%s", conns, stdout, first.errText(), second.errText())
 	}
 }

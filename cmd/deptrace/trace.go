@@ -77,6 +77,13 @@ partial interval before exiting.`,
 
 func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration, filter output.Filter, w output.Writer) error {
 	log := slog.With("component", "trace")
+	// Signals first: a SIGTERM at any time after start must end with the
+	// last interval printed, never kill the process mid-load.
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	t, err := tracer.New(cfg)
 	if err != nil {
 		return err
@@ -93,11 +100,6 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		log.Info("tracing", "netns", netnsLabel(cfg.NetNS), "interval", cfg.Interval, "namespaces_seeded", nsCount, "listening_ports", ports)
 	}
 
-	if parent == nil {
-		parent = context.Background()
-	}
-	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, duration)
