@@ -210,6 +210,24 @@ type Hook struct {
 	// Standby: a fallback hook not loaded because what it replaces runs
 	// on this kernel.
 	Standby bool
+	// Replaces names the program a fallback hook stands in for, where
+	// that one is missing ("" for primary hooks).
+	Replaces string
+}
+
+// Covered reports whether what h provides works on this kernel: h runs,
+// or a fallback that replaces it runs, or h is itself a fallback that is
+// not needed.
+func Covered(h Hook, all []Hook) bool {
+	if h.Active || h.Standby {
+		return true
+	}
+	for _, f := range all {
+		if f.Replaces == h.Program && f.Active {
+			return true
+		}
+	}
+	return false
 }
 
 // RequiredHookError is returned by New when a hook deptrace cannot run

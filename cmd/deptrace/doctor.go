@@ -120,11 +120,15 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "STATUS\tHOOK\tPROVIDES")
 	var missing []tracer.Hook
-	for _, h := range t.Hooks() {
+	hooks := t.Hooks()
+	for _, h := range hooks {
 		status := "active"
-		if h.Standby {
+		switch {
+		case h.Standby:
 			status = "standby"
-		} else if !h.Active {
+		case !h.Active && tracer.Covered(h, hooks):
+			status = "replaced" // a fallback below does its work
+		case !h.Active:
 			status = "MISSING"
 			missing = append(missing, h)
 		}

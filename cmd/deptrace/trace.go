@@ -89,8 +89,9 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		return err
 	}
 	defer t.Close()
-	for _, h := range t.Hooks() {
-		if !h.Active && !h.Standby {
+	hooks := t.Hooks()
+	for _, h := range hooks {
+		if !tracer.Covered(h, hooks) {
 			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
 		}
 	}

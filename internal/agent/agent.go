@@ -90,8 +90,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("replaced a pinned kernel side", "pin_path", cfg.Tracer.PinPath, "why", ad.Replaced,
 			"flows_salvaged", ad.Salvaged, "entries_lost", ad.Unreadable)
 	}
-	for _, h := range t.Hooks() {
-		if !h.Active && !h.Standby {
+	hooks := t.Hooks()
+	for _, h := range hooks {
+		if !tracer.Covered(h, hooks) {
 			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
 		}
 	}

@@ -128,6 +128,8 @@ type Hook struct {
 	Log      string // the verifier's log when it rejected the program
 	// Standby: a fallback not loaded because what it replaces runs.
 	Standby bool
+	// Replaces is the program this fallback stands in for ("" if none).
+	Replaces string
 }
 
 // RequiredHookError is returned by Load when a hook deptrace cannot run
@@ -258,7 +260,7 @@ func Load(cfg Config) (*Bundler, error) {
 
 	cgroupRoot, cgroupErr := kernel.CgroupV2Root()
 	for _, def := range hookDefs {
-		h := Hook{Program: def.program, Hook: def.hook, Required: def.required, Provides: def.provides}
+		h := Hook{Program: def.program, Hook: def.hook, Required: def.required, Provides: def.provides, Replaces: def.fallbackFor}
 		if def.fallbackFor != "" && b.HookActive(def.fallbackFor) {
 			h.Standby = true
 			h.Reason = "not needed: " + def.fallbackFor + " is active"

@@ -6,6 +6,16 @@ import (
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
+// replaced reports whether an active fallback stands in for h.
+func replaced(h Hook, all []Hook) bool {
+	for _, f := range all {
+		if f.Replaces == h.Program && f.Active {
+			return true
+		}
+	}
+	return false
+}
+
 func testConfig() Config { return Config{FlowMapSize: 4096, PortMapSize: 1024} }
 
 // Every hook must load and attach on the kernels deptrace is tested on;
@@ -20,9 +30,16 @@ func TestEveryHookLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	for _, h := range b.Hooks() {
-		if !h.Active && !h.Standby {
-			t.Errorf("hook %s (%s) inactive: %s\n%s", h.Hook, h.Program, h.Reason, h.Log)
+	hooks := b.Hooks()
+	for _, h := range hooks {
+		if h.Active || h.Standby || replaced(h, hooks) {
+			continue
+		}
+		t.Errorf("hook %s (%s) inactive and not replaced: %s\n%s", h.Hook, h.Program, h.Reason, h.Log)
+	}
+	for _, h := range hooks {
+		if h.Replaces != "" && !h.Standby && !h.Active {
+			t.Errorf("fallback %s needed (its tracepoint is missing) but inactive: %s\n%s", h.Hook, h.Reason, h.Log)
 		}
 	}
 	if _, err := b.Seed(); err != nil {
