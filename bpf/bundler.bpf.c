@@ -16,7 +16,8 @@
  * request sockets, whatever the number of namespaces) and once at close.
  * Sends and receives run no deptrace code for TCP.
  *
- * Hooks (all stable interfaces; no kprobes):
+ * Hooks (stable interfaces; the fexit fallbacks only where a tracepoint is
+ * missing, before 6.3):
  *   tp_btf/inet_sock_set_state   TCP connect/accept/close/listen
  *   tp_btf/tcp_send_reset, tcp_receive_reset   resets, per flow
  *   tp_btf/sock_send_length, sock_recv_length  UDP datagrams and unix
@@ -24,6 +25,8 @@
  *                                first test)
  *   cgroup/sendmsg4|6, recvmsg4|6  peers of unconnected UDP datagrams
  *   cgroup/sock_release          last counts of a connected UDP socket
+ *   cgroup/getsockopt            a connect error the application read itself
+ *   fexit/inet_sendmsg, ...      fallbacks for sock_send/recv_length
  *   iter/tcp                     listeners and connections that existed
  *                                before deptrace started
  *   iter/bpf_sk_storage_map      the drain-time harvest
@@ -653,6 +656,13 @@ int BPF_PROG(on_receive_reset, struct sock *sk)
 SEC("cgroup/getsockopt")
 int connect_error(struct bpf_sockopt *ctx)
 {
+	/* Kernels before 6.5 fail a getsockopt whose value exceeds a page
+	 * unless the program gives the buffer back (optlen 0): runs for every
+	 * getsockopt of every process, so never in the way. */
+	if (ctx->optlen > 4096) {
+		ctx->optlen = 0;
+		return 1;
+	}
 	if (ctx->level != SOL_SOCKET || ctx->optname != SO_ERROR)
 		return 1;
 	struct bpf_sock *sk = ctx->sk;
@@ -724,7 +734,9 @@ static __always_inline void udp_fold(struct sock_state *st)
 	__u64 br = st->udp_bytes_received ? __sync_lock_test_and_set(&st->udp_bytes_received, 0) : 0;
 	__u64 ds = st->udp_dgrams_sent ? __sync_lock_test_and_set(&st->udp_dgrams_sent, 0) : 0;
 	__u64 dr = st->udp_dgrams_received ? __sync_lock_test_and_set(&st->udp_dgrams_received, 0) : 0;
-	if (!ds && !dr)
+	/* A datagram adds its bytes before its count: a fold between the two
+	 * takes bytes without a datagram, which must not be dropped. */
+	if (!bs && !br && !ds && !dr)
 		return;
 	struct flow_value *v = flow_entry(&st->key);
 	if (!v)
@@ -852,12 +864,42 @@ int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 }
 
 /* Kernels before 6.3 have no sock_send_length/sock_recv_length
- * tracepoints: the loader attaches these at the exit of the functions the
- * tracepoints were later added to, where the kernel allows fexit (Debian's
- * 6.1 does; kernels built without it lose UDP and unix counting, and
- * doctor says so). Same work, same arguments. */
-SEC("fexit/sock_sendmsg")
-int BPF_PROG(on_send_fexit, struct socket *sock, struct msghdr *msg, int ret)
+ * tracepoints: the loader attaches these at function exits instead, where
+ * the kernel allows fexit (Debian's 6.1 does; kernels built without it
+ * lose UDP and unix counting, and doctor says so). Same work, same
+ * arguments. */
+/* Sends: 6.1 inlines sock_sendmsg into its callers in net/socket.c, so an
+ * fexit there misses most sends; the protocol's sendmsg, reached through a
+ * function pointer, is never inlined. */
+SEC("fexit/inet_sendmsg")
+int BPF_PROG(on_inet_send_fexit, struct socket *sock, struct msghdr *msg, size_t size, int ret)
+{
+	struct sock *sk = sock->sk;
+	if (sk)
+		udp_datagram(sk, ret, 0, true);
+	return 0;
+}
+
+SEC("fexit/inet6_sendmsg")
+int BPF_PROG(on_inet6_send_fexit, struct socket *sock, struct msghdr *msg, size_t size, int ret)
+{
+	struct sock *sk = sock->sk;
+	if (sk)
+		udp_datagram(sk, ret, 0, true);
+	return 0;
+}
+
+SEC("fexit/unix_stream_sendmsg")
+int BPF_PROG(on_unix_stream_send_fexit, struct socket *sock, struct msghdr *msg, size_t len, int ret)
+{
+	struct sock *sk = sock->sk;
+	if (sk)
+		udp_datagram(sk, ret, 0, true);
+	return 0;
+}
+
+SEC("fexit/unix_dgram_sendmsg")
+int BPF_PROG(on_unix_dgram_send_fexit, struct socket *sock, struct msghdr *msg, size_t len, int ret)
 {
 	struct sock *sk = sock->sk;
 	if (sk)
@@ -899,6 +941,15 @@ static __always_inline __u64 unix_path_of(struct unix_address *a, struct unix_pa
 	return h ? h : 1;
 }
 
+static __always_inline bool unix_autobound(struct unix_address *a)
+{
+	char first = 1;
+	if (a->len != (int)sizeof(__kernel_sa_family_t) + 6)
+		return false;
+	bpf_probe_read_kernel(&first, 1, &a->name[0].sun_path);
+	return first == 0;
+}
+
 /* The first call on a unix socket finds its dependency: the server's path
  * is the name of whichever end is named. A connecting (or sending) socket
  * is rarely bound, its peer is: outbound, named by the peer. A server's
@@ -917,6 +968,12 @@ static __always_inline struct sock_state *unix_state(struct sock *sk, struct uni
 		if (pu)
 			peer_addr = pu->addr;
 	}
+	/* A name the kernel gave a socket itself (autobind: a NUL and five hex
+	 * digits, as SO_PASSCRED clients get) does not make it a service. */
+	if (peer_addr && unix_autobound(peer_addr))
+		peer_addr = NULL;
+	if (own && unix_autobound(own))
+		own = NULL;
 	struct unix_address *srv = peer_addr ? peer_addr : own;
 	if (!srv)
 		return NULL;
@@ -1089,6 +1146,15 @@ int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
 		r.drops = advance64(&st->rep_drops, listen_drops(sk));
 		r.pid = st->pid;
 		__builtin_memcpy(r.comm, st->comm, sizeof(r.comm));
+		if (!r.pid) {
+			/* Listening since before deptrace started: user space named
+			 * its process in the port table at start-up. */
+			struct port_value *pv = port_lookup(r.netns, r.port);
+			if (pv && pv->pid) {
+				r.pid = pv->pid;
+				__builtin_memcpy(r.comm, pv->comm, sizeof(r.comm));
+			}
+		}
 		bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	}
 	return 0;
@@ -1110,10 +1176,14 @@ int seed_listeners(struct bpf_iter__tcp *ctx)
 	r.netns = skc->skc_net.net->ns.inum;
 	r.port = skc->skc_num;
 	r.proto = IPPROTO_TCP;
-	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
-	if (tp)
+	if (tp) {
+		struct socket *sock = tp->inet_conn.icsk_inet.sk.sk_socket;
+		if (sock && sock->file)
+			r.ino = sock->file->f_inode->i_ino;
 		listener_tag((struct sock *)tp, 0, NULL, 0);
+	}
+	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;
 }
 

@@ -66,7 +66,7 @@ struct unix_path {
 };
 _Static_assert(sizeof(struct unix_path) == 112, "unix_path layout");
 
-/* Listening-port table: TCP listeners and UDP sockets bound to a port. */
+/* Listening-port table: TCP listeners per namespace and port. */
 struct port_key {
 	__u32 netns;
 	__u16 port; /* host byte order */
@@ -89,8 +89,9 @@ struct listen_record {
 	__u16 port;
 	__u8 proto;
 	__u8 _pad;
+	__u64 ino;    /* the socket's inode: user space finds its process in /proc */
 };
-_Static_assert(sizeof(struct listen_record) == 8, "listen_record layout");
+_Static_assert(sizeof(struct listen_record) == 16, "listen_record layout");
 
 /* Record written by the harvest for every listening TCP socket. */
 struct listener_record {

@@ -79,6 +79,8 @@ type Interval struct {
 	Time      time.Time
 	Flows     []Flow
 	Listeners []Listener
+	// Drain is how long the drain that ended the interval took.
+	Drain time.Duration
 	// Lost counts what the kernel side could not record this interval.
 	Lost Losses
 }
@@ -302,10 +304,11 @@ func (t *Tracer) ListeningPorts() ([]Port, error) {
 // Collect ends an interval: it harvests live sockets, drains the flows
 // bundled since the previous call and reports every listener.
 func (t *Tracer) Collect() (Interval, error) {
+	start := time.Now()
 	entries, listeners, drainErr := t.b.Drain()
 	now := time.Now()
 	offset := bootToWall(now)
-	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries))}
+	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start)}
 	for _, e := range entries {
 		f := Flow{
 			Kind:       KindFlow,
@@ -393,28 +396,40 @@ func countersOf(c bundler.Counts) Counters {
 
 // Run drains every interval and calls emit with the result until ctx is
 // done; then it drains once more so the last partial interval is not lost.
+// A drain that fails still emits what it read (counts it drained are in the
+// interval, never dropped); Run gives up after maxDrainErrors failed drains
+// in a row.
 func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
 	tick := time.NewTicker(t.cfg.Interval)
 	defer tick.Stop()
+	failed := 0
 	for {
+		last := false
 		select {
 		case <-ctx.Done():
-			iv, err := t.Collect()
-			if emitErr := emit(iv); err == nil {
-				err = emitErr
-			}
-			return err
+			last = true
 		case <-tick.C:
-			iv, err := t.Collect()
-			if err != nil {
-				return err
-			}
-			if err := emit(iv); err != nil {
-				return err
-			}
+		}
+		iv, err := t.Collect()
+		emitErr := emit(iv)
+		if last {
+			return errors.Join(err, emitErr)
+		}
+		if emitErr != nil {
+			return emitErr
+		}
+		if err == nil {
+			failed = 0
+			continue
+		}
+		if failed++; failed >= maxDrainErrors {
+			return fmt.Errorf("%d drains in a row failed, the last: %w", failed, err)
 		}
 	}
 }
+
+// maxDrainErrors is how many failed drains in a row end Run.
+const maxDrainErrors = 3
 
 // bootToWall returns wall-clock ns minus CLOCK_BOOTTIME ns, the offset that
 // turns kernel timestamps (bpf_ktime_get_boot_ns) into wall-clock time.

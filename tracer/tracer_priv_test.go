@@ -382,6 +382,11 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesReceived > 0 && l.one(t, b).BytesReceived > 0 })
 	checkFlow(t, l.one(t, a), "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5432)
 	checkFlow(t, l.one(t, b), "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5432)
+	// The server listened before deptrace started: its process is found
+	// from the socket at start-up, not left unnamed.
+	if f := l.one(t, b); f.PID != uint32(os.Getpid()) || f.Comm != testComm() {
+		t.Errorf("server listening since before start named %d/%q; want %d/%q", f.PID, f.Comm, os.Getpid(), testComm())
+	}
 
 	// A new connection sends bursts across at least five drains.
 	c, err := a.Dial("tcp4", b.IPv4.String()+":5432")

@@ -270,7 +270,7 @@ func TestDoctor(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	for _, want := range []string{"active   tp_btf/inet_sock_set_state", "active   iter/tcp", "standby  fexit/sock_sendmsg", "LOSS COUNTERS", "active   iter/bpf_sk_storage_map", "flow map full        0", "sock storage failed  0", "listeners in a 100ms sample"} {
+	for _, want := range []string{"active   tp_btf/inet_sock_set_state", "active   iter/tcp", "standby  fexit/inet_sendmsg", "LOSS COUNTERS", "active   iter/bpf_sk_storage_map", "flow map full        0", "sock storage failed  0", "listeners in a 100ms sample"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("doctor output lacks %q:\n%s", want, stdout)
 		}

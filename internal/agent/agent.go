@@ -70,8 +70,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return err
 	}
+	var runErr error // set when tracing stops on an error
 	defer func() {
-		if cfg.KeepTracing {
+		// A clean stop detaches; a failure leaves a pinned kernel side
+		// counting for the agent that restarts (Restart=on-failure).
+		if cfg.KeepTracing || (runErr != nil && cfg.Tracer.PinPath != "") {
 			t.Release()
 			log.Info("kernel side left attached and counting for the next agent", "pin_path", cfg.Tracer.PinPath)
 			return
@@ -115,8 +118,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	nextID := batchIDs()
 	var n int
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	err = runTimed(ctx, t, func(iv tracer.Interval, took time.Duration) error {
-		m.ObserveInterval(iv, hostID, took)
+	err = t.Run(ctx, func(iv tracer.Interval) error {
+		m.ObserveInterval(iv, hostID, iv.Drain)
 		m.ObserveListeners(iv.Listeners, hostID)
 		if l := iv.Lost; l.Total() > 0 {
 			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
@@ -162,43 +165,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return nil
 	})
+	runErr = err
 	close(batches)
 	wg.Wait()
 	if w.store != nil {
 		w.store.Close()
 	}
 	return err
-}
-
-// runTimed is tracer.Run with each drain timed for the metrics: a drain
-// every interval, and one more when ctx is done so that the last partial
-// interval is not lost.
-func runTimed(ctx context.Context, t *tracer.Tracer, emit func(tracer.Interval, time.Duration) error) error {
-	tick := time.NewTicker(t.Config().Interval)
-	defer tick.Stop()
-	for {
-		last := false
-		select {
-		case <-ctx.Done():
-			last = true
-		case <-tick.C:
-		}
-		start := time.Now()
-		iv, err := t.Collect()
-		took := time.Since(start)
-		if last {
-			if emitErr := emit(iv, took); err == nil {
-				err = emitErr
-			}
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		if err := emit(iv, took); err != nil {
-			return err
-		}
-	}
 }
 
 // Observation turns one flow seen on host into a stored observation. For

@@ -98,21 +98,21 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 		// counts salvaged from a replaced kernel side, and an adopted
 		// side's idle map, which holds an interval nobody read if that
 		// process died between a swap and its read.
-		b.drain.first = true
 		carried = append(carried, b.adopt.Salvaged...)
 		if b.adopt.Adopted {
 			idle := 1 - b.active
 			left, err := b.drainMap(b.inner[idle], idle)
-			if err != nil {
-				return nil, nil, err
-			}
 			carried = append(carried, left...)
+			if err != nil {
+				return carried, nil, err
+			}
 		}
+		b.drain.first = true
 	}
 	listeners, harvestErr := b.harvest()
 	next := 1 - b.active
 	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
-		return nil, listeners, fmt.Errorf("swap bundled-flow map: %w", err)
+		return carried, listeners, fmt.Errorf("swap bundled-flow map: %w", err)
 	}
 	oldIdx := b.active
 	b.active = next

@@ -53,7 +53,9 @@ func binarySize[T any]() int {
 
 func objectHash() [32]byte { return sha256.Sum256(_BundlerBytes) }
 
-// ensureBPFFS mounts bpffs on the pin path's parent when it is not one.
+// ensureBPFFS mounts bpffs on the pin path's parent when it is not one,
+// but only at bpffs's usual place: mounting over any other directory could
+// hide what it holds.
 func ensureBPFFS(dir string) (mounted bool, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, fmt.Errorf("create %s: %w", dir, err)
@@ -64,6 +66,9 @@ func ensureBPFFS(dir string) (mounted bool, err error) {
 	}
 	if st.Type == unix.BPF_FS_MAGIC {
 		return false, nil
+	}
+	if filepath.Clean(dir) != "/sys/fs/bpf" {
+		return false, fmt.Errorf("%s is not on bpffs: choose a --pin-path under a bpffs mount such as /sys/fs/bpf", dir)
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return false, fmt.Errorf("%s is not a bpffs and mounting one there failed: %w", dir, err)
