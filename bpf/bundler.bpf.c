@@ -714,7 +714,10 @@ static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char 
 /* A UDP socket bound to a port its program chose (not 0) is a server. */
 static __always_inline __u8 udp_direction(const struct sock *sk)
 {
-	return (sk->sk_userlocks & SOCK_BINDPORT_LOCK) ? DIR_INBOUND : DIR_OUTBOUND;
+	/* sk_userlocks is a 4-bit bitfield before 6.x's rework (6.1 has it so):
+	 * read it through CO-RE's bitfield relocations on every kernel. */
+	__u8 locks = BPF_CORE_READ_BITFIELD(sk, sk_userlocks);
+	return (locks & SOCK_BINDPORT_LOCK) ? DIR_INBOUND : DIR_OUTBOUND;
 }
 
 static __always_inline void udp_key(const struct sock *sk, struct flow_key *k, __u16 rport)
