@@ -359,11 +359,15 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
+			full := fmt.Sprintf("%+v", ve)
+			if why := kernel.TooOld(full); why != "" {
+				return why, full
+			}
 			last := ""
 			if n := len(ve.Log); n > 0 {
 				last = ve.Log[n-1]
 			}
-			return fmt.Sprintf("verifier rejected %s (%s); deptrace doctor prints the full log", def.program, last), fmt.Sprintf("%+v", ve)
+			return fmt.Sprintf("verifier rejected %s (%s); deptrace doctor prints the full log", def.program, last), full
 		}
 		return fmt.Sprintf("load: %v", err), ""
 	}
