@@ -161,8 +161,10 @@ struct sock_state {
 	__u16 peer_port;     /* network byte order */
 	__u32 tid;
 	__u8 peer[16];
-	/* listeners */
-	__u64 rep_drops;
+	/* listeners: the drop counter already reported (32-bit, as the
+	 * kernel's counter is, so a wrap is followed) */
+	__u32 rep_drops;
+	__u32 _pad_drops;
 };
 
 struct {
@@ -682,9 +684,9 @@ int connect_error(struct bpf_sockopt *ctx)
 
 /* ---- listeners ---- */
 
-static __always_inline __u64 listen_drops(struct sock *sk)
+static __always_inline __u32 listen_drops(struct sock *sk)
 {
-	__u64 d = (__u32)sk->sk_drops.counter;
+	__u32 d = (__u32)sk->sk_drops.counter;
 	if (bpf_core_field_exists(sk->sk_drop_counters)) {
 		struct numa_drop_counters *c = BPF_CORE_READ(sk, sk_drop_counters);
 		if (c)
@@ -1149,7 +1151,7 @@ int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
 		__builtin_memcpy(r.local_addr, st->key.local_addr, sizeof(r.local_addr));
 		r.backlog_limit = sk->sk_max_ack_backlog;
 		r.queue = sk->sk_ack_backlog;
-		r.drops = advance64(&st->rep_drops, listen_drops(sk));
+		r.drops = advance32(&st->rep_drops, listen_drops(sk));
 		r.pid = st->pid;
 		__builtin_memcpy(r.comm, st->comm, sizeof(r.comm));
 		if (!r.pid) {

@@ -293,6 +293,8 @@ func Load(cfg Config) (*Bundler, error) {
 		b.adopt.Adopted, b.pinned = true, true
 	} else if cfg.PinPath != "" {
 		if err := b.pin(); err != nil {
+			// Half a pinned side must not stay behind to be adopted.
+			b.pinned = true
 			b.Close()
 			return nil, fmt.Errorf("pin the kernel side at %s: %w", cfg.PinPath, err)
 		}

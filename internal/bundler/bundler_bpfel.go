@@ -131,7 +131,8 @@ type bundlerSockState struct {
 	PeerPort          uint16
 	Tid               uint32
 	Peer              [16]uint8
-	RepDrops          uint64
+	RepDrops          uint32
+	PadDrops          uint32
 }
 
 type bundlerStatIndex uint32

@@ -51,7 +51,17 @@ func binarySize[T any]() int {
 	return binary.Size(t)
 }
 
-func objectHash() [32]byte { return sha256.Sum256(_BundlerBytes) }
+// objectHash identifies a kernel side: the object's code and the
+// configuration baked into it. A pinned side is adopted only when both
+// are the same (another --netns is another kernel side).
+func objectHash(cfg Config) [32]byte {
+	h := sha256.New()
+	h.Write(_BundlerBytes)
+	fmt.Fprintf(h, "netns=%d flows=%d ports=%d", cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize)
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
 
 // ensureBPFFS mounts bpffs on the pin path's parent when it is not one,
 // but only at bpffs's usual place: mounting over any other directory could
@@ -109,7 +119,7 @@ func (b *Bundler) pin() error {
 		return fmt.Errorf("create meta map: %w", err)
 	}
 	defer meta.Close()
-	h := objectHash()
+	h := objectHash(b.cfg)
 	if err := meta.Put(uint32(0), h[:]); err != nil {
 		return fmt.Errorf("write meta map: %w", err)
 	}
@@ -195,9 +205,8 @@ func loadPinned(path string) (p *pinnedSide, ok bool, err error) {
 
 // compatible reports why the pinned side cannot be adopted, or "".
 func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, cfg Config) string {
-	h := objectHash()
-	if string(p.hash) != string(h[:]) {
-		return "it was loaded by another deptrace build"
+	if h := objectHash(cfg); string(p.hash) != string(h[:]) {
+		return "it was loaded by another deptrace build or with other --netns or map sizes (another --flow-map-size?)"
 	}
 	for _, name := range pinnedMaps {
 		m, ok := p.maps[name]
