@@ -58,7 +58,7 @@ func (b *Bundler) Seed() (SeedReport, error) {
 			}
 			return err
 		})
-		if err != nil {
+		if err != nil && !errors.Is(err, os.ErrNotExist) { // gone since listed: nothing to seed
 			rep.Errors = append(rep.Errors, fmt.Sprintf("listeners in netns %d: %v", ns.Inode, err))
 		}
 	}
@@ -84,7 +84,7 @@ func (b *Bundler) Seed() (SeedReport, error) {
 				_, err := readIter[byte](tag)
 				return err
 			})
-			if err != nil {
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				rep.Errors = append(rep.Errors, fmt.Sprintf("connections in netns %d: %v", ns.Inode, err))
 			}
 		}
