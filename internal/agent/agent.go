@@ -119,6 +119,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var n int
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
 	err = t.Run(ctx, func(iv tracer.Interval) error {
+		log.Debug("interval drained", "flows", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain)
 		m.ObserveInterval(iv, hostID, iv.Drain)
 		m.ObserveListeners(iv.Listeners, hostID)
 		if l := iv.Lost; l.Total() > 0 {

@@ -149,6 +149,11 @@ func Do(path string, fn func() error) error {
 
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
+		if errors.Is(err, unix.EINVAL) {
+			// The bind mount was just removed (ip netns del): what is left
+			// at the path is a plain file, no namespace.
+			return fmt.Errorf("enter netns %s: no network namespace there any more: %w", path, os.ErrNotExist)
+		}
 		return fmt.Errorf("enter netns %s: %w", path, err)
 	}
 	fnErr := fn()
