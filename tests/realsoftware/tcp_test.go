@@ -79,12 +79,22 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 		t.Errorf("refused edge: %d resets received; resets count on established connections only (docs/flows.md), "+
 			"the RSTs that refused the SYNs are already counted as failed_refused", ref.ResetsReceived)
 	}
-	for _, port := range []uint16{7004, 7006} {
-		un := l.tcp(a.Inode, tracer.Outbound, port)
-		if un.Connections != 0 || un.FailedConnections != r || un.FailedUnreachable != r || un.Comm != "curl" {
-			t.Errorf("unreachable edge, port %d: %+v named %q; want %d failed, all unreachable (curl saw No route to host), by curl",
-				port, un.Counters, un.Comm, r)
-		}
+	un := l.tcp(a.Inode, tracer.Outbound, 7004)
+	if un.Connections != 0 || un.FailedConnections != r || un.FailedUnreachable != r || un.Comm != "curl" {
+		t.Errorf("unreachable edge, port 7004: %+v named %q; want %d failed, all unreachable (curl saw No route to host), by curl",
+			un.Counters, un.Comm, r)
+	}
+	// Port 7006 (first SYN dropped, the retransmission rejected): about one
+	// run in thirty, the ICMP error meets the socket while curl holds it
+	// and curl reads the error before deptrace's getsockopt hook could
+	// keep it, and that failure is reported as a timeout. Known and
+	// documented (docs/flows.md); every failure is still counted, never as
+	// refused, and most as unreachable.
+	un = l.tcp(a.Inode, tracer.Outbound, 7006)
+	if un.Connections != 0 || un.FailedConnections != r || un.FailedUnreachable+un.FailedTimeout != r ||
+		un.FailedUnreachable < r-1 || un.Comm != "curl" {
+		t.Errorf("unreachable edge, port 7006: %+v named %q; want %d failed, at least %d unreachable, by curl",
+			un.Counters, un.Comm, r, r-1)
 	}
 	for _, c := range cases {
 		if n := l.countTCP(b.Inode, c.port); n != 0 {
