@@ -45,6 +45,7 @@
 #define SOCK_DGRAM 2
 #define AF_INET6 10
 #define MSG_PEEK 2
+#define MSG_ERRQUEUE 0x2000
 #define SOCK_BINDPORT_LOCK 8
 #define EEXIST 17
 #define E2BIG 7
@@ -839,7 +840,9 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 	/* TCP calls fire these tracepoints too: leave at once. */
 	if (sk->sk_protocol == IPPROTO_TCP)
 		return;
-	if (ret < 0 || (flags & MSG_PEEK))
+	/* A peek is read again later; an error-queue read returns a sent
+	 * datagram an ICMP error came back for (IP_RECVERR), not a new one. */
+	if (ret < 0 || (flags & (MSG_PEEK | MSG_ERRQUEUE)))
 		return;
 	if (sk->__sk_common.skc_family == AF_UNIX) {
 		if (netns_wanted(sk_netns(sk)))

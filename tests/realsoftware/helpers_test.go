@@ -111,6 +111,15 @@ func (l *ledger) add(iv tracer.Interval) {
 	l.lost.RecursionMisses += iv.Lost.RecursionMisses
 }
 
+// streamLosses is every loss that could touch a TCP or unix count. The
+// tracer sees the whole machine, where any daemon may read a datagram
+// without asking its sender (udp_peer_unknown): no stream depends on that.
+func (l *ledger) streamLosses() uint64 {
+	lost := l.lost
+	lost.UDPPeerUnknown = 0
+	return lost.Total()
+}
+
 // tcp returns the tcp flow of namespace ns in direction dir on server port
 // port, or a zero flow.
 func (l *ledger) tcp(ns uint32, dir string, port uint16) tracer.Flow {
