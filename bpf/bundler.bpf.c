@@ -148,6 +148,7 @@ struct sock_state {
 	__u32 open_pending;  /* 1 while the open is not counted yet */
 	__u32 latency_us;    /* connect latency of the pending open */
 	__u32 connect_err;   /* TCP: an error the application read with SO_ERROR while connecting */
+	__u64 tagged_ns;     /* TCP: when a connection already counting was tagged (0: at its start) */
 	/* connected UDP: per-datagram counters, taken by exchange */
 	__u64 udp_bytes_sent;
 	__u64 udp_bytes_received;
@@ -174,6 +175,38 @@ struct {
 	__type(key, int);
 	__type(value, struct sock_state);
 } socks SEC(".maps");
+
+/* A connect() in flight: what the open needs when it completes, usually in
+ * softirq, where the connecting process is not at hand. Far cheaper than
+ * socket storage, whose allocation (memcg-charged, freed by RCU) costs
+ * microseconds: most connections never get any (see tcp_established).
+ * LRU: an entry whose completion was missed cannot pile up. */
+struct connect_info {
+	__u64 syn_ns;
+	__u64 cgroup_id;
+	__u32 pid;
+	char comm[16];
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU); /* per-CPU lists: no shared lock */
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* the socket's address */
+	__type(value, struct connect_info);
+} connecting SEC(".maps");
+
+/* Connected UDP sends seen lately, per CPU, by socket address: a socket
+ * that sends a second time is worth socket storage (a DNS client's
+ * one-query socket is not). */
+#define SENDERS_SLOTS 256
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SENDERS_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} recent_senders SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -381,12 +414,39 @@ static __always_inline void port_ref(__u32 netns, __u16 port, int delta)
 
 /* ---- TCP ---- */
 
+/* A socket whose port its program chose (bind to a port other than 0) is
+ * the server end (UDP's rule). */
+static __always_inline __u8 bound_direction(const struct sock *sk)
+{
+	/* sk_userlocks is a 4-bit bitfield before 6.x's rework (6.1 has it so):
+	 * read it through CO-RE's bitfield relocations on every kernel. */
+	__u8 locks = BPF_CORE_READ_BITFIELD(sk, sk_userlocks);
+	return (locks & SOCK_BINDPORT_LOCK) ? DIR_INBOUND : DIR_OUTBOUND;
+}
+
+/* The direction of a TCP connection deptrace keeps no storage for: a
+ * server's connection is a copy of its listener and keeps the listen
+ * backlog, which a connect()ing socket never has, and no connected socket
+ * can change. A connection the rule gets wrong (a listener with backlog
+ * 0) is tagged at its start, with its true direction (tcp_established). */
+static __always_inline __u8 tcp_direction(const struct sock *sk)
+{
+	return sk->sk_max_ack_backlog ? DIR_INBOUND : DIR_OUTBOUND;
+}
+
 static __always_inline void tcp_key(const struct sock *sk, struct flow_key *k, __u8 direction)
 {
 	k->netns = sk_netns(sk);
 	k->proto = IPPROTO_TCP;
 	k->direction = direction;
 	k->port = direction == DIR_INBOUND ? sk->__sk_common.skc_num : bpf_ntohs(sk->__sk_common.skc_dport);
+	if (!k->port) {
+		/* Closing: the kernel released the local port number before the
+		 * tracepoint; the source port the connection used is still set. */
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock((struct sock *)sk);
+		if (tp)
+			k->port = bpf_ntohs(tp->inet_conn.icsk_inet.inet_sport);
+	}
 	fill_addrs(sk, k);
 }
 
@@ -485,44 +545,218 @@ static __always_inline struct sock_state *new_state(struct sock *sk)
 	return st;
 }
 
+/* The connection's storage, if deptrace keeps any for it (most sockets
+ * have none: reading the pointer is cheaper than a lookup). */
+static __always_inline struct sock_state *tcp_state_of(struct sock *sk)
+{
+	if (!sk->sk_bpf_storage)
+		return NULL;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	return st && st->kind == SK_TCP ? st : NULL;
+}
+
+/* Socket storage for a connection, used when its direction is not the one
+ * tcp_direction gives, and where the connect map is full. */
+static __always_inline struct sock_state *tcp_tag(struct sock *sk, __u8 direction)
+{
+	struct sock_state *st = new_state(sk);
+	if (!st)
+		return NULL;
+	/* New storage comes zeroed; only a socket reconnecting after a failed
+	 * attempt needs clearing (a 200-byte store). */
+	if (st->kind)
+		__builtin_memset(st, 0, sizeof(*st));
+	st->kind = SK_TCP;
+	tcp_key(sk, &st->key, direction);
+	return st;
+}
+
 /* connect(): runs in the connecting process. The ephemeral port is not
  * chosen yet, but the key does not need it. */
 static __always_inline void tcp_connecting(struct sock *sk)
 {
-	struct sock_state *st = new_state(sk);
+	/* A socket reconnecting after a failed attempt: forget that one. */
+	if (sk->sk_bpf_storage) {
+		struct sock_state *old = bpf_sk_storage_get(&socks, sk, 0, 0);
+		if (old) {
+			old->kind = 0;
+			old->connect_err = 0;
+		}
+	}
+	struct connect_info ci = {};
+	current_process(&ci.pid, ci.comm, &ci.cgroup_id);
+	ci.syn_ns = bpf_ktime_get_ns();
+	__u64 key = (__u64)sk;
+	if (bpf_map_update_elem(&connecting, &key, &ci, BPF_ANY) == 0)
+		return;
+	struct sock_state *st = tcp_tag(sk, DIR_OUTBOUND);
 	if (!st)
 		return;
-	/* New storage comes zeroed; only a socket reconnecting after a failed
-	 * attempt needs clearing (a 200-byte store on the hot path). */
-	if (st->kind)
-		__builtin_memset(st, 0, sizeof(*st));
-	st->kind = SK_TCP;
-	tcp_key(sk, &st->key, DIR_OUTBOUND);
-	current_process(&st->pid, st->comm, &st->cgroup_id);
-	st->syn_ns = bpf_ktime_get_ns();
+	st->pid = ci.pid;
+	st->cgroup_id = ci.cgroup_id;
+	__builtin_memcpy(st->comm, ci.comm, sizeof(st->comm));
+	st->syn_ns = ci.syn_ns;
 }
 
+static __always_inline void name_from_listener(struct flow_value *v, __u32 netns, __u16 port)
+{
+	if (v->pid)
+		return;
+	struct port_value *pv = port_lookup(netns, port);
+	if (pv && pv->pid) {
+		v->pid = pv->pid;
+		v->cgroup_id = pv->cgroup_id;
+		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
+	}
+}
+
+/* A connection opened. Most get no storage: the open is counted now, the
+ * bytes at close from the socket's counters (which start at known values),
+ * and a connection that lives on is tagged later (tcp_tag_late) so that
+ * drains report it while it lives. Storage is taken now only when the
+ * direction at close would be guessed wrong, or a connect left some. */
 static __always_inline void tcp_established(struct sock *sk, bool active)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
 		return;
-	struct sock_state *st = active ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
-	if (!st) {
-		/* A server's new connection, or a connect() that began before
-		 * deptrace did. The server's process is the listener's. */
-		st = new_state(sk);
-		if (!st)
-			return;
-		if (st->kind)
-			__builtin_memset(st, 0, sizeof(*st));
-		st->kind = SK_TCP;
-		tcp_key(sk, &st->key, active ? DIR_OUTBOUND : DIR_INBOUND);
+	__u8 dir = active ? DIR_OUTBOUND : DIR_INBOUND;
+	__u64 key = (__u64)sk;
+	struct connect_info *ci = active ? bpf_map_lookup_elem(&connecting, &key) : NULL;
+	__u64 syn_ns = ci ? ci->syn_ns : 0;
+	struct sock_state *st = active ? tcp_state_of(sk) : NULL;
+	if (!st && tcp_direction(sk) != dir) {
+		st = tcp_tag(sk, dir);
+		if (st && ci) {
+			st->pid = ci->pid;
+			st->cgroup_id = ci->cgroup_id;
+			__builtin_memcpy(st->comm, ci->comm, sizeof(st->comm));
+			st->syn_ns = ci->syn_ns;
+		}
 	}
-	if (active && st->syn_ns)
-		st->latency_us = (bpf_ktime_get_ns() - st->syn_ns) / 1000;
-	tcp_start_counting(st, tp, true);
-	st->open_pending = 1;
+	if (st) {
+		if (active && st->syn_ns)
+			st->latency_us = (bpf_ktime_get_ns() - st->syn_ns) / 1000;
+		tcp_start_counting(st, tp, true);
+		st->open_pending = 1;
+		if (ci)
+			bpf_map_delete_elem(&connecting, &key);
+		return;
+	}
+
+	struct flow_key k = {};
+	tcp_key(sk, &k, dir);
+	struct flow_value *v = flow_entry(&k);
+	if (v) {
+		__sync_fetch_and_add(&v->connections, 1);
+		if (syn_ns) {
+			__u64 lat = (bpf_ktime_get_ns() - syn_ns) / 1000;
+			__sync_fetch_and_add(&v->latency_count, 1);
+			__sync_fetch_and_add(&v->latency_sum_us, lat);
+			if (lat > v->latency_max_us)
+				v->latency_max_us = lat;
+		}
+		if (ci) {
+			if (v->pid != ci->pid) {
+				v->pid = ci->pid;
+				v->cgroup_id = ci->cgroup_id;
+				__builtin_memcpy(v->comm, ci->comm, sizeof(v->comm));
+			}
+		} else if (!active) {
+			name_from_listener(v, k.netns, k.port);
+		}
+	}
+	if (ci)
+		bpf_map_delete_elem(&connecting, &key);
+}
+
+/* What the socket's counters held when its connection opened: the SYN is
+ * in the client's bytes_acked; a server's connection starts at zero. */
+static __always_inline __u64 tcp_acked_at_open(__u8 direction)
+{
+	return direction == DIR_OUTBOUND ? 1 : 0;
+}
+
+/* The close of a connection deptrace kept nothing for: every byte since
+ * its open, from the socket's own counters, in the close's own context
+ * (exact, see tcp_fold). */
+static __always_inline void tcp_close_untagged(struct sock *sk, int oldstate)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	__u8 dir = tcp_direction(sk);
+	__u64 sent = tp->bytes_acked - tcp_acked_at_open(dir);
+	if (((1 << oldstate) & TCPF_FIN_SENT) && sent && tp->snd_una == tp->write_seq)
+		sent--; /* our FIN, acked */
+	__u64 received = tp->bytes_received;
+	bool fin_done = sk->__sk_common.skc_flags & (1UL << bpf_core_enum_value(enum sock_flags, SOCK_DONE));
+	if (received && fin_done)
+		received--; /* the peer's FIN */
+	__u32 retrans = tp->total_retrans;
+	if (!sent && !received && !retrans)
+		return;
+	struct flow_key k = {};
+	tcp_key(sk, &k, dir);
+	struct flow_value *v = flow_entry(&k);
+	if (!v)
+		return;
+	if (sent)
+		__sync_fetch_and_add(&v->bytes_sent, sent);
+	if (received)
+		__sync_fetch_and_add(&v->bytes_received, received);
+	if (retrans)
+		__sync_fetch_and_add(&v->retransmits, retrans);
+	if (dir == DIR_INBOUND)
+		name_from_listener(v, k.netns, k.port);
+}
+
+/* Tag a connection that lives on, so that every drain reports it: from a
+ * send or a receive, once it has moved this many segments. A short
+ * request/response connection moves fewer and never pays for storage; its
+ * bytes come at close. */
+#define TAG_AFTER_SEGS 16
+#define TAG_SETTLE_NS (10 * 1000 * 1000ULL)
+
+static __always_inline void tcp_tag_late(struct sock *sk)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	__u32 segs = tp->segs_in + tp->segs_out;
+	if (segs < TAG_AFTER_SEGS)
+		return;
+	if (sk->sk_bpf_storage) {
+		/* Tagged already, or storage of another program's: look only
+		 * now and then. */
+		if (segs & 31)
+			return;
+		struct sock_state *have = bpf_sk_storage_get(&socks, sk, 0, 0);
+		if (have)
+			return;
+	}
+	int state = sk->__sk_common.skc_state;
+	if (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT)
+		return;
+	if (!inet_family(sk) || !netns_wanted(sk_netns(sk)))
+		return;
+	struct sock_state *st = new_state(sk);
+	if (!st || st->kind)
+		return;
+	__u8 dir = tcp_direction(sk);
+	st->kind = SK_TCP;
+	tcp_key(sk, &st->key, dir);
+	current_process(&st->pid, st->comm, &st->cgroup_id);
+	/* Counting since the open, as the untagged close would have. */
+	st->base_acked = tcp_acked_at_open(dir);
+	st->base_received = 0;
+	st->base_una = tp->snd_una - (__u32)(tp->bytes_acked - st->base_acked);
+	/* A close racing with this tag (its tracepoint runs before the state
+	 * changes) counts the connection untagged; no drain may count it too:
+	 * the harvest leaves a connection tagged this late alone for a while,
+	 * by which time the close has made its state CLOSE. */
+	st->tagged_ns = bpf_ktime_get_ns();
+	st->counting = 1;
 }
 
 /* Why an open failed, from the error the kernel gave the socket, or that
@@ -555,23 +789,38 @@ static __always_inline void count_failure(struct flow_value *v, const struct soc
 
 static __always_inline void tcp_failed(struct sock *sk, bool active)
 {
-	/* A connect() has storage from SYN_SENT; a server's half-open child
-	 * (or a connect begun before deptrace) has none. */
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	/* A connect() is in the connect map (or tagged, where that was full);
+	 * storage of another kind holds only an error the application read
+	 * (connect_error). A server's half-open child has nothing. */
+	struct sock_state *st = sk->sk_bpf_storage ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
+	bool tagged = st && st->kind == SK_TCP;
+	__u64 key = (__u64)sk;
+	struct connect_info *ci = active ? bpf_map_lookup_elem(&connecting, &key) : NULL;
 	struct flow_key k = {};
-	if (st && st->kind == SK_TCP)
+	if (tagged)
 		k = st->key;
 	else
 		tcp_key(sk, &k, active ? DIR_OUTBOUND : DIR_INBOUND);
 	struct flow_value *v = flow_entry(&k);
-	if (!v)
-		return;
-	count_failure(v, sk, st && st->kind == SK_TCP ? st : NULL);
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	if (tp && tp->total_retrans)
-		__sync_fetch_and_add(&v->retransmits, tp->total_retrans);
-	if (st && st->kind == SK_TCP)
-		name_flow(v, st);
+	if (v) {
+		count_failure(v, sk, st);
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+		if (tp && tp->total_retrans)
+			__sync_fetch_and_add(&v->retransmits, tp->total_retrans);
+		if (tagged) {
+			name_flow(v, st);
+		} else if (ci) {
+			if (v->pid != ci->pid) {
+				v->pid = ci->pid;
+				v->cgroup_id = ci->cgroup_id;
+				__builtin_memcpy(v->comm, ci->comm, sizeof(v->comm));
+			}
+		} else if (!active) {
+			name_from_listener(v, k.netns, k.port);
+		}
+	}
+	if (ci)
+		bpf_map_delete_elem(&connecting, &key);
 }
 
 static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup);
@@ -608,8 +857,10 @@ int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newsta
 	} else if (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) {
 		tcp_failed(sk, oldstate == TCP_SYN_SENT);
 	} else {
-		struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-		if (st && st->kind == SK_TCP && st->counting) {
+		struct sock_state *st = tcp_state_of(sk);
+		if (!st) {
+			tcp_close_untagged(sk, oldstate);
+		} else if (st->counting) {
 			tcp_fold(sk, st, true, oldstate);
 			st->counting = 0;
 		}
@@ -628,17 +879,26 @@ static __always_inline void count_reset(struct sock *sk, bool sent)
 	int state = sk->__sk_common.skc_state;
 	if (state == TCP_SYN_SENT || state == TCP_SYN_RECV)
 		return;
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	if (!st || st->kind != SK_TCP)
+	/* Not a full socket: a time-wait or request socket answering. */
+	if (state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV)
 		return;
-	struct flow_value *v = flow_entry(&st->key);
+	if (!inet_family(sk) || !netns_wanted(sk_netns(sk)))
+		return;
+	struct sock_state *st = tcp_state_of(sk);
+	struct flow_key k = {};
+	if (st)
+		k = st->key;
+	else
+		tcp_key(sk, &k, tcp_direction(sk));
+	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return;
 	if (sent)
 		__sync_fetch_and_add(&v->resets_sent, 1);
 	else
 		__sync_fetch_and_add(&v->resets_received, 1);
-	name_flow(v, st);
+	if (st)
+		name_flow(v, st);
 }
 
 SEC("tp_btf/tcp_send_reset")
@@ -677,8 +937,10 @@ int connect_error(struct bpf_sockopt *ctx)
 	int *val = ctx->optval;
 	if ((void *)(val + 1) > ctx->optval_end || *val == 0)
 		return 1;
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	if (st && st->kind == SK_TCP)
+	/* Most connects have no storage (see tcp_established): a failing one
+	 * gets some, for this error only. */
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (st)
 		st->connect_err = *val;
 	return 1;
 }
@@ -720,10 +982,7 @@ static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char 
 /* A UDP socket bound to a port its program chose (not 0) is a server. */
 static __always_inline __u8 udp_direction(const struct sock *sk)
 {
-	/* sk_userlocks is a 4-bit bitfield before 6.x's rework (6.1 has it so):
-	 * read it through CO-RE's bitfield relocations on every kernel. */
-	__u8 locks = BPF_CORE_READ_BITFIELD(sk, sk_userlocks);
-	return (locks & SOCK_BINDPORT_LOCK) ? DIR_INBOUND : DIR_OUTBOUND;
+	return bound_direction(sk);
 }
 
 static __always_inline void udp_key(const struct sock *sk, struct flow_key *k, __u16 rport)
@@ -770,11 +1029,53 @@ static __always_inline bool same_peer(const struct sock *sk, const struct sock_s
 	return a[3] == sk->__sk_common.skc_daddr;
 }
 
-/* A connected socket: count into its storage, no hash lookup. Its identity
- * is built once, and again only if it connects elsewhere. */
+/* Count one datagram of a connected socket straight into its flow. */
+static __always_inline void udp_count_direct(struct sock *sk, int bytes, bool send)
+{
+	struct flow_key k = {};
+	udp_key(sk, &k, bpf_ntohs(sk->__sk_common.skc_dport));
+	fill_addrs(sk, &k);
+	struct flow_value *v = flow_entry(&k);
+	if (!v)
+		return;
+	if (send) {
+		__sync_fetch_and_add(&v->bytes_sent, bytes);
+		__sync_fetch_and_add(&v->datagrams_sent, 1);
+	} else {
+		__sync_fetch_and_add(&v->bytes_received, bytes);
+		__sync_fetch_and_add(&v->datagrams_received, 1);
+	}
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (v->pid != tgid)
+		current_process(&v->pid, v->comm, &v->cgroup_id);
+}
+
+/* Whether a connected socket without storage has sent lately on this CPU
+ * (and remember that it has now). */
+static __always_inline bool udp_sent_before(struct sock *sk)
+{
+	__u64 addr = (__u64)sk;
+	__u32 slot = (__u32)((addr >> 6) ^ (addr >> 14)) & (SENDERS_SLOTS - 1);
+	__u64 *seen = bpf_map_lookup_elem(&recent_senders, &slot);
+	if (!seen)
+		return false;
+	if (*seen == addr)
+		return true;
+	*seen = addr;
+	return false;
+}
+
+/* A connected socket: its first datagrams count straight into the flow (a
+ * one-query socket, as a DNS client's, never pays for storage); a socket
+ * that sends again gets storage, then counts there with no hash lookup.
+ * Its identity is built once, and again only if it connects elsewhere. */
 static __always_inline void udp_count_connected(struct sock *sk, struct sock_state *st, int bytes, bool send)
 {
 	if (!st) {
+		if (!send || !udp_sent_before(sk)) {
+			udp_count_direct(sk, bytes, send);
+			return;
+		}
 		st = new_state(sk);
 		if (!st)
 			return;
@@ -837,9 +1138,13 @@ static __always_inline void unix_count(struct sock *sk, int bytes, bool send);
 
 static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bool send)
 {
-	/* TCP calls fire these tracepoints too: leave at once. */
-	if (sk->sk_protocol == IPPROTO_TCP)
+	/* TCP calls fire these tracepoints too: the socket counts its bytes
+	 * itself; only a connection that lives on is tagged. */
+	if (sk->sk_protocol == IPPROTO_TCP) {
+		if (ret > 0)
+			tcp_tag_late(sk);
 		return;
+	}
 	/* A peek is read again later; an error-queue read returns a sent
 	 * datagram an ICMP error came back for (IP_RECVERR), not a new one. */
 	if (ret < 0 || (flags & (MSG_PEEK | MSG_ERRQUEUE)))
@@ -853,7 +1158,7 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 		return;
 	if (!netns_wanted(sk_netns(sk)))
 		return;
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	struct sock_state *st = sk->sk_bpf_storage ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
 	if (sk->__sk_common.skc_dport)
 		udp_count_connected(sk, st, ret, send);
 	else
@@ -1141,7 +1446,9 @@ int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
 	if (!st)
 		return 0;
 	if (st->kind == SK_TCP) {
-		if (st->counting)
+		/* A connection tagged while already counting is left alone for
+		 * its first 10 ms: a close racing with the tag has counted it. */
+		if (st->counting && (!st->tagged_ns || bpf_ktime_get_ns() - st->tagged_ns > TAG_SETTLE_NS))
 			tcp_fold(sk, st, false, 0);
 	} else if (st->kind == SK_UDP) {
 		udp_fold(st);
@@ -1226,5 +1533,6 @@ int tag_connections(struct bpf_iter__tcp *ctx)
 	__u8 dir = port_lookup(sk_netns(sk), sk->__sk_common.skc_num) ? DIR_INBOUND : DIR_OUTBOUND;
 	tcp_key(sk, &st->key, dir);
 	tcp_start_counting(st, tp, false);
+	st->tagged_ns = bpf_ktime_get_ns(); /* its close may be racing (see tcp_tag_late) */
 	return 0;
 }

@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bundlerConnectInfo struct {
+	_        structs.HostLayout
+	SynNs    uint64
+	CgroupId uint64
+	Pid      uint32
+	Comm     [16]int8
+	Pad      uint32
+}
+
 type bundlerDirection uint32
 
 const (
@@ -122,6 +131,7 @@ type bundlerSockState struct {
 	OpenPending       uint32
 	LatencyUs         uint32
 	ConnectErr        uint32
+	TaggedNs          uint64
 	UdpBytesSent      uint64
 	UdpBytesReceived  uint64
 	UdpDgramsSent     uint64
@@ -156,9 +166,11 @@ type bundlerUnixPath struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bundlerMapConnecting             = "connecting"
 	bundlerMapFlows                  = "flows"
 	bundlerMapPathScratch            = "path_scratch"
 	bundlerMapPorts                  = "ports"
+	bundlerMapRecentSenders          = "recent_senders"
 	bundlerMapSocks                  = "socks"
 	bundlerMapStats                  = "stats"
 	bundlerMapUnixPaths              = "unix_paths"
@@ -262,12 +274,14 @@ type bundlerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
-	Flows       *ebpf.MapSpec `ebpf:"flows"`
-	PathScratch *ebpf.MapSpec `ebpf:"path_scratch"`
-	Ports       *ebpf.MapSpec `ebpf:"ports"`
-	Socks       *ebpf.MapSpec `ebpf:"socks"`
-	Stats       *ebpf.MapSpec `ebpf:"stats"`
-	UnixPaths   *ebpf.MapSpec `ebpf:"unix_paths"`
+	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
+	Flows         *ebpf.MapSpec `ebpf:"flows"`
+	PathScratch   *ebpf.MapSpec `ebpf:"path_scratch"`
+	Ports         *ebpf.MapSpec `ebpf:"ports"`
+	RecentSenders *ebpf.MapSpec `ebpf:"recent_senders"`
+	Socks         *ebpf.MapSpec `ebpf:"socks"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	UnixPaths     *ebpf.MapSpec `ebpf:"unix_paths"`
 }
 
 // bundlerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -308,19 +322,23 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
-	Flows       *ebpf.Map `ebpf:"flows"`
-	PathScratch *ebpf.Map `ebpf:"path_scratch"`
-	Ports       *ebpf.Map `ebpf:"ports"`
-	Socks       *ebpf.Map `ebpf:"socks"`
-	Stats       *ebpf.Map `ebpf:"stats"`
-	UnixPaths   *ebpf.Map `ebpf:"unix_paths"`
+	Connecting    *ebpf.Map `ebpf:"connecting"`
+	Flows         *ebpf.Map `ebpf:"flows"`
+	PathScratch   *ebpf.Map `ebpf:"path_scratch"`
+	Ports         *ebpf.Map `ebpf:"ports"`
+	RecentSenders *ebpf.Map `ebpf:"recent_senders"`
+	Socks         *ebpf.Map `ebpf:"socks"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	UnixPaths     *ebpf.Map `ebpf:"unix_paths"`
 }
 
 func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
+		m.Connecting,
 		m.Flows,
 		m.PathScratch,
 		m.Ports,
+		m.RecentSenders,
 		m.Socks,
 		m.Stats,
 		m.UnixPaths,
