@@ -111,33 +111,6 @@ func (r Result) CPUPerRoundTrip() time.Duration {
 	return r.CPU / time.Duration(r.RoundTrips)
 }
 
-// listenBound listens on addr; for port 0 it finds a free port first and
-// then binds that port by number, as a production server binds its own.
-// (The kernel marks a socket bound to a chosen port; deptrace relies on the
-// mark to tell a server's connections from a client's without keeping
-// per-connection state, see docs/flows.md.)
-func listenBound(addr string) (net.Listener, error) {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil || ap.Port() != 0 {
-		return net.Listen("tcp", addr)
-	}
-	var last error
-	for i := 0; i < 10; i++ {
-		probe, err := net.Listen("tcp", addr)
-		if err != nil {
-			return nil, err
-		}
-		port := probe.Addr().(*net.TCPAddr).Port
-		probe.Close()
-		ln, err := net.Listen("tcp", netip.AddrPortFrom(ap.Addr(), uint16(port)).String())
-		if err == nil {
-			return ln, nil
-		}
-		last = err // taken in between: try another
-	}
-	return nil, last
-}
-
 // Serve runs a TCP and a UDP echo server on each of n consecutive ports
 // from addr's port (port 0 with n == 1 picks a free one) until ctx is done.
 // It returns the bound addresses once all listen.
@@ -168,7 +141,7 @@ func Serve(ctx context.Context, addr string, n int) ([]string, error) {
 }
 
 func serveOne(ctx context.Context, addr string) (string, error) {
-	ln, err := listenBound(addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("listen tcp %s: %w", addr, err)
 	}
