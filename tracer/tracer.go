@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -83,6 +84,34 @@ type Interval struct {
 	Drain time.Duration
 	// Lost counts what the kernel side could not record this interval.
 	Lost Losses
+	// BatchID names the interval's counts uniquely, across processes and
+	// machines: the kernel side's random identity and the interval's
+	// number on it. With Config.PinPath, an interval that was collected
+	// but not committed (the process died, or did not call Commit) is
+	// collected again with the same BatchID: store intervals so that a
+	// BatchID applied once is ignored after, and nothing counts twice.
+	// "" when the drain failed before any flow was read.
+	BatchID string
+	// Recovered: this interval was collected before, by this process or
+	// by one that died, and not committed; it is that interval again.
+	// Its Listeners are empty (they belong to the next interval).
+	Recovered bool
+
+	commit func() error
+}
+
+// Commit tells the tracer that the interval is stored durably. With
+// Config.PinPath, the interval's counts stay in the pinned kernel side
+// until Commit, so that a process that dies before storing them loses
+// nothing: the next one collects them again (same BatchID). Without
+// PinPath the interval is committed when Collect returns and Commit does
+// nothing. Committing twice, or an interval committed already, does
+// nothing. Commit may be called from another goroutine than Collect.
+func (iv Interval) Commit() error {
+	if iv.commit == nil {
+		return nil
+	}
+	return iv.commit()
 }
 
 // Losses are counts the kernel side could not record, by cause. The same
@@ -126,6 +155,7 @@ func (l Losses) minus(o Losses) Losses {
 // Tracer is a loaded, attached flow bundler.
 type Tracer struct {
 	cfg      Config
+	mu       sync.Mutex // Collect and Commit
 	b        *bundler.Bundler
 	seed     bundler.SeedReport
 	seedErr  error
@@ -303,12 +333,32 @@ func (t *Tracer) ListeningPorts() ([]Port, error) {
 
 // Collect ends an interval: it harvests live sockets, drains the flows
 // bundled since the previous call and reports every listener.
+//
+// Without Config.PinPath the interval is committed when Collect returns.
+// With it, call Interval.Commit once the interval is stored: until then
+// Collect returns that same interval again (Recovered, same BatchID)
+// rather than a new one, and the kernel side keeps counting meanwhile. A
+// process that adopts a pinned kernel side gets, in its first Collect, the
+// interval a previous process collected but never committed, if any.
+//
+// A drain that fails part way returns what it read with the error; that
+// interval can be committed (what was not read stays for a later one).
 func (t *Tracer) Collect() (Interval, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	start := time.Now()
-	entries, listeners, drainErr := t.b.Drain()
+	d, drainErr := t.b.Collect()
+	entries, listeners := d.Entries, d.Listeners
 	now := time.Now()
 	offset := bootToWall(now)
-	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start)}
+	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start), BatchID: d.BatchID(), Recovered: d.Recovered}
+	if gen := d.Gen; gen != 0 {
+		iv.commit = func() error {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return t.b.Commit(gen)
+		}
+	}
 	for _, e := range entries {
 		f := Flow{
 			Kind:       KindFlow,
@@ -398,7 +448,11 @@ func countersOf(c bundler.Counts) Counters {
 // done; then it drains once more so the last partial interval is not lost.
 // A drain that fails still emits what it read (counts it drained are in the
 // interval, never dropped); Run gives up after maxDrainErrors failed drains
-// in a row.
+// in a row. Run commits each interval when emit returns nil, so an emit
+// that must not lose counts (with Config.PinPath) stores the interval
+// before returning; an emit that stores asynchronously uses Collect and
+// Commit instead. An interval whose commit failed is emitted again, with
+// the same BatchID.
 func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
 	tick := time.NewTicker(t.cfg.Interval)
 	defer tick.Stop()
@@ -412,6 +466,9 @@ func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
 		}
 		iv, err := t.Collect()
 		emitErr := emit(iv)
+		if emitErr == nil {
+			err = errors.Join(err, iv.Commit())
+		}
 		if last {
 			return errors.Join(err, emitErr)
 		}
