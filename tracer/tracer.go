@@ -457,12 +457,14 @@ func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
 	tick := time.NewTicker(t.cfg.Interval)
 	defer tick.Stop()
 	failed := 0
+	last := false
 	for {
-		last := false
-		select {
-		case <-ctx.Done():
-			last = true
-		case <-tick.C:
+		if !last {
+			select {
+			case <-ctx.Done():
+				last = true
+			case <-tick.C:
+			}
 		}
 		iv, err := t.Collect()
 		emitErr := emit(iv)
@@ -470,6 +472,9 @@ func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
 			err = errors.Join(err, iv.Commit())
 		}
 		if last {
+			if iv.Recovered && err == nil && emitErr == nil {
+				continue // a previous process's interval came first: now the last one
+			}
 			return errors.Join(err, emitErr)
 		}
 		if emitErr != nil {

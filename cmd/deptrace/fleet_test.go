@@ -195,10 +195,19 @@ func TestFleetGraph(t *testing.T) {
 // startReady starts deptrace and waits for a stderr line containing ready.
 func startReady(t *testing.T, ready string, args ...string) *proc {
 	t.Helper()
+	return startReadyEnv(t, nil, ready, args...)
+}
+
+// startReadyEnv is startReady with env added to the environment.
+func startReadyEnv(t *testing.T, env []string, ready string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	p := &proc{ready: make(chan struct{}), done: make(chan error, 1)}
 	p.cmd = exec.CommandContext(ctx, binary, args...)
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = &p.stdout
 	errPipe, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -327,10 +336,8 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 	}
 
 	// The first agent is killed before its first drain: what it never
-	// drained is still in the kernel, counting on. (Counts a drain has read
-	// but not yet stored when the agent dies are lost: a window of
-	// milliseconds per interval, see docs/design.md; the kill here stays
-	// out of it so that the test does not depend on timing.)
+	// drained is still in the kernel, counting on. (A kill while an
+	// interval is being stored: TestAgentKilledWhileStoringLosesNothing.)
 	first := startReady(t, "msg=\"agent started\"", agentArgs("1h")...)
 	connect(30)
 	time.Sleep(time.Second)
@@ -370,5 +377,130 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 	}
 	if conns != 60 {
 		t.Errorf("the store holds %d of 60 connections:\n%s\nfirst agent:\n%s\nsecond agent:\n%s", conns, stdout, first.errText(), second.errText())
+	}
+}
+
+// An agent killed with SIGKILL in the middle of storing an interval loses
+// nothing and counts nothing twice: after the interval is read from the
+// kernel and before it is stored; after the store took it and before the
+// kernel reset it; and, with the store down, after it went to the spool
+// and before the reset. The agent is stopped at the exact point by its
+// test hook (DEPTRACE_TEST_HALT), then killed. The next agent, with the
+// store reachable, collects the interval again under the same batch id;
+// the store holds every connection once.
+func TestAgentKilledWhileStoringLosesNothing(t *testing.T) {
+	testnet.RequireRoot(t)
+	cases := []struct {
+		name, halt string
+		storeDown  bool
+	}{
+		{"read-not-stored", "collected", false},
+		{"stored-not-reset", "stored", false},
+		{"spooled-not-reset", "stored", true},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nw := testnet.New(t, 2)
+			a, b := nw.Hosts[0], nw.Hosts[1]
+			dir := t.TempDir()
+			db := filepath.Join(dir, "deptrace.db")
+			spool := filepath.Join(dir, "spool")
+			pin := testPinPath(t, "storing-"+tc.name)
+			agentArgs := func(store string) []string {
+				return []string{"agent", "--netns", b.Name, "--store", store, "--interval", "1s", "--host-id", "killtest",
+					"--spool", spool, "--metrics-listen", "", "--pin-path", pin, "--log-level", "debug"}
+			}
+			firstStore := db
+			if tc.storeDown {
+				// A store under a regular file cannot be created: the
+				// first agent spools everything.
+				blocker := filepath.Join(dir, "not-a-dir")
+				if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				firstStore = filepath.Join(blocker, "deptrace.db")
+			}
+			port := 7410 + i
+			server := fmt.Sprintf("%s:%d", b.IPv4, port)
+			ln := b.Listen(t, "tcp4", server)
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, c)
+					c.Close()
+				}
+			}()
+			connect := func(n int) {
+				for i := 0; i < n; i++ {
+					c, err := a.Dial("tcp4", server)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c.Write([]byte("x"))
+					c.Close()
+				}
+			}
+			stored := func() uint64 {
+				stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", db)
+				if code != 0 {
+					t.Fatal(stderr)
+				}
+				var g graph.Graph
+				json.Unmarshal([]byte(stdout), &g)
+				var conns uint64
+				for _, e := range g.Edges {
+					if e.To == graph.ServiceID("killtest/"+b.Name, "tcp", uint16(port)) {
+						conns += e.Connections
+					}
+				}
+				return conns
+			}
+
+			first := startReadyEnv(t, []string{"DEPTRACE_TEST_HALT=" + tc.halt}, "msg=\"agent started\"", agentArgs(firstStore)...)
+			connect(30)
+			halted := false
+			for i := 0; i < 600 && !halted; i++ { // at most a minute
+				halted = strings.Contains(first.errText(), "halted for a test")
+				if !halted {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			if !halted {
+				t.Fatalf("the first agent never reached the test point %q:\n%s", tc.halt, first.errText())
+			}
+			first.cmd.Process.Kill()
+			<-first.done
+			switch {
+			case tc.storeDown:
+				if _, batches, err := agentSpoolStatus(spool); err != nil || batches == 0 {
+					t.Fatalf("the spool holds %d batches (%v); want the spooled interval\n%s", batches, err, first.errText())
+				}
+			case tc.halt == "stored":
+				if n := stored(); n == 0 {
+					t.Fatalf("the store holds nothing, yet the agent halted after storing:\n%s", first.errText())
+				}
+			}
+			connect(20) // no agent runs
+
+			second := startReady(t, "msg=\"agent started\"", agentArgs(db)...)
+			connect(10)
+			for i := 0; i < 600 && !strings.Contains(second.errText(), "collected again an interval"); i++ {
+				time.Sleep(100 * time.Millisecond)
+			}
+			second.cmd.Process.Signal(syscall.SIGTERM)
+			second.wait(t)
+			if !strings.Contains(second.errText(), "collected again an interval") {
+				t.Errorf("the second agent did not collect the interval the first left uncommitted:\n%s", second.errText())
+			}
+			if n := stored(); n != 60 {
+				t.Errorf("the store holds %d of 60 connections\nfirst agent:\n%s\nsecond agent:\n%s", n, first.errText(), second.errText())
+			}
+			if _, batches, _ := agentSpoolStatus(spool); batches != 0 {
+				t.Errorf("%d batches left in the spool", batches)
+			}
+		})
 	}
 }

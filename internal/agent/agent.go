@@ -127,15 +127,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	servicesDue := 0 // intervals until listening services are written again
 	observed := ""   // the last interval counted in the metrics
 	failed := 0
+	stopping := false
 	for {
-		last := false
-		select {
-		case <-ctx.Done():
-			last = true
-		case <-tick.C:
+		if !stopping {
+			select {
+			case <-ctx.Done():
+				stopping = true
+			case <-tick.C:
+			}
 		}
-		if last {
+		if stopping {
 			<-idle // the writer finishes the interval it holds
+			if w.uncommitted {
+				break // the kernel side keeps it: collecting again would only repeat it
+			}
 		} else {
 			select {
 			case <-idle:
@@ -158,7 +163,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		}
 		b := batchOf(iv, ids)
-		if servicesDue == 0 && !iv.Recovered { // listening services change slowly
+		if servicesDue <= 0 && !iv.Recovered { // listening services change slowly
 			if ports, err := t.ListeningPorts(); err == nil {
 				for _, p := range ports {
 					proto := tracer.ProtoTCP
@@ -179,7 +184,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		} else {
 			jobs <- job{batch: b, commit: iv.Commit}
 		}
-		if last {
+		if stopping {
+			if iv.Recovered && err == nil {
+				continue // a dead agent's interval came first: now the last one
+			}
 			runErr = err
 			break
 		}
