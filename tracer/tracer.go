@@ -192,7 +192,8 @@ func (t *Tracer) Close() error { return t.b.Close() }
 
 // Release ends this process's use of a pinned kernel side but leaves it
 // attached and counting, for the next process with the same PinPath to
-// adopt. Without PinPath it is Close.
+// adopt; an interval collected and not committed is collected again
+// there (Interval.Recovered). Without PinPath it is Close.
 func (t *Tracer) Release() {
 	if t.cfg.PinPath == "" {
 		t.b.Close()
@@ -204,7 +205,9 @@ func (t *Tracer) Release() {
 // Adoption says what New found at Config.PinPath.
 type Adoption struct {
 	// Adopted: a kernel side left by a previous process was taken over;
-	// what it counted since is in the first Collect.
+	// what it counted since comes with the next Collects. If that process
+	// collected an interval and did not commit it, the first Collect
+	// returns it again (Interval.Recovered, the same BatchID).
 	Adopted bool
 	// Replaced says why a pinned kernel side was removed instead (another
 	// deptrace build, other map sizes); "" if none was.
