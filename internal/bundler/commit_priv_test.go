@@ -229,3 +229,46 @@ func TestAdoptedSideWithoutDrainRecord(t *testing.T) {
 	}
 	w.settle(second, 4)
 }
+
+// What the two-phase drain adds to an interval: Collect and Commit of a
+// pinned side (two drain-record writes) against an unpinned side's
+// Collect, which resets at once. Idle maps, so the fixed cost shows:
+//
+//	go test -run '^$' -bench DrainCommit -benchtime 2000x ./internal/bundler
+func BenchmarkDrainCommit(b *testing.B) {
+	testnet.RequireRoot(b)
+	for _, pinned := range []bool{false, true} {
+		name := "unpinned"
+		cfg := testConfig()
+		if pinned {
+			name = "pinned"
+			cfg.PinPath = filepath.Join("/sys/fs/bpf", fmt.Sprintf("deptrace-bundler-bench-%d", os.Getpid()))
+		}
+		bu, err := Load(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				iv, err := bu.Collect()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := bu.Commit(iv.Gen); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		if pinned {
+			// The part a pinned side adds, twice per interval.
+			b.Run("drain-record-write", func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					if err := bu.writeDrainRecord(bu.drain.gen, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		bu.Close()
+	}
+}
