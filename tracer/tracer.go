@@ -344,8 +344,10 @@ func (t *Tracer) ListeningPorts() ([]Port, error) {
 // process that adopts a pinned kernel side gets, in its first Collect, the
 // interval a previous process collected but never committed, if any.
 //
-// A drain that fails part way returns what it read with the error; that
-// interval can be committed (what was not read stays for a later one).
+// A drain that fails part way returns what it read with the error (and,
+// without PinPath, has reset what it read). With PinPath, flows that could
+// not be read whole are not returned at all: the next Collect reads them
+// again, so a stored interval is always whole.
 func (t *Tracer) Collect() (Interval, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -113,7 +113,8 @@ type Interval struct {
 	Listeners []Listener
 	// Side identifies the kernel side and Gen numbers its intervals:
 	// together they name the interval uniquely (BatchID). Gen is 0 when
-	// the drain failed before swapping (the interval holds no flows).
+	// the interval holds no flows because the drain failed (before the
+	// swap, or reading a pinned side: that one is read again next time).
 	Side [16]byte
 	Gen  uint64
 	// Recovered: the interval was collected before (by this process, or
@@ -155,6 +156,10 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 // (Recovered, same Gen and BatchID) without swapping: the kernel keeps
 // counting into the active map meanwhile.
 //
+// A pinned interval that cannot be read whole is not returned (Gen 0, no
+// entries): the next Collect reads it again. An unpinned one returns what
+// was read, reset.
+//
 // Crash points of a pinned side, and what the next process does:
 //   - before the drain map records generation g as pending: nothing
 //     happened; g is collected normally.
@@ -174,7 +179,10 @@ func (b *Bundler) Collect() (Interval, error) {
 	}
 	if p := b.drain.pending; p != nil {
 		entries, err := b.readPending(p)
-		return Interval{Entries: append(append([]Entry(nil), p.extra...), entries...), Side: b.drain.side, Gen: p.gen, Recovered: true}, err
+		if err != nil {
+			return Interval{Side: b.drain.side}, err
+		}
+		return Interval{Entries: append(append([]Entry(nil), p.extra...), entries...), Side: b.drain.side, Gen: p.gen, Recovered: true}, nil
 	}
 	listeners, harvestErr := b.harvest()
 	gen := b.drain.gen + 1
@@ -209,8 +217,15 @@ func (b *Bundler) Collect() (Interval, error) {
 	p := &pendingDrain{gen: gen, idx: old, extra: extra}
 	b.drain.pending = p
 	entries, err := b.readPending(p)
+	if err != nil {
+		// Not read whole: withheld, and read again by the next Collect.
+		// Stored in part under its batch id, the rest would be lost to a
+		// store that ignores the id when the whole comes.
+		iv.Gen = 0
+		return iv, errors.Join(harvestErr, err)
+	}
 	iv.Entries = append(append([]Entry(nil), extra...), entries...)
-	return iv, errors.Join(harvestErr, err)
+	return iv, harvestErr
 }
 
 // Commit declares interval gen stored: the map it was read from is reset
