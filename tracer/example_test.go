@@ -37,3 +37,39 @@ func Example() {
 		log.Fatal(err)
 	}
 }
+
+// A process that must lose nothing when it is killed pins its kernel side
+// and commits each interval only once it is stored: a killed process's
+// interval is collected again by the next one, under the same BatchID.
+func ExampleInterval_Commit() {
+	cfg := tracer.DefaultConfig()
+	cfg.PinPath = tracer.DefaultPinPath
+	t, err := tracer.New(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer t.Close()
+
+	applied := map[string]bool{} // a real store records applied ids durably
+	store := func(iv tracer.Interval) error {
+		if applied[iv.BatchID] {
+			return nil // stored before the previous process died
+		}
+		applied[iv.BatchID] = true
+		fmt.Println(iv.BatchID, len(iv.Flows), "flows")
+		return nil
+	}
+	for i := 0; i < 3; i++ {
+		time.Sleep(cfg.Interval)
+		iv, err := t.Collect()
+		if err != nil {
+			log.Print(err)
+		}
+		if err := store(iv); err != nil {
+			continue // not committed: the next Collect returns it again
+		}
+		if err := iv.Commit(); err != nil {
+			log.Print(err)
+		}
+	}
+}

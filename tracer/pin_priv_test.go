@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
@@ -28,9 +29,65 @@ func newPinned(t *testing.T, path string) *tracer.Tracer {
 	return tr
 }
 
+// batchStore keeps intervals as deptrace's store does: each BatchID is
+// applied once, however often it is written.
+type batchStore struct {
+	*ledger
+	applied map[string]bool
+}
+
+func newBatchStore() *batchStore { return &batchStore{ledger: newLedger(), applied: map[string]bool{}} }
+
+// apply adds iv's counts unless its BatchID was applied before; it
+// reports whether it did.
+func (s *batchStore) apply(t *testing.T, iv tracer.Interval) bool {
+	t.Helper()
+	if iv.BatchID == "" {
+		t.Fatalf("interval without a batch id: %+v", iv)
+	}
+	if s.applied[iv.BatchID] {
+		return false
+	}
+	s.applied[iv.BatchID] = true
+	s.add(iv)
+	return true
+}
+
+// store collects one interval, applies it and commits it.
+func (s *batchStore) store(t *testing.T, tr *tracer.Tracer) tracer.Interval {
+	t.Helper()
+	iv := collect(t, tr)
+	s.apply(t, iv)
+	if err := iv.Commit(); err != nil {
+		t.Fatalf("commit %s: %v", iv.BatchID, err)
+	}
+	return iv
+}
+
+// settle stores intervals until done holds, then twice more to catch
+// anything counted twice; it fails after 20 s (a stalled machine, not a
+// slow one).
+func (s *batchStore) settle(t *testing.T, tr *tracer.Tracer, done func(*ledger) bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !done(s.ledger) {
+		if time.Now().After(deadline) {
+			t.Fatalf("counts never reached what the traffic did; have %s", s.ledger)
+		}
+		time.Sleep(20 * time.Millisecond)
+		s.store(t, tr)
+	}
+	s.store(t, tr)
+	time.Sleep(50 * time.Millisecond)
+	s.store(t, tr)
+}
+
 // A process that dies leaves the kernel side counting; the next one adopts
 // it and reports everything: what the first never drained, and what
-// happened while no process ran. Nothing is lost or counted twice.
+// happened while no process ran. The first dies after its store took an
+// interval and before it committed it (the reset): the second collects
+// that interval again under the same BatchID, which the store ignores.
+// Nothing is lost or counted twice.
 func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
@@ -46,11 +103,16 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	if _, err := newPinnedErr(path); err == nil || !strings.Contains(err.Error(), "owns the kernel side") {
 		t.Fatalf("second tracer on one pin path: %v; want a refusal", err)
 	}
-	l := newLedger()
-	connectN(t, a, "tcp4", server, 30, 4, 4)
-	l.add(collect(t, first)) // some drained...
+	st := newBatchStore()
+	connectN(t, a, "tcp4", server, 20, 4, 4)
+	st.store(t, first) // stored and committed
 	connectN(t, a, "tcp4", server, 10, 4, 4)
-	first.Release()                          // ...some not: the process "dies" here
+	stored := collect(t, first)
+	if !st.apply(t, stored) || stored.Recovered {
+		t.Fatalf("a new interval was not new: %s recovered=%v", stored.BatchID, stored.Recovered)
+	}
+	connectN(t, a, "tcp4", server, 10, 4, 4)
+	first.Release()                          // the process "dies" before the commit
 	connectN(t, a, "tcp4", server, 10, 4, 4) // no process runs
 
 	second := newPinned(t, path)
@@ -58,13 +120,27 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	if ad := second.Adoption(); !ad.Adopted || ad.Replaced != "" {
 		t.Fatalf("adoption: %+v", ad)
 	}
+	again := collect(t, second)
+	if !again.Recovered || again.BatchID != stored.BatchID || len(again.Listeners) != 0 {
+		t.Fatalf("the adopting process's first interval: batch %s recovered=%v listeners=%d; want the uncommitted %s again, without listeners",
+			again.BatchID, again.Recovered, len(again.Listeners), stored.BatchID)
+	}
+	if sum(again, a).Connections != sum(stored, a).Connections || sum(again, a).BytesSent != sum(stored, a).BytesSent {
+		t.Errorf("collected again: %+v; first time: %+v", sum(again, a), sum(stored, a))
+	}
+	if st.apply(t, again) {
+		t.Fatal("the store applied one batch id twice")
+	}
+	if err := again.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	connectN(t, a, "tcp4", server, 10, 4, 4)
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	settle(t, second, l, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 60*4 && l.one(t, b).BytesReceived >= 60*4 })
+	st.settle(t, second, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 60*4 && l.one(t, b).BytesReceived >= 60*4 })
 	for _, h := range []*testnet.Host{a, b} {
-		if f := l.one(t, h); f.Connections != 60 || f.BytesSent != 60*4 || f.BytesReceived != 60*4 {
+		if f := st.one(t, h); f.Connections != 60 || f.BytesSent != 60*4 || f.BytesReceived != 60*4 {
 			t.Errorf("%s: %+v; want 60 connections and 240 bytes each way", h.Name, f.Counters)
 		}
 	}
@@ -74,6 +150,15 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("pins left after Close: %v", err)
 	}
+}
+
+// sum adds up the counters of host h's flows in iv.
+func sum(iv tracer.Interval, h *testnet.Host) tracer.Counters {
+	var c tracer.Counters
+	for _, f := range inNetns(iv.Flows, h.Inode) {
+		c.Add(f.Counters)
+	}
+	return c
 }
 
 func newPinnedErr(path string) (*tracer.Tracer, error) {
@@ -110,9 +195,110 @@ func TestIncompatiblePinnedSideIsReplaced(t *testing.T) {
 	if ad.Adopted || !strings.Contains(ad.Replaced, "flow-map-size") || ad.Salvaged == 0 {
 		t.Fatalf("adoption: %+v; want the old side replaced and its flows salvaged", ad)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).Connections >= 5 })
-	if f := l.one(t, a); f.Connections != 5 {
+	st := newBatchStore()
+	st.settle(t, tr, func(l *ledger) bool { return l.one(t, a).Connections >= 5 })
+	if f := st.one(t, a); f.Connections != 5 {
 		t.Errorf("salvaged client flow: %+v", f.Counters)
+	}
+}
+
+// A process that dies after reading an interval and before storing it
+// loses nothing: the next one collects that interval again, whole, under
+// the same BatchID.
+func TestPinnedIntervalReadButNotStoredIsCollectedAgain(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	path := pinPath(t)
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":6062")
+	wait := echoServer(ln, 25, 5, 5)
+	server := b.IPv4.String() + ":6062"
+
+	first := newPinned(t, path)
+	connectN(t, a, "tcp4", server, 15, 5, 5)
+	read := collect(t, first) // read, never stored: the process dies
+	first.Release()
+	connectN(t, a, "tcp4", server, 10, 5, 5)
+
+	second := newPinned(t, path)
+	defer second.Close()
+	st := newBatchStore()
+	again := st.store(t, second)
+	if !again.Recovered || again.BatchID != read.BatchID {
+		t.Fatalf("first interval of the adopting process: batch %s recovered=%v; want %s again", again.BatchID, again.Recovered, read.BatchID)
+	}
+	if got, want := sum(again, a), sum(read, a); got.Connections != want.Connections || got.BytesSent != want.BytesSent || got.Connections == 0 {
+		t.Errorf("collected again: %+v; first read: %+v", got, want)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	st.settle(t, second, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 25*5 && l.one(t, b).BytesReceived >= 25*5 })
+	for _, h := range []*testnet.Host{a, b} {
+		if f := st.one(t, h); f.Connections != 25 || f.BytesSent != 25*5 || f.BytesReceived != 25*5 {
+			t.Errorf("%s: %+v; want 25 connections and 125 bytes each way", h.Name, f.Counters)
+		}
+	}
+}
+
+// In one process, a pinned interval not committed is collected again
+// (the kernel keeps counting into the other map meanwhile); a stale or
+// repeated Commit does nothing; the next interval is a new one.
+func TestPinnedCollectRepeatsUntilCommit(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	path := pinPath(t)
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":6063")
+	wait := echoServer(ln, 12, 2, 2)
+	server := b.IPv4.String() + ":6063"
+	tr := newPinned(t, path)
+	defer tr.Close()
+
+	connectN(t, a, "tcp4", server, 8, 2, 2)
+	iv1 := collect(t, tr)
+	connectN(t, a, "tcp4", server, 4, 2, 2) // counted in the active map
+	iv2 := collect(t, tr)
+	if !iv2.Recovered || iv2.BatchID != iv1.BatchID || iv1.Recovered {
+		t.Fatalf("uncommitted interval collected again: %s recovered=%v, first %s recovered=%v", iv2.BatchID, iv2.Recovered, iv1.BatchID, iv1.Recovered)
+	}
+	if sum(iv2, a) != sum(iv1, a) {
+		t.Errorf("the same interval changed: %+v then %+v", sum(iv1, a), sum(iv2, a))
+	}
+	st := newBatchStore()
+	st.apply(t, iv1)
+	st.apply(t, iv2) // ignored: same batch
+	for _, c := range []tracer.Interval{iv2, iv1, iv2} {
+		if err := c.Commit(); err != nil {
+			t.Fatalf("commit: %v", err)
+		}
+	}
+	iv3 := st.store(t, tr)
+	if iv3.Recovered || iv3.BatchID == iv1.BatchID {
+		t.Fatalf("after the commit, %s recovered=%v; want a new interval", iv3.BatchID, iv3.Recovered)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	st.settle(t, tr, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 12*2 && l.one(t, b).BytesReceived >= 12*2 })
+	for _, h := range []*testnet.Host{a, b} {
+		if f := st.one(t, h); f.Connections != 12 || f.BytesSent != 12*2 || f.BytesReceived != 12*2 {
+			t.Errorf("%s: %+v; want 12 connections and 24 bytes each way", h.Name, f.Counters)
+		}
+	}
+}
+
+// Without a pin path, Collect commits: every interval is new, with a new
+// BatchID, and Commit does nothing.
+func TestUnpinnedCollectCommitsAtOnce(t *testing.T) {
+	tr := startTracer(t, nil)
+	ids := map[string]bool{}
+	for i := 0; i < 3; i++ {
+		iv := collect(t, tr) // never committed
+		if iv.Recovered || iv.BatchID == "" || ids[iv.BatchID] {
+			t.Fatalf("interval %d: batch %q recovered=%v; want a new batch id each time (seen %v)", i, iv.BatchID, iv.Recovered, ids)
+		}
+		ids[iv.BatchID] = true
+		if err := iv.Commit(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -83,6 +84,34 @@ type Interval struct {
 	Drain time.Duration
 	// Lost counts what the kernel side could not record this interval.
 	Lost Losses
+	// BatchID names the interval's counts uniquely, across processes and
+	// machines: the kernel side's random identity and the interval's
+	// number on it. With Config.PinPath, an interval that was collected
+	// but not committed (the process died, or did not call Commit) is
+	// collected again with the same BatchID: store intervals so that a
+	// BatchID applied once is ignored after, and nothing counts twice.
+	// "" when the drain failed before any flow was read.
+	BatchID string
+	// Recovered: this interval was collected before, by this process or
+	// by one that died, and not committed; it is that interval again.
+	// Its Listeners are empty (they belong to the next interval).
+	Recovered bool
+
+	commit func() error
+}
+
+// Commit tells the tracer that the interval is stored durably. With
+// Config.PinPath, the interval's counts stay in the pinned kernel side
+// until Commit, so that a process that dies before storing them loses
+// nothing: the next one collects them again (same BatchID). Without
+// PinPath the interval is committed when Collect returns and Commit does
+// nothing. Committing twice, or an interval committed already, does
+// nothing. Commit may be called from another goroutine than Collect.
+func (iv Interval) Commit() error {
+	if iv.commit == nil {
+		return nil
+	}
+	return iv.commit()
 }
 
 // Losses are counts the kernel side could not record, by cause. The same
@@ -126,6 +155,7 @@ func (l Losses) minus(o Losses) Losses {
 // Tracer is a loaded, attached flow bundler.
 type Tracer struct {
 	cfg      Config
+	mu       sync.Mutex // Collect and Commit
 	b        *bundler.Bundler
 	seed     bundler.SeedReport
 	seedErr  error
@@ -162,7 +192,8 @@ func (t *Tracer) Close() error { return t.b.Close() }
 
 // Release ends this process's use of a pinned kernel side but leaves it
 // attached and counting, for the next process with the same PinPath to
-// adopt. Without PinPath it is Close.
+// adopt; an interval collected and not committed is collected again
+// there (Interval.Recovered). Without PinPath it is Close.
 func (t *Tracer) Release() {
 	if t.cfg.PinPath == "" {
 		t.b.Close()
@@ -174,7 +205,9 @@ func (t *Tracer) Release() {
 // Adoption says what New found at Config.PinPath.
 type Adoption struct {
 	// Adopted: a kernel side left by a previous process was taken over;
-	// what it counted since is in the first Collect.
+	// what it counted since comes with the next Collects. If that process
+	// collected an interval and did not commit it, the first Collect
+	// returns it again (Interval.Recovered, the same BatchID).
 	Adopted bool
 	// Replaced says why a pinned kernel side was removed instead (another
 	// deptrace build, other map sizes); "" if none was.
@@ -303,12 +336,34 @@ func (t *Tracer) ListeningPorts() ([]Port, error) {
 
 // Collect ends an interval: it harvests live sockets, drains the flows
 // bundled since the previous call and reports every listener.
+//
+// Without Config.PinPath the interval is committed when Collect returns.
+// With it, call Interval.Commit once the interval is stored: until then
+// Collect returns that same interval again (Recovered, same BatchID)
+// rather than a new one, and the kernel side keeps counting meanwhile. A
+// process that adopts a pinned kernel side gets, in its first Collect, the
+// interval a previous process collected but never committed, if any.
+//
+// A drain that fails part way returns what it read with the error (and,
+// without PinPath, has reset what it read). With PinPath, flows that could
+// not be read whole are not returned at all: the next Collect reads them
+// again, so a stored interval is always whole.
 func (t *Tracer) Collect() (Interval, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	start := time.Now()
-	entries, listeners, drainErr := t.b.Drain()
+	d, drainErr := t.b.Collect()
+	entries, listeners := d.Entries, d.Listeners
 	now := time.Now()
 	offset := bootToWall(now)
-	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start)}
+	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start), BatchID: d.BatchID(), Recovered: d.Recovered}
+	if gen := d.Gen; gen != 0 {
+		iv.commit = func() error {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return t.b.Commit(gen)
+		}
+	}
 	for _, e := range entries {
 		f := Flow{
 			Kind:       KindFlow,
@@ -398,21 +453,33 @@ func countersOf(c bundler.Counts) Counters {
 // done; then it drains once more so the last partial interval is not lost.
 // A drain that fails still emits what it read (counts it drained are in the
 // interval, never dropped); Run gives up after maxDrainErrors failed drains
-// in a row.
+// in a row. Run commits each interval when emit returns nil, so an emit
+// that must not lose counts (with Config.PinPath) stores the interval
+// before returning; an emit that stores asynchronously uses Collect and
+// Commit instead. An interval whose commit failed is emitted again, with
+// the same BatchID.
 func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
 	tick := time.NewTicker(t.cfg.Interval)
 	defer tick.Stop()
 	failed := 0
+	last := false
 	for {
-		last := false
-		select {
-		case <-ctx.Done():
-			last = true
-		case <-tick.C:
+		if !last {
+			select {
+			case <-ctx.Done():
+				last = true
+			case <-tick.C:
+			}
 		}
 		iv, err := t.Collect()
 		emitErr := emit(iv)
+		if emitErr == nil {
+			err = errors.Join(err, iv.Commit())
+		}
 		if last {
+			if iv.Recovered && err == nil && emitErr == nil {
+				continue // a previous process's interval came first: now the last one
+			}
 			return errors.Join(err, emitErr)
 		}
 		if emitErr != nil {

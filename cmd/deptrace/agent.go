@@ -42,8 +42,11 @@ and loss cause, and the agent's own health. See docs/metrics.md.
 
 The kernel side is pinned under --pin-path: if the agent is killed, it keeps
 counting, and the next agent adopts it and reports what was counted
-meanwhile. A clean stop (SIGTERM) detaches it unless --keep-tracing;
-deptrace cleanup removes one a killed agent left.`,
+meanwhile. An interval's counts are reset in the kernel only once the store
+(or the spool) holds them; one the killed agent had not stored is read again
+under the same batch id, which the store applies once. A clean stop
+(SIGTERM) detaches it unless --keep-tracing; deptrace cleanup removes one a
+killed agent left.`,
 		Example: `  deptrace agent
   deptrace agent --store postgres://deptrace@db.example/deptrace --netns self --retention 30d`,
 		Args: cobra.NoArgs,

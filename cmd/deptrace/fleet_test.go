@@ -195,10 +195,19 @@ func TestFleetGraph(t *testing.T) {
 // startReady starts deptrace and waits for a stderr line containing ready.
 func startReady(t *testing.T, ready string, args ...string) *proc {
 	t.Helper()
+	return startReadyEnv(t, nil, ready, args...)
+}
+
+// startReadyEnv is startReady with env added to the environment.
+func startReadyEnv(t *testing.T, env []string, ready string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	p := &proc{ready: make(chan struct{}), done: make(chan error, 1)}
 	p.cmd = exec.CommandContext(ctx, binary, args...)
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout = &p.stdout
 	errPipe, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -327,10 +336,8 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 	}
 
 	// The first agent is killed before its first drain: what it never
-	// drained is still in the kernel, counting on. (Counts a drain has read
-	// but not yet stored when the agent dies are lost: a window of
-	// milliseconds per interval, see docs/design.md; the kill here stays
-	// out of it so that the test does not depend on timing.)
+	// drained is still in the kernel, counting on. (A kill while an
+	// interval is being stored: TestAgentKilledWhileStoringLosesNothing.)
 	first := startReady(t, "msg=\"agent started\"", agentArgs("1h")...)
 	connect(30)
 	time.Sleep(time.Second)
@@ -371,4 +378,185 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 	if conns != 60 {
 		t.Errorf("the store holds %d of 60 connections:\n%s\nfirst agent:\n%s\nsecond agent:\n%s", conns, stdout, first.errText(), second.errText())
 	}
+}
+
+// storingWorld is a client and a server in namespaces of their own, a
+// store, a spool and a pin path for agents tracing the server's namespace.
+type storingWorld struct {
+	t           *testing.T
+	a, b        *testnet.Host
+	port        int
+	server      string
+	db, spool   string
+	pin         string
+	unavailable string // a path under a regular file: nothing can be created there
+}
+
+func newStoringWorld(t *testing.T, name string, port int) *storingWorld {
+	nw := testnet.New(t, 2)
+	w := &storingWorld{t: t, a: nw.Hosts[0], b: nw.Hosts[1], port: port}
+	dir := t.TempDir()
+	w.db, w.spool, w.pin = filepath.Join(dir, "deptrace.db"), filepath.Join(dir, "spool"), testPinPath(t, name)
+	blocker := filepath.Join(dir, "not-a-dir")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.unavailable = blocker
+	w.server = fmt.Sprintf("%s:%d", w.b.IPv4, port)
+	ln := w.b.Listen(t, "tcp4", w.server)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	return w
+}
+
+func (w *storingWorld) args(store, spool string) []string {
+	return []string{"agent", "--netns", w.b.Name, "--store", store, "--interval", "1s", "--host-id", "killtest",
+		"--spool", spool, "--metrics-listen", "", "--pin-path", w.pin, "--log-level", "debug"}
+}
+
+func (w *storingWorld) connect(n int) {
+	w.t.Helper()
+	for i := 0; i < n; i++ {
+		c, err := w.a.Dial("tcp4", w.server)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		c.Write([]byte("x"))
+		c.Close()
+	}
+}
+
+// stored is how many connections to the server the store holds.
+func (w *storingWorld) stored() uint64 {
+	w.t.Helper()
+	stdout, stderr, code := run(w.t, nil, "graph", "--format", "json", "--store", w.db)
+	if code != 0 {
+		w.t.Fatal(stderr)
+	}
+	var g graph.Graph
+	json.Unmarshal([]byte(stdout), &g)
+	var conns uint64
+	for _, e := range g.Edges {
+		if e.To == graph.ServiceID("killtest/"+w.b.Name, "tcp", uint16(w.port)) {
+			conns += e.Connections
+		}
+	}
+	return conns
+}
+
+// waitLog waits (at most a minute) until p has logged text.
+func waitLog(p *proc, text string) bool {
+	for i := 0; i < 600; i++ {
+		if strings.Contains(p.errText(), text) {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return false
+}
+
+// finish runs a second agent with the store reachable: it must collect
+// the interval the first left uncommitted again, and the store must end
+// with exactly the 60 connections made.
+func (w *storingWorld) finish(first *proc) {
+	w.t.Helper()
+	second := startReady(w.t, "msg=\"agent started\"", w.args(w.db, w.spool)...)
+	w.connect(10)
+	waitLog(second, "collected again an interval")
+	second.cmd.Process.Signal(syscall.SIGTERM)
+	second.wait(w.t)
+	if !strings.Contains(second.errText(), "collected again an interval") {
+		w.t.Errorf("the second agent did not collect the interval the first left uncommitted:\n%s", second.errText())
+	}
+	if n := w.stored(); n != 60 {
+		w.t.Errorf("the store holds %d of 60 connections\nfirst agent:\n%s\nsecond agent:\n%s", n, first.errText(), second.errText())
+	}
+	if _, batches, _ := agentSpoolStatus(w.spool); batches != 0 {
+		w.t.Errorf("%d batches left in the spool", batches)
+	}
+}
+
+// An agent killed with SIGKILL in the middle of storing an interval loses
+// nothing and counts nothing twice: after the interval is read from the
+// kernel and before it is stored; after the store took it and before the
+// kernel reset it; and, with the store down, after it went to the spool
+// and before the reset. The agent is stopped at the exact point by its
+// test hook (DEPTRACE_TEST_HALT), then killed. The next agent, with the
+// store reachable, collects the interval again under the same batch id;
+// the store holds every connection once.
+func TestAgentKilledWhileStoringLosesNothing(t *testing.T) {
+	testnet.RequireRoot(t)
+	cases := []struct {
+		name, halt string
+		storeDown  bool
+	}{
+		{"read-not-stored", "collected", false},
+		{"stored-not-reset", "stored", false},
+		{"spooled-not-reset", "stored", true},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newStoringWorld(t, "storing-"+tc.name, 7410+i)
+			firstStore := w.db
+			if tc.storeDown {
+				firstStore = filepath.Join(w.unavailable, "deptrace.db") // the first agent spools everything
+			}
+			first := startReadyEnv(t, []string{"DEPTRACE_TEST_HALT=" + tc.halt}, "msg=\"agent started\"", w.args(firstStore, w.spool)...)
+			w.connect(30)
+			if !waitLog(first, "halted for a test") {
+				t.Fatalf("the first agent never reached the test point %q:\n%s", tc.halt, first.errText())
+			}
+			first.cmd.Process.Kill()
+			<-first.done
+			switch {
+			case tc.storeDown:
+				if _, batches, err := agentSpoolStatus(w.spool); err != nil || batches == 0 {
+					t.Fatalf("the spool holds %d batches (%v); want the spooled interval\n%s", batches, err, first.errText())
+				}
+			case tc.halt == "stored":
+				if n := w.stored(); n == 0 {
+					t.Fatalf("the store holds nothing, yet the agent halted after storing:\n%s", first.errText())
+				}
+			}
+			w.connect(20) // no agent runs
+			w.finish(first)
+		})
+	}
+}
+
+// With the store down and the spool unwritable, an interval has nowhere
+// to go: the agent does not commit it, collects the same interval again at
+// the next drain (the kernel keeps counting meanwhile), and a clean stop
+// leaves the kernel side pinned rather than destroy counts nobody stored.
+// The next agent stores everything, once.
+func TestAgentWithNowhereToStoreKeepsTheInterval(t *testing.T) {
+	testnet.RequireRoot(t)
+	w := newStoringWorld(t, "nowhere", 7420)
+	first := startReady(t, "msg=\"agent started\"", w.args(filepath.Join(w.unavailable, "deptrace.db"), filepath.Join(w.unavailable, "spool"))...)
+	w.connect(30)
+	if !waitLog(first, "collected again an interval") {
+		t.Fatalf("the first agent never collected its unstored interval again:\n%s", first.errText())
+	}
+	first.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-first.done:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(first.errText(), "the kernel side stays pinned") {
+			t.Fatalf("a stop with an unstored interval: %v; want exit 1 saying the kernel side stays pinned\n%s", err, first.errText())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the first agent did not stop:\n%s", first.errText())
+	}
+	if _, err := os.Stat(w.pin); err != nil {
+		t.Fatalf("the kernel side was removed with an unstored interval in it: %v", err)
+	}
+	w.connect(20)
+	w.finish(first)
 }

@@ -5,15 +5,12 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +42,10 @@ const DefaultSpoolPath = "/var/lib/deptrace/spool.jsonl"
 
 // Run traces and stores until ctx is done, then flushes the last interval.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	halt, err := testHaltPoint()
+	if err != nil {
+		return err
+	}
 	var m *metrics.Metrics // nil: metrics off, every call a no-op
 	if cfg.MetricsListen != "" {
 		cfg.Metrics.FlowMapSize = cfg.Tracer.FlowMapSize
@@ -104,47 +105,65 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil, metrics: m}
+	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil, metrics: m, halt: halt}
 	log.Info("agent started", "store", cfg.Store, "store_reachable", storeErr == nil, "interval", cfg.Tracer.Interval, "host", ids.rootID)
 
-	batches := make(chan store.Batch, 16)
+	// The writer stores one interval at a time and commits it in the
+	// kernel once it is in the store or the spool; until then the next
+	// drain waits (the kernel keeps counting).
+	jobs := make(chan job, 1)
+	idle := make(chan struct{}, 1)
+	idle <- struct{}{}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		w.loop(batches)
+		w.loop(jobs, idle)
 	}()
 
-	nextID := batchIDs()
-	var n int
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	err = t.Run(ctx, func(iv tracer.Interval) error {
-		log.Debug("interval drained", "flows", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain)
-		m.ObserveInterval(iv, hostID, iv.Drain)
-		m.ObserveListeners(iv.Listeners, hostID)
-		if l := iv.Lost; l.Total() > 0 {
-			log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
-		}
-		b := store.Batch{ID: nextID()}
-		seen := map[uint32]bool{}
-		for _, f := range iv.Flows {
-			ns := flowNetNS(f, ids.rootNS)
-			h := ids.host(ns)
-			if !seen[ns] {
-				seen[ns] = true
-				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: ns, Addrs: h.Addrs, LastSeen: iv.Time})
+	tick := time.NewTicker(cfg.Tracer.Interval)
+	defer tick.Stop()
+	servicesDue := 0 // intervals until listening services are written again
+	observed := ""   // the last interval counted in the metrics
+	failed := 0
+	stopping := false
+	for {
+		if !stopping {
+			select {
+			case <-ctx.Done():
+				stopping = true
+			case <-tick.C:
 			}
-			b.Observations = append(b.Observations, Observation(h.ID, f, store.DefaultBucket))
 		}
-		for _, l := range iv.Listeners {
-			h := ids.host(l.NetNS)
-			if !seen[l.NetNS] {
-				seen[l.NetNS] = true
-				b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: l.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+		if stopping {
+			<-idle // the writer finishes the interval it holds
+			if w.uncommitted {
+				break // the kernel side keeps it: collecting again would only repeat it
 			}
-			b.Listeners = append(b.Listeners, Listener(h.ID, l, store.DefaultBucket))
+		} else {
+			select {
+			case <-idle:
+			default:
+				log.Debug("the previous interval is not stored yet: this drain waits for the next tick")
+				continue
+			}
 		}
-		if n%30 == 0 { // listening services change slowly
+		iv, err := t.Collect()
+		if iv.Recovered {
+			log.Info("collected again an interval that was not stored and committed", "batch", iv.BatchID, "flows", len(iv.Flows))
+		}
+		log.Debug("interval drained", "flows", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain, "batch", iv.BatchID)
+		if iv.BatchID == "" || iv.BatchID != observed {
+			observed = iv.BatchID
+			m.ObserveInterval(iv, hostID, iv.Drain)
+			m.ObserveListeners(iv.Listeners, hostID)
+			if l := iv.Lost; l.Total() > 0 {
+				log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
+			}
+		}
+		b := batchOf(iv, ids)
+		if servicesDue <= 0 && !iv.Recovered { // listening services change slowly
 			if ports, err := t.ListeningPorts(); err == nil {
 				for _, p := range ports {
 					proto := tracer.ProtoTCP
@@ -154,25 +173,90 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 					b.Services = append(b.Services, store.Service{HostID: ids.host(p.NetNS).ID, Proto: proto, Port: p.Port, Comm: p.Comm, LastSeen: iv.Time})
 				}
 			}
+			servicesDue = 30
 		}
-		n++
+		servicesDue--
 		if len(b.Observations)+len(b.Services)+len(b.Listeners) == 0 {
-			return nil
+			if cerr := iv.Commit(); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			idle <- struct{}{}
+		} else {
+			jobs <- job{batch: b, commit: iv.Commit}
 		}
-		select {
-		case batches <- b:
-		default:
-			w.spoolBatch(b) // the store is slow: never block the drain
+		if stopping {
+			if iv.Recovered && err == nil {
+				continue // a dead agent's interval came first: now the last one
+			}
+			runErr = err
+			break
 		}
-		return nil
-	})
-	runErr = err
-	close(batches)
+		if err == nil {
+			failed = 0
+			continue
+		}
+		log.Warn("drain failed", "err", err)
+		if failed++; failed >= maxDrainErrors {
+			runErr = fmt.Errorf("%d drains in a row failed, the last: %w", failed, err)
+			break
+		}
+	}
+	close(jobs)
 	wg.Wait()
 	if w.store != nil {
 		w.store.Close()
 	}
-	return err
+	if w.uncommitted && cfg.Tracer.PinPath != "" && runErr == nil {
+		// Closing would destroy the counts the store did not take.
+		runErr = errors.New("the last interval could not be stored: the kernel side stays pinned for the next agent")
+	}
+	return runErr
+}
+
+// maxDrainErrors is how many failed drains in a row stop the agent.
+const maxDrainErrors = 3
+
+// batchOf turns an interval into a store batch named by its BatchID, so
+// that the same interval stored twice (collected again after a crash, or
+// replayed from the spool) counts once.
+func batchOf(iv tracer.Interval, ids *hostIDs) store.Batch {
+	b := store.Batch{ID: iv.BatchID}
+	seen := map[uint32]bool{}
+	for _, f := range iv.Flows {
+		ns := flowNetNS(f, ids.rootNS)
+		h := ids.host(ns)
+		if !seen[ns] {
+			seen[ns] = true
+			b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: ns, Addrs: h.Addrs, LastSeen: iv.Time})
+		}
+		b.Observations = append(b.Observations, Observation(h.ID, f, store.DefaultBucket))
+	}
+	for _, l := range iv.Listeners {
+		h := ids.host(l.NetNS)
+		if !seen[l.NetNS] {
+			seen[l.NetNS] = true
+			b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: l.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+		}
+		b.Listeners = append(b.Listeners, Listener(h.ID, l, store.DefaultBucket))
+	}
+	return b
+}
+
+// testHaltEnv names a test hook: the agent stops dead at one point of
+// storing its first non-empty interval, logs "halted for a test" and
+// waits to be killed. Values: "collected" (the interval is read from the
+// kernel, not yet stored) and "stored" (stored or spooled, not yet
+// committed in the kernel). Tests use it to kill the agent with SIGKILL
+// exactly there.
+const testHaltEnv = "DEPTRACE_TEST_HALT"
+
+func testHaltPoint() (string, error) {
+	switch v := os.Getenv(testHaltEnv); v {
+	case "", "collected", "stored":
+		return v, nil
+	default:
+		return "", fmt.Errorf("invalid %s %q: allowed collected, stored", testHaltEnv, v)
+	}
 }
 
 // Observation turns one flow seen on host into a stored observation. For
@@ -185,21 +269,6 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
 		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
-	}
-}
-
-// batchIDs returns a generator of batch ids unique across agents and
-// restarts: a random id for this agent instance, then a sequence number.
-// The store records applied ids, so a batch replayed from the spool after
-// a crash between the write and the spool's bookkeeping counts once.
-func batchIDs() func() string {
-	var r [8]byte
-	rand.Read(r[:]) // never fails (crypto/rand crashes the program instead)
-	instance := hex.EncodeToString(r[:])
-	var seq uint64
-	return func() string {
-		seq++
-		return instance + "-" + strconv.FormatUint(seq, 10)
 	}
 }
 
@@ -234,24 +303,64 @@ type writer struct {
 	failing    bool
 	lastRetain time.Time
 	metrics    *metrics.Metrics
+	halt       string // see testHaltEnv
+	// uncommitted: the last interval is neither stored nor spooled, or
+	// its commit failed; a pinned kernel side still holds it.
+	uncommitted bool
 }
 
-func (w *writer) loop(batches <-chan store.Batch) {
+// job is one interval to store, and the commit that releases its counts
+// in the kernel once they are stored.
+type job struct {
+	batch  store.Batch
+	commit func() error
+}
+
+// loop stores jobs one at a time, committing each once it is durable (in
+// the store, or in the spool), and signals idle after each.
+func (w *writer) loop(jobs <-chan job, idle chan<- struct{}) {
 	retry := time.NewTicker(5 * time.Second)
 	defer retry.Stop()
 	for {
 		select {
-		case b, ok := <-batches:
+		case j, ok := <-jobs:
 			if !ok {
 				w.drainSpool()
 				return
 			}
-			w.write(b)
+			w.store1(j)
+			idle <- struct{}{}
 		case <-retry.C:
 			w.drainSpool()
 		}
 		w.metrics.SetSpool(w.spool.size(), w.spool.dropped)
 	}
+}
+
+func (w *writer) store1(j job) {
+	w.haltAt("collected")
+	if !w.write(j.batch) {
+		// Not durable: a pinned kernel side keeps the interval, and the
+		// next drain collects it again.
+		w.uncommitted = true
+		return
+	}
+	w.haltAt("stored")
+	if err := j.commit(); err != nil {
+		w.log.Warn("committing a stored interval in the kernel failed: it will be collected again under its batch id, which the store ignores", "batch", j.batch.ID, "err", err)
+		w.uncommitted = true
+		return
+	}
+	w.uncommitted = false
+}
+
+// haltAt stops the writer for good at point when the test hook asks for it.
+func (w *writer) haltAt(point string) {
+	if w.halt != point {
+		return
+	}
+	w.log.Warn("halted for a test", "point", point, "env", testHaltEnv)
+	select {}
 }
 
 func (w *writer) connect() bool {
@@ -269,27 +378,35 @@ func (w *writer) connect() bool {
 	return true
 }
 
-func (w *writer) write(b store.Batch) {
+// write stores b, or spools it; durable is false when it is in neither.
+func (w *writer) write(b store.Batch) (durable bool) {
 	if w.spool.pending() || !w.connect() {
-		w.spoolBatch(b) // keep order: older spooled batches go first
+		durable = w.spoolBatch(b) // keep order: older spooled batches go first
 		w.drainSpool()
-		return
+		return durable
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := w.store.Write(ctx, b); err != nil {
 		w.fail(err)
-		w.spoolBatch(b)
-		return
+		return w.spoolBatch(b)
 	}
 	w.recovered()
 	w.retain()
+	return true
 }
 
-func (w *writer) spoolBatch(b store.Batch) {
-	if err := w.spool.add(b); err != nil {
+func (w *writer) spoolBatch(b store.Batch) bool {
+	err := w.spool.add(b)
+	if err == nil {
+		return true
+	}
+	if w.cfg.Tracer.PinPath != "" {
+		w.log.Error("spool full or unwritable: the pinned kernel side keeps the interval, collected again at the next drain", "path", w.spool.path, "refused_batches", w.spool.dropped, "err", err)
+	} else {
 		w.log.Error("spool full or unwritable: batch dropped", "path", w.spool.path, "dropped_batches", w.spool.dropped, "err", err)
 	}
+	return false
 }
 
 func (w *writer) drainSpool() {

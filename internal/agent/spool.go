@@ -73,6 +73,13 @@ func (s *spool) add(b store.Batch) error {
 		s.dropped++
 		return err
 	}
+	// The batch's counts are reset in a pinned kernel side once it is
+	// here: on disk, not only in the page cache.
+	if err := f.Sync(); err != nil {
+		f.Close()
+		s.dropped++
+		return err
+	}
 	return f.Close()
 }
 
@@ -97,8 +104,7 @@ func (s *spool) replay(write func(store.Batch) error) (int, error) {
 			continue // a torn last line from a crash
 		}
 		if err := write(b); err != nil {
-			rest := bytes.Join(lines[i:], nil)
-			if werr := os.WriteFile(s.path, rest, 0o640); werr != nil {
+			if werr := replaceFile(s.path, bytes.Join(lines[i:], nil)); werr != nil {
 				return written, werr
 			}
 			return written, err
@@ -106,4 +112,27 @@ func (s *spool) replay(write func(store.Batch) error) (int, error) {
 		written++
 	}
 	return written, os.Truncate(s.path, 0)
+}
+
+// replaceFile gives path new contents atomically: a process killed
+// meanwhile leaves either the old contents or the new, never a truncated
+// spool.
+func replaceFile(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }

@@ -3,10 +3,12 @@ package bundler
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
+	"strconv"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -73,11 +75,31 @@ type Listener struct {
 const retainIdle = 2
 
 type drainState struct {
-	first  bool                      // the first drain happened
+	first  bool                      // the first swap happened (salvaged counts were taken)
 	paths  map[uint64]string         // unix socket paths by hash
 	idle   [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf []bundlerFlowKey
 	valBuf []bundlerFlowValue
+
+	// Generations: every swap starts interval gen+1 of this kernel side.
+	// A pinned side keeps side, gen and whether the swapped-out map is
+	// still uncommitted in its drain map (see drainRecord), so that a
+	// process that adopts it knows which interval a dead one left.
+	loaded  bool     // side and gen are known (read from the pin, or new)
+	side    [16]byte // random identity of the kernel side
+	gen     uint64   // the last interval collected
+	pending *pendingDrain
+}
+
+// pendingDrain is a collected interval not committed yet: the inner map
+// it was swapped out of is read but not reset.
+type pendingDrain struct {
+	gen     uint64
+	idx     int // the inner map that holds it
+	keys    []bundlerFlowKey
+	vals    []bundlerFlowValue
+	entries []Entry
+	extra   []Entry // salvaged counts of a replaced side, reported until committed
 }
 
 func (d *drainState) init() {
@@ -85,39 +107,156 @@ func (d *drainState) init() {
 	d.paths = map[uint64]string{}
 }
 
-// Drain ends an interval. It first harvests the counters of every live
-// socket deptrace tagged into the active map, then swaps in the idle map
-// and reads and resets the one programs wrote to until now. The swap
-// returns only after an RCU grace period, so no program can still be
-// writing to the drained map: no entry and no increment is lost between
-// intervals.
+// Interval is one collected interval of a kernel side.
+type Interval struct {
+	Entries   []Entry
+	Listeners []Listener
+	// Side identifies the kernel side and Gen numbers its intervals:
+	// together they name the interval uniquely (BatchID). Gen is 0 when
+	// the interval holds no flows because the drain failed (before the
+	// swap, or reading a pinned side: that one is read again next time).
+	Side [16]byte
+	Gen  uint64
+	// Recovered: the interval was collected before (by this process, or
+	// by one that died) and not committed; this is the same interval again.
+	Recovered bool
+}
+
+// BatchID names the interval across processes: the same interval
+// collected again after a crash has the same id. "" when Gen is 0.
+func (iv Interval) BatchID() string {
+	if iv.Gen == 0 {
+		return ""
+	}
+	return hex.EncodeToString(iv.Side[:]) + "-" + strconv.FormatUint(iv.Gen, 10)
+}
+
+// Drain ends an interval and commits it at once: Collect then Commit,
+// for callers that keep nothing (and unpinned sides, where Collect has
+// committed already).
 func (b *Bundler) Drain() ([]Entry, []Listener, error) {
-	var carried []Entry
-	if !b.drain.first {
-		// The first drain also reports what a previous process left: the
-		// counts salvaged from a replaced kernel side, and an adopted
-		// side's idle map, which holds an interval nobody read if that
-		// process died between a swap and its read.
-		carried = append(carried, b.adopt.Salvaged...)
-		if b.adopt.Adopted {
-			idle := 1 - b.active
-			left, err := b.drainMap(b.inner[idle], idle)
-			carried = append(carried, left...)
-			if err != nil {
-				return carried, nil, err
-			}
+	iv, err := b.Collect()
+	if err == nil {
+		err = b.Commit(iv.Gen)
+	}
+	return iv.Entries, iv.Listeners, err
+}
+
+// Collect ends an interval. It first harvests the counters of every live
+// socket deptrace tagged into the active map, then swaps in the idle map
+// and reads the one programs wrote to until now. The swap returns only
+// after an RCU grace period, so no program can still be writing to the
+// map read: no entry and no increment is lost between intervals.
+//
+// Without a pin path the map read is reset at once: the interval is
+// committed when Collect returns. A pinned side is two-phase: the map read
+// is reset only by Commit(iv.Gen), which the caller calls once the
+// interval is stored. Until then, and in a process that adopts the side
+// after this one died, Collect returns that same interval again
+// (Recovered, same Gen and BatchID) without swapping: the kernel keeps
+// counting into the active map meanwhile.
+//
+// A pinned interval that cannot be read whole is not returned (Gen 0, no
+// entries): the next Collect reads it again. An unpinned one returns what
+// was read, reset.
+//
+// Crash points of a pinned side, and what the next process does:
+//   - before the drain map records generation g as pending: nothing
+//     happened; g is collected normally.
+//   - after that, before the swap: g is recovered from the idle map, which
+//     the last commit reset (an empty interval); the counts are still in
+//     the active map and come with g+1.
+//   - after the swap, before or after reading, before the caller stored
+//     it: g is recovered in full, under the same BatchID.
+//   - after the caller stored it, before or during the reset: g is
+//     recovered under the same BatchID (in full, or partly reset), which a
+//     store that applies each batch id once ignores.
+//   - after the reset, before the drain map records the commit: g is
+//     recovered empty.
+func (b *Bundler) Collect() (Interval, error) {
+	if err := b.loadDrainState(); err != nil {
+		return Interval{}, err
+	}
+	if p := b.drain.pending; p != nil {
+		entries, err := b.readPending(p)
+		if err != nil {
+			return Interval{Side: b.drain.side}, err
 		}
-		b.drain.first = true
+		return Interval{Entries: append(append([]Entry(nil), p.extra...), entries...), Side: b.drain.side, Gen: p.gen, Recovered: true}, nil
 	}
 	listeners, harvestErr := b.harvest()
+	gen := b.drain.gen + 1
+	if b.pinned {
+		if err := b.writeDrainRecord(gen, true); err != nil {
+			return Interval{Listeners: listeners}, errors.Join(harvestErr, err)
+		}
+	}
 	next := 1 - b.active
 	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
-		return carried, listeners, fmt.Errorf("swap bundled-flow map: %w", err)
+		if b.pinned {
+			b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
+		}
+		return Interval{Listeners: listeners}, errors.Join(harvestErr, fmt.Errorf("swap bundled-flow map: %w", err))
 	}
-	oldIdx := b.active
+	old := b.active
 	b.active = next
-	entries, err := b.drainMap(b.inner[oldIdx], oldIdx)
-	return append(carried, entries...), listeners, errors.Join(harvestErr, err)
+	b.drain.gen = gen
+	var extra []Entry
+	if !b.drain.first {
+		// The first interval also reports the counts salvaged from a
+		// replaced kernel side.
+		extra = b.adopt.Salvaged
+		b.drain.first = true
+	}
+	iv := Interval{Listeners: listeners, Side: b.drain.side, Gen: gen}
+	if !b.pinned {
+		entries, err := b.drainMap(b.inner[old], old)
+		iv.Entries = append(extra, entries...)
+		return iv, errors.Join(harvestErr, err)
+	}
+	p := &pendingDrain{gen: gen, idx: old, extra: extra}
+	b.drain.pending = p
+	entries, err := b.readPending(p)
+	if err != nil {
+		// Not read whole: withheld, and read again by the next Collect.
+		// Stored in part under its batch id, the rest would be lost to a
+		// store that ignores the id when the whole comes.
+		iv.Gen = 0
+		return iv, errors.Join(harvestErr, err)
+	}
+	iv.Entries = append(append([]Entry(nil), extra...), entries...)
+	return iv, harvestErr
+}
+
+// Commit declares interval gen stored: the map it was read from is reset
+// (recurring entries zeroed, idle ones deleted) and the pinned drain map
+// records it. Committing an interval committed already, or one of an
+// unpinned side, does nothing.
+func (b *Bundler) Commit(gen uint64) error {
+	p := b.drain.pending
+	if p == nil || p.gen != gen || gen == 0 {
+		return nil
+	}
+	if err := b.reset(b.inner[p.idx], p.idx, p.keys, p.vals, p.entries); err != nil {
+		return err
+	}
+	if err := b.writeDrainRecord(gen, false); err != nil {
+		return err
+	}
+	b.drain.pending = nil
+	return nil
+}
+
+// readPending reads the map holding a pending interval, keeping what the
+// reset needs.
+func (b *Bundler) readPending(p *pendingDrain) ([]Entry, error) {
+	keys, vals, err := b.readAll(b.inner[p.idx])
+	p.keys, p.vals = keys, vals
+	p.entries = b.decode(keys, vals)
+	if err != nil {
+		return p.entries, fmt.Errorf("drain bundled flows: %w", err)
+	}
+	return p.entries, nil
 }
 
 // harvest runs the socket-storage iterator: it folds live sockets' counter
@@ -139,14 +278,18 @@ func (b *Bundler) harvest() ([]Listener, error) {
 	return out, nil
 }
 
-// drainMap reads every entry of m and keeps the recurring ones, zeroed.
-// Bundled flows recur every interval: an entry kept lets the next
-// interval's events find it instead of inserting (an insert costs
-// microseconds when the kernel's allocator refills, a lookup tens of
-// nanoseconds). A flow idle for retainIdle drains of this map in a row is
-// deleted.
+// drainMap reads every entry of m and resets it at once (unpinned sides).
 func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 	keys, vals, err := b.readAll(m)
+	out := b.decode(keys, vals)
+	if err != nil {
+		return out, fmt.Errorf("drain bundled flows: %w", err)
+	}
+	return out, b.reset(m, idx, keys, vals, out)
+}
+
+// decode turns raw entries into Entries.
+func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue) []Entry {
 	out := make([]Entry, len(keys))
 	for i, k := range keys {
 		out[i] = merge(k, vals[i*b.ncpu:(i+1)*b.ncpu])
@@ -155,14 +298,22 @@ func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 			out[i].Local, out[i].Remote = netip.Addr{}, netip.Addr{}
 		}
 	}
-	if err != nil {
-		return out, fmt.Errorf("drain bundled flows: %w", err)
-	}
+	return out
+}
+
+// reset keeps the recurring entries of m that were read, zeroed.
+// Bundled flows recur every interval: an entry kept lets the next
+// interval's events find it instead of inserting (an insert costs
+// microseconds when the kernel's allocator refills, a lookup tens of
+// nanoseconds). A flow idle for retainIdle drains of this map in a row is
+// deleted. Entries not read (a failed read) keep their counts for a later
+// interval.
+func (b *Bundler) reset(m *ebpf.Map, idx int, keys []bundlerFlowKey, vals []bundlerFlowValue, read []Entry) error {
 	idle := b.drain.idle[idx]
 	var zeroKeys, delKeys []bundlerFlowKey
 	var zeroVals []bundlerFlowValue
 	for i, k := range keys {
-		if out[i].Counts == (Counts{}) {
+		if read[i].Counts == (Counts{}) {
 			if idle[k]++; idle[k] >= retainIdle {
 				delete(idle, k)
 				delKeys = append(delKeys, k)
@@ -180,15 +331,15 @@ func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 	}
 	if len(zeroKeys) > 0 {
 		if _, err := m.BatchUpdate(zeroKeys, zeroVals, nil); err != nil {
-			return out, fmt.Errorf("reset bundled flows: %w", err)
+			return fmt.Errorf("reset bundled flows: %w", err)
 		}
 	}
 	if len(delKeys) > 0 {
 		if _, err := m.BatchDelete(delKeys, nil); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, fmt.Errorf("delete idle flows: %w", err)
+			return fmt.Errorf("delete idle flows: %w", err)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // readAll reads every entry of m with batch lookups.

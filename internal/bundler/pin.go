@@ -1,6 +1,7 @@
 package bundler
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -21,6 +22,8 @@ import (
 // what was counted meanwhile. Layout of PinPath:
 //
 //	meta              the object's SHA-256: adopt only the very same code
+//	drain             the drain record: the side's identity, its last
+//	                  interval's generation, whether that one is committed
 //	map_<name>        every map the programs write (flows, flows_a, flows_b, ...)
 //	link_<program>    every attached tracepoint and cgroup program
 //
@@ -126,6 +129,9 @@ func (b *Bundler) pin() error {
 	if err := meta.Pin(filepath.Join(b.cfg.PinPath, "meta")); err != nil {
 		return fmt.Errorf("pin meta map: %w", err)
 	}
+	if err := b.newDrainRecord(false); err != nil {
+		return err
+	}
 	for _, name := range pinnedMaps {
 		if err := b.shared.Maps[name].Pin(filepath.Join(b.cfg.PinPath, "map_"+name)); err != nil {
 			return fmt.Errorf("pin map %s: %w", name, err)
@@ -148,12 +154,16 @@ func (b *Bundler) pin() error {
 // pinnedSide is what a pin path holds.
 type pinnedSide struct {
 	hash  []byte
+	drain *ebpf.Map // nil when pinned by a deptrace without drain records
 	maps  map[string]*ebpf.Map
 	inner [2]*ebpf.Map
 	links map[string]link.Link
 }
 
 func (p *pinnedSide) close() {
+	if p.drain != nil {
+		p.drain.Close()
+	}
 	for _, m := range p.maps {
 		m.Close()
 	}
@@ -186,6 +196,9 @@ func loadPinned(path string) (p *pinnedSide, ok bool, err error) {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(path, "map_"+name), nil); err == nil {
 			p.maps[name] = m
 		}
+	}
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(path, drainPin), nil); err == nil {
+		p.drain = m
 	}
 	for i := range p.inner {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(path, fmt.Sprintf("map_flows_%c", 'a'+i)), nil); err == nil {
@@ -234,7 +247,111 @@ func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, cfg Config) string {
 	if _, ok := p.links["on_tcp_state"]; !ok {
 		return "its TCP tracepoint is not attached"
 	}
+	if d := p.drain; d != nil && (d.Type() != ebpf.Array || d.KeySize() != 4 || d.ValueSize() != uint32(binarySize[drainRecord]()) || d.MaxEntries() != 1) {
+		return "its drain record has another layout"
+	}
 	return ""
+}
+
+// drainPin is the pinned drain record's name under the pin path.
+const drainPin = "drain"
+
+// drainRecord is a pinned side's drain state: one entry of an array map
+// that Go creates and pins next to the flow maps (no program reads it).
+// Side and Gen name every interval (Interval.BatchID); Pending says the
+// idle flow map holds interval Gen, read or not but not committed: the
+// next Collect, in this process or the next, returns it again.
+type drainRecord struct {
+	Side    [16]byte
+	Gen     uint64
+	Pending uint32
+	Pad     uint32
+}
+
+func (b *Bundler) drainRecordPath() string { return filepath.Join(b.cfg.PinPath, drainPin) }
+
+// newDrainRecord creates and pins the drain record of a side with a new
+// identity; pending says its idle map may hold an interval nobody
+// committed (a side adopted from a deptrace without drain records).
+func (b *Bundler) newDrainRecord(pending bool) error {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deptrace_drain", Type: ebpf.Array, KeySize: 4,
+		ValueSize: uint32(binarySize[drainRecord]()), MaxEntries: 1})
+	if err != nil {
+		return fmt.Errorf("create drain record: %w", err)
+	}
+	defer m.Close()
+	var side [16]byte
+	rand.Read(side[:]) // never fails (crypto/rand crashes the program instead)
+	rec := drainRecord{Side: side}
+	if pending {
+		rec.Gen, rec.Pending = 1, 1 // generation 0 names no interval
+	}
+	if err := m.Put(uint32(0), rec); err != nil {
+		return fmt.Errorf("write drain record: %w", err)
+	}
+	if err := m.Pin(b.drainRecordPath()); err != nil {
+		return fmt.Errorf("pin drain record: %w", err)
+	}
+	b.setDrainState(rec)
+	return nil
+}
+
+func (b *Bundler) setDrainState(rec drainRecord) {
+	b.drain.side, b.drain.gen, b.drain.loaded = rec.Side, rec.Gen, true
+	b.drain.pending = nil
+	if rec.Pending != 0 {
+		b.drain.pending = &pendingDrain{gen: rec.Gen, idx: 1 - b.active}
+	}
+}
+
+// loadDrainState learns the side's identity and generation once: from the
+// pinned drain record, or new for an unpinned side. An adopted side whose
+// record says pending has its idle map collected again first.
+func (b *Bundler) loadDrainState() error {
+	if b.drain.loaded {
+		return nil
+	}
+	if !b.pinned {
+		rand.Read(b.drain.side[:])
+		b.drain.loaded = true
+		return nil
+	}
+	m, err := ebpf.LoadPinnedMap(b.drainRecordPath(), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		// Pinned by a deptrace without drain records: its idle map holds
+		// an interval nobody read if it died between a swap and its read
+		// (it reset what it read at once).
+		return b.newDrainRecord(true)
+	}
+	if err != nil {
+		return fmt.Errorf("open the pinned drain record: %w", err)
+	}
+	defer m.Close()
+	var rec drainRecord
+	if err := m.Lookup(uint32(0), &rec); err != nil {
+		return fmt.Errorf("read the pinned drain record: %w", err)
+	}
+	b.setDrainState(rec)
+	return nil
+}
+
+// writeDrainRecord records that interval gen is collected and pending, or
+// committed. One map update: a process killed around it leaves either the
+// old record or the new one.
+func (b *Bundler) writeDrainRecord(gen uint64, pending bool) error {
+	m, err := ebpf.LoadPinnedMap(b.drainRecordPath(), nil)
+	if err != nil {
+		return fmt.Errorf("open the pinned drain record: %w", err)
+	}
+	defer m.Close()
+	rec := drainRecord{Side: b.drain.side, Gen: gen}
+	if pending {
+		rec.Pending = 1
+	}
+	if err := m.Put(uint32(0), rec); err != nil {
+		return fmt.Errorf("record drain generation %d: %w", gen, err)
+	}
+	return nil
 }
 
 // salvage reads what an incompatible pinned side counted, if its flow maps
