@@ -197,7 +197,7 @@ struct {
 	__type(value, struct connect_info);
 } connecting SEC(".maps");
 
-/* Connected UDP sends seen lately, per CPU, by socket address: a socket
+/* Connected UDP sends seen lately, per CPU, by socket cookie: a socket
  * that sends a second time is worth socket storage (a DNS client's
  * one-query socket is not). */
 #define SENDERS_SLOTS 256
@@ -1054,14 +1054,16 @@ static __always_inline void udp_count_direct(struct sock *sk, int bytes, bool se
  * (and remember that it has now). */
 static __always_inline bool udp_sent_before(struct sock *sk)
 {
-	__u64 addr = (__u64)sk;
-	__u32 slot = (__u32)((addr >> 6) ^ (addr >> 14)) & (SENDERS_SLOTS - 1);
+	/* The cookie, not the address: a new socket often gets the memory of
+	 * the one just closed. */
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	__u32 slot = (__u32)(cookie ^ (cookie >> 8)) & (SENDERS_SLOTS - 1);
 	__u64 *seen = bpf_map_lookup_elem(&recent_senders, &slot);
 	if (!seen)
 		return false;
-	if (*seen == addr)
+	if (*seen == cookie)
 		return true;
-	*seen = addr;
+	*seen = cookie;
 	return false;
 }
 
