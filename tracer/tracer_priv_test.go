@@ -924,3 +924,55 @@ func TestPortTableIsPerNamespace(t *testing.T) {
 		t.Errorf("closed listeners still listed")
 	}
 }
+
+// A server that listens with backlog 0 (its connections carry no listen
+// backlog, the mark deptrace reads at close) keeps its direction and its
+// exact counts: such connections are tagged when they open.
+func TestListenerWithZeroBacklog(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	tr := startTracer(t, nil)
+
+	var ln net.Listener
+	b.Do(t, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		sa := &unix.SockaddrInet4{Port: 7100}
+		copy(sa.Addr[:], b.IPv4.To4())
+		if err := unix.Bind(fd, sa); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		if err := unix.Listen(fd, 0); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "listener")
+		defer f.Close()
+		ln, err = net.FileListener(f)
+		return err
+	})
+	defer ln.Close()
+	const n, req, resp = 5, 30, 70
+	wait := echoServer(ln, n, req, resp)
+	connectN(t, a, "tcp4", b.IPv4.String()+":7100", n, req, resp)
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	l := newLedger()
+	settle(t, tr, l, func(l *ledger) bool {
+		return l.one(t, b).BytesSent >= n*resp && l.one(t, a).BytesReceived >= n*resp
+	})
+	in := l.one(t, b)
+	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7100)
+	if in.Connections != n || in.BytesReceived != n*req || in.BytesSent != n*resp {
+		t.Errorf("server with backlog 0: %+v; want %d connections, %d received, %d sent", in.Counters, n, n*req, n*resp)
+	}
+	out := l.one(t, a)
+	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 7100)
+	if out.Connections != n || out.BytesSent != n*req || out.BytesReceived != n*resp {
+		t.Errorf("client: %+v", out.Counters)
+	}
+}
