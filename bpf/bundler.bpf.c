@@ -714,7 +714,8 @@ static __always_inline void tcp_close_untagged(struct sock *sk, int oldstate)
 /* Tag a connection that lives on, so that every drain reports it: from a
  * send or a receive, once it has moved this many segments. A short
  * request/response connection moves fewer and never pays for storage; its
- * bytes come at close. */
+ * bytes come at close. Called only for sockets with no storage at all (a
+ * socket another program keeps storage on is counted at its close). */
 #define TAG_AFTER_SEGS 16
 #define TAG_SETTLE_NS (10 * 1000 * 1000ULL)
 
@@ -723,18 +724,8 @@ static __always_inline void tcp_tag_late(struct sock *sk)
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
 		return;
-	__u32 segs = tp->segs_in + tp->segs_out;
-	if (segs < TAG_AFTER_SEGS)
+	if (tp->segs_in + tp->segs_out < TAG_AFTER_SEGS)
 		return;
-	if (sk->sk_bpf_storage) {
-		/* Tagged already, or storage of another program's: look only
-		 * now and then. */
-		if (segs & 31)
-			return;
-		struct sock_state *have = bpf_sk_storage_get(&socks, sk, 0, 0);
-		if (have)
-			return;
-	}
 	int state = sk->__sk_common.skc_state;
 	if (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT)
 		return;
@@ -1143,7 +1134,8 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 	/* TCP calls fire these tracepoints too: the socket counts its bytes
 	 * itself; only a connection that lives on is tagged. */
 	if (sk->sk_protocol == IPPROTO_TCP) {
-		if (ret > 0)
+		/* A tagged connection costs one pointer read here. */
+		if (ret > 0 && !sk->sk_bpf_storage)
 			tcp_tag_late(sk);
 		return;
 	}
