@@ -180,7 +180,10 @@ struct {
  * softirq, where the connecting process is not at hand. Far cheaper than
  * socket storage, whose allocation (memcg-charged, freed by RCU) costs
  * microseconds: most connections never get any (see tcp_established).
- * LRU: an entry whose completion was missed cannot pile up. */
+ * A plain preallocated hash (an LRU hash costs twice as much here): an
+ * entry whose completion was missed (a skipped program run) is overwritten
+ * when its socket's memory serves a new connect, and were the map ever
+ * full, a connect falls back to socket storage: nothing is lost. */
 struct connect_info {
 	__u64 syn_ns;
 	__u64 cgroup_id;
@@ -190,8 +193,7 @@ struct connect_info {
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(map_flags, BPF_F_NO_COMMON_LRU); /* per-CPU lists: no shared lock */
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u64); /* the socket's address */
 	__type(value, struct connect_info);
