@@ -1,0 +1,183 @@
+// Command skstress stresses the kernel's socket-storage map iterator: a
+// cgroup/sock_create program gives every new socket an element of an
+// SK_STORAGE map, workers create and close sockets (TCP and UDP, loopback
+// only) as fast as they can, and readers run an iter/bpf_sk_storage_map
+// program over the map in a loop. With -delete, each socket's element is
+// deleted before the socket can be freed (tp_btf at TCP_CLOSE, fentry on
+// inet_release for UDP). It is a research tool for the kernel
+// matrix (scripts/kernel-matrix/skstress/run SERIES): on an affected kernel
+// the guest oopses; otherwise it prints what it did and exits 0.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+func main() {
+	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
+	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get")
+	dur := flag.Duration("d", 60*time.Second, "how long to run (at most 10m)")
+	workers := flag.Int("workers", 4, "socket churners (1..64)")
+	readers := flag.Int("readers", 2, "iterator readers (1..16)")
+	cgroup := flag.String("cgroup", "/sys/fs/cgroup", "cgroup v2 root")
+	udp := flag.Bool("udp", true, "churn UDP sockets too (TCP always)")
+	del := flag.Bool("delete", false, "delete each socket's element before the socket is freed")
+	flag.Parse()
+	if *prog != "walk_empty" && *prog != "walk_get" {
+		fail(fmt.Errorf("-prog %q: allowed are walk_empty and walk_get", *prog))
+	}
+	if *dur <= 0 || *dur > 10*time.Minute || *workers < 1 || *workers > 64 || *readers < 1 || *readers > 16 {
+		fail(fmt.Errorf("-d must be in (0, 10m], -workers in 1..64, -readers in 1..16"))
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		fail(err)
+	}
+	if err := run(*obj, *prog, *cgroup, *dur, *workers, *readers, *udp, *del); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "skstress:", err)
+	os.Exit(1)
+}
+
+func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp, del bool) error {
+	spec, err := ebpf.LoadCollectionSpec(obj)
+	if err != nil {
+		return fmt.Errorf("load %s: %w", obj, err)
+	}
+	if !del {
+		delete(spec.Programs, "tcp_closed")
+		delete(spec.Programs, "udp_release")
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return fmt.Errorf("create collection: %w", err)
+	}
+	defer coll.Close()
+	stats, st := coll.Maps["stats"], coll.Maps["st"]
+	cl, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: ebpf.AttachCGroupInetSockCreate, Program: coll.Programs["tag"]})
+	if err != nil {
+		return fmt.Errorf("attach sock_create: %w", err)
+	}
+	defer cl.Close()
+	if del {
+		tl, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs["tcp_closed"]})
+		if err != nil {
+			return fmt.Errorf("attach tcp_closed: %w", err)
+		}
+		defer tl.Close()
+		ul, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs["udp_release"]})
+		if err != nil {
+			return fmt.Errorf("attach udp_release: %w", err)
+		}
+		defer ul.Close()
+	}
+	it, err := link.AttachIter(link.IterOptions{Program: coll.Programs[prog], Map: st})
+	if err != nil {
+		return fmt.Errorf("attach iterator: %w", err)
+	}
+	defer it.Close()
+
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var socks, walks atomic.Uint64
+	var errs []error
+	var mu sync.Mutex
+	deadline := time.Now().Add(dur)
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				if i%2 == 0 || !udp {
+					c, err := net.Dial("tcp4", ln.Addr().String())
+					if err == nil {
+						c.Close()
+					}
+				} else {
+					c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+					if err == nil {
+						c.Close()
+					}
+				}
+				socks.Add(1)
+			}
+		}(i)
+	}
+	for i := 0; i < readers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				r, err := it.Open()
+				if err == nil {
+					_, err = io.Copy(io.Discard, r)
+					r.Close()
+				}
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				walks.Add(1)
+			}
+		}()
+	}
+	report := func(final bool) {
+		var n [8]uint64
+		for i := range n {
+			_ = stats.Lookup(uint32(i), &n[i])
+		}
+		word := "so far"
+		if final {
+			word = "done"
+		}
+		fmt.Printf("skstress %s: %s (udp %v, delete %v): %d sockets made, %d elements created, %d create failed, %d deleted, %d delete failed, %d iterator runs, %d elements visited (empty), %d (get)\n",
+			word, prog, udp, del, socks.Load(), n[0], n[1], n[4], n[5], walks.Load(), n[2], n[3])
+	}
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Second):
+				report(false)
+			}
+		}
+	}()
+	wg.Wait()
+	close(done)
+	report(true)
+	if len(errs) > 0 {
+		return fmt.Errorf("iterator read: %w", errs[0])
+	}
+	return nil
+}
