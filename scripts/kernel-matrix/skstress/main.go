@@ -26,7 +26,7 @@ import (
 
 func main() {
 	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
-	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get")
+	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp)")
 	dur := flag.Duration("d", 60*time.Second, "how long to run (at most 10m)")
 	workers := flag.Int("workers", 4, "socket churners (1..64)")
 	readers := flag.Int("readers", 2, "iterator readers (1..16)")
@@ -34,8 +34,8 @@ func main() {
 	udp := flag.Bool("udp", true, "churn UDP sockets too (TCP always)")
 	del := flag.Bool("delete", false, "delete each socket's element before the socket is freed")
 	flag.Parse()
-	if *prog != "walk_empty" && *prog != "walk_get" {
-		fail(fmt.Errorf("-prog %q: allowed are walk_empty and walk_get", *prog))
+	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" {
+		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get and socks", *prog))
 	}
 	if *dur <= 0 || *dur > 10*time.Minute || *workers < 1 || *workers > 64 || *readers < 1 || *readers > 16 {
 		fail(fmt.Errorf("-d must be in (0, 10m], -workers in 1..64, -readers in 1..16"))
@@ -85,11 +85,24 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 		}
 		defer ul.Close()
 	}
-	it, err := link.AttachIter(link.IterOptions{Program: coll.Programs[prog], Map: st})
-	if err != nil {
-		return fmt.Errorf("attach iterator: %w", err)
+	var iters []*link.Iter
+	if prog == "socks" {
+		for _, name := range []string{"walk_tcp", "walk_udp"} {
+			it, err := link.AttachIter(link.IterOptions{Program: coll.Programs[name]})
+			if err != nil {
+				return fmt.Errorf("attach %s: %w", name, err)
+			}
+			defer it.Close()
+			iters = append(iters, it)
+		}
+	} else {
+		it, err := link.AttachIter(link.IterOptions{Program: coll.Programs[prog], Map: st})
+		if err != nil {
+			return fmt.Errorf("attach iterator: %w", err)
+		}
+		defer it.Close()
+		iters = append(iters, it)
 	}
-	defer it.Close()
 
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -134,8 +147,8 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(deadline) {
-				r, err := it.Open()
+			for k := 0; time.Now().Before(deadline); k++ {
+				r, err := iters[k%len(iters)].Open()
 				if err == nil {
 					_, err = io.Copy(io.Discard, r)
 					r.Close()

@@ -77,3 +77,26 @@ int BPF_PROG(udp_release, struct socket *sock)
 		count(bpf_sk_storage_delete(&st, sk) == 0 ? 4 : 5);
 	return 0;
 }
+
+/* The socket iterators, for comparison: they walk the current namespace's
+ * TCP and UDP tables (holding each socket) and look the element up. */
+SEC("iter/tcp")
+int walk_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (tp && bpf_sk_storage_get(&st, tp, 0, 0))
+		count(3);
+	return 0;
+}
+
+SEC("iter/udp")
+int walk_udp(struct bpf_iter__udp *ctx)
+{
+	struct udp_sock *udp = ctx->udp_sk;
+	if (udp && bpf_sk_storage_get(&st, udp, 0, 0))
+		count(3);
+	return 0;
+}
