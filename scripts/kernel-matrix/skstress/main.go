@@ -4,7 +4,10 @@
 // only) as fast as they can, and readers run an iter/bpf_sk_storage_map
 // program over the map in a loop. With -delete, each socket's element is
 // deleted before the socket can be freed (tp_btf at TCP_CLOSE, fentry on
-// inet_release for UDP). It is a research tool for the kernel
+// inet_release for UDP). -prog socks walks the TCP and UDP socket tables
+// (iter/tcp, iter/udp) instead of the map. -prog misses has no iterator: it
+// counts how many runs of a sock_send_length program the kernel skips for
+// recursion while threads send on unix socket pairs. It is a research tool for the kernel
 // matrix (scripts/kernel-matrix/skstress/run SERIES): on an affected kernel
 // the guest oopses; otherwise it prints what it did and exits 0.
 package main
@@ -15,6 +18,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,11 +26,12 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 )
 
 func main() {
 	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
-	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp)")
+	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or misses: no iterator, count the recursion misses of a sock_send_length program under unix stream sends")
 	dur := flag.Duration("d", 60*time.Second, "how long to run (at most 10m)")
 	workers := flag.Int("workers", 4, "socket churners (1..64)")
 	readers := flag.Int("readers", 2, "iterator readers (1..16)")
@@ -34,14 +39,20 @@ func main() {
 	udp := flag.Bool("udp", true, "churn UDP sockets too (TCP always)")
 	del := flag.Bool("delete", false, "delete each socket's element before the socket is freed")
 	flag.Parse()
-	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" {
-		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get and socks", *prog))
+	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" && *prog != "misses" {
+		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks and misses", *prog))
 	}
 	if *dur <= 0 || *dur > 10*time.Minute || *workers < 1 || *workers > 64 || *readers < 1 || *readers > 16 {
 		fail(fmt.Errorf("-d must be in (0, 10m], -workers in 1..64, -readers in 1..16"))
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		fail(err)
+	}
+	if *prog == "misses" {
+		if err := misses(*obj, *dur, *workers); err != nil {
+			fail(err)
+		}
+		return
 	}
 	if err := run(*obj, *prog, *cgroup, *dur, *workers, *readers, *udp, *del); err != nil {
 		fail(err)
@@ -58,6 +69,7 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	if err != nil {
 		return fmt.Errorf("load %s: %w", obj, err)
 	}
+	delete(spec.Programs, "on_send")
 	if !del {
 		delete(spec.Programs, "tcp_closed")
 		delete(spec.Programs, "udp_release")
@@ -192,5 +204,69 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	if len(errs) > 0 {
 		return fmt.Errorf("iterator read: %w", errs[0])
 	}
+	return nil
+}
+
+// misses attaches on_send alone and makes unix stream sends (process context
+// only) from more threads than CPUs, then prints how many runs the kernel
+// skipped for recursion. Where tracepoint programs run with preemption
+// disabled (6.12), nothing can nest a run here and the count stays 0.
+func misses(obj string, dur time.Duration, workers int) error {
+	spec, err := ebpf.LoadCollectionSpec(obj)
+	if err != nil {
+		return fmt.Errorf("load %s: %w", obj, err)
+	}
+	keep := map[string]bool{"on_send": true}
+	for name := range spec.Programs {
+		if !keep[name] {
+			delete(spec.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return fmt.Errorf("create collection: %w", err)
+	}
+	defer coll.Close()
+	l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs["on_send"]})
+	if err != nil {
+		return fmt.Errorf("attach on_send: %w", err)
+	}
+	defer l.Close()
+	runtime.GOMAXPROCS(4 * runtime.NumCPU())
+	deadline := time.Now().Add(dur)
+	var sends atomic.Uint64
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return fmt.Errorf("socketpair: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer unix.Close(fds[0])
+			defer unix.Close(fds[1])
+			runtime.LockOSThread()
+			msg, buf := []byte("12345678"), make([]byte, 64)
+			for time.Now().Before(deadline) {
+				if _, err := unix.Write(fds[0], msg); err != nil {
+					return
+				}
+				if _, err := unix.Read(fds[1], buf); err != nil {
+					return
+				}
+				sends.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	st, err := coll.Programs["on_send"].Stats()
+	if err != nil {
+		return fmt.Errorf("program stats: %w", err)
+	}
+	var runs uint64
+	_ = coll.Maps["stats"].Lookup(uint32(6), &runs)
+	fmt.Printf("skstress done: misses (%d threads, %d CPUs) for %s: %d unix sends, %d program runs counted, %d recursion misses\n",
+		workers, runtime.NumCPU(), dur, sends.Load(), runs, st.RecursionMisses)
 	return nil
 }

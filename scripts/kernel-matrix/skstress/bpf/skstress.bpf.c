@@ -100,3 +100,17 @@ int walk_udp(struct bpf_iter__udp *ctx)
 		count(3);
 	return 0;
 }
+
+/* -prog misses: counts unix stream sends (process context only) and does a
+ * little work per run; user space reads the kernel's recursion-miss count
+ * of this program. Needs sock_send_length (6.3+). */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
+{
+	if (sk->__sk_common.skc_family != 1 /* AF_UNIX */)
+		return 0;
+	count(6);
+	for (int i = 0; i < 64; i++)
+		count(7);
+	return 0;
+}
