@@ -22,7 +22,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 8);
+	__uint(max_entries, 16);
 	__type(key, __u32);
 	__type(value, __u64);
 } stats SEC(".maps");
@@ -104,13 +104,45 @@ int walk_udp(struct bpf_iter__udp *ctx)
 /* -prog misses: counts unix stream sends (process context only) and does a
  * little work per run; user space reads the kernel's recursion-miss count
  * of this program. Needs sock_send_length (6.3+). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} in_send SEC(".maps");
+
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
 	if (sk->__sk_common.skc_family != 1 /* AF_UNIX */)
 		return 0;
+	__u32 z = 0;
+	__u32 *busy = bpf_map_lookup_elem(&in_send, &z);
+	if (busy)
+		*busy = 1;
 	count(6);
 	for (int i = 0; i < 64; i++)
 		count(7);
+	if (busy)
+		*busy = 0;
+	return 0;
+}
+
+/* -prog misses2: a second copy, attached after on_send, that does the work
+ * only when on_send is in the middle of a run on this CPU, i.e. when the
+ * kernel skipped on_send for this event because a preempted (or
+ * interrupted) run of it holds the CPU's recursion counter. */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_send_backup, struct sock *sk, int ret, int flags)
+{
+	if (sk->__sk_common.skc_family != 1 /* AF_UNIX */)
+		return 0;
+	__u32 z = 0;
+	__u32 *busy = bpf_map_lookup_elem(&in_send, &z);
+	if (!busy || !*busy)
+		return 0;
+	count(8);
+	for (int i = 0; i < 64; i++)
+		count(9);
 	return 0;
 }
