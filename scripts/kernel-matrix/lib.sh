@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Shared functions of the kernel matrix: fetch Debian kernel packages through a
 # private apt configuration, build a small initramfs around static test
-# binaries, boot it in qemu (TCG) and collect what the guest printed.
+# binaries, boot it in qemu (KVM when it is usable, else TCG) and collect what
+# the guest printed.
 # Sourced by scripts/kernel-matrix/matrix and scripts/kernel-matrix/run.
 
 KM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -12,7 +13,7 @@ KM_MEM=${KMATRIX_MEM:-2G}
 KM_SMP=${KMATRIX_SMP:-2}
 KM_TIMEOUT=${KMATRIX_TIMEOUT:-600}          # seconds per guest, boot to power-off
 KM_MODULES=${KMATRIX_MODULES:-veth bridge}  # loaded in the guest (with their dependencies)
-KM_PKGS=${KMATRIX_PKGS:-./tracer ./internal/bundler}  # test binaries built for the guest
+KM_PKGS=${KMATRIX_PKGS-./tracer ./internal/bundler}   # test binaries built for the guest (set but empty: none)
 KM_TOOLS=${KMATRIX_HOST_TOOLS:-ip}          # host binaries copied in with their libraries
 KM_APT="$KM_CACHE/apt"
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -77,19 +78,69 @@ km_host_deps() {
     # file(1) is needed by the check above; re-check busybox now.
     file -L /bin/busybox | grep static >/dev/null || km_die "/bin/busybox is not the static build (install busybox-static)"
   fi
-  km_log "using $(command -v qemu-system-x86_64): $(qemu-system-x86_64 --version | head -1), guest CPU $(km_cpu)"
+  km_log "using $(command -v qemu-system-x86_64): $(qemu-system-x86_64 --version | head -1)"
   if [ "$(km_qemu_major)" -lt 8 ] && [ -z "${KMATRIX_CPU:-}" ]; then
     km_log "WARNING: QEMU older than 8: the guests run without cx16 (-cpu max,-cx16) to avoid a TCG double fault with 6.12+ guests;" \
            "7.x kernels then fail every BPF socket-storage creation (kmalloc_nolock needs cmpxchg16b), so socket-storage-dependent tests are expected to fail on 7.x"
   fi
 }
 
-# km_cpu prints the guest CPU model: max; max without cx16 on QEMU older than
-# 8 (its TCG double-faults 6.12+ guests at cmpxchg16b); KMATRIX_CPU overrides.
+# km_cpu prints the guest CPU model: under KVM host; under TCG max, or max
+# without cx16 on QEMU older than 8 (its TCG double-faults 6.12+ guests at
+# cmpxchg16b). KMATRIX_CPU overrides.
 km_cpu() {
   local cpu=max
   [ "$(km_qemu_major)" -lt 8 ] && cpu=max,-cx16
+  [ "${KM_ACCEL:-tcg}" = kvm ] && cpu=host
   echo "${KMATRIX_CPU:-$cpu}"
+}
+
+# km_choose_accel ABI sets KM_ACCEL (kvm or tcg) and KM_ACCEL_WHY, and logs
+# them. KMATRIX_ACCEL: tcg or kvm (forced, no probe) or auto (the default):
+# KVM when /dev/kvm is usable, the host CPU has hardware virtualization
+# (vmx/svm) and a probe boot of ABI under KVM reaches its init; otherwise TCG,
+# with the reason logged. (A /dev/kvm without vmx/svm, such as a PVM-style
+# KVM inside a container VM, could not boot Debian's stock kernels here.)
+km_choose_accel() {
+  local abi=$1 req=${KMATRIX_ACCEL:-auto}
+  [ -n "${KM_ACCEL:-}" ] && return 0
+  case "$req" in
+    tcg) KM_ACCEL=tcg KM_ACCEL_WHY="KMATRIX_ACCEL=tcg" ;;
+    kvm) KM_ACCEL=kvm KM_ACCEL_WHY="KMATRIX_ACCEL=kvm (not probed)" ;;
+    auto)
+      KM_ACCEL=tcg
+      if ! [ -r /dev/kvm ] || ! [ -w /dev/kvm ]; then
+        KM_ACCEL_WHY="no usable /dev/kvm"
+      elif ! grep -qw -e vmx -e svm /proc/cpuinfo; then
+        KM_ACCEL_WHY="/dev/kvm exists but the host CPU shows no vmx/svm (no hardware virtualization; its KVM could not boot stock kernels)"
+      elif km_probe_kvm "$abi"; then
+        KM_ACCEL=kvm KM_ACCEL_WHY="probe boot of $abi under KVM passed"
+      fi ;;
+    *) km_die "KMATRIX_ACCEL=$req (allowed: auto, kvm, tcg)" ;;
+  esac
+  export KM_ACCEL KM_ACCEL_WHY
+  km_log "accelerator $KM_ACCEL, guest CPU $(km_cpu): $KM_ACCEL_WHY"
+}
+
+# km_probe_kvm ABI boots ABI under KVM with a busybox-only initramfs that
+# prints a marker and powers off (60 s limit). On failure it sets
+# KM_ACCEL_WHY to what went wrong and returns 1.
+km_probe_kvm() {
+  local abi=$1 p r out rc=0
+  p=$(mktemp -d "$KM_CACHE/probe.XXXXXX")
+  r=$p/root
+  mkdir -p "$r"/{bin,proc,sys,dev}
+  cp /bin/busybox "$r/bin/busybox"
+  printf '#!/bin/busybox sh\n/bin/busybox --install -s /bin\nmount -t proc proc /proc\necho "@@KM PROBE $(uname -r) $(grep -c ^processor /proc/cpuinfo)"\npoweroff -f\n' >"$r/init"
+  chmod +x "$r/init"
+  (cd "$r" && find . | cpio -o -H newc --quiet | gzip -1) >"$p/initrd.gz"
+  out=$(KM_ACCEL=kvm timeout -k 5 60 qemu-system-x86_64 -accel kvm -cpu "$(KM_ACCEL=kvm km_cpu)" -m 512M -smp "$KM_SMP" \
+        -no-reboot -nodefaults -display none -kernel "$KM_CACHE/kernels/$abi/vmlinuz" -initrd "$p/initrd.gz" \
+        -append "console=ttyS0 panic=-1 loglevel=4 rdinit=/init" -serial stdio </dev/null 2>&1) || rc=$?
+  rm -rf "$p"
+  if printf '%s\n' "$out" | grep -q "^@@KM PROBE $abi"; then return 0; fi
+  KM_ACCEL_WHY="a probe boot of $abi under KVM (-cpu $(KM_ACCEL=kvm km_cpu)) did not reach init (status $rc): $(printf '%s\n' "$out" | tr -d '\r' | grep -v -e '^extra data' -e '^ *$' | grep -m1 -i -e error -e failure -e panic -e 'terminating' || echo 'no console output')"
+  return 1
 }
 
 # Private apt configuration: Debian's archive serves more suites than this
@@ -271,7 +322,7 @@ km_boot() {
   cpu=$(km_cpu)
   local append="console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init kmatrix.mode=$mode"
   : >"$dir/results.log"; : >"$dir/console.log"
-  local args=(-accel tcg -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" -no-reboot -nodefaults -display none
+  local args=(-accel "${KM_ACCEL:-tcg}" -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" -no-reboot -nodefaults -display none
               -kernel "$kdir/vmlinuz" -initrd "$initrd" -append "$append")
   if [ "$mode" = shell ]; then
     timeout --foreground -k 10 "$KM_TIMEOUT" qemu-system-x86_64 "${args[@]}" -serial mon:stdio -serial "file:$dir/results.log"

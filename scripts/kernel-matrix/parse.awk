@@ -1,17 +1,18 @@
 # Turns a guest's results.log into one line per step and test:
 #   KERNEL <abi>  <step>  <test>  PASS|FAIL|SKIP  (reason)
 # Variables: abi, counted (1: failures count; 0: informational row).
-# The last line is "COUNTS <pass> <fail> <skip>".
+# The last line is "COUNTS <pass> <fail> <skip> <reported>": fail counts
+# failures of counted rows, reported those of informational rows.
 function row(step, test, res, why) {
   line = sprintf("KERNEL %-28s %-18s %-52s %s", abi, step, test, res)
   if (why != "") line = line "  (" why ")"
   if (!counted) line = line "  [informational]"
   print line
-  if (res == "PASS") np++; else if (res == "SKIP") ns++; else if (counted) nf++
+  if (res == "PASS") np++; else if (res == "SKIP") ns++; else if (counted) nf++; else nr++
 }
 function top(name) { sub(/\/.*/, "", name); return name }
 function trim(s) { sub(/^[ \t]+/, "", s); sub(/[ \t\r]+$/, "", s); return s }
-BEGIN { np = nf = ns = 0; ready = 0; step = "" }
+BEGIN { np = nf = ns = nr = 0; ready = 0; step = "" }
 { sub(/\r$/, "") }
 /^@@KM READY/ { ready = 1; next }
 /^@@KM MODULE-FAILED/ { row("boot", "insmod " $3, "FAIL", "module did not load"); next }
@@ -56,5 +57,5 @@ END {
     for (t in started) if (!(t in done)) row(step, t, "FAIL", "started, never finished")
     row(step, "-", "FAIL", "the guest stopped during this step (time limit or crash): see console.log")
   }
-  print "COUNTS " np " " nf " " ns
+  print "COUNTS " np " " nf " " ns " " nr
 }
