@@ -1430,17 +1430,9 @@ int udp_release(struct bpf_sock *ctx)
 
 /* ---- the drain-time harvest: every socket deptrace tagged ---- */
 
-SEC("iter/bpf_sk_storage_map")
-int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
+/* Fold one tagged socket's growth into the flows; report a listener. */
+static __always_inline void harvest_sock(struct sock *sk, struct sock_state *st, struct seq_file *seq)
 {
-	struct sock *sk = ctx->sk;
-	if (!sk || !ctx->value)
-		return 0;
-	/* The same storage as ctx->value, but as a map value: 6.1's verifier
-	 * takes no iterator buffer as a map key (the flow key lives here). */
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	if (!st)
-		return 0;
 	if (st->kind == SK_TCP) {
 		/* A connection tagged while already counting is left alone for
 		 * its first 10 ms: a close racing with the tag has counted it. */
@@ -1450,7 +1442,7 @@ int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
 		udp_fold(st);
 	} else if (st->kind == SK_LISTENER) {
 		if (sk->__sk_common.skc_state != TCP_LISTEN)
-			return 0;
+			return;
 		struct listener_record r = {};
 		r.netns = st->key.netns;
 		r.port = st->key.port;
@@ -1469,8 +1461,54 @@ int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
 				__builtin_memcpy(r.comm, pv->comm, sizeof(r.comm));
 			}
 		}
-		bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
+		bpf_seq_write(seq, &r, sizeof(r));
 	}
+}
+
+SEC("iter/bpf_sk_storage_map")
+int harvest(struct bpf_iter__bpf_sk_storage_map *ctx)
+{
+	struct sock *sk = ctx->sk;
+	if (!sk || !ctx->value)
+		return 0;
+	/* The same storage as ctx->value, but as a map value: 6.1's verifier
+	 * takes no iterator buffer as a map key (the flow key lives here). */
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st)
+		harvest_sock(sk, st, ctx->meta->seq);
+	return 0;
+}
+
+/* The same harvest through the socket tables, one namespace per run, for
+ * kernels whose socket-storage map iterator is unsafe (7.0 and later, see
+ * docs/install.md): it costs a walk of each namespace's tables. */
+SEC("iter/tcp")
+int harvest_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	if (!skc)
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0; /* time-wait and request sockets: never tagged */
+	struct sock *sk = (struct sock *)tp;
+	if (!sk->sk_bpf_storage)
+		return 0;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st)
+		harvest_sock(sk, st, ctx->meta->seq);
+	return 0;
+}
+
+SEC("iter/udp")
+int harvest_udp(struct bpf_iter__udp *ctx)
+{
+	struct sock *sk = (struct sock *)ctx->udp_sk;
+	if (!sk || !sk->sk_bpf_storage)
+		return 0;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	if (st)
+		harvest_sock(sk, st, ctx->meta->seq);
 	return 0;
 }
 

@@ -74,6 +74,25 @@ type hookDef struct {
 	// fallbackFor names the program this one replaces where that one
 	// cannot run; it is loaded only then.
 	fallbackFor string
+	// unsafe says why this kernel must not run the program although it
+	// would load ("" where it is safe); its fallbacks then stand in.
+	unsafe func() string
+}
+
+// forceTableHarvest makes every kernel take the table harvest (tests).
+var forceTableHarvest bool
+
+// storageIterUnsafe: from 7.0, freeing a socket clears its storage
+// element's owner pointer (bpf_selem_unlink_nofail) while the socket-storage
+// map iterator may still show that element, and the kernel's
+// __bpf_sk_storage_map_seq_show dereferences it unchecked: an oops, seen in
+// Debian's 7.3 (docs/install.md). The rework that brought it also gave
+// bpf_local_storage_elem its "state" member, by which it is recognised.
+func storageIterUnsafe() string {
+	if forceTableHarvest || kernel.HasMember("bpf_local_storage_elem", "state") {
+		return "unsafe on this kernel: its socket-storage map iterator can oops while sockets are freed (Linux 7.0+); harvest_tcp/harvest_udp stand in"
+	}
+	return ""
 }
 
 var hookDefs = []hookDef{
@@ -81,8 +100,12 @@ var hookDefs = []hookDef{
 		requires: []string{"btf_trace_inet_sock_set_state"}, required: true,
 		provides: "TCP connections, their bytes (read from the socket at close), failures by cause, connect latency, listening ports"},
 	{program: "harvest", hook: "iter/bpf_sk_storage_map", kind: kindStorageIter,
-		requires: []string{"bpf_iter__bpf_sk_storage_map"}, required: true,
+		requires: []string{"bpf_iter__bpf_sk_storage_map"}, required: true, unsafe: storageIterUnsafe,
 		provides: "bytes of live TCP connections and connected UDP sockets at every drain; listen-queue state"},
+	{program: "harvest_tcp", hook: "iter/tcp (harvest)", kind: kindIter, requires: []string{"bpf_iter__tcp"}, fallbackFor: "harvest",
+		provides: "the harvest of live TCP connections and listeners, walking each namespace's socket table, where the storage iterator is unsafe"},
+	{program: "harvest_udp", hook: "iter/udp (harvest)", kind: kindIter, requires: []string{"bpf_iter__udp"}, fallbackFor: "harvest",
+		provides: "the harvest of connected UDP sockets, walking each namespace's socket table, where the storage iterator is unsafe"},
 	{program: "on_send_reset", hook: "tp_btf/tcp_send_reset", kind: kindTracepoint,
 		requires: []string{"btf_trace_tcp_send_reset"},
 		provides: "TCP resets sent, per flow"},
@@ -273,6 +296,13 @@ func Load(cfg Config) (*Bundler, error) {
 			b.hooks = append(b.hooks, h)
 			continue
 		}
+		if def.unsafe != nil {
+			if why := def.unsafe(); why != "" {
+				h.Reason = why
+				b.hooks = append(b.hooks, h)
+				continue
+			}
+		}
 		if l, ok := old.adoptLink(def); ok {
 			b.links = append(b.links, l)
 			b.linkOf[def.program] = l
@@ -282,11 +312,18 @@ func Load(cfg Config) (*Bundler, error) {
 			h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
 		}
 		h.Active = h.Reason == ""
-		if !h.Active && def.required {
+		if !h.Active && def.required && !hasFallback(def.program) {
 			b.Close()
 			return nil, &RequiredHookError{Hook: h}
 		}
 		b.hooks = append(b.hooks, h)
+	}
+	// A required hook with fallbacks is satisfied when one of them runs.
+	for _, h := range b.hooks {
+		if h.Required && !h.Active && !b.replaced(h.Program) {
+			b.Close()
+			return nil, &RequiredHookError{Hook: h}
+		}
 	}
 	if old != nil {
 		old.close()
@@ -414,6 +451,25 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 
 // Hooks lists every hook with its state on this kernel.
 func (b *Bundler) Hooks() []Hook { return append([]Hook(nil), b.hooks...) }
+
+func hasFallback(program string) bool {
+	for _, d := range hookDefs {
+		if d.fallbackFor == program {
+			return true
+		}
+	}
+	return false
+}
+
+// replaced reports whether a fallback for program is active.
+func (b *Bundler) replaced(program string) bool {
+	for _, h := range b.hooks {
+		if h.Replaces == program && h.Active {
+			return true
+		}
+	}
+	return false
+}
 
 // HookActive reports whether the named program runs on this kernel.
 func (b *Bundler) HookActive(program string) bool {

@@ -176,6 +176,8 @@ const (
 	bundlerMapUnixPaths              = "unix_paths"
 	bundlerProgConnectError          = "connect_error"
 	bundlerProgHarvest               = "harvest"
+	bundlerProgHarvestTcp            = "harvest_tcp"
+	bundlerProgHarvestUdp            = "harvest_udp"
 	bundlerProgOnInet6SendFexit      = "on_inet6_send_fexit"
 	bundlerProgOnInetSendFexit       = "on_inet_send_fexit"
 	bundlerProgOnReceiveReset        = "on_receive_reset"
@@ -251,6 +253,8 @@ type bundlerSpecs struct {
 type bundlerProgramSpecs struct {
 	ConnectError          *ebpf.ProgramSpec `ebpf:"connect_error"`
 	Harvest               *ebpf.ProgramSpec `ebpf:"harvest"`
+	HarvestTcp            *ebpf.ProgramSpec `ebpf:"harvest_tcp"`
+	HarvestUdp            *ebpf.ProgramSpec `ebpf:"harvest_udp"`
 	OnInet6SendFexit      *ebpf.ProgramSpec `ebpf:"on_inet6_send_fexit"`
 	OnInetSendFexit       *ebpf.ProgramSpec `ebpf:"on_inet_send_fexit"`
 	OnReceiveReset        *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
@@ -369,6 +373,8 @@ type bundlerVariables struct {
 type bundlerPrograms struct {
 	ConnectError          *ebpf.Program `ebpf:"connect_error"`
 	Harvest               *ebpf.Program `ebpf:"harvest"`
+	HarvestTcp            *ebpf.Program `ebpf:"harvest_tcp"`
+	HarvestUdp            *ebpf.Program `ebpf:"harvest_udp"`
 	OnInet6SendFexit      *ebpf.Program `ebpf:"on_inet6_send_fexit"`
 	OnInetSendFexit       *ebpf.Program `ebpf:"on_inet_send_fexit"`
 	OnReceiveReset        *ebpf.Program `ebpf:"on_receive_reset"`
@@ -392,6 +398,8 @@ func (p *bundlerPrograms) Close() error {
 	return _BundlerClose(
 		p.ConnectError,
 		p.Harvest,
+		p.HarvestTcp,
+		p.HarvestUdp,
 		p.OnInet6SendFexit,
 		p.OnInetSendFexit,
 		p.OnReceiveReset,

@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"strconv"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/deptrace/deptrace/internal/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -262,20 +265,63 @@ func (b *Bundler) readPending(p *pendingDrain) ([]Entry, error) {
 // harvest runs the socket-storage iterator: it folds live sockets' counter
 // growth into the active flow map and reports every listener.
 func (b *Bundler) harvest() ([]Listener, error) {
-	it, ok := b.iters["harvest"]
-	if !ok {
+	var recs []bundlerListenerRecord
+	if it, ok := b.iters["harvest"]; ok {
+		var err error
+		recs, err = readIter[bundlerListenerRecord](it)
+		if err != nil {
+			return nil, fmt.Errorf("harvest live sockets: %w", err)
+		}
+	} else if _, ok := b.iters["harvest_tcp"]; ok {
+		var err error
+		recs, err = b.harvestTables()
+		if err != nil {
+			return decodeListeners(recs), err
+		}
+	} else {
 		return nil, errors.New("harvest iterator is not attached")
 	}
-	recs, err := readIter[bundlerListenerRecord](it)
-	if err != nil {
-		return nil, fmt.Errorf("harvest live sockets: %w", err)
-	}
+	return decodeListeners(recs), nil
+}
+
+func decodeListeners(recs []bundlerListenerRecord) []Listener {
 	out := make([]Listener, len(recs))
 	for i, r := range recs {
 		out[i] = Listener{NetNS: r.Netns, Port: r.Port, Local: netip.AddrFrom16(r.LocalAddr).Unmap(),
 			BacklogLimit: r.BacklogLimit, Queue: r.Queue, Drops: r.Drops, PID: r.Pid, Comm: commString(r.Comm)}
 	}
-	return out, nil
+	return out
+}
+
+// harvestTables is the harvest where the socket-storage iterator is unsafe
+// (storageIterUnsafe): the TCP and UDP socket iterators, in every watched
+// namespace, each a walk of that namespace's socket tables. A namespace
+// that no process or bind mount holds any more has no sockets left to
+// harvest, and one that vanishes while being entered is skipped.
+func (b *Bundler) harvestTables() ([]bundlerListenerRecord, error) {
+	namespaces, err := netns.List()
+	if err != nil {
+		return nil, fmt.Errorf("harvest: list namespaces: %w", err)
+	}
+	var recs []bundlerListenerRecord
+	var errs []error
+	for _, ns := range namespaces {
+		if b.cfg.NetNS != 0 && ns.Inode != b.cfg.NetNS {
+			continue
+		}
+		err := netns.Do(ns.Path, func() error {
+			r, err := readIter[bundlerListenerRecord](b.iters["harvest_tcp"])
+			recs = append(recs, r...)
+			if it, ok := b.iters["harvest_udp"]; ok && err == nil {
+				_, err = readIter[byte](it)
+			}
+			return err
+		})
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("harvest netns %d: %w", ns.Inode, err))
+		}
+	}
+	return recs, errors.Join(errs...)
 }
 
 // drainMap reads every entry of m and resets it at once (unpinned sides).

@@ -97,6 +97,25 @@ func Has(name string) bool {
 	return err == nil
 }
 
+// HasMember reports whether the kernel's BTF has a struct of this name
+// with a member of that name.
+func HasMember(structName, member string) bool {
+	spec, err := BTF()
+	if err != nil {
+		return false
+	}
+	var st *btf.Struct
+	if err := spec.TypeByName(structName, &st); err != nil {
+		return false
+	}
+	for _, m := range st.Members {
+		if m.Name == member {
+			return true
+		}
+	}
+	return false
+}
+
 // CgroupV2Root finds the cgroup v2 mount point from mountinfo. On hybrid
 // hosts it is often /sys/fs/cgroup/unified, on unified ones /sys/fs/cgroup.
 func CgroupV2Root() (string, error) {
