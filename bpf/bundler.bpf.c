@@ -600,6 +600,15 @@ static __always_inline void tcp_connecting(struct sock *sk)
 	st->syn_ns = ci.syn_ns;
 }
 
+static __always_inline void name_from_connect(struct flow_value *v, const struct connect_info *ci)
+{
+	if (v->pid != ci->pid) {
+		v->pid = ci->pid;
+		v->cgroup_id = ci->cgroup_id;
+		__builtin_memcpy(v->comm, ci->comm, sizeof(v->comm));
+	}
+}
+
 static __always_inline void name_from_listener(struct flow_value *v, __u32 netns, __u16 port)
 {
 	if (v->pid)
@@ -659,11 +668,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 				v->latency_max_us = lat;
 		}
 		if (ci) {
-			if (v->pid != ci->pid) {
-				v->pid = ci->pid;
-				v->cgroup_id = ci->cgroup_id;
-				__builtin_memcpy(v->comm, ci->comm, sizeof(v->comm));
-			}
+			name_from_connect(v, ci);
 		} else if (!active) {
 			name_from_listener(v, k.netns, k.port);
 		}
@@ -803,11 +808,7 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 		if (tagged) {
 			name_flow(v, st);
 		} else if (ci) {
-			if (v->pid != ci->pid) {
-				v->pid = ci->pid;
-				v->cgroup_id = ci->cgroup_id;
-				__builtin_memcpy(v->comm, ci->comm, sizeof(v->comm));
-			}
+			name_from_connect(v, ci);
 		} else if (!active) {
 			name_from_listener(v, k.netns, k.port);
 		}

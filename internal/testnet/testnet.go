@@ -67,6 +67,10 @@ const LockPath = "/run/deptrace-privileged-tests.lock"
 var (
 	lockOnce sync.Once
 	lockErr  error
+	// lockFile keeps the lock's file reachable: an unreachable *os.File is
+	// closed by its finalizer at the next garbage collection, and the
+	// flock goes with it (two packages then ran on the kernel at once).
+	lockFile *os.File
 )
 
 func lockMachine() error {
@@ -80,7 +84,10 @@ func lockMachine() error {
 		// closed, so held for the life of this process.
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 			lockErr = fmt.Errorf("privileged test lock %s: %w", LockPath, err)
+			f.Close()
+			return
 		}
+		lockFile = f
 	})
 	return lockErr
 }
