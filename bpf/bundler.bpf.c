@@ -721,8 +721,7 @@ static __always_inline void tcp_close_untagged(struct sock *sk, int oldstate)
 /* Tag a connection that lives on, so that every drain reports it: from a
  * send or a receive, once it has moved this many segments. A short
  * request/response connection moves fewer and never pays for storage; its
- * bytes come at close. Called only for sockets with no storage at all (a
- * socket another program keeps storage on is counted at its close). */
+ * bytes come at close. */
 #define TAG_AFTER_SEGS 16
 #define TAG_SETTLE_NS (10 * 1000 * 1000ULL)
 
@@ -732,6 +731,8 @@ static __always_inline void tcp_tag_late(struct sock *sk)
 	if (!tp)
 		return;
 	if (tp->segs_in + tp->segs_out < TAG_AFTER_SEGS)
+		return;
+	if (sk->sk_bpf_storage && bpf_sk_storage_get(&socks, sk, 0, 0))
 		return;
 	int state = sk->__sk_common.skc_state;
 	if (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT)
@@ -1137,8 +1138,10 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 	/* TCP calls fire these tracepoints too: the socket counts its bytes
 	 * itself; only a connection that lives on is tagged. */
 	if (sk->sk_protocol == IPPROTO_TCP) {
-		/* A tagged connection costs one pointer read here. */
-		if (ret > 0 && !sk->sk_bpf_storage)
+		/* A connection with no storage may need tagging. One with some
+		 * is tagged, or has another program's storage (another deptrace,
+		 * say): look for ours on one call in eight. */
+		if (ret > 0 && (!sk->sk_bpf_storage || (bpf_get_prandom_u32() & 7) == 0))
 			tcp_tag_late(sk);
 		return;
 	}

@@ -976,3 +976,40 @@ func TestListenerWithZeroBacklog(t *testing.T) {
 		t.Errorf("client: %+v", out.Counters)
 	}
 }
+
+// Two deptraces at once (an agent and an ad-hoc trace): each tags a live
+// connection with its own storage, and each reports its bytes while it is
+// open, although the other's storage is on the socket first.
+func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	tr1 := startTracer(t, nil)
+	tr2 := startTracer(t, nil)
+
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7300")
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		loadgen.Echo(c)
+	}()
+	c, err := a.Dial("tcp4", b.IPv4.String()+":7300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const rounds, size = 100, 10
+	for i := 0; i < rounds; i++ {
+		if err := roundTrip(c, size, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, tr := range []*tracer.Tracer{tr1, tr2} {
+		l := newLedger()
+		settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesSent >= rounds*size })
+		if got := l.one(t, a).BytesSent; got != rounds*size {
+			t.Errorf("tracer %d: %d bytes sent while the connection is open; want %d", i+1, got, rounds*size)
+		}
+	}
+}
