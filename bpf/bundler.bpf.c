@@ -1140,8 +1140,9 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 	if (sk->sk_protocol == IPPROTO_TCP) {
 		/* A connection with no storage may need tagging. One with some
 		 * is tagged, or has another program's storage (another deptrace,
-		 * say): look for ours on one call in eight. */
-		if (ret > 0 && (!sk->sk_bpf_storage || (bpf_get_prandom_u32() & 7) == 0))
+		 * say): look for ours during one jiffy in 32 (a random number
+		 * per call costs several times more). */
+		if (ret > 0 && (!sk->sk_bpf_storage || (bpf_jiffies64() & 31) == 0))
 			tcp_tag_late(sk);
 		return;
 	}

@@ -999,11 +999,14 @@ func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// Traffic for half a second: each deptrace looks for its own storage
+	// during one jiffy in 32 (128 ms at HZ=250, 320 ms at HZ=100).
 	const rounds, size = 100, 10
 	for i := 0; i < rounds; i++ {
 		if err := roundTrip(c, size, size); err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	for i, tr := range []*tracer.Tracer{tr1, tr2} {
 		l := newLedger()
