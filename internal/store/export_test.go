@@ -97,14 +97,3 @@ func (s *Store) PlanRows(ctx context.Context, r Range) (map[string]int64, error)
 	}
 	return out, nil
 }
-
-// QuerySQL is the statement Observations runs for r, for EXPLAIN.
-func (s *Store) QuerySQL(ctx context.Context, r Range) (string, []any) {
-	return s.lastSQL(ctx, r)
-}
-
-func (s *Store) lastSQL(ctx context.Context, r Range) (string, []any) {
-	lo, hi, _ := s.bounds(ctx, r)
-	q, args := observationsSQL(lo, hi, levels)
-	return s.d.rebind(q), args
-}
