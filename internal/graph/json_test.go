@@ -49,5 +49,16 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 		if !bytes.Equal(got.Bytes(), want.Bytes()) {
 			t.Errorf("graph %d: got\n%s\nwant\n%s", i, got.Bytes(), want.Bytes())
 		}
+		m, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Reset()
+		if err := WriteCompactJSON(&got, g); err != nil {
+			t.Fatal(err)
+		}
+		if want := append(m, '\n'); !bytes.Equal(got.Bytes(), want) {
+			t.Errorf("graph %d, compact: got\n%s\nwant\n%s", i, got.Bytes(), want)
+		}
 	}
 }

@@ -16,7 +16,7 @@ var Formats = []string{"json", "dot", "mermaid"}
 func Write(w io.Writer, g Graph, format string) error {
 	switch format {
 	case "json":
-		return writeJSON(w, g)
+		return writeJSON(w, g, indented)
 	case "dot":
 		return writeDOT(w, g)
 	case "mermaid":
