@@ -10,15 +10,16 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// pgAggregates sums a flow's rows in bucketColumns' order. SUM of a
-// bigint is a numeric in PostgreSQL: cast back, to keep eight bytes.
+// pgAggregates sums a flow's rows in bucketColumns' order, with sum8 (a
+// bigint state, see migration 6) rather than SUM (a 128-bit or numeric
+// state allocated per flow and column, then cast back).
 var pgAggregates = func() string {
 	out := []string{"key_id", "MAX(pid)", "MAX(peer_pid)"}
 	for _, c := range counterColumns {
 		if maxColumns[c] {
 			out = append(out, "MAX("+c+")")
 		} else {
-			out = append(out, "CAST(SUM("+c+") AS BIGINT)")
+			out = append(out, "sum8("+c+")")
 		}
 	}
 	return strings.Join(append(out, "MIN(first_seen)", "MAX(last_seen)"), ", ")
