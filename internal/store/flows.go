@@ -780,6 +780,9 @@ func (s *Store) sqlSums(ctx context.Context, segs []segment, lo, hi int64) (*sum
 
 // observations names the summed flows by their keys, sorted by key.
 func (sm *sums) observations(keys map[int64]flowKey) ([]Observation, error) {
+	if len(sm.flows) == 0 {
+		return nil, nil
+	}
 	type named struct {
 		k *flowKey
 		i int32
