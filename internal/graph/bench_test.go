@@ -1,7 +1,9 @@
 package graph
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -9,9 +11,9 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// BenchmarkBuild times the Go join alone on the store benchmarks' graph:
-// 2,500 hosts, 10,000 nodes, 50,000 edges (57,500 flows, one row each).
-func BenchmarkBuild(b *testing.B) {
+// benchGraph is the store benchmarks' graph: 2,500 hosts, 10,000 nodes,
+// 50,000 edges (57,500 flows, one row each).
+func benchGraph() ([]store.Observation, []store.Host) {
 	addr := func(h int) string { return fmt.Sprintf("10.%d.%d.1", h/256, h%256) }
 	var hs []store.Host
 	for h := 0; h < 2500; h++ {
@@ -30,8 +32,49 @@ func BenchmarkBuild(b *testing.B) {
 			}
 		}
 	}
+	return obs, hs
+}
+
+// BenchmarkBuild times the Go join alone on benchGraph.
+func BenchmarkBuild(b *testing.B) {
+	obs, hs := benchGraph()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		Build(obs, hs, nil)
 	}
 }
+
+// BenchmarkWriteJSON times writing benchGraph's graph as JSON: indented
+// (graph --format json), compact (/api/graph), and through encoding/json
+// for comparison.
+func BenchmarkWriteJSON(b *testing.B) {
+	obs, hs := benchGraph()
+	g := Build(obs, hs, nil)
+	for _, c := range []struct {
+		name  string
+		write func(io.Writer) error
+	}{
+		{"indented", func(w io.Writer) error { return Write(w, g, "json") }},
+		{"compact", func(w io.Writer) error { return WriteCompactJSON(w, g) }},
+		{"encoding-json-indented", func(w io.Writer) error {
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			return enc.Encode(g)
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var n countWriter
+			for i := 0; i < b.N; i++ {
+				n = 0
+				if err := c.write(&n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n)/1e6, "MB")
+		})
+	}
+}
+
+type countWriter int
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }

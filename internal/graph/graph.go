@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,7 +113,7 @@ type Graph struct {
 // ProcessID, ServiceID and ExternalID build node ids.
 func ProcessID(host, process string) string { return "process:" + host + "/" + process }
 func ServiceID(host, proto string, port uint16) string {
-	return fmt.Sprintf("service:%s/%s/%d", host, proto, port)
+	return "service:" + host + "/" + proto + "/" + strconv.Itoa(int(port))
 }
 
 // UnixServiceID names a unix-socket service: a socket path (or "@name"
@@ -208,8 +209,8 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		port               uint16
 		client, clientAddr string
 	}
-	outs := map[outKey]*side{}
-	ins := map[inKey]*side{}
+	outs := make(map[outKey]*side, len(obs))
+	ins := make(map[inKey]*side, len(obs)/4)
 	var unix []store.Observation
 	for _, o := range obs {
 		if o.Proto == tracer.ProtoUnix {
@@ -246,11 +247,11 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 	}
 
-	g := newBuilder()
+	g := newBuilder(len(obs))
 	matched := map[inKey]bool{}
 	for _, out := range outs {
 		from := g.node(Node{ID: ProcessID(out.client, out.process), Kind: KindProcess, Host: out.client, Addr: hostAddr[out.client], Process: out.process})
-		var to string
+		var to int32
 		if out.server == "" {
 			to = g.node(Node{ID: ExternalID(out.serverAddr, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto})
 		} else {
@@ -271,7 +272,7 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 		to := g.node(Node{ID: ServiceID(in.server, in.proto, in.port), Kind: KindService, Host: in.server,
 			Addr: hostAddr[in.server], Port: in.port, Proto: in.proto, Process: in.process})
-		var from string
+		var from int32
 		if in.client == "" {
 			from = g.node(Node{ID: ExternalID(in.clientAddr, 0), Kind: KindExternal, Addr: in.clientAddr})
 		} else {
@@ -343,13 +344,14 @@ func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
 func (b *builder) listeners(ls []store.Listener, hostAddr map[string]string) {
 	for _, l := range ls {
 		id := ServiceID(l.HostID, l.Proto, l.Port)
-		n, ok := b.nodes[id]
+		i, ok := b.byID[id]
 		if !ok {
 			if l.Drops == 0 {
 				continue
 			}
-			n = Node{ID: id, Kind: KindService, Host: l.HostID, Addr: hostAddr[l.HostID], Port: l.Port, Proto: l.Proto, Process: l.Comm}
+			i = b.node(Node{ID: id, Kind: KindService, Host: l.HostID, Addr: hostAddr[l.HostID], Port: l.Port, Proto: l.Proto, Process: l.Comm})
 		}
+		n := &b.nodes[i]
 		if n.Listener == nil {
 			n.Listener = &ListenerState{}
 		}
@@ -359,47 +361,53 @@ func (b *builder) listeners(ls []store.Listener, hostAddr map[string]string) {
 		if n.Process == "" {
 			n.Process = l.Comm
 		}
-		b.nodes[id] = n
 	}
-	for id, n := range b.nodes {
+	for i := range b.nodes {
+		n := &b.nodes[i]
 		if n.Listener != nil && n.Listener.Drops > 0 {
 			n.Unhealthy = true
 			n.Reasons = []string{fmt.Sprintf("%d connections dropped: accept queue full (backlog %d, deepest queue %d)",
 				n.Listener.Drops, n.Listener.BacklogLimit, n.Listener.QueueMax)}
-			b.nodes[id] = n
 		}
 	}
 }
 
 type builder struct {
-	nodes map[string]Node
-	edges map[[2]string]*Edge
+	nodes []Node
+	byID  map[string]int32
+	edges map[[2]int32]int32 // (from, to) node indices to an index in edgeList
+	list  []Edge
 }
 
-func newBuilder() *builder {
-	return &builder{nodes: map[string]Node{}, edges: map[[2]string]*Edge{}}
+func newBuilder(sizeHint int) *builder {
+	return &builder{byID: make(map[string]int32, sizeHint/4), edges: make(map[[2]int32]int32, sizeHint),
+		nodes: make([]Node, 0, sizeHint/4), list: make([]Edge, 0, sizeHint)}
 }
 
-// node adds n, or completes an existing node's missing process name.
-func (b *builder) node(n Node) string {
-	if old, ok := b.nodes[n.ID]; ok {
-		if old.Process == "" {
-			old.Process = n.Process
+// node adds n, or completes an existing node's missing process name, and
+// returns its index.
+func (b *builder) node(n Node) int32 {
+	if i, ok := b.byID[n.ID]; ok {
+		if b.nodes[i].Process == "" {
+			b.nodes[i].Process = n.Process
 		}
-		b.nodes[n.ID] = old
-		return n.ID
+		return i
 	}
-	b.nodes[n.ID] = n
-	return n.ID
+	i := int32(len(b.nodes))
+	b.byID[n.ID] = i
+	b.nodes = append(b.nodes, n)
+	return i
 }
 
-func (b *builder) edge(from, to string, s *side) {
-	k := [2]string{from, to}
-	e := b.edges[k]
-	if e == nil {
-		e = &Edge{From: from, To: to, Proto: s.proto, Port: s.port, FirstSeen: s.first}
-		b.edges[k] = e
+func (b *builder) edge(from, to int32, s *side) {
+	k := [2]int32{from, to}
+	i, ok := b.edges[k]
+	if !ok {
+		i = int32(len(b.list))
+		b.edges[k] = i
+		b.list = append(b.list, Edge{From: b.nodes[from].ID, To: b.nodes[to].ID, Proto: s.proto, Port: s.port, FirstSeen: s.first})
 	}
+	e := &b.list[i]
 	e.Counters.Add(s.c)
 	if !s.first.IsZero() && s.first.Before(e.FirstSeen) {
 		e.FirstSeen = s.first
@@ -409,23 +417,34 @@ func (b *builder) edge(from, to string, s *side) {
 	}
 }
 
+// graph sorts nodes by id and edges by (from, to). Edges are sorted by
+// their ends' ranks among the sorted nodes, which is the same order as
+// comparing the id strings but costs two integer compares.
 func (b *builder) graph() Graph {
-	g := Graph{Nodes: []Node{}, Edges: []Edge{}}
-	for _, n := range b.nodes {
-		g.Nodes = append(g.Nodes, n)
+	order := make([]int32, len(b.nodes))
+	for i := range order {
+		order[i] = int32(i)
 	}
-	// Sort pointers: an Edge is large, and moving 50,000 of them around
-	// in a sort costs more than the rest of the build.
-	edges := make([]*Edge, 0, len(b.edges))
-	for _, e := range b.edges {
+	slices.SortFunc(order, func(x, y int32) int { return cmp.Compare(b.nodes[x].ID, b.nodes[y].ID) })
+	rank := make([]int32, len(b.nodes))
+	g := Graph{Nodes: make([]Node, 0, len(b.nodes)), Edges: make([]Edge, 0, len(b.list))}
+	for r, i := range order {
+		rank[i] = int32(r)
+		g.Nodes = append(g.Nodes, b.nodes[i])
+	}
+	type ranked struct {
+		from, to int32
+		i        int32
+	}
+	es := make([]ranked, 0, len(b.list))
+	for k, i := range b.edges {
+		es = append(es, ranked{rank[k[0]], rank[k[1]], i})
+	}
+	slices.SortFunc(es, func(x, y ranked) int { return cmp.Or(cmp.Compare(x.from, y.from), cmp.Compare(x.to, y.to)) })
+	for _, r := range es {
+		e := b.list[r.i]
 		e.health()
-		edges = append(edges, e)
+		g.Edges = append(g.Edges, e)
 	}
-	slices.SortFunc(edges, func(a, b *Edge) int { return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To)) })
-	g.Edges = make([]Edge, 0, len(edges))
-	for _, e := range edges {
-		g.Edges = append(g.Edges, *e)
-	}
-	slices.SortFunc(g.Nodes, func(a, b Node) int { return cmp.Compare(a.ID, b.ID) })
 	return g
 }

@@ -1,7 +1,6 @@
 package graph
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -17,9 +16,7 @@ var Formats = []string{"json", "dot", "mermaid"}
 func Write(w io.Writer, g Graph, format string) error {
 	switch format {
 	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(g)
+		return writeJSON(w, g, indented)
 	case "dot":
 		return writeDOT(w, g)
 	case "mermaid":

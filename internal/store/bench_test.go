@@ -10,7 +10,9 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,11 +25,34 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
+// benchBackends gives a fresh SQLite file and a throwaway PostgreSQL.
+// With DEPTRACE_BENCH_DIR set, the SQLite file of history (named after
+// the benchmark) is kept there and reused by later runs on the same UTC
+// day (the history is pinned to today), to profile
+// queries without loading the history each time; with
+// DEPTRACE_BENCH_BACKEND=sqlite or postgres, only that back end runs.
 func benchBackends(b *testing.B) map[string]string {
-	return map[string]string{
-		"sqlite":   filepath.Join(b.TempDir(), "bench.db"),
-		"postgres": pgtest.Start(b),
+	only := os.Getenv("DEPTRACE_BENCH_BACKEND")
+	out := map[string]string{}
+	if only == "" || only == "sqlite" {
+		out["sqlite"] = filepath.Join(b.TempDir(), "bench.db")
+		if dir := os.Getenv("DEPTRACE_BENCH_DIR"); dir != "" {
+			out["sqlite"] = filepath.Join(dir, strings.ReplaceAll(b.Name(), "/", "-")+".db")
+		}
 	}
+	if only == "" || only == "postgres" {
+		out["postgres"] = pgtest.Start(b)
+	}
+	return out
+}
+
+// loaded reports whether s already holds a history (a reused file).
+func loaded(b *testing.B, s *store.Store) bool {
+	hosts, err := s.Hosts(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return len(hosts) > 0
 }
 
 func hostAddr(h int) string { return fmt.Sprintf("10.%d.%d.1", h/256, h%256) }
@@ -216,7 +241,9 @@ func BenchmarkQueryDay(b *testing.B) {
 			defer s.Close()
 			now := benchNow()
 			t0 := time.Now()
-			dayOfHistory(b, s, now)
+			if !loaded(b, s) {
+				dayOfHistory(b, s, now)
+			}
 			b.Logf("%s: loaded a day of history in %s", name, time.Since(t0).Round(time.Millisecond))
 			day := store.Range{Since: now.Add(-24 * time.Hour)}
 			queryBench(b, s, "graph-24h", day, false, false)
@@ -282,7 +309,9 @@ func BenchmarkQueryMonth(b *testing.B) {
 			defer s.Close()
 			now := benchNow()
 			t0 := time.Now()
-			monthOfHistory(b, s, now)
+			if !loaded(b, s) {
+				monthOfHistory(b, s, now)
+			}
 			b.Logf("%s: loaded 30 days of history in %s", name, time.Since(t0).Round(time.Millisecond))
 			month := store.Range{Since: now.Add(-30 * 24 * time.Hour)}
 			queryBench(b, s, "graph-30d", month, false, false)

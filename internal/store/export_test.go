@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -98,13 +99,60 @@ func (s *Store) PlanRows(ctx context.Context, r Range) (map[string]int64, error)
 	return out, nil
 }
 
-// QuerySQL is the statement Observations runs for r, for EXPLAIN.
-func (s *Store) QuerySQL(ctx context.Context, r Range) (string, []any) {
-	return s.lastSQL(ctx, r)
-}
-
-func (s *Store) lastSQL(ctx context.Context, r Range) (string, []any) {
-	lo, hi, _ := s.bounds(ctx, r)
-	q, args := observationsSQL(lo, hi, levels)
-	return s.d.rebind(q), args
+// ObservationsSQL answers a range from minute buckets only, summed by
+// SQL's own SUM, MAX and MIN with a GROUP BY and joined to the keys in
+// SQL: a reference independent of the Go sums (SQLite) and of sum8
+// (PostgreSQL) that Observations uses.
+func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, error) {
+	lo, hi, err := s.bounds(ctx, r)
+	if err != nil || lo >= hi {
+		return nil, err
+	}
+	var args []any
+	var parts []string
+	for _, sg := range plan(lo, hi, levels[:1]) {
+		parts = append(parts, segmentSQL(sg, bucketColumns, lo, hi, &args))
+	}
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	agg := "MAX(pid), MAX(peer_pid)"
+	for _, c := range counterColumns {
+		if maxColumns[c] {
+			agg += ", MAX(" + c + ")"
+		} else {
+			agg += ", CAST(SUM(" + c + ") AS BIGINT)"
+		}
+	}
+	q := `SELECT k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm, a.*
+		FROM (SELECT key_id, ` + agg + `, MIN(first_seen), MAX(last_seen) FROM (` + strings.Join(parts, " UNION ALL ") + `) u GROUP BY key_id) a
+		JOIN flow_keys k ON k.id = a.key_id`
+	rows, err := s.db.QueryContext(ctx, s.d.rebind(q), args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Observation
+	for rows.Next() {
+		var o Observation
+		var port int
+		var key, pid, peer, first, last int64
+		var c [16]int64
+		dest := []any{&o.HostID, &o.Direction, &o.Proto, &o.LocalAddr, &o.RemoteAddr, &port, &o.Comm, &o.PeerComm, &key, &pid, &peer}
+		for i := range c {
+			dest = append(dest, &c[i])
+		}
+		dest = append(dest, &first, &last)
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		o.Port, o.PID, o.PeerPID = uint16(port), uint32(pid), uint32(peer)
+		for i, f := range counterFields(&o.Counters) {
+			*f = uint64(c[i])
+		}
+		o.FirstSeen, o.LastSeen = fromNs(first), fromNs(last)
+		out = append(out, o)
+	}
+	slices.SortFunc(out, func(a, b Observation) int { return keyOf(a).compare(keyOf(b)) })
+	return out, rows.Err()
 }

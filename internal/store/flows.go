@@ -1,9 +1,12 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -45,12 +48,9 @@ func keyOf(o Observation) flowKey {
 }
 
 func (k flowKey) compare(o flowKey) int {
-	for _, p := range [][2]string{{k.host, o.host}, {k.dir, o.dir}, {k.proto, o.proto}, {k.local, o.local}, {k.remote, o.remote}, {k.comm, o.comm}, {k.peerComm, o.peerComm}} {
-		if c := strings.Compare(p[0], p[1]); c != 0 {
-			return c
-		}
-	}
-	return int(k.port) - int(o.port)
+	return cmp.Or(strings.Compare(k.host, o.host), strings.Compare(k.dir, o.dir), strings.Compare(k.proto, o.proto),
+		strings.Compare(k.local, o.local), strings.Compare(k.remote, o.remote), strings.Compare(k.comm, o.comm),
+		strings.Compare(k.peerComm, o.peerComm), int(k.port)-int(o.port))
 }
 
 // flowRow is one row of a bucket table: a flow's counters over one bucket.
@@ -148,27 +148,9 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 // keyIDs inserts keys not yet known and returns the id of each.
 func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen map[flowKey]int64) (map[flowKey]int64, error) {
 	ids := make(map[flowKey]int64, len(keys))
-	const chunk = 500
-	for start := 0; start < len(keys); start += chunk {
-		part := keys[start:min(start+chunk, len(keys))]
-		var sb strings.Builder
-		sb.WriteString(`INSERT INTO flow_keys (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen) VALUES `)
-		args := make([]any, 0, len(part)*9)
-		for i, k := range part {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?)")
-			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, lastSeen[k])
-		}
-		// DO UPDATE (not DO NOTHING) so that RETURNING names existing
-		// keys too, and so that retention sees the key as recent.
-		sb.WriteString(` ON CONFLICT (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm) DO UPDATE SET
-			last_seen = CASE WHEN excluded.last_seen > flow_keys.last_seen THEN excluded.last_seen ELSE flow_keys.last_seen END
-			RETURNING id, host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm`)
-		rs, err := tx.QueryContext(ctx, s.d.rebind(sb.String()), args...)
+	read := func(rs *sql.Rows, err error) error {
 		if err != nil {
-			return nil, fmt.Errorf("write %d flow keys: %w", len(part), err)
+			return err
 		}
 		for rs.Next() {
 			var k flowKey
@@ -176,14 +158,46 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen
 			var port int
 			if err := rs.Scan(&id, &k.host, &k.dir, &k.proto, &k.local, &k.remote, &port, &k.comm, &k.peerComm); err != nil {
 				rs.Close()
-				return nil, fmt.Errorf("read flow key: %w", err)
+				return fmt.Errorf("read flow key: %w", err)
 			}
 			k.port = uint16(port)
 			ids[k] = id
 		}
-		if err := rs.Close(); err != nil {
-			return nil, fmt.Errorf("write flow keys: %w", err)
+		return rs.Close()
+	}
+	if s.d.name == postgres.name {
+		// One constant statement, a column of keys per array (see
+		// upsertRows).
+		text := make([][]string, 7)
+		ports := make([]int32, 0, len(keys))
+		seen := make([]int64, 0, len(keys))
+		for _, k := range keys {
+			for i, v := range []string{k.host, k.dir, k.proto, k.local, k.remote, k.comm, k.peerComm} {
+				text[i] = append(text[i], v)
+			}
+			ports = append(ports, int32(k.port))
+			seen = append(seen, lastSeen[k])
 		}
+		q := `INSERT INTO flow_keys (` + keyColumns + `) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::bigint[])` + keysUpsert
+		if err := read(tx.QueryContext(ctx, q, text[0], text[1], text[2], text[3], text[4], ports, text[5], text[6], seen)); err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", len(keys), err)
+		}
+	}
+	for start := 0; start < len(keys) && s.d.name != postgres.name; {
+		n := chunkRows(len(keys) - start)
+		part := keys[start : start+n]
+		stmt, err := s.prepared(ctx, tx, keysInsert(n))
+		if err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
+		}
+		args := make([]any, 0, n*9)
+		for _, k := range part {
+			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, lastSeen[k])
+		}
+		if err := read(stmt.QueryContext(ctx, args...)); err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
+		}
+		start += n
 	}
 	for _, k := range keys {
 		if _, ok := ids[k]; !ok {
@@ -215,11 +229,151 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		}
 		return compareInt(a.key, b.key)
 	})
-	cols := "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
 	ncol := 6 + len(counterColumns)
-	placeholders := "(" + strings.Repeat("?, ", ncol-1) + "?)"
+	if s.d.name == postgres.name {
+		// One statement whatever the number of rows: a column of the
+		// new rows per array, so the text is constant (pgx prepares it
+		// once per connection) and nothing parses thousands of
+		// placeholders.
+		colArgs := make([][]int64, ncol)
+		for i := range colArgs {
+			colArgs[i] = make([]int64, 0, len(order))
+		}
+		for _, k := range order {
+			r := merged[k]
+			vals := append([]int64{r.bucket, r.key, int64(r.pid), int64(r.peer)}, make([]int64, len(counterColumns))...)
+			for i, v := range counterFields(&r.c) {
+				vals[4+i] = int64(*v)
+			}
+			vals = append(vals, r.first, r.last)
+			for i, v := range vals {
+				colArgs[i] = append(colArgs[i], v)
+			}
+		}
+		args := make([]any, ncol)
+		unnest := make([]string, ncol)
+		for i := range colArgs {
+			args[i] = colArgs[i]
+			unnest[i] = fmt.Sprintf("$%d::bigint[]", i+1)
+		}
+		q := "INSERT INTO " + l.table + " (" + rowColumns + ") SELECT * FROM unnest(" + strings.Join(unnest, ", ") + ") ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(l.table)
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", len(order), l.table, err)
+		}
+		return nil
+	}
+	// SQLite: statements of 256, 128, ... 1 rows, each prepared once per
+	// open store, so that the parser (a third of the write's time when
+	// every batch had a statement of its own) runs once.
+	for start := 0; start < len(order); {
+		n := chunkRows(len(order) - start)
+		end := start + n
+		stmt, err := s.prepared(ctx, tx, rowsInsert(l.table, n))
+		if err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
+		}
+		args := make([]any, 0, n*ncol)
+		for _, k := range order[start:end] {
+			r := merged[k]
+			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
+			for _, v := range counterFields(&r.c) {
+				args = append(args, int64(*v))
+			}
+			args = append(args, r.first, r.last)
+		}
+		if _, err := stmt.ExecContext(ctx, args...); err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
+		}
+		start = end
+	}
+	return nil
+}
+
+// chunkRows is the number of rows of the next SQLite statement: a power
+// of two, at most 256, so that few statement shapes exist.
+func chunkRows(left int) int {
+	n := 256
+	for n > left {
+		n /= 2
+	}
+	return n
+}
+
+// prepared returns q bound to tx: prepared once per open store by
+// prepareWrites, or (a shape it did not prepare) prepared for tx alone.
+func (s *Store) prepared(ctx context.Context, tx *sql.Tx, q string) (*sql.Stmt, error) {
+	s.stmtMu.Lock()
+	st := s.stmts[q]
+	s.stmtMu.Unlock()
+	if st == nil {
+		return tx.PrepareContext(ctx, s.d.rebind(q))
+	}
+	return tx.StmtContext(ctx, st), nil
+}
+
+// prepareWrites prepares, once per open SQLite store, every statement
+// shape the writes use (keys and each level's rows, 1 to 256 rows per
+// statement). It runs outside any transaction: SQLite has one connection,
+// which a transaction holds.
+func (s *Store) prepareWrites(ctx context.Context) error {
+	if s.d.name == postgres.name {
+		return nil
+	}
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if s.stmts != nil {
+		return nil
+	}
+	stmts := map[string]*sql.Stmt{}
+	var shapes []string
+	for n := 1; n <= 256; n *= 2 {
+		shapes = append(shapes, keysInsert(n))
+		for _, l := range levels {
+			shapes = append(shapes, rowsInsert(l.table, n))
+		}
+	}
+	for _, q := range shapes {
+		st, err := s.db.PrepareContext(ctx, s.d.rebind(q))
+		if err != nil {
+			for _, st := range stmts {
+				st.Close()
+			}
+			return fmt.Errorf("prepare writes: %w", err)
+		}
+		stmts[q] = st
+	}
+	s.stmts = stmts
+	return nil
+}
+
+// rowColumns are the columns a write gives a flow bucket table.
+var rowColumns = "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
+
+// rowsInsert adds n rows to the flow bucket table t (SQLite).
+func rowsInsert(t string, n int) string {
+	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
+	return "INSERT INTO " + t + " (" + rowColumns + ") VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") +
+		" ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(t)
+}
+
+// keysInsert adds n flow keys and returns their ids (SQLite). DO UPDATE
+// (not DO NOTHING) so that RETURNING names existing keys too, and so that
+// retention sees the key as recent.
+func keysInsert(n int) string {
+	return `INSERT INTO flow_keys (` + keyColumns + `) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", n), ", ") + keysUpsert
+}
+
+const keyColumns = `host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen`
+
+const keysUpsert = ` ON CONFLICT (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm) DO UPDATE SET
+			last_seen = CASE WHEN excluded.last_seen > flow_keys.last_seen THEN excluded.last_seen ELSE flow_keys.last_seen END
+			RETURNING id, host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm`
+
+// upsertSet is the ON CONFLICT update of a flow bucket table t: maximum
+// of the pids and of the latency maximum, sums, earliest first and latest
+// last seen.
+func upsertSet(t string) string {
 	var set strings.Builder
-	t := l.table
 	fmt.Fprintf(&set, "pid = CASE WHEN excluded.pid > %[1]s.pid THEN excluded.pid ELSE %[1]s.pid END,\n", t)
 	fmt.Fprintf(&set, "peer_pid = CASE WHEN excluded.peer_pid > %[1]s.peer_pid THEN excluded.peer_pid ELSE %[1]s.peer_pid END,\n", t)
 	for _, c := range counterColumns {
@@ -231,30 +385,7 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 	}
 	fmt.Fprintf(&set, `first_seen = CASE WHEN excluded.first_seen < %[1]s.first_seen THEN excluded.first_seen ELSE %[1]s.first_seen END,
 		last_seen = CASE WHEN excluded.last_seen > %[1]s.last_seen THEN excluded.last_seen ELSE %[1]s.last_seen END`, t)
-	const chunk = 400
-	for start := 0; start < len(order); start += chunk {
-		end := min(start+chunk, len(order))
-		var sb strings.Builder
-		sb.WriteString("INSERT INTO " + t + " (" + cols + ") VALUES ")
-		args := make([]any, 0, (end-start)*ncol)
-		for i, k := range order[start:end] {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			sb.WriteString(placeholders)
-			r := merged[k]
-			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
-			for _, v := range counterFields(&r.c) {
-				args = append(args, int64(*v))
-			}
-			args = append(args, r.first, r.last)
-		}
-		sb.WriteString(" ON CONFLICT (bucket, key_id) DO UPDATE SET " + set.String())
-		if _, err := tx.ExecContext(ctx, s.d.rebind(sb.String()), args...); err != nil {
-			return fmt.Errorf("write %d rows to %s: %w", end-start, t, err)
-		}
-	}
-	return nil
+	return set.String()
 }
 
 func compareInt(a, b int64) int {
@@ -379,13 +510,6 @@ func segmentSQL(sg segment, cols string, lo, hi int64, args *[]any) string {
 	return q
 }
 
-// Observations returns, for every flow with counters in r, its counters
-// summed over the range (Bucket is then zero). Aggregation happens in SQL,
-// from rollups where the range allows.
-func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
-	return s.observations(ctx, r, levels)
-}
-
 // retainedFrom is the start of the oldest minute bucket retention kept
 // (math.MinInt64 when nothing was ever deleted).
 func (s *Store) retainedFrom(ctx context.Context) (int64, error) {
@@ -407,61 +531,94 @@ func (s *Store) bounds(ctx context.Context, r Range) (lo, hi int64, err error) {
 	return max(lo, from), hi, err
 }
 
-// readTx opens a read-only transaction for one graph query. On PostgreSQL
-// it sets what the aggregation needs (measured, see docs/performance.md):
-// no JIT (compiling the plan took longer than running it), no parallel
-// workers (each would build the whole hash table, then sort and merge
-// them), and room for the hash table of every flow in memory rather than
-// in batches on disk.
-func (s *Store) readTx(ctx context.Context) (*sql.Tx, error) {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
-	if err != nil {
-		return nil, fmt.Errorf("begin query: %w", err)
-	}
-	if s.d.name == postgres.name {
-		for _, set := range []string{"SET LOCAL jit = off", "SET LOCAL max_parallel_workers_per_gather = 0", "SET LOCAL work_mem = '256MB'"} {
-			if _, err := tx.ExecContext(ctx, set); err != nil {
-				tx.Rollback()
-				return nil, fmt.Errorf("query settings: %w", err)
-			}
-		}
-	}
-	return tx, nil
+// flowSum is one flow's counters summed over the rows of a range, in the
+// order of the bucket tables' columns: pid and peer_pid by maximum, the
+// counters of counterColumns, first_seen by minimum, last_seen by maximum.
+type flowSum struct {
+	pid, peer   int64
+	c           [16]int64
+	first, last int64
 }
 
-// observationsSQL aggregates, per flow, the rows of [lo, hi) read from
-// the levels lvls.
-func observationsSQL(lo, hi int64, lvls []level) (string, []any) {
-	segs := plan(lo, hi, lvls)
-	if len(segs) == 0 {
-		return "", nil
-	}
-	cols := "key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
-	var args []any
-	var parts []string
-	for _, sg := range segs {
-		parts = append(parts, segmentSQL(sg, cols, lo, hi, &args))
-	}
-	var agg strings.Builder
-	agg.WriteString("MAX(pid) AS pid, MAX(peer_pid) AS peer_pid")
-	for _, c := range counterColumns {
+// latencyMaxIndex is the one counter (connect_latency_max_us) that
+// accumulates by maximum.
+var latencyMaxIndex = func() int {
+	for i, c := range counterColumns {
 		if maxColumns[c] {
-			fmt.Fprintf(&agg, ", MAX(%[1]s) AS %[1]s", c)
-		} else {
-			// PostgreSQL sums bigints into numeric: cast back, or the
-			// driver converts every value through text.
-			fmt.Fprintf(&agg, ", CAST(SUM(%[1]s) AS BIGINT) AS %[1]s", c)
+			return i
 		}
 	}
-	agg.WriteString(", MIN(first_seen) AS first_seen, MAX(last_seen) AS last_seen")
-	var sel strings.Builder
-	for _, c := range counterColumns {
-		sel.WriteString(", a." + c)
+	panic("no maximum column")
+}()
+
+// add accumulates one bucket row the way the rollups do (the statements of
+// upsertRows and rollupFrom): maximum, sums, minimum.
+func (f *flowSum) add(o *flowSum) {
+	f.pid = max(f.pid, o.pid)
+	f.peer = max(f.peer, o.peer)
+	m := max(f.c[latencyMaxIndex], o.c[latencyMaxIndex])
+	for i := range f.c {
+		f.c[i] += o.c[i]
 	}
-	q := `SELECT k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm, a.pid, a.peer_pid` + sel.String() + `, a.first_seen, a.last_seen
-		FROM (SELECT key_id, ` + agg.String() + ` FROM (` + strings.Join(parts, "\n UNION ALL ") + `) u GROUP BY key_id) a
-		JOIN flow_keys k ON k.id = a.key_id`
-	return q, args
+	f.c[latencyMaxIndex] = m
+	f.first = min(f.first, o.first)
+	f.last = max(f.last, o.last)
+}
+
+// sums accumulates bucket rows per flow key id. Flows live in one slice;
+// key ids, which both databases hand out in sequence, index a dense
+// slice (a map only for ids beyond denseKeys), so that a range of a
+// million rows costs an array access per row.
+type sums struct {
+	dense  []int32 // key id -> 1 + index in flows; 0: none yet
+	sparse map[int64]int32
+	keys   []int64
+	flows  []flowSum
+}
+
+// denseKeys bounds the dense index: 16 M ids, 64 MB at most.
+const denseKeys = 1 << 24
+
+func newSums() *sums { return &sums{sparse: map[int64]int32{}} }
+
+func (s *sums) add(key int64, row *flowSum) {
+	if key >= 0 && key < denseKeys {
+		if key >= int64(len(s.dense)) {
+			s.dense = slices.Grow(s.dense, int(key+1)*2-len(s.dense))[:min(int(key+1)*2, denseKeys)]
+		}
+		if i := s.dense[key]; i > 0 {
+			s.flows[i-1].add(row)
+			return
+		}
+		s.dense[key] = int32(len(s.flows) + 1)
+	} else {
+		if i, ok := s.sparse[key]; ok {
+			s.flows[i].add(row)
+			return
+		}
+		s.sparse[key] = int32(len(s.flows))
+	}
+	s.keys = append(s.keys, key)
+	s.flows = append(s.flows, *row)
+}
+
+// has reports whether key has counters.
+func (s *sums) has(key int64) bool {
+	if key >= 0 && key < int64(len(s.dense)) {
+		return s.dense[key] > 0
+	}
+	_, ok := s.sparse[key]
+	return ok
+}
+
+// Observations returns, for every flow with counters in r, its counters
+// summed over the range (Bucket is then zero), sorted by flow key. The
+// rows are read from rollups where the range allows (see Range) and
+// summed here rather than in SQL: a GROUP BY over a million rows costs
+// SQLite a sort and PostgreSQL a hash table of 20 aggregates per flow,
+// both several times slower than streaming the rows into Go.
+func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
+	return s.observations(ctx, r, levels)
 }
 
 func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
@@ -472,45 +629,185 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 	if lo >= hi {
 		return nil, nil
 	}
-	q, args := observationsSQL(lo, hi, lvls)
-	if q == "" {
+	segs := plan(lo, hi, lvls)
+	if len(segs) == 0 {
 		return nil, nil
 	}
-	tx, err := s.readTx(ctx)
+	var sm *sums
+	var keys map[int64]flowKey
+	if s.d.name == postgres.name {
+		sm, keys, err = s.pgSums(ctx, segs, lo, hi)
+	} else {
+		sm, keys, err = s.sqlSums(ctx, segs, lo, hi)
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, s.d.rebind(q), args...)
+	return sm.observations(keys)
+}
+
+// bucketColumns are the columns a range query reads from a bucket table,
+// in flowSum's order.
+var bucketColumns = "key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
+
+// keysSQL reads the keys of every flow seen since lo: a flow with a row in
+// a range starting at lo was last seen at lo or later.
+func keysSQL(lo int64, args *[]any) string {
+	q := `SELECT id, host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm FROM flow_keys`
+	if lo != math.MinInt64 {
+		q += ` WHERE last_seen >= ?`
+		*args = append(*args, lo)
+	}
+	return q
+}
+
+// sqlSums reads the segments' rows and the flow keys from SQLite in one
+// read transaction (one snapshot), through the driver itself rather than
+// database/sql: a row's 21 integers are taken from the driver's values
+// without database/sql converting each into its destination.
+func (s *Store) sqlSums(ctx context.Context, segs []segment, lo, hi int64) (*sums, map[int64]flowKey, error) {
+	c, err := s.db.Conn(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("query observations: %w", err)
+		return nil, nil, fmt.Errorf("begin query: %w", err)
 	}
-	defer rows.Close()
-	var out []Observation
-	vals := make([]int64, len(counterColumns))
-	for rows.Next() {
-		var o Observation
-		var port int
-		var pid, peer, first, last int64
-		dest := []any{&o.HostID, &o.Direction, &o.Proto, &o.LocalAddr, &o.RemoteAddr, &port, &o.Comm, &o.PeerComm, &pid, &peer}
-		for i := range vals {
-			dest = append(dest, &vals[i])
+	defer c.Close()
+	var sm *sums
+	var keys map[int64]flowKey
+	err = c.Raw(func(dc any) error {
+		bt, ok1 := dc.(driver.ConnBeginTx)
+		qc, ok2 := dc.(driver.QueryerContext)
+		if !ok1 || !ok2 {
+			return fmt.Errorf("begin query: the driver's connection (%T) cannot query", dc)
 		}
-		dest = append(dest, &first, &last)
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("read observation: %w", err)
+		tx, err := bt.BeginTx(ctx, driver.TxOptions{ReadOnly: true})
+		if err != nil {
+			return fmt.Errorf("begin query: %w", err)
 		}
-		o.Port, o.PID, o.PeerPID = uint16(port), uint32(pid), uint32(peer)
-		for i, f := range counterFields(&o.Counters) {
-			*f = uint64(vals[i])
+		defer tx.Rollback()
+		query := func(q string, args []any, ncol int, row func([]driver.Value) error) error {
+			named := make([]driver.NamedValue, len(args))
+			for i, a := range args {
+				named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+			}
+			rows, err := qc.QueryContext(ctx, q, named)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			if n := len(rows.Columns()); n != ncol {
+				return fmt.Errorf("%d columns, want %d", n, ncol)
+			}
+			dest := make([]driver.Value, ncol)
+			for {
+				if err := rows.Next(dest); err == io.EOF {
+					return nil
+				} else if err != nil {
+					return err
+				}
+				if err := row(dest); err != nil {
+					return err
+				}
+			}
 		}
-		o.FirstSeen, o.LastSeen = fromNs(first), fromNs(last)
-		out = append(out, o)
+		sm = newSums()
+		var row flowSum
+		vals := make([]*int64, 0, 21)
+		vals = append(vals, nil, &row.pid, &row.peer)
+		for i := range row.c {
+			vals = append(vals, &row.c[i])
+		}
+		vals = append(vals, &row.first, &row.last)
+		for _, sg := range segs {
+			var args []any
+			q := segmentSQL(sg, bucketColumns, lo, hi, &args)
+			err := query(q, args, len(vals), func(dest []driver.Value) error {
+				key, ok := dest[0].(int64)
+				for i := 1; i < len(dest) && ok; i++ {
+					*vals[i], ok = dest[i].(int64)
+				}
+				if !ok {
+					return fmt.Errorf("a column is not an integer")
+				}
+				sm.add(key, &row)
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("read %s: %w", sg.level.table, err)
+			}
+		}
+		if len(sm.flows) == 0 {
+			return nil
+		}
+		var args []any
+		keys = make(map[int64]flowKey, len(sm.flows))
+		err = query(keysSQL(lo, &args), args, 9, func(dest []driver.Value) error {
+			id, ok := dest[0].(int64)
+			port, ok2 := dest[6].(int64)
+			if !ok || !ok2 {
+				return fmt.Errorf("id or port is not an integer")
+			}
+			if !sm.has(id) {
+				return nil
+			}
+			var k flowKey
+			for i, p := range []*string{&k.host, &k.dir, &k.proto, &k.local, &k.remote, nil, &k.comm, &k.peerComm} {
+				if p == nil {
+					continue
+				}
+				switch v := dest[1+i].(type) {
+				case string:
+					*p = v
+				case []byte:
+					*p = string(v)
+				default:
+					return fmt.Errorf("column %d is a %T, not text", 1+i, v)
+				}
+			}
+			k.port = uint16(port)
+			keys[id] = k
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read flow keys: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read observations: %w", err)
+	return sm, keys, nil
+}
+
+// observations names the summed flows by their keys, sorted by key.
+func (sm *sums) observations(keys map[int64]flowKey) ([]Observation, error) {
+	if len(sm.flows) == 0 {
+		return nil, nil
 	}
-	// Sorting here is cheaper than in SQL, on text columns after the join.
-	slices.SortFunc(out, func(a, b Observation) int { return keyOf(a).compare(keyOf(b)) })
+	type named struct {
+		k *flowKey
+		i int32
+	}
+	order := make([]named, 0, len(sm.flows))
+	ks := make([]flowKey, len(sm.flows))
+	for i, id := range sm.keys {
+		k, ok := keys[id]
+		if !ok {
+			return nil, fmt.Errorf("read observations: flow key %d has counters but no key", id)
+		}
+		ks[i] = k
+		order = append(order, named{&ks[i], int32(i)})
+	}
+	slices.SortFunc(order, func(a, b named) int { return a.k.compare(*b.k) })
+	out := make([]Observation, len(order))
+	for j, n := range order {
+		k, f := n.k, &sm.flows[n.i]
+		o := &out[j]
+		o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Port, o.Comm, o.PeerComm = k.host, k.dir, k.proto, k.local, k.remote, k.port, k.comm, k.peerComm
+		o.PID, o.PeerPID = uint32(f.pid), uint32(f.peer)
+		for i, p := range counterFields(&o.Counters) {
+			*p = uint64(f.c[i])
+		}
+		o.FirstSeen, o.LastSeen = fromNs(f.first), fromNs(f.last)
+	}
 	return out, nil
 }

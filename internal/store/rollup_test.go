@@ -111,6 +111,15 @@ func TestRollupsEqualMinuteBuckets(t *testing.T) {
 					if !reflect.DeepEqual(got, want) {
 						t.Errorf("%s: range %s – %s: rollups give %d flows, minutes %d, or different counters", stage, r.Since, r.Until, len(got), len(want))
 					}
+					// The sums themselves (Go for SQLite, sum8 for
+					// PostgreSQL) against SQL's SUM, MAX and MIN.
+					ref, err := s.ObservationsSQL(ctx, r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !reflect.DeepEqual(want, ref) {
+						t.Errorf("%s: range %s – %s: minutes summed by the store give %d flows, by SQL's GROUP BY %d, or different counters", stage, r.Since, r.Until, len(want), len(ref))
+					}
 					gl, err := s.Listeners(ctx, r)
 					if err != nil {
 						t.Fatal(err)

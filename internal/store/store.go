@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +94,8 @@ type Store struct {
 	d          dialect
 	display    string
 	lastForget atomic.Int64 // unix ns; see forgetOldBatches
+	stmtMu     sync.Mutex
+	stmts      map[string]*sql.Stmt // see prepareWrites
 }
 
 // Open opens (and creates or migrates) the store named by spec: a file
@@ -145,7 +148,15 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 func (s *Store) String() string { return s.display }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.stmtMu.Lock()
+	for _, st := range s.stmts {
+		st.Close()
+	}
+	s.stmts = nil
+	s.stmtMu.Unlock()
+	return s.db.Close()
+}
 
 func redact(u string) string {
 	p, err := url.Parse(u)
@@ -176,6 +187,11 @@ func fromNs(v int64) time.Time {
 // addresses, services, and observations whose counters are added to what
 // the same bucket already holds.
 func (s *Store) Write(ctx context.Context, b Batch) error {
+	if len(b.Observations) > 0 {
+		if err := s.prepareWrites(ctx); err != nil {
+			return err
+		}
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)

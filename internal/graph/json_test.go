@@ -1,0 +1,64 @@
+package graph
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// The hand-written JSON is encoding/json's, byte for byte, on every field
+// and on strings that need escaping.
+func TestJSONMatchesEncodingJSON(t *testing.T) {
+	at := time.Date(2026, 11, 22, 7, 30, 1, 123456789, time.UTC)
+	graphs := []Graph{
+		{},
+		{Nodes: []Node{}, Edges: []Edge{}},
+		{
+			Nodes: []Node{
+				{ID: "process:h1/app", Kind: KindProcess, Host: "h1", Addr: "10.0.0.1", Process: "app"},
+				{ID: "service:h2/tcp/5432", Kind: KindService, Host: "h2", Addr: "10.0.0.2", Port: 5432, Proto: "tcp", Process: "postgres",
+					Listener: &ListenerState{BacklogLimit: 4096, QueueMax: 129, Drops: 7}, Unhealthy: true, Reasons: []string{"7 connections dropped"}},
+				{ID: "service:h2/unix:/run/a<b>&\"c\\\n", Kind: KindService, Host: "h2", Addr: "/run/é\u2028\xff", Proto: "unix", Process: "ünïcode"},
+				{ID: "external:[2001:db8::1]:443", Kind: KindExternal, Addr: "2001:db8::1", Port: 443, Proto: "tcp", Listener: &ListenerState{}},
+			},
+			Edges: []Edge{
+				{From: "process:h1/app", To: "service:h2/tcp/5432", Proto: "tcp", Port: 5432,
+					Counters: tracer.Counters{Connections: 1, FailedConnections: 2, FailedRefused: 3, FailedTimeout: 4, FailedReset: 5, FailedUnreachable: 6,
+						BytesSent: 7, BytesReceived: 1 << 63, DatagramsSent: 9, DatagramsReceived: 10, ConnectLatencyCount: 11, ConnectLatencySumUs: 12,
+						ConnectLatencyMaxUs: 13, ResetsSent: 14, ResetsReceived: 15, Retransmits: 16},
+					ConnectLatencyAvgUs: 1, FirstSeen: at, LastSeen: at.Add(time.Second), Unhealthy: true, Reasons: []string{"a", "b <c>"}},
+				{From: "x", To: "y", FirstSeen: at.Truncate(time.Second), LastSeen: at.In(time.FixedZone("x", 3600))},
+				{From: "z", To: "w"},
+			},
+		},
+	}
+	for i, g := range graphs {
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(g); err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		if err := Write(&got, g, "json"); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Errorf("graph %d: got\n%s\nwant\n%s", i, got.Bytes(), want.Bytes())
+		}
+		m, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Reset()
+		if err := WriteCompactJSON(&got, g); err != nil {
+			t.Fatal(err)
+		}
+		if want := append(m, '\n'); !bytes.Equal(got.Bytes(), want) {
+			t.Errorf("graph %d, compact: got\n%s\nwant\n%s", i, got.Bytes(), want)
+		}
+	}
+}
