@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -979,7 +980,9 @@ func TestListenerWithZeroBacklog(t *testing.T) {
 
 // Two deptraces at once (an agent and an ad-hoc trace): each tags a live
 // connection with its own storage, and each reports its bytes while it is
-// open, although the other's storage is on the socket first.
+// open, although the other's storage is on the socket first (each looks
+// for its own during one jiffy in 32, so the traffic runs until both see
+// it: no guess at how long that takes).
 func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
@@ -999,20 +1002,42 @@ func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// Traffic for half a second: each deptrace looks for its own storage
-	// during one jiffy in 32 (128 ms at HZ=250, 320 ms at HZ=100).
-	const rounds, size = 100, 10
-	for i := 0; i < rounds; i++ {
-		if err := roundTrip(c, size, size); err != nil {
-			t.Fatal(err)
+	const size = 10
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	var rounds atomic.Uint64
+	go func() {
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if err := roundTrip(c, size, size); err != nil {
+				done <- err
+				return
+			}
+			rounds.Add(1)
 		}
-		time.Sleep(5 * time.Millisecond)
+	}()
+	ledgers := []*ledger{newLedger(), newLedger()}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && (ledgers[0].one(t, a).BytesSent == 0 || ledgers[1].one(t, a).BytesSent == 0) {
+		ledgers[0].add(collect(t, tr1))
+		ledgers[1].add(collect(t, tr2))
+		time.Sleep(20 * time.Millisecond)
 	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	total := rounds.Load() * size
 	for i, tr := range []*tracer.Tracer{tr1, tr2} {
-		l := newLedger()
-		settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesSent >= rounds*size })
-		if got := l.one(t, a).BytesSent; got != rounds*size {
-			t.Errorf("tracer %d: %d bytes sent while the connection is open; want %d", i+1, got, rounds*size)
+		l := ledgers[i]
+		settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesSent >= total })
+		if got := l.one(t, a).BytesSent; got != total {
+			t.Errorf("tracer %d: %d bytes sent while the connection is open; want %d", i+1, got, total)
 		}
 	}
 }
