@@ -133,15 +133,35 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := s.db.PingContext(pingCtx); err != nil {
+	if err := s.retryBusy(pingCtx, func() error { return s.db.PingContext(pingCtx) }); err != nil {
 		s.db.Close()
 		return nil, fmt.Errorf("connect to store %s: %w", s.display, err)
 	}
-	if err := s.migrate(ctx); err != nil {
+	if err := s.retryBusy(pingCtx, func() error { return s.migrate(ctx) }); err != nil {
 		s.db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", s.display, err)
 	}
 	return s, nil
+}
+
+// retryBusy runs fn again while SQLite answers SQLITE_BUSY, until ctx's
+// deadline. Agents opening one store together can get it at once, without
+// the busy timeout: while one switches a new file to WAL, or when one's
+// migration reads then writes while another writes (SQLite does not wait
+// where waiting could deadlock). A retry starts over cleanly: a fresh
+// connection runs the pragmas again, a fresh transaction re-reads.
+func (s *Store) retryBusy(ctx context.Context, fn func() error) error {
+	for {
+		err := fn()
+		if err == nil || s.d != sqlite || !strings.Contains(err.Error(), "SQLITE_BUSY") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // String names the store without credentials.
