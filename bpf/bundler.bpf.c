@@ -874,8 +874,9 @@ static __always_inline void count_reset(struct sock *sk, bool sent)
 	int state = sk->__sk_common.skc_state;
 	if (state == TCP_SYN_SENT || state == TCP_SYN_RECV)
 		return;
-	/* Not a full socket: a time-wait or request socket answering. */
-	if (state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV)
+	/* Not a full socket (a time-wait or request socket answering), or a
+	 * listener answering a stray segment: no connection of ours. */
+	if (state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV || state == TCP_LISTEN)
 		return;
 	if (!inet_family(sk) || !netns_wanted(sk_netns(sk)))
 		return;

@@ -1041,3 +1041,45 @@ func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 		}
 	}
 }
+
+// A server that closes without reading what the client sent answers with
+// resets, and the client's last segments then reach the listener, which
+// answers with resets of its own: those belong to no connection and must
+// not appear as a flow (the listener's has no peer).
+func TestResetsFromAListenerAreNoFlow(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	tr := startTracer(t, nil)
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7400")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("pong"))
+			c.Close() // "ping!" unread: a reset
+		}
+	}()
+	const n = 30
+	for i := 0; i < n; i++ {
+		c, err := a.Dial("tcp4", b.IPv4.String()+":7400")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("ping!"))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4)
+		c.Read(buf)
+		c.Close()
+	}
+	l := newLedger()
+	settle(t, tr, l, func(l *ledger) bool {
+		return l.one(t, a).Connections >= n && l.one(t, b).Connections >= n && l.one(t, b).ResetsSent > 0
+	})
+	in := l.one(t, b) // fails if the listener's resets made a second flow
+	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7400)
+	if in.Connections != n {
+		t.Errorf("server: %+v; want %d connections", in.Counters, n)
+	}
+}
