@@ -732,16 +732,18 @@ static __always_inline void tcp_tag_late(struct sock *sk)
 		return;
 	if (tp->segs_in + tp->segs_out < TAG_AFTER_SEGS)
 		return;
-	if (sk->sk_bpf_storage && bpf_sk_storage_get(&socks, sk, 0, 0))
-		return;
+	if (tcp_state_of(sk))
+		return; /* tagged already (storage of another kind is no tag) */
 	int state = sk->__sk_common.skc_state;
 	if (state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT)
 		return;
 	if (!inet_family(sk) || !netns_wanted(sk_netns(sk)))
 		return;
 	struct sock_state *st = new_state(sk);
-	if (!st || st->kind)
+	if (!st || st->kind == SK_TCP)
 		return;
+	if (st->kind)
+		__builtin_memset(st, 0, sizeof(*st));
 	__u8 dir = tcp_direction(sk);
 	st->kind = SK_TCP;
 	tcp_key(sk, &st->key, dir);
@@ -1025,15 +1027,9 @@ static __always_inline bool same_peer(const struct sock *sk, const struct sock_s
 	return a[3] == sk->__sk_common.skc_daddr;
 }
 
-/* Count one datagram of a connected socket straight into its flow. */
-static __always_inline void udp_count_direct(struct sock *sk, int bytes, bool send)
+/* One datagram straight into a flow, named by the process at hand. */
+static __always_inline void add_datagram(struct flow_value *v, int bytes, bool send)
 {
-	struct flow_key k = {};
-	udp_key(sk, &k, bpf_ntohs(sk->__sk_common.skc_dport));
-	fill_addrs(sk, &k);
-	struct flow_value *v = flow_entry(&k);
-	if (!v)
-		return;
 	if (send) {
 		__sync_fetch_and_add(&v->bytes_sent, bytes);
 		__sync_fetch_and_add(&v->datagrams_sent, 1);
@@ -1044,6 +1040,18 @@ static __always_inline void udp_count_direct(struct sock *sk, int bytes, bool se
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (v->pid != tgid)
 		current_process(&v->pid, v->comm, &v->cgroup_id);
+}
+
+/* Count one datagram of a connected socket straight into its flow. */
+static __always_inline void udp_count_direct(struct sock *sk, int bytes, bool send)
+{
+	struct flow_key k = {};
+	udp_key(sk, &k, bpf_ntohs(sk->__sk_common.skc_dport));
+	fill_addrs(sk, &k);
+	struct flow_value *v = flow_entry(&k);
+	if (!v)
+		return;
+	add_datagram(v, bytes, send);
 }
 
 /* Whether a connected socket without storage has sent lately on this CPU
@@ -1120,16 +1128,7 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return;
-	if (send) {
-		__sync_fetch_and_add(&v->bytes_sent, bytes);
-		__sync_fetch_and_add(&v->datagrams_sent, 1);
-	} else {
-		__sync_fetch_and_add(&v->bytes_received, bytes);
-		__sync_fetch_and_add(&v->datagrams_received, 1);
-	}
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (v->pid != tgid)
-		current_process(&v->pid, v->comm, &v->cgroup_id);
+	add_datagram(v, bytes, send);
 }
 
 static __always_inline void unix_count(struct sock *sk, int bytes, bool send);
