@@ -72,6 +72,10 @@ const struct unix_path *_btf_unix_path __attribute__((unused));
 /* Set by the loader before load. 0 traces every network namespace. */
 const volatile __u32 target_netns = 0;
 
+/* Set by the loader (tests): every connect() goes to the connecting hash,
+ * the path that otherwise runs only when a connect slot is taken. */
+const volatile __u32 connect_slots_off = 0;
+
 /* A new flow's first value, kept off the 512-byte stack. */
 const volatile struct flow_value zero_flow = {};
 
@@ -198,6 +202,26 @@ struct {
 	__type(key, __u64); /* the socket's address */
 	__type(value, struct connect_info);
 } connecting SEC(".maps");
+
+/* In front of that hash, a direct-mapped array of slots indexed by a hash
+ * of the socket's cookie: claiming a free slot is one compare-and-swap,
+ * where a hash insert and delete take a bucket lock with interrupts off
+ * (a third of a short connection's cost in a profile). A connect whose
+ * slot is taken goes to the hash. A slot whose completion was missed is
+ * taken back after CONNECT_SLOT_STALE_NS; meanwhile its connects go to the
+ * hash: slower, never wrong. */
+#define CONNECT_SLOTS 16384
+struct connect_slot {
+	__u64 owner; /* the connecting socket's cookie; 0: free */
+	struct connect_info ci;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CONNECT_SLOTS);
+	__type(key, __u32);
+	__type(value, struct connect_slot);
+} connect_slots SEC(".maps");
 
 /* Connected UDP sends seen lately, per CPU, by socket cookie: a socket
  * that sends a second time is worth socket storage (a DNS client's
@@ -573,6 +597,51 @@ static __always_inline struct sock_state *tcp_tag(struct sock *sk, __u8 directio
 	return st;
 }
 
+/* A connect slot is owned by the socket's cookie: unique for the kernel's
+ * uptime (a socket's address is reused, and the verifier forbids hashing a
+ * pointer). Sockets that never connect never get one. */
+static __always_inline struct connect_slot *connect_slot_of(__u64 cookie)
+{
+	__u32 idx = (__u32)((cookie * 0x9E3779B97F4A7C15ULL) >> 50) & (CONNECT_SLOTS - 1);
+	return bpf_map_lookup_elem(&connect_slots, &idx);
+}
+
+/* A slot held this long was left by a completion deptrace missed (a
+ * connect gives up after about two minutes with the default SYN retries):
+ * a new connect may take it. */
+#define CONNECT_SLOT_STALE_NS (10 * 60 * 1000000000ULL)
+
+/* The connect() in flight on sk, from its slot or the hash; *slot is set
+ * when it is a slot, which connect_done frees. */
+static __always_inline struct connect_info *connect_find(struct sock *sk, struct connect_slot **slot)
+{
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	struct connect_slot *s = connect_slot_of(cookie);
+	if (s && s->owner == cookie) {
+		*slot = s;
+		return &s->ci;
+	}
+	*slot = NULL;
+	__u64 key = (__u64)sk;
+	return bpf_map_lookup_elem(&connecting, &key);
+}
+
+/* Forget a finished connect, after its info was read. */
+static __always_inline void connect_done(struct sock *sk, struct connect_info *ci, struct connect_slot *slot)
+{
+	if (slot) {
+		/* Only this socket's completion frees its slot, and a claim only
+		 * takes a free (or stale) one: a plain store is enough. */
+		*(volatile __u64 *)&slot->ci.syn_ns = 0;
+		__sync_lock_test_and_set(&slot->owner, 0); /* ordered after the store above */
+		return;
+	}
+	if (ci) {
+		__u64 key = (__u64)sk;
+		bpf_map_delete_elem(&connecting, &key);
+	}
+}
+
 /* connect(): runs in the connecting process. The ephemeral port is not
  * chosen yet, but the key does not need it. */
 static __always_inline void tcp_connecting(struct sock *sk)
@@ -585,10 +654,34 @@ static __always_inline void tcp_connecting(struct sock *sk)
 			old->connect_err = 0;
 		}
 	}
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	struct connect_slot *slot = connect_slots_off ? NULL : connect_slot_of(cookie);
+	if (slot) {
+		__u64 owner = __sync_val_compare_and_swap(&slot->owner, 0, cookie);
+		if (owner && owner != cookie) {
+			/* Taken: back from a missed completion? The claim is on
+			 * the time first, so that two connects cannot both take
+			 * it, and a slot being filled (time 0) is never stale. */
+			__u64 since = slot->ci.syn_ns;
+			if (since && now - since > CONNECT_SLOT_STALE_NS &&
+			    __sync_val_compare_and_swap(&slot->ci.syn_ns, since, now) == since &&
+			    __sync_val_compare_and_swap(&slot->owner, owner, cookie) == owner)
+				owner = 0;
+		}
+		if (owner == 0 || owner == cookie) {
+			/* Ours (owner == cookie: a reconnect whose first attempt's
+			 * end was missed). Written before the SYN is sent, so
+			 * before any completion reads it. */
+			current_process(&slot->ci.pid, slot->ci.comm, &slot->ci.cgroup_id);
+			slot->ci.syn_ns = now;
+			return;
+		}
+	}
+	__u64 key = (__u64)sk;
 	struct connect_info ci = {};
 	current_process(&ci.pid, ci.comm, &ci.cgroup_id);
-	ci.syn_ns = bpf_ktime_get_ns();
-	__u64 key = (__u64)sk;
+	ci.syn_ns = now;
 	if (bpf_map_update_elem(&connecting, &key, &ci, BPF_ANY) == 0)
 		return;
 	struct sock_state *st = tcp_tag(sk, DIR_OUTBOUND);
@@ -632,8 +725,8 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 	if (!tp)
 		return;
 	__u8 dir = active ? DIR_OUTBOUND : DIR_INBOUND;
-	__u64 key = (__u64)sk;
-	struct connect_info *ci = active ? bpf_map_lookup_elem(&connecting, &key) : NULL;
+	struct connect_slot *slot = NULL;
+	struct connect_info *ci = active ? connect_find(sk, &slot) : NULL;
 	__u64 syn_ns = ci ? ci->syn_ns : 0;
 	struct sock_state *st = active ? tcp_state_of(sk) : NULL;
 	if (!st && tcp_direction(sk) != dir) {
@@ -650,8 +743,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 			st->latency_us = (bpf_ktime_get_ns() - st->syn_ns) / 1000;
 		tcp_start_counting(st, tp, true);
 		st->open_pending = 1;
-		if (ci)
-			bpf_map_delete_elem(&connecting, &key);
+		connect_done(sk, ci, slot);
 		return;
 	}
 
@@ -673,8 +765,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 			name_from_listener(v, k.netns, k.port);
 		}
 	}
-	if (ci)
-		bpf_map_delete_elem(&connecting, &key);
+	connect_done(sk, ci, slot);
 }
 
 /* What the socket's counters held when its connection opened: the SYN is
@@ -795,8 +886,8 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 	 * (connect_error). A server's half-open child has nothing. */
 	struct sock_state *st = sk->sk_bpf_storage ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
 	bool tagged = st && st->kind == SK_TCP;
-	__u64 key = (__u64)sk;
-	struct connect_info *ci = active ? bpf_map_lookup_elem(&connecting, &key) : NULL;
+	struct connect_slot *slot = NULL;
+	struct connect_info *ci = active ? connect_find(sk, &slot) : NULL;
 	struct flow_key k = {};
 	if (tagged)
 		k = st->key;
@@ -816,8 +907,7 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 			name_from_listener(v, k.netns, k.port);
 		}
 	}
-	if (ci)
-		bpf_map_delete_elem(&connecting, &key);
+	connect_done(sk, ci, slot);
 }
 
 static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup);

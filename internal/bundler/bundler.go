@@ -82,6 +82,10 @@ type hookDef struct {
 // forceTableHarvest makes every kernel take the table harvest (tests).
 var forceTableHarvest bool
 
+// forceConnectHash sends every connect() to the kernel side's connecting
+// hash, which otherwise serves only connects whose slot is taken (tests).
+var forceConnectHash bool
+
 // storageIterUnsafe: from 7.0, freeing a socket clears its storage
 // element's owner pointer (bpf_selem_unlink_nofail) while the socket-storage
 // map iterator may still show that element, and the kernel's
@@ -210,6 +214,11 @@ func Load(cfg Config) (*Bundler, error) {
 	}
 	if err := spec.Variables["target_netns"].Set(cfg.NetNS); err != nil {
 		return nil, fmt.Errorf("set target_netns: %w", err)
+	}
+	if forceConnectHash {
+		if err := spec.Variables["connect_slots_off"].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("set connect_slots_off: %w", err)
+		}
 	}
 	spec.Maps["ports"].MaxEntries = cfg.PortMapSize
 	innerSpec := spec.Maps["flows"].InnerMap

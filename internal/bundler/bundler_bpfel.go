@@ -22,6 +22,12 @@ type bundlerConnectInfo struct {
 	Pad      uint32
 }
 
+type bundlerConnectSlot struct {
+	_     structs.HostLayout
+	Owner uint64
+	Ci    bundlerConnectInfo
+}
+
 type bundlerDirection uint32
 
 const (
@@ -166,6 +172,7 @@ type bundlerUnixPath struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	bundlerMapConnectSlots           = "connect_slots"
 	bundlerMapConnecting             = "connecting"
 	bundlerMapFlows                  = "flows"
 	bundlerMapPathScratch            = "path_scratch"
@@ -205,6 +212,7 @@ const (
 	bundlerVarBtfPortValue           = "_btf_port_value"
 	bundlerVarBtfStatIndex           = "_btf_stat_index"
 	bundlerVarBtfUnixPath            = "_btf_unix_path"
+	bundlerVarConnectSlotsOff        = "connect_slots_off"
 	bundlerVarTargetNetns            = "target_netns"
 	bundlerVarZeroFlow               = "zero_flow"
 )
@@ -278,6 +286,7 @@ type bundlerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerMapSpecs struct {
+	ConnectSlots  *ebpf.MapSpec `ebpf:"connect_slots"`
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
 	Flows         *ebpf.MapSpec `ebpf:"flows"`
 	PathScratch   *ebpf.MapSpec `ebpf:"path_scratch"`
@@ -302,6 +311,7 @@ type bundlerVariableSpecs struct {
 	BtfPortValue      *ebpf.VariableSpec `ebpf:"_btf_port_value"`
 	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
+	ConnectSlotsOff   *ebpf.VariableSpec `ebpf:"connect_slots_off"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
 }
@@ -326,6 +336,7 @@ func (o *bundlerObjects) Close() error {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerMaps struct {
+	ConnectSlots  *ebpf.Map `ebpf:"connect_slots"`
 	Connecting    *ebpf.Map `ebpf:"connecting"`
 	Flows         *ebpf.Map `ebpf:"flows"`
 	PathScratch   *ebpf.Map `ebpf:"path_scratch"`
@@ -338,6 +349,7 @@ type bundlerMaps struct {
 
 func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
+		m.ConnectSlots,
 		m.Connecting,
 		m.Flows,
 		m.PathScratch,
@@ -363,6 +375,7 @@ type bundlerVariables struct {
 	BtfPortValue      *ebpf.Variable `ebpf:"_btf_port_value"`
 	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
+	ConnectSlotsOff   *ebpf.Variable `ebpf:"connect_slots_off"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`
 }

@@ -1,0 +1,99 @@
+package bundler
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/testnet"
+)
+
+// A connect() is remembered until its connection opens, for the connect
+// latency and the connecting process: in a slot of the connect array, or in
+// the connecting hash where the slot is taken. Both paths give every
+// connection, its latency and its process, with connects racing each other.
+func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
+	for _, hash := range []bool{false, true} {
+		name := "slots"
+		if hash {
+			name = "hash"
+		}
+		t.Run(name, func(t *testing.T) {
+			testnet.RequireRoot(t)
+			forceConnectHash = hash
+			defer func() { forceConnectHash = false }()
+			nw := testnet.New(t, 2)
+			a, b := nw.Hosts[0], nw.Hosts[1]
+			addr := fmt.Sprintf("%s:7300", b.IPv4)
+			ln := b.Listen(t, "tcp4", addr)
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+
+			bu := mustLoad(t, testConfig())
+			defer bu.Close()
+			if _, err := bu.Seed(); err != nil {
+				t.Fatal(err)
+			}
+			const workers, each = 8, 25
+			var wg sync.WaitGroup
+			errs := make(chan error, workers)
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < each; i++ {
+						c, err := a.Dial("tcp4", addr)
+						if err != nil {
+							errs <- err
+							return
+						}
+						c.Close()
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+
+			var got struct{ Connections, LatencyCount, LatencySumUs, LatencyMaxUs uint64 }
+			var pid uint32
+			deadline := time.Now().Add(10 * time.Second)
+			for got.Connections < workers*each && time.Now().Before(deadline) {
+				entries, _, err := bu.Drain()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range entries {
+					if e.NetNS == a.Inode && e.Direction == DirOutbound && e.Port == 7300 {
+						got.Connections += e.Connections
+						got.LatencyCount += e.LatencyCount
+						got.LatencySumUs += e.LatencySumUs
+						got.LatencyMaxUs = max(got.LatencyMaxUs, e.LatencyMaxUs)
+						pid = e.PID
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if got.Connections != workers*each || got.LatencyCount != workers*each {
+				t.Fatalf("connections %d, latencies %d, want %d of each", got.Connections, got.LatencyCount, workers*each)
+			}
+			if got.LatencySumUs == 0 || got.LatencyMaxUs == 0 {
+				t.Errorf("latency sum %d µs, max %d µs: not measured", got.LatencySumUs, got.LatencyMaxUs)
+			}
+			if pid != uint32(os.Getpid()) {
+				t.Errorf("connections named pid %d, want the test's %d", pid, os.Getpid())
+			}
+		})
+	}
+}
