@@ -47,7 +47,17 @@
 #define MSG_PEEK 2
 #define MSG_ERRQUEUE 0x2000
 #define SOCK_BINDPORT_LOCK 8
+#define EPERM 1
+#define ENOENT 2
+#define EINTR 4
+#define EAGAIN 11
+#define EACCES 13
 #define EEXIST 17
+#define EPROTOTYPE 91
+#define EINPROGRESS 115
+#define ERESTARTSYS 512
+#define SOCK_STREAM 1
+#define SOCK_SEQPACKET 5
 #define E2BIG 7
 #define ENETUNREACH 101
 #define ECONNRESET 104
@@ -855,16 +865,14 @@ static __always_inline void tcp_tag_late(struct sock *sk)
  * the application already read from it (an ICMP error that arrives while
  * connect() holds the socket lock is only a soft error, and SO_ERROR
  * clears it). */
-static __always_inline void count_failure(struct flow_value *v, const struct sock *sk, const struct sock_state *st)
+/* Count one failed connection by the error that ended it. */
+static __always_inline void count_failed_errno(struct flow_value *v, int err)
 {
-	int err = sk->sk_err;
-	if (!err)
-		err = sk->sk_err_soft;
-	if (!err && st)
-		err = st->connect_err;
 	__sync_fetch_and_add(&v->failed_connections, 1);
 	switch (err) {
 	case ECONNREFUSED:
+	case ENOENT:     /* unix: no socket at that path */
+	case EPROTOTYPE: /* unix: a socket of another type there */
 		__sync_fetch_and_add(&v->failed_refused, 1);
 		break;
 	case ECONNRESET:
@@ -872,11 +880,23 @@ static __always_inline void count_failure(struct flow_value *v, const struct soc
 		break;
 	case EHOSTUNREACH:
 	case ENETUNREACH:
+	case EACCES: /* a prohibit route, or a path the caller may not use */
+	case EPERM:  /* refused by a policy (a cgroup connect hook) */
 		__sync_fetch_and_add(&v->failed_unreachable, 1);
 		break;
-	default: /* ETIMEDOUT, or abandoned by the caller while connecting */
+	default: /* ETIMEDOUT, a full unix backlog (EAGAIN), or abandoned while connecting */
 		__sync_fetch_and_add(&v->failed_timeout, 1);
 	}
+}
+
+static __always_inline void count_failure(struct flow_value *v, const struct sock *sk, const struct sock_state *st)
+{
+	int err = sk->sk_err;
+	if (!err)
+		err = sk->sk_err_soft;
+	if (!err && st)
+		err = st->connect_err;
+	count_failed_errno(v, err);
 }
 
 static __always_inline void tcp_failed(struct sock *sk, bool active)
@@ -1325,7 +1345,22 @@ int BPF_PROG(on_recv_fexit, struct socket *sock, struct msghdr *msg, int flags, 
 
 /* ---- unix-domain sockets, per call ---- */
 
-/* Hash a unix address's path (FNV-1a), copying it into out. 0: unnamed. */
+/* FNV-1a of the path's len bytes: the key of a unix flow's server. */
+static __always_inline __u64 unix_path_hash(const struct unix_path *p)
+{
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (int i = 0; i < (int)sizeof(p->path); i++) {
+		if (i >= (int)p->len)
+			break;
+		h ^= (__u8)p->path[i];
+		h *= 0x100000001b3ULL;
+	}
+	return h ? h : 1;
+}
+
+/* Hash a unix address's path, copying it into out. 0: unnamed. A bound
+ * path's length includes its terminating 0 (the kernel stores it so); an
+ * abstract name (leading 0) uses every byte. */
 static __always_inline __u64 unix_path_of(struct unix_address *a, struct unix_path *out)
 {
 	int len = a->len - (int)sizeof(__kernel_sa_family_t);
@@ -1336,16 +1371,7 @@ static __always_inline __u64 unix_path_of(struct unix_address *a, struct unix_pa
 	if (bpf_probe_read_kernel(out->path, sizeof(out->path), &a->name[0].sun_path))
 		return 0;
 	out->len = len;
-	__u64 h = 0xcbf29ce484222325ULL;
-	for (int i = 0; i < (int)sizeof(out->path); i++) {
-		if (i >= len)
-			break;
-		h ^= (__u8)out->path[i];
-		h *= 0x100000001b3ULL;
-	}
-	/* A path ends at its first 0; an abstract name (leading 0) uses
-	 * every byte. Bytes past the name are not part of it. */
-	return h ? h : 1;
+	return unix_path_hash(out);
 }
 
 static __always_inline bool unix_autobound(struct unix_address *a)
@@ -1445,6 +1471,205 @@ static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
 			__builtin_memcpy(v->peer_comm, ps->comm, sizeof(v->peer_comm));
 		}
 	}
+}
+
+/* ---- connects that fail inside connect() ----
+ *
+ * A unix connect that finds no listener, and a TCP connect refused before
+ * any SYN (no route, a prohibit route, a policy), change no socket state
+ * that a tracepoint shows: only connect()'s return value tells. Where
+ * fexit works it gives that value per family at no cost to other system
+ * calls; elsewhere the connect system call's exit tracepoint does (which
+ * puts every system call of every task through the kernel's slower exit
+ * path while attached: see docs/design.md). Both read the sockaddr the
+ * caller passed, a kernel copy for fexit and user memory for the
+ * tracepoint. */
+
+static __always_inline int read_addr(void *dst, __u32 size, const void *src, bool user)
+{
+	return user ? bpf_probe_read_user(dst, size, src) : bpf_probe_read_kernel(dst, size, src);
+}
+
+static __always_inline void name_from_current(struct flow_value *v)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (v->pid != tgid)
+		current_process(&v->pid, v->comm, &v->cgroup_id);
+}
+
+/* A unix connect to path addr failed with err. Read through probes: the
+ * system call path has only an untyped socket. */
+static __always_inline void unix_connect_failed(struct sock *sk, const void *addr, int addrlen, bool user, int err)
+{
+	switch (err) {
+	case ECONNREFUSED:
+	case ENOENT:
+	case EPROTOTYPE:
+	case EAGAIN:
+	case ETIMEDOUT:
+	case EINTR:
+	case ERESTARTSYS:
+	case EACCES:
+	case EPERM:
+		break;
+	default:
+		return; /* the caller's own mistake (EINVAL, EISCONN...): no dependency */
+	}
+	__u32 netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	if (!netns_wanted(netns))
+		return;
+	__u32 n = addrlen - (int)sizeof(__kernel_sa_family_t);
+	if ((int)n <= 0)
+		return;
+	if (n > sizeof(((struct unix_path *)0)->path))
+		n = sizeof(((struct unix_path *)0)->path);
+	__u32 zero = 0;
+	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
+	if (!p)
+		return;
+	if (read_addr(p->path, n, (const char *)addr + sizeof(__kernel_sa_family_t), user))
+		return;
+	if (p->path[0]) {
+		/* A filesystem path: up to its 0, which is part of the name as
+		 * the kernel keeps a bound path (the caller need not pass it). */
+		__u32 len = n;
+		for (__u32 i = 0; i < sizeof(p->path); i++) {
+			if (i >= n)
+				break;
+			if (!p->path[i]) {
+				len = i;
+				break;
+			}
+		}
+		if (len < sizeof(p->path)) {
+			p->path[len] = 0;
+			len++;
+		}
+		p->len = len;
+	} else {
+		p->len = n;
+	}
+	__u64 h = unix_path_hash(p);
+	bpf_map_update_elem(&unix_paths, &h, p, BPF_ANY);
+	struct flow_key k = {};
+	k.netns = netns;
+	k.proto = PROTO_UNIX;
+	k.direction = DIR_OUTBOUND;
+	__builtin_memcpy(k.remote_addr, &h, sizeof(h));
+	struct flow_value *v = flow_entry(&k);
+	if (!v)
+		return;
+	count_failed_errno(v, err);
+	name_from_current(v);
+}
+
+/* A TCP connect that failed before its SYN: the state machine never left
+ * CLOSE and the socket sent nothing. Other errors of connect() (refused,
+ * timed out, and even unreachable after a SYN) went through SYN_SENT and
+ * were counted there. */
+static __always_inline void tcp_connect_failed_early(struct sock *sk, const void *addr, bool user, int err)
+{
+	if (err != ENETUNREACH && err != EHOSTUNREACH && err != EACCES && err != EPERM)
+		return;
+	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP || BPF_CORE_READ(sk, __sk_common.skc_state) != TCP_CLOSE)
+		return;
+	if (BPF_CORE_READ((struct tcp_sock *)sk, segs_out))
+		return;
+	__u32 netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	if (!netns_wanted(netns))
+		return;
+	struct sockaddr_in6 sa = {};
+	if (read_addr(&sa, sizeof(sa), addr, user))
+		return;
+	struct flow_key k = {};
+	k.netns = netns;
+	k.proto = IPPROTO_TCP;
+	k.direction = DIR_OUTBOUND;
+	k.port = bpf_ntohs(sa.sin6_port);
+	if (sa.sin6_family == AF_INET) {
+		set_v4mapped(k.remote_addr, ((struct sockaddr_in *)&sa)->sin_addr.s_addr);
+		set_v4mapped(k.local_addr, BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr));
+	} else if (sa.sin6_family == AF_INET6) {
+		__builtin_memcpy(k.remote_addr, &sa.sin6_addr, 16);
+		BPF_CORE_READ_INTO(&k.local_addr, sk, __sk_common.skc_v6_rcv_saddr);
+	} else {
+		return;
+	}
+	struct flow_value *v = flow_entry(&k);
+	if (!v)
+		return;
+	count_failed_errno(v, err);
+	name_from_current(v);
+}
+
+static __always_inline void connect_returned(struct sock *sk, const void *addr, int addrlen, bool user, long ret)
+{
+	if (ret >= 0 || ret == -EINPROGRESS || !sk || !addr)
+		return;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == AF_UNIX) {
+		__u16 type = BPF_CORE_READ(sk, sk_type);
+		if (type == SOCK_STREAM || type == SOCK_SEQPACKET || type == SOCK_DGRAM)
+			unix_connect_failed(sk, addr, addrlen, user, -ret);
+	} else if (family == AF_INET || family == AF_INET6) {
+		tcp_connect_failed_early(sk, addr, user, -ret);
+	}
+}
+
+SEC("fexit/unix_stream_connect")
+int BPF_PROG(on_unix_connect_fexit, struct socket *sock, struct sockaddr *uaddr, int addr_len, int flags, int ret)
+{
+	connect_returned(sock->sk, uaddr, addr_len, false, ret);
+	return 0;
+}
+
+SEC("fexit/unix_dgram_connect")
+int BPF_PROG(on_unix_dgram_connect_fexit, struct socket *sock, struct sockaddr *uaddr, int addr_len, int flags, int ret)
+{
+	connect_returned(sock->sk, uaddr, addr_len, false, ret);
+	return 0;
+}
+
+SEC("fexit/inet_stream_connect")
+int BPF_PROG(on_inet_connect_fexit, struct socket *sock, struct sockaddr *uaddr, int addr_len, int flags, int ret)
+{
+	connect_returned(sock->sk, uaddr, addr_len, false, ret);
+	return 0;
+}
+
+/* syscalls/sys_exit_connect's record */
+struct connect_exit_args {
+	__u64 common;
+	int nr;
+	int _pad;
+	long ret;
+};
+
+SEC("tracepoint/syscalls/sys_exit_connect")
+int on_connect_exit(struct connect_exit_args *ctx)
+{
+	long ret = ctx->ret;
+	if (ret >= 0 || ret == -EINPROGRESS)
+		return 0; /* nearly every connect: leave at once */
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
+	/* connect(fd, addr, addrlen): the system call's own arguments. */
+	int fd = BPF_CORE_READ(regs, di);
+	const void *addr = (const void *)BPF_CORE_READ(regs, si);
+	int addrlen = BPF_CORE_READ(regs, dx);
+	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
+	if (fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]);
+	if (!f)
+		return 0;
+	/* connect() gave one of the errors above only for a socket */
+	struct socket *so = BPF_CORE_READ(f, private_data);
+	struct sock *sk = BPF_CORE_READ(so, sk);
+	connect_returned(sk, addr, addrlen, true, ret);
+	return 0;
 }
 
 /* ---- UDP peers of unconnected sockets (socket-address layer) ---- */

@@ -21,6 +21,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -245,8 +247,8 @@ type Hook struct {
 	// Standby: a fallback hook not loaded because what it replaces runs
 	// on this kernel.
 	Standby bool
-	// Replaces names the program a fallback hook stands in for, where
-	// that one is missing ("" for primary hooks).
+	// Replaces names the programs a fallback hook stands in for, where
+	// they are missing, separated by commas ("" for primary hooks).
 	Replaces string
 }
 
@@ -258,7 +260,7 @@ func Covered(h Hook, all []Hook) bool {
 		return true
 	}
 	for _, f := range all {
-		if f.Replaces == h.Program && f.Active {
+		if f.Active && slices.Contains(strings.Split(f.Replaces, ","), h.Program) {
 			return true
 		}
 	}

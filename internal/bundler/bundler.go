@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -59,6 +61,7 @@ const (
 	kindIter        // run on demand, once per network namespace
 	kindStorageIter // run on demand over deptrace's socket storage
 	kindFexit       // fallback for kernels without a tracepoint
+	kindSyscall     // a classic syscalls/ tracepoint, where fexit is missing
 )
 
 // hookDef describes one program: where it attaches, what the kernel must
@@ -71,8 +74,9 @@ type hookDef struct {
 	requires []string        // names the kernel BTF must hold
 	required bool            // deptrace refuses to run without it
 	provides string
-	// fallbackFor names the program this one replaces where that one
-	// cannot run; it is loaded only then.
+	// fallbackFor names the programs (comma-separated) this one replaces
+	// where they cannot run; it is loaded only then, not where all of
+	// them run.
 	fallbackFor string
 	// unsafe says why this kernel must not run the program although it
 	// would load ("" where it is safe); its fallbacks then stand in.
@@ -132,6 +136,15 @@ var hookDefs = []hookDef{
 		provides: "unix datagrams sent, where sock_send_length is missing (before 6.3)"},
 	{program: "on_recv_fexit", hook: "fexit/sock_recvmsg", kind: kindFexit, requires: []string{"sock_recvmsg"}, fallbackFor: "on_recv",
 		provides: "UDP datagrams and unix sockets received, where sock_recv_length is missing (before 6.3)"},
+	{program: "on_unix_connect_fexit", hook: "fexit/unix_stream_connect", kind: kindFexit, requires: []string{"unix_stream_connect"},
+		provides: "failed unix stream and seqpacket connects (no listener, refused, full backlog), by cause"},
+	{program: "on_unix_dgram_connect_fexit", hook: "fexit/unix_dgram_connect", kind: kindFexit, requires: []string{"unix_dgram_connect"},
+		provides: "failed unix datagram connects (no socket at the path), by cause"},
+	{program: "on_inet_connect_fexit", hook: "fexit/inet_stream_connect", kind: kindFexit, requires: []string{"inet_stream_connect"},
+		provides: "TCP connects that fail before any SYN (no route, prohibited, refused by policy)"},
+	{program: "on_connect_exit", hook: "tracepoint/syscalls/sys_exit_connect", kind: kindSyscall,
+		fallbackFor: "on_unix_connect_fexit,on_unix_dgram_connect_fexit,on_inet_connect_fexit",
+		provides:    "failed unix connects and TCP connects failing before any SYN, where fexit is missing (every system call takes the kernel's slower exit path while it is attached)"},
 	{program: "connect_error", hook: "cgroup/getsockopt", kind: kindCgroup, attach: ebpf.AttachCGroupGetsockopt,
 		provides: "the cause of a failed connect whose error the application read itself (SO_ERROR) before closing"},
 	{program: "udp_sendmsg4", hook: "cgroup/sendmsg4", kind: kindCgroup, attach: ebpf.AttachCGroupUDP4Sendmsg,
@@ -299,7 +312,7 @@ func Load(cfg Config) (*Bundler, error) {
 	cgroupRoot, cgroupErr := kernel.CgroupV2Root()
 	for _, def := range hookDefs {
 		h := Hook{Program: def.program, Hook: def.hook, Required: def.required, Provides: def.provides, Replaces: def.fallbackFor}
-		if def.fallbackFor != "" && b.HookActive(def.fallbackFor) {
+		if def.fallbackFor != "" && b.allActive(def.fallbackFor) {
 			h.Standby = true
 			h.Reason = "not needed: " + def.fallbackFor + " is active"
 			b.hooks = append(b.hooks, h)
@@ -315,7 +328,7 @@ func Load(cfg Config) (*Bundler, error) {
 		if l, ok := old.adoptLink(def); ok {
 			b.links = append(b.links, l)
 			b.linkOf[def.program] = l
-		} else if old != nil && (def.kind == kindTracepoint || def.kind == kindCgroup || def.kind == kindFexit) {
+		} else if old != nil && (def.kind == kindTracepoint || def.kind == kindCgroup || def.kind == kindFexit || def.kind == kindSyscall) {
 			h.Reason = "not attached in the adopted kernel side"
 		} else {
 			h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
@@ -435,6 +448,17 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 		}
 		b.links = append(b.links, l)
 		b.linkOf[def.program] = l
+	case kindSyscall:
+		if err := kernel.MountTracefs(); err != nil {
+			return err.Error(), ""
+		}
+		group, name, _ := strings.Cut(strings.TrimPrefix(def.hook, "tracepoint/"), "/")
+		l, err := link.Tracepoint(group, name, prog, nil)
+		if err != nil {
+			return fmt.Sprintf("attach: %v", err), ""
+		}
+		b.links = append(b.links, l)
+		b.linkOf[def.program] = l
 	case kindCgroup:
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupRoot, Attach: def.attach, Program: prog})
 		if err != nil {
@@ -463,7 +487,7 @@ func (b *Bundler) Hooks() []Hook { return append([]Hook(nil), b.hooks...) }
 
 func hasFallback(program string) bool {
 	for _, d := range hookDefs {
-		if d.fallbackFor == program {
+		if slices.Contains(strings.Split(d.fallbackFor, ","), program) {
 			return true
 		}
 	}
@@ -473,11 +497,21 @@ func hasFallback(program string) bool {
 // replaced reports whether a fallback for program is active.
 func (b *Bundler) replaced(program string) bool {
 	for _, h := range b.hooks {
-		if h.Replaces == program && h.Active {
+		if h.Active && slices.Contains(strings.Split(h.Replaces, ","), program) {
 			return true
 		}
 	}
 	return false
+}
+
+// allActive reports whether every program of a comma-separated list runs.
+func (b *Bundler) allActive(programs string) bool {
+	for _, p := range strings.Split(programs, ",") {
+		if !b.HookActive(p) {
+			return false
+		}
+	}
+	return true
 }
 
 // HookActive reports whether the named program runs on this kernel.

@@ -172,49 +172,53 @@ type bundlerUnixPath struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	bundlerMapConnectSlots           = "connect_slots"
-	bundlerMapConnecting             = "connecting"
-	bundlerMapFlows                  = "flows"
-	bundlerMapPathScratch            = "path_scratch"
-	bundlerMapPorts                  = "ports"
-	bundlerMapRecentSenders          = "recent_senders"
-	bundlerMapSocks                  = "socks"
-	bundlerMapStats                  = "stats"
-	bundlerMapUnixPaths              = "unix_paths"
-	bundlerProgConnectError          = "connect_error"
-	bundlerProgHarvest               = "harvest"
-	bundlerProgHarvestTcp            = "harvest_tcp"
-	bundlerProgHarvestUdp            = "harvest_udp"
-	bundlerProgOnInet6SendFexit      = "on_inet6_send_fexit"
-	bundlerProgOnInetSendFexit       = "on_inet_send_fexit"
-	bundlerProgOnReceiveReset        = "on_receive_reset"
-	bundlerProgOnRecv                = "on_recv"
-	bundlerProgOnRecvFexit           = "on_recv_fexit"
-	bundlerProgOnSend                = "on_send"
-	bundlerProgOnSendReset           = "on_send_reset"
-	bundlerProgOnTcpState            = "on_tcp_state"
-	bundlerProgOnUnixDgramSendFexit  = "on_unix_dgram_send_fexit"
-	bundlerProgOnUnixStreamSendFexit = "on_unix_stream_send_fexit"
-	bundlerProgSeedListeners         = "seed_listeners"
-	bundlerProgTagConnections        = "tag_connections"
-	bundlerProgUdpRecvmsg4           = "udp_recvmsg4"
-	bundlerProgUdpRecvmsg6           = "udp_recvmsg6"
-	bundlerProgUdpRelease            = "udp_release"
-	bundlerProgUdpSendmsg4           = "udp_sendmsg4"
-	bundlerProgUdpSendmsg6           = "udp_sendmsg6"
-	bundlerVarBtfDirection           = "_btf_direction"
-	bundlerVarBtfFlowKey             = "_btf_flow_key"
-	bundlerVarBtfFlowProto           = "_btf_flow_proto"
-	bundlerVarBtfFlowValue           = "_btf_flow_value"
-	bundlerVarBtfListenRecord        = "_btf_listen_record"
-	bundlerVarBtfListenerRecord      = "_btf_listener_record"
-	bundlerVarBtfPortKey             = "_btf_port_key"
-	bundlerVarBtfPortValue           = "_btf_port_value"
-	bundlerVarBtfStatIndex           = "_btf_stat_index"
-	bundlerVarBtfUnixPath            = "_btf_unix_path"
-	bundlerVarConnectSlotsOff        = "connect_slots_off"
-	bundlerVarTargetNetns            = "target_netns"
-	bundlerVarZeroFlow               = "zero_flow"
+	bundlerMapConnectSlots             = "connect_slots"
+	bundlerMapConnecting               = "connecting"
+	bundlerMapFlows                    = "flows"
+	bundlerMapPathScratch              = "path_scratch"
+	bundlerMapPorts                    = "ports"
+	bundlerMapRecentSenders            = "recent_senders"
+	bundlerMapSocks                    = "socks"
+	bundlerMapStats                    = "stats"
+	bundlerMapUnixPaths                = "unix_paths"
+	bundlerProgConnectError            = "connect_error"
+	bundlerProgHarvest                 = "harvest"
+	bundlerProgHarvestTcp              = "harvest_tcp"
+	bundlerProgHarvestUdp              = "harvest_udp"
+	bundlerProgOnConnectExit           = "on_connect_exit"
+	bundlerProgOnInet6SendFexit        = "on_inet6_send_fexit"
+	bundlerProgOnInetConnectFexit      = "on_inet_connect_fexit"
+	bundlerProgOnInetSendFexit         = "on_inet_send_fexit"
+	bundlerProgOnReceiveReset          = "on_receive_reset"
+	bundlerProgOnRecv                  = "on_recv"
+	bundlerProgOnRecvFexit             = "on_recv_fexit"
+	bundlerProgOnSend                  = "on_send"
+	bundlerProgOnSendReset             = "on_send_reset"
+	bundlerProgOnTcpState              = "on_tcp_state"
+	bundlerProgOnUnixConnectFexit      = "on_unix_connect_fexit"
+	bundlerProgOnUnixDgramConnectFexit = "on_unix_dgram_connect_fexit"
+	bundlerProgOnUnixDgramSendFexit    = "on_unix_dgram_send_fexit"
+	bundlerProgOnUnixStreamSendFexit   = "on_unix_stream_send_fexit"
+	bundlerProgSeedListeners           = "seed_listeners"
+	bundlerProgTagConnections          = "tag_connections"
+	bundlerProgUdpRecvmsg4             = "udp_recvmsg4"
+	bundlerProgUdpRecvmsg6             = "udp_recvmsg6"
+	bundlerProgUdpRelease              = "udp_release"
+	bundlerProgUdpSendmsg4             = "udp_sendmsg4"
+	bundlerProgUdpSendmsg6             = "udp_sendmsg6"
+	bundlerVarBtfDirection             = "_btf_direction"
+	bundlerVarBtfFlowKey               = "_btf_flow_key"
+	bundlerVarBtfFlowProto             = "_btf_flow_proto"
+	bundlerVarBtfFlowValue             = "_btf_flow_value"
+	bundlerVarBtfListenRecord          = "_btf_listen_record"
+	bundlerVarBtfListenerRecord        = "_btf_listener_record"
+	bundlerVarBtfPortKey               = "_btf_port_key"
+	bundlerVarBtfPortValue             = "_btf_port_value"
+	bundlerVarBtfStatIndex             = "_btf_stat_index"
+	bundlerVarBtfUnixPath              = "_btf_unix_path"
+	bundlerVarConnectSlotsOff          = "connect_slots_off"
+	bundlerVarTargetNetns              = "target_netns"
+	bundlerVarZeroFlow                 = "zero_flow"
 )
 
 // loadBundler returns the embedded CollectionSpec for bundler.
@@ -259,27 +263,31 @@ type bundlerSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bundlerProgramSpecs struct {
-	ConnectError          *ebpf.ProgramSpec `ebpf:"connect_error"`
-	Harvest               *ebpf.ProgramSpec `ebpf:"harvest"`
-	HarvestTcp            *ebpf.ProgramSpec `ebpf:"harvest_tcp"`
-	HarvestUdp            *ebpf.ProgramSpec `ebpf:"harvest_udp"`
-	OnInet6SendFexit      *ebpf.ProgramSpec `ebpf:"on_inet6_send_fexit"`
-	OnInetSendFexit       *ebpf.ProgramSpec `ebpf:"on_inet_send_fexit"`
-	OnReceiveReset        *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
-	OnRecv                *ebpf.ProgramSpec `ebpf:"on_recv"`
-	OnRecvFexit           *ebpf.ProgramSpec `ebpf:"on_recv_fexit"`
-	OnSend                *ebpf.ProgramSpec `ebpf:"on_send"`
-	OnSendReset           *ebpf.ProgramSpec `ebpf:"on_send_reset"`
-	OnTcpState            *ebpf.ProgramSpec `ebpf:"on_tcp_state"`
-	OnUnixDgramSendFexit  *ebpf.ProgramSpec `ebpf:"on_unix_dgram_send_fexit"`
-	OnUnixStreamSendFexit *ebpf.ProgramSpec `ebpf:"on_unix_stream_send_fexit"`
-	SeedListeners         *ebpf.ProgramSpec `ebpf:"seed_listeners"`
-	TagConnections        *ebpf.ProgramSpec `ebpf:"tag_connections"`
-	UdpRecvmsg4           *ebpf.ProgramSpec `ebpf:"udp_recvmsg4"`
-	UdpRecvmsg6           *ebpf.ProgramSpec `ebpf:"udp_recvmsg6"`
-	UdpRelease            *ebpf.ProgramSpec `ebpf:"udp_release"`
-	UdpSendmsg4           *ebpf.ProgramSpec `ebpf:"udp_sendmsg4"`
-	UdpSendmsg6           *ebpf.ProgramSpec `ebpf:"udp_sendmsg6"`
+	ConnectError            *ebpf.ProgramSpec `ebpf:"connect_error"`
+	Harvest                 *ebpf.ProgramSpec `ebpf:"harvest"`
+	HarvestTcp              *ebpf.ProgramSpec `ebpf:"harvest_tcp"`
+	HarvestUdp              *ebpf.ProgramSpec `ebpf:"harvest_udp"`
+	OnConnectExit           *ebpf.ProgramSpec `ebpf:"on_connect_exit"`
+	OnInet6SendFexit        *ebpf.ProgramSpec `ebpf:"on_inet6_send_fexit"`
+	OnInetConnectFexit      *ebpf.ProgramSpec `ebpf:"on_inet_connect_fexit"`
+	OnInetSendFexit         *ebpf.ProgramSpec `ebpf:"on_inet_send_fexit"`
+	OnReceiveReset          *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
+	OnRecv                  *ebpf.ProgramSpec `ebpf:"on_recv"`
+	OnRecvFexit             *ebpf.ProgramSpec `ebpf:"on_recv_fexit"`
+	OnSend                  *ebpf.ProgramSpec `ebpf:"on_send"`
+	OnSendReset             *ebpf.ProgramSpec `ebpf:"on_send_reset"`
+	OnTcpState              *ebpf.ProgramSpec `ebpf:"on_tcp_state"`
+	OnUnixConnectFexit      *ebpf.ProgramSpec `ebpf:"on_unix_connect_fexit"`
+	OnUnixDgramConnectFexit *ebpf.ProgramSpec `ebpf:"on_unix_dgram_connect_fexit"`
+	OnUnixDgramSendFexit    *ebpf.ProgramSpec `ebpf:"on_unix_dgram_send_fexit"`
+	OnUnixStreamSendFexit   *ebpf.ProgramSpec `ebpf:"on_unix_stream_send_fexit"`
+	SeedListeners           *ebpf.ProgramSpec `ebpf:"seed_listeners"`
+	TagConnections          *ebpf.ProgramSpec `ebpf:"tag_connections"`
+	UdpRecvmsg4             *ebpf.ProgramSpec `ebpf:"udp_recvmsg4"`
+	UdpRecvmsg6             *ebpf.ProgramSpec `ebpf:"udp_recvmsg6"`
+	UdpRelease              *ebpf.ProgramSpec `ebpf:"udp_release"`
+	UdpSendmsg4             *ebpf.ProgramSpec `ebpf:"udp_sendmsg4"`
+	UdpSendmsg6             *ebpf.ProgramSpec `ebpf:"udp_sendmsg6"`
 }
 
 // bundlerMapSpecs contains maps before they are loaded into the kernel.
@@ -384,27 +392,31 @@ type bundlerVariables struct {
 //
 // It can be passed to loadBundlerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bundlerPrograms struct {
-	ConnectError          *ebpf.Program `ebpf:"connect_error"`
-	Harvest               *ebpf.Program `ebpf:"harvest"`
-	HarvestTcp            *ebpf.Program `ebpf:"harvest_tcp"`
-	HarvestUdp            *ebpf.Program `ebpf:"harvest_udp"`
-	OnInet6SendFexit      *ebpf.Program `ebpf:"on_inet6_send_fexit"`
-	OnInetSendFexit       *ebpf.Program `ebpf:"on_inet_send_fexit"`
-	OnReceiveReset        *ebpf.Program `ebpf:"on_receive_reset"`
-	OnRecv                *ebpf.Program `ebpf:"on_recv"`
-	OnRecvFexit           *ebpf.Program `ebpf:"on_recv_fexit"`
-	OnSend                *ebpf.Program `ebpf:"on_send"`
-	OnSendReset           *ebpf.Program `ebpf:"on_send_reset"`
-	OnTcpState            *ebpf.Program `ebpf:"on_tcp_state"`
-	OnUnixDgramSendFexit  *ebpf.Program `ebpf:"on_unix_dgram_send_fexit"`
-	OnUnixStreamSendFexit *ebpf.Program `ebpf:"on_unix_stream_send_fexit"`
-	SeedListeners         *ebpf.Program `ebpf:"seed_listeners"`
-	TagConnections        *ebpf.Program `ebpf:"tag_connections"`
-	UdpRecvmsg4           *ebpf.Program `ebpf:"udp_recvmsg4"`
-	UdpRecvmsg6           *ebpf.Program `ebpf:"udp_recvmsg6"`
-	UdpRelease            *ebpf.Program `ebpf:"udp_release"`
-	UdpSendmsg4           *ebpf.Program `ebpf:"udp_sendmsg4"`
-	UdpSendmsg6           *ebpf.Program `ebpf:"udp_sendmsg6"`
+	ConnectError            *ebpf.Program `ebpf:"connect_error"`
+	Harvest                 *ebpf.Program `ebpf:"harvest"`
+	HarvestTcp              *ebpf.Program `ebpf:"harvest_tcp"`
+	HarvestUdp              *ebpf.Program `ebpf:"harvest_udp"`
+	OnConnectExit           *ebpf.Program `ebpf:"on_connect_exit"`
+	OnInet6SendFexit        *ebpf.Program `ebpf:"on_inet6_send_fexit"`
+	OnInetConnectFexit      *ebpf.Program `ebpf:"on_inet_connect_fexit"`
+	OnInetSendFexit         *ebpf.Program `ebpf:"on_inet_send_fexit"`
+	OnReceiveReset          *ebpf.Program `ebpf:"on_receive_reset"`
+	OnRecv                  *ebpf.Program `ebpf:"on_recv"`
+	OnRecvFexit             *ebpf.Program `ebpf:"on_recv_fexit"`
+	OnSend                  *ebpf.Program `ebpf:"on_send"`
+	OnSendReset             *ebpf.Program `ebpf:"on_send_reset"`
+	OnTcpState              *ebpf.Program `ebpf:"on_tcp_state"`
+	OnUnixConnectFexit      *ebpf.Program `ebpf:"on_unix_connect_fexit"`
+	OnUnixDgramConnectFexit *ebpf.Program `ebpf:"on_unix_dgram_connect_fexit"`
+	OnUnixDgramSendFexit    *ebpf.Program `ebpf:"on_unix_dgram_send_fexit"`
+	OnUnixStreamSendFexit   *ebpf.Program `ebpf:"on_unix_stream_send_fexit"`
+	SeedListeners           *ebpf.Program `ebpf:"seed_listeners"`
+	TagConnections          *ebpf.Program `ebpf:"tag_connections"`
+	UdpRecvmsg4             *ebpf.Program `ebpf:"udp_recvmsg4"`
+	UdpRecvmsg6             *ebpf.Program `ebpf:"udp_recvmsg6"`
+	UdpRelease              *ebpf.Program `ebpf:"udp_release"`
+	UdpSendmsg4             *ebpf.Program `ebpf:"udp_sendmsg4"`
+	UdpSendmsg6             *ebpf.Program `ebpf:"udp_sendmsg6"`
 }
 
 func (p *bundlerPrograms) Close() error {
@@ -413,7 +425,9 @@ func (p *bundlerPrograms) Close() error {
 		p.Harvest,
 		p.HarvestTcp,
 		p.HarvestUdp,
+		p.OnConnectExit,
 		p.OnInet6SendFexit,
+		p.OnInetConnectFexit,
 		p.OnInetSendFexit,
 		p.OnReceiveReset,
 		p.OnRecv,
@@ -421,6 +435,8 @@ func (p *bundlerPrograms) Close() error {
 		p.OnSend,
 		p.OnSendReset,
 		p.OnTcpState,
+		p.OnUnixConnectFexit,
+		p.OnUnixDgramConnectFexit,
 		p.OnUnixDgramSendFexit,
 		p.OnUnixStreamSendFexit,
 		p.SeedListeners,

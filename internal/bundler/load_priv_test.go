@@ -6,16 +6,6 @@ import (
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
-// replaced reports whether an active fallback stands in for h.
-func replaced(h Hook, all []Hook) bool {
-	for _, f := range all {
-		if f.Replaces == h.Program && f.Active {
-			return true
-		}
-	}
-	return false
-}
-
 func testConfig() Config { return Config{FlowMapSize: 4096, PortMapSize: 1024} }
 
 // Every hook must load and attach on the kernels deptrace is tested on;
@@ -32,7 +22,7 @@ func TestEveryHookLoads(t *testing.T) {
 	defer b.Close()
 	hooks := b.Hooks()
 	for _, h := range hooks {
-		if h.Active || h.Standby || replaced(h, hooks) {
+		if h.Active || h.Standby || b.replaced(h.Program) {
 			continue
 		}
 		t.Errorf("hook %s (%s) inactive and not replaced: %s\n%s", h.Hook, h.Program, h.Reason, h.Log)

@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
 )
 
 // Linux capability numbers (include/uapi/linux/capability.h).
@@ -135,4 +136,20 @@ func CgroupV2Root() (string, error) {
 		}
 	}
 	return "", errors.New("no cgroup v2 hierarchy mounted")
+}
+
+// MountTracefs makes sure tracefs is mounted where classic tracepoints are
+// looked up (/sys/kernel/tracing or /sys/kernel/debug/tracing), mounting it
+// at /sys/kernel/tracing when neither is, as systemd does at boot.
+func MountTracefs() error {
+	for _, p := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.TRACEFS_MAGIC {
+			return nil
+		}
+	}
+	if err := unix.Mount("tracefs", "/sys/kernel/tracing", "tracefs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("tracefs is not mounted and mounting it at /sys/kernel/tracing failed: %w", err)
+	}
+	return nil
 }
