@@ -86,6 +86,14 @@ const volatile __u32 target_netns = 0;
  * the path that otherwise runs only when a connect slot is taken. */
 const volatile __u32 connect_slots_off = 0;
 
+/* Set by the loader when sock_send_length runs: the unix datagram send
+ * fexit then only counts what that tracepoint cannot, a datagram sent to
+ * a path on an unconnected socket (kernels with the tracepoint but
+ * without cgroup/sendmsg_unix, 6.3 to 6.6). */
+volatile __u32 send_tracepoint_on = 0;
+
+extern void *bpf_cast_to_kern_ctx(void *) __ksym;
+
 /* A new flow's first value, kept off the 512-byte stack. */
 const volatile struct flow_value zero_flow = {};
 
@@ -177,6 +185,9 @@ struct sock_state {
 	__u16 peer_port;     /* network byte order */
 	__u32 tid;
 	__u8 peer[16];
+	/* unconnected unix datagram socket: the destination path's hash of
+	 * the send in flight (thread tid), from cgroup/sendmsg_unix */
+	__u64 unix_dest;
 	/* listeners: the drop counter already reported (32-bit, as the
 	 * kernel's counter is, so a wrap is followed) */
 	__u32 rep_drops;
@@ -1242,6 +1253,8 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 }
 
 static __always_inline void unix_count(struct sock *sk, int bytes, bool send);
+static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool user);
+static __always_inline void unix_count_sendto(struct sock *sk, __u64 h, int bytes);
 
 static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bool send)
 {
@@ -1329,7 +1342,20 @@ SEC("fexit/unix_dgram_sendmsg")
 int BPF_PROG(on_unix_dgram_send_fexit, struct socket *sock, struct msghdr *msg, size_t len, int ret)
 {
 	struct sock *sk = sock->sk;
-	if (sk)
+	if (!sk)
+		return 0;
+	/* A datagram sent to a path (its kernel copy is msg_name): where
+	 * cgroup/sendmsg_unix is missing, this is where the path is seen. */
+	struct unix_sock *u = bpf_skc_to_unix_sock(sk);
+	if (u && !u->peer && msg->msg_name && ret > 0) {
+		if (netns_wanted(sk_netns(sk))) {
+			__u64 h = unix_addr_hash(msg->msg_name, msg->msg_namelen, false);
+			if (h)
+				unix_count_sendto(sk, h, ret);
+		}
+		return 0;
+	}
+	if (!send_tracepoint_on)
 		udp_datagram(sk, ret, 0, true);
 	return 0;
 }
@@ -1430,11 +1456,89 @@ static __always_inline struct sock_state *unix_state(struct sock *sk, struct uni
 	return st;
 }
 
+static __always_inline int read_addr(void *dst, __u32 size, const void *src, bool user)
+{
+	return user ? bpf_probe_read_user(dst, size, src) : bpf_probe_read_kernel(dst, size, src);
+}
+
+static __always_inline void name_from_current(struct flow_value *v)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (v->pid != tgid)
+		current_process(&v->pid, v->comm, &v->cgroup_id);
+}
+
+/* The hash of a unix sockaddr's path, kept in unix_paths; 0 if none.
+ * A filesystem path is taken up to its 0, which is part of the name as the
+ * kernel keeps a bound path (the caller need not pass it). */
+static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool user)
+{
+	__u32 n = addrlen - (int)sizeof(__kernel_sa_family_t);
+	if ((int)n <= 0)
+		return 0;
+	if (n > sizeof(((struct unix_path *)0)->path))
+		n = sizeof(((struct unix_path *)0)->path);
+	__u32 zero = 0;
+	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
+	if (!p)
+		return 0;
+	if (read_addr(p->path, n, (const char *)addr + sizeof(__kernel_sa_family_t), user))
+		return 0;
+	if (p->path[0]) {
+		__u32 len = n;
+		for (__u32 i = 0; i < sizeof(p->path); i++) {
+			if (i >= n)
+				break;
+			if (!p->path[i]) {
+				len = i;
+				break;
+			}
+		}
+		if (len < sizeof(p->path)) {
+			p->path[len] = 0;
+			len++;
+		}
+		p->len = len;
+	} else {
+		p->len = n;
+	}
+	__u64 h = unix_path_hash(p);
+	bpf_map_update_elem(&unix_paths, &h, p, BPF_ANY);
+	return h;
+}
+
+/* A datagram sent to the unix path hashed h from an unconnected socket. */
+static __always_inline void unix_count_sendto(struct sock *sk, __u64 h, int bytes)
+{
+	struct flow_key k = {};
+	k.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	k.proto = PROTO_UNIX;
+	k.direction = DIR_OUTBOUND;
+	__builtin_memcpy(k.remote_addr, &h, sizeof(h));
+	struct flow_value *v = flow_entry(&k);
+	if (!v)
+		return;
+	__sync_fetch_and_add(&v->datagrams_sent, 1);
+	__sync_fetch_and_add(&v->bytes_sent, bytes);
+	name_from_current(v);
+}
+
 static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
 {
 	struct unix_sock *u = bpf_skc_to_unix_sock(sk);
 	if (!u)
 		return;
+	if (send && !u->peer && sk->sk_type == SOCK_DGRAM) {
+		/* sendto(path) on an unconnected socket: the path came from
+		 * cgroup/sendmsg_unix in the same system call. */
+		struct sock_state *st = sk->sk_bpf_storage ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
+		if (st && st->unix_dest && st->tid == (__u32)bpf_get_current_pid_tgid()) {
+			__u64 h = st->unix_dest;
+			st->unix_dest = 0;
+			unix_count_sendto(sk, h, bytes);
+		}
+		return;
+	}
 	struct sock_state *st = unix_state(sk, u);
 	if (!st)
 		return;
@@ -1485,18 +1589,6 @@ static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
  * caller passed, a kernel copy for fexit and user memory for the
  * tracepoint. */
 
-static __always_inline int read_addr(void *dst, __u32 size, const void *src, bool user)
-{
-	return user ? bpf_probe_read_user(dst, size, src) : bpf_probe_read_kernel(dst, size, src);
-}
-
-static __always_inline void name_from_current(struct flow_value *v)
-{
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (v->pid != tgid)
-		current_process(&v->pid, v->comm, &v->cgroup_id);
-}
-
 /* A unix connect to path addr failed with err. Read through probes: the
  * system call path has only an untyped socket. */
 static __always_inline void unix_connect_failed(struct sock *sk, const void *addr, int addrlen, bool user, int err)
@@ -1518,39 +1610,9 @@ static __always_inline void unix_connect_failed(struct sock *sk, const void *add
 	__u32 netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	if (!netns_wanted(netns))
 		return;
-	__u32 n = addrlen - (int)sizeof(__kernel_sa_family_t);
-	if ((int)n <= 0)
+	__u64 h = unix_addr_hash(addr, addrlen, user);
+	if (!h)
 		return;
-	if (n > sizeof(((struct unix_path *)0)->path))
-		n = sizeof(((struct unix_path *)0)->path);
-	__u32 zero = 0;
-	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
-	if (!p)
-		return;
-	if (read_addr(p->path, n, (const char *)addr + sizeof(__kernel_sa_family_t), user))
-		return;
-	if (p->path[0]) {
-		/* A filesystem path: up to its 0, which is part of the name as
-		 * the kernel keeps a bound path (the caller need not pass it). */
-		__u32 len = n;
-		for (__u32 i = 0; i < sizeof(p->path); i++) {
-			if (i >= n)
-				break;
-			if (!p->path[i]) {
-				len = i;
-				break;
-			}
-		}
-		if (len < sizeof(p->path)) {
-			p->path[len] = 0;
-			len++;
-		}
-		p->len = len;
-	} else {
-		p->len = n;
-	}
-	__u64 h = unix_path_hash(p);
-	bpf_map_update_elem(&unix_paths, &h, p, BPF_ANY);
 	struct flow_key k = {};
 	k.netns = netns;
 	k.proto = PROTO_UNIX;
@@ -1718,6 +1780,30 @@ SEC("cgroup/sendmsg6")
 int udp_sendmsg6(struct bpf_sock_addr *ctx)
 {
 	remember_peer6(ctx);
+	return 1;
+}
+
+/* sendto(path) on an unconnected unix datagram socket (Linux 6.7+): the
+ * path, for the send tracepoint of the same system call. */
+SEC("cgroup/sendmsg_unix")
+int unix_sendmsg(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock_addr_kern *sa = bpf_cast_to_kern_ctx(ctx);
+	if (!ctx->sk || ctx->type != SOCK_DGRAM)
+		return 1;
+	struct sock *sk = sa->sk;
+	if (!netns_wanted(BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum)))
+		return 1;
+	__u64 h = unix_addr_hash(sa->uaddr, sa->uaddrlen, false);
+	if (!h)
+		return 1;
+	struct sock_state *st = bpf_sk_storage_get(&socks, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		stat_inc(STAT_SOCK_STORAGE_FAILED);
+		return 1;
+	}
+	st->tid = (__u32)bpf_get_current_pid_tgid();
+	st->unix_dest = h;
 	return 1;
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,5 +181,54 @@ func TestUnixDatagramsToANamedSocket(t *testing.T) {
 	}
 	if i.DatagramsReceived != n || i.BytesReceived != n*9 {
 		t.Errorf("receiver: %+v", i.Counters)
+	}
+}
+
+// Datagrams sent with sendto() to a path from an unconnected socket (as
+// journald clients send), bound to a name of its own or not, are flows to
+// that path, counted on the sender as on the receiver.
+func TestUnixDatagramsSentToAPath(t *testing.T) {
+	tr := startTracer(t, nil)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "journal")
+	srv, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	unbound := unixSocket(t, syscall.SOCK_DGRAM)
+	bound := unixSocket(t, syscall.SOCK_DGRAM)
+	if err := syscall.Bind(bound, &syscall.SockaddrUnix{Name: filepath.Join(dir, "client")}); err != nil {
+		t.Fatal(err)
+	}
+	const n, size = 4, 12
+	msg := []byte("MESSAGE=hi\n\n")
+	for _, fd := range []int{unbound, bound} {
+		for i := 0; i < n; i++ {
+			if err := syscall.Sendto(fd, msg, 0, &syscall.SockaddrUnix{Name: path}); err != nil {
+				t.Fatal(err)
+			}
+			srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := srv.Read(make([]byte, 64)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	l := newLedger()
+	settle(t, tr, l, func(l *ledger) bool {
+		o, i := unixFlows(l, path)
+		return o.DatagramsSent >= 2*n && i.DatagramsReceived >= 2*n
+	})
+	o, i := unixFlows(l, path)
+	if o.DatagramsSent != 2*n || o.BytesSent != 2*n*size || o.Connections != 0 || o.Comm != testComm() {
+		t.Errorf("senders: %+v named %q; want %d datagrams (%d bytes) from %q", o.Counters, o.Comm, 2*n, 2*n*size, testComm())
+	}
+	if i.DatagramsReceived != 2*n || i.BytesReceived != 2*n*size {
+		t.Errorf("receiver: %+v", i.Counters)
+	}
+	for _, f := range l.flows {
+		if f.Proto == tracer.ProtoUnix && f.LocalAddr == filepath.Join(dir, "client") {
+			t.Errorf("the bound sender's own name taken for a service: %+v", *f)
+		}
 	}
 }

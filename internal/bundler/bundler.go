@@ -132,8 +132,7 @@ var hookDefs = []hookDef{
 		provides: "UDP datagrams sent (IPv6 sockets), where sock_send_length is missing (before 6.3)"},
 	{program: "on_unix_stream_send_fexit", hook: "fexit/unix_stream_sendmsg", kind: kindFexit, requires: []string{"unix_stream_sendmsg"}, fallbackFor: "on_send",
 		provides: "unix stream data sent, where sock_send_length is missing (before 6.3)"},
-	{program: "on_unix_dgram_send_fexit", hook: "fexit/unix_dgram_sendmsg", kind: kindFexit, requires: []string{"unix_dgram_sendmsg"}, fallbackFor: "on_send",
-		provides: "unix datagrams sent, where sock_send_length is missing (before 6.3)"},
+
 	{program: "on_recv_fexit", hook: "fexit/sock_recvmsg", kind: kindFexit, requires: []string{"sock_recvmsg"}, fallbackFor: "on_recv",
 		provides: "UDP datagrams and unix sockets received, where sock_recv_length is missing (before 6.3)"},
 	{program: "on_unix_connect_fexit", hook: "fexit/unix_stream_connect", kind: kindFexit, requires: []string{"unix_stream_connect"},
@@ -151,6 +150,10 @@ var hookDefs = []hookDef{
 		provides: "peers of IPv4 UDP datagrams sent with sendto() on unconnected sockets"},
 	{program: "udp_sendmsg6", hook: "cgroup/sendmsg6", kind: kindCgroup, attach: ebpf.AttachCGroupUDP6Sendmsg,
 		provides: "peers of IPv6 UDP datagrams sent with sendto() on unconnected sockets"},
+	{program: "unix_sendmsg", hook: "cgroup/sendmsg_unix", kind: kindCgroup, attach: ebpf.AttachCgroupUnixSendmsg, requires: []string{"bpf_sock_addr_kern"},
+		provides: "unix datagrams sent with sendto() to a path on unconnected sockets, as journald clients send (Linux 6.7+)"},
+	{program: "on_unix_dgram_send_fexit", hook: "fexit/unix_dgram_sendmsg", kind: kindFexit, requires: []string{"unix_dgram_sendmsg"}, fallbackFor: "on_send,unix_sendmsg",
+		provides: "unix datagrams sent, where sock_send_length is missing (before 6.3), and those sent to a path, where cgroup/sendmsg_unix is (before 6.7)"},
 	{program: "udp_recvmsg4", hook: "cgroup/recvmsg4", kind: kindCgroup, attach: ebpf.AttachCGroupUDP4Recvmsg,
 		provides: "peers of IPv4 UDP datagrams received with recvfrom() on unconnected sockets"},
 	{program: "udp_recvmsg6", hook: "cgroup/recvmsg6", kind: kindCgroup, attach: ebpf.AttachCGroupUDP6Recvmsg,
@@ -438,6 +441,12 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 
 	switch def.kind {
 	case kindTracepoint, kindFexit:
+		if def.program == "on_unix_dgram_send_fexit" && b.HookActive("on_send") {
+			// Only the datagrams sent to a path: sock_send_length counts the rest.
+			if err := b.shared.Variables["send_tracepoint_on"].Set(uint32(1)); err != nil {
+				return fmt.Sprintf("set send_tracepoint_on: %v", err), ""
+			}
+		}
 		at := ebpf.AttachTraceRawTp
 		if def.kind == kindFexit {
 			at = ebpf.AttachTraceFExit

@@ -147,6 +147,7 @@ type bundlerSockState struct {
 	PeerPort          uint16
 	Tid               uint32
 	Peer              [16]uint8
+	UnixDest          uint64
 	RepDrops          uint32
 	PadDrops          uint32
 }
@@ -206,6 +207,7 @@ const (
 	bundlerProgUdpRelease              = "udp_release"
 	bundlerProgUdpSendmsg4             = "udp_sendmsg4"
 	bundlerProgUdpSendmsg6             = "udp_sendmsg6"
+	bundlerProgUnixSendmsg             = "unix_sendmsg"
 	bundlerVarBtfDirection             = "_btf_direction"
 	bundlerVarBtfFlowKey               = "_btf_flow_key"
 	bundlerVarBtfFlowProto             = "_btf_flow_proto"
@@ -217,6 +219,7 @@ const (
 	bundlerVarBtfStatIndex             = "_btf_stat_index"
 	bundlerVarBtfUnixPath              = "_btf_unix_path"
 	bundlerVarConnectSlotsOff          = "connect_slots_off"
+	bundlerVarSendTracepointOn         = "send_tracepoint_on"
 	bundlerVarTargetNetns              = "target_netns"
 	bundlerVarZeroFlow                 = "zero_flow"
 )
@@ -288,6 +291,7 @@ type bundlerProgramSpecs struct {
 	UdpRelease              *ebpf.ProgramSpec `ebpf:"udp_release"`
 	UdpSendmsg4             *ebpf.ProgramSpec `ebpf:"udp_sendmsg4"`
 	UdpSendmsg6             *ebpf.ProgramSpec `ebpf:"udp_sendmsg6"`
+	UnixSendmsg             *ebpf.ProgramSpec `ebpf:"unix_sendmsg"`
 }
 
 // bundlerMapSpecs contains maps before they are loaded into the kernel.
@@ -320,6 +324,7 @@ type bundlerVariableSpecs struct {
 	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
 	ConnectSlotsOff   *ebpf.VariableSpec `ebpf:"connect_slots_off"`
+	SendTracepointOn  *ebpf.VariableSpec `ebpf:"send_tracepoint_on"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
 }
@@ -384,6 +389,7 @@ type bundlerVariables struct {
 	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
 	ConnectSlotsOff   *ebpf.Variable `ebpf:"connect_slots_off"`
+	SendTracepointOn  *ebpf.Variable `ebpf:"send_tracepoint_on"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`
 }
@@ -417,6 +423,7 @@ type bundlerPrograms struct {
 	UdpRelease              *ebpf.Program `ebpf:"udp_release"`
 	UdpSendmsg4             *ebpf.Program `ebpf:"udp_sendmsg4"`
 	UdpSendmsg6             *ebpf.Program `ebpf:"udp_sendmsg6"`
+	UnixSendmsg             *ebpf.Program `ebpf:"unix_sendmsg"`
 }
 
 func (p *bundlerPrograms) Close() error {
@@ -446,6 +453,7 @@ func (p *bundlerPrograms) Close() error {
 		p.UdpRelease,
 		p.UdpSendmsg4,
 		p.UdpSendmsg6,
+		p.UnixSendmsg,
 	)
 }
 
