@@ -438,7 +438,7 @@ static __always_inline __u32 advance32(__u32 *rep, __u32 now)
 	return 0;
 }
 
-static __always_inline void port_ref(__u32 netns, __u16 port, int delta)
+static __always_inline void port_ref(struct sock *sk, __u32 netns, __u16 port, int delta)
 {
 	struct port_key pk = {.netns = netns, .port = port, .proto = IPPROTO_TCP};
 	if (delta > 0) {
@@ -449,11 +449,14 @@ static __always_inline void port_ref(__u32 netns, __u16 port, int delta)
 		__sync_fetch_and_add(&pv->refs, 1);
 		/* listen() runs in the listening process: remember it. */
 		current_process(&pv->pid, pv->comm, &pv->cgroup_id);
+		pv->listener = (__u64)sk;
 		return;
 	}
 	struct port_value *pv = bpf_map_lookup_elem(&ports, &pk);
 	if (!pv)
 		return;
+	if (pv->listener == (__u64)sk)
+		pv->listener = 0; /* never read a freed listener */
 	/* The last socket on the port is gone: forget the port. */
 	if (__sync_fetch_and_add(&pv->refs, -1) <= 1)
 		bpf_map_delete_elem(&ports, &pk);
@@ -735,6 +738,33 @@ static __always_inline void name_from_listener(struct flow_value *v, __u32 netns
 	}
 }
 
+/* A server's connection opened: it has just joined its listener's accept
+ * queue (the handshake put it there before this state change), so the
+ * queue is read now for the interval's deepest; and the flow is named from
+ * the listening process. The listener's address comes from the port table
+ * and is read through probes: a listener of the port that closed since is
+ * forgotten there first. */
+static __always_inline void passive_open(struct flow_value *v, __u32 netns, __u16 port)
+{
+	struct port_value *pv = port_lookup(netns, port);
+	if (!pv)
+		return;
+	if (v && !v->pid && pv->pid) {
+		v->pid = pv->pid;
+		v->cgroup_id = pv->cgroup_id;
+		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
+	}
+	__u64 listener = pv->listener;
+	if (!listener)
+		return;
+	__u32 q = BPF_CORE_READ((struct sock *)listener, sk_ack_backlog);
+	for (int i = 0; i < 4; i++) {
+		__u32 seen = *(volatile __u32 *)&pv->queue_max;
+		if (q <= seen || __sync_val_compare_and_swap(&pv->queue_max, seen, q) == seen)
+			break;
+	}
+}
+
 /* A connection opened. Most get no storage: the open is counted now, the
  * bytes at close from the socket's counters (which start at known values),
  * and a connection that lives on is tagged later (tcp_tag_late) so that
@@ -764,6 +794,8 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 			st->latency_us = (bpf_ktime_get_ns() - st->syn_ns) / 1000;
 		tcp_start_counting(st, tp, true);
 		st->open_pending = 1;
+		if (!active)
+			passive_open(NULL, st->key.netns, st->key.port);
 		connect_done(sk, ci, slot);
 		return;
 	}
@@ -780,12 +812,11 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 			if (lat > v->latency_max_us)
 				v->latency_max_us = lat;
 		}
-		if (ci) {
+		if (ci)
 			name_from_connect(v, ci);
-		} else if (!active) {
-			name_from_listener(v, k.netns, k.port);
-		}
 	}
+	if (!active)
+		passive_open(v, k.netns, k.port);
 	connect_done(sk, ci, slot);
 }
 
@@ -964,14 +995,14 @@ int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newsta
 	} else if (established) {
 		tcp_established(sk, oldstate == TCP_SYN_SENT);
 	} else if (listen) {
-		port_ref(sk_netns(sk), sk->__sk_common.skc_num, 1);
+		port_ref(sk, sk_netns(sk), sk->__sk_common.skc_num, 1);
 		__u32 pid;
 		char comm[16];
 		__u64 cgroup;
 		current_process(&pid, comm, &cgroup);
 		listener_tag(sk, pid, comm, cgroup);
 	} else if (oldstate == TCP_LISTEN) {
-		port_ref(sk_netns(sk), sk->__sk_common.skc_num, -1);
+		port_ref(sk, sk_netns(sk), sk->__sk_common.skc_num, -1);
 	} else if (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV) {
 		tcp_failed(sk, oldstate == TCP_SYN_SENT);
 	} else {
@@ -1482,7 +1513,10 @@ static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool 
 	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
 	if (!p)
 		return 0;
-	if (read_addr(p->path, n, (const char *)addr + sizeof(__kernel_sa_family_t), user))
+	/* A fixed-size read (6.1's verifier loses a variable size's bounds):
+	 * a kernel copy is a whole sockaddr_storage, and callers pass a whole
+	 * sockaddr_un. Bytes past n are not part of the name. */
+	if (read_addr(p->path, sizeof(p->path), (const char *)addr + sizeof(__kernel_sa_family_t), user))
 		return 0;
 	if (p->path[0]) {
 		__u32 len = n;
@@ -1858,11 +1892,14 @@ static __always_inline void harvest_sock(struct sock *sk, struct sock_state *st,
 		r.drops = advance32(&st->rep_drops, listen_drops(sk));
 		r.pid = st->pid;
 		__builtin_memcpy(r.comm, st->comm, sizeof(r.comm));
-		if (!r.pid) {
-			/* Listening since before deptrace started: user space named
-			 * its process in the port table at start-up. */
-			struct port_value *pv = port_lookup(r.netns, r.port);
-			if (pv && pv->pid) {
+		struct port_value *pv = port_lookup(r.netns, r.port);
+		if (pv) {
+			/* The deepest queue since the last harvest (per port:
+			 * SO_REUSEPORT listeners of one port share it). */
+			r.queue_max = __sync_lock_test_and_set(&pv->queue_max, 0);
+			if (!r.pid && pv->pid) {
+				/* Listening since before deptrace started: user space
+				 * named its process in the port table at start-up. */
 				r.pid = pv->pid;
 				__builtin_memcpy(r.comm, pv->comm, sizeof(r.comm));
 			}
@@ -1940,6 +1977,11 @@ int seed_listeners(struct bpf_iter__tcp *ctx)
 		if (sock && sock->file)
 			r.ino = sock->file->f_inode->i_ino;
 		listener_tag((struct sock *)tp, 0, NULL, 0);
+		struct port_key pk = {.netns = r.netns, .port = r.port, .proto = IPPROTO_TCP};
+		struct port_value init = {};
+		struct port_value *pv = lookup_or_init(&ports, &pk, &init, STAT_PORT_MAP_FULL);
+		if (pv)
+			pv->listener = (__u64)tp;
 	}
 	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;

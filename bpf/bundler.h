@@ -80,8 +80,11 @@ struct port_value {
 	__u32 pid;  /* process that last started listening, 0 if unknown */
 	__u64 cgroup_id;
 	char comm[16];
+	__u64 listener;  /* address of the socket that last started listening (read only through probes) */
+	__u32 queue_max; /* deepest accept queue seen since the last harvest */
+	__u32 _pad;
 };
-_Static_assert(sizeof(struct port_value) == 32, "port_value layout");
+_Static_assert(sizeof(struct port_value) == 48, "port_value layout");
 
 /* Record written by the port-seeding iterators. */
 struct listen_record {
@@ -103,7 +106,7 @@ struct listener_record {
 	__u32 queue;         /* sk_ack_backlog now */
 	__u64 drops;         /* listen drops since the previous harvest */
 	__u32 pid;
-	__u32 _pad2;
+	__u32 queue_max;     /* deepest accept queue seen since the previous harvest */
 	char comm[16];
 };
 _Static_assert(sizeof(struct listener_record) == 64, "listener_record layout");

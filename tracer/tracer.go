@@ -420,14 +420,17 @@ func (t *Tracer) Collect() (Interval, error) {
 	return iv, err
 }
 
-// queueMax is the deepest accept queue the interval is known to have had:
-// the queue at the drain, or the full backlog when connections were
-// dropped because it was full.
+// queueMax is the deepest accept queue the interval had: the kernel side
+// reads the queue each time a connection joins it, and the queue at the
+// drain and a full backlog (drops) bound it from below.
 func queueMax(l bundler.Listener) uint32 {
+	q := max(l.Queue, l.QueueMax)
 	if l.Drops > 0 {
-		return max(l.Queue, l.BacklogLimit)
+		// Dropping means the queue was full, whether or not a connection
+		// joined it while it was.
+		q = max(q, l.BacklogLimit)
 	}
-	return l.Queue
+	return q
 }
 
 func countersOf(c bundler.Counts) Counters {

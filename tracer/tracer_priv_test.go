@@ -829,6 +829,51 @@ func TestListenQueueDrops(t *testing.T) {
 	}
 }
 
+// The deepest accept queue of an interval is seen although the queue is
+// empty again at the drain: 5 connections wait unaccepted, then all are
+// accepted before the tracer drains.
+func TestListenQueueDeepestBetweenDrains(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	tr := startTracer(t, nil)
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7003")
+	collect(t, tr) // the listener's earlier interval
+	const waiting = 5
+	var conns []net.Conn
+	for i := 0; i < waiting; i++ {
+		c, err := a.Dial("tcp4", b.IPv4.String()+":7003")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for i := 0; i < waiting; i++ {
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	var deepest uint32
+	found := false
+	for _, li := range collect(t, tr).Listeners {
+		if li.NetNS == b.Inode && li.Port == 7003 {
+			found = true
+			deepest = max(deepest, li.QueueMax)
+		}
+	}
+	if !found || deepest != waiting {
+		t.Errorf("listener found %v, deepest queue %d; want %d (the queue is empty at the drain)", found, deepest, waiting)
+	}
+	// The next interval saw no connection join: its deepest is 0.
+	for _, li := range collect(t, tr).Listeners {
+		if li.NetNS == b.Inode && li.Port == 7003 && li.QueueMax != 0 {
+			t.Errorf("next interval: deepest queue %d, want 0", li.QueueMax)
+		}
+	}
+}
+
 func TestTinyMapCountsLosses(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]

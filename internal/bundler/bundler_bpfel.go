@@ -98,7 +98,7 @@ type bundlerListenerRecord struct {
 	Queue        uint32
 	Drops        uint64
 	Pid          uint32
-	Pad2         uint32
+	QueueMax     uint32
 	Comm         [16]int8
 }
 
@@ -116,6 +116,9 @@ type bundlerPortValue struct {
 	Pid      uint32
 	CgroupId uint64
 	Comm     [16]int8
+	Listener uint64
+	QueueMax uint32
+	Pad      uint32
 }
 
 type bundlerSockState struct {

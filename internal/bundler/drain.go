@@ -68,6 +68,7 @@ type Listener struct {
 	Local        netip.Addr
 	BacklogLimit uint32
 	Queue        uint32 // accept queue at the harvest
+	QueueMax     uint32 // deepest accept queue seen since the previous harvest (per port)
 	Drops        uint64 // since the previous harvest
 	PID          uint32
 	Comm         string
@@ -288,7 +289,7 @@ func decodeListeners(recs []bundlerListenerRecord) []Listener {
 	out := make([]Listener, len(recs))
 	for i, r := range recs {
 		out[i] = Listener{NetNS: r.Netns, Port: r.Port, Local: netip.AddrFrom16(r.LocalAddr).Unmap(),
-			BacklogLimit: r.BacklogLimit, Queue: r.Queue, Drops: r.Drops, PID: r.Pid, Comm: commString(r.Comm)}
+			BacklogLimit: r.BacklogLimit, Queue: r.Queue, QueueMax: r.QueueMax, Drops: r.Drops, PID: r.Pid, Comm: commString(r.Comm)}
 	}
 	return out
 }
