@@ -662,9 +662,10 @@ static __always_inline void connect_done(struct sock *sk, struct connect_info *c
 {
 	if (slot) {
 		/* Only this socket's completion frees its slot, and a claim only
-		 * takes a free (or stale) one: a plain store is enough. */
+		 * takes a free (or stale) one. The time is cleared first (a slot
+		 * with time 0 is never stale) and the exchange orders the two. */
 		*(volatile __u64 *)&slot->ci.syn_ns = 0;
-		__sync_lock_test_and_set(&slot->owner, 0); /* ordered after the store above */
+		__sync_lock_test_and_set(&slot->owner, 0);
 		return;
 	}
 	if (ci) {
