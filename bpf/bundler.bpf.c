@@ -132,12 +132,6 @@ struct {
 	__type(value, struct unix_path);
 } unix_paths SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct unix_path);
-} path_scratch SEC(".maps");
 
 enum sock_kind {
 	SK_TCP = 1,      /* a TCP connection */
@@ -1475,10 +1469,10 @@ static __always_inline struct sock_state *unix_state(struct sock *sk, struct uni
 	struct unix_address *srv = peer_addr ? peer_addr : own;
 	if (!srv)
 		return NULL;
-	__u32 zero = 0;
-	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
-	if (!p)
-		return NULL;
+	/* On the stack: a per-CPU buffer would be shared with preempted
+	 * runs (7.x tracepoints, cgroup hooks) on the same CPU. */
+	struct unix_path path = {};
+	struct unix_path *p = &path;
 	__u64 h = unix_path_of(srv, p);
 	if (!h)
 		return NULL;
@@ -1517,10 +1511,8 @@ static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool 
 		return 0;
 	if (n > sizeof(((struct unix_path *)0)->path))
 		n = sizeof(((struct unix_path *)0)->path);
-	__u32 zero = 0;
-	struct unix_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
-	if (!p)
-		return 0;
+	struct unix_path path = {}; /* on the stack, as in unix_state */
+	struct unix_path *p = &path;
 	/* A fixed-size read (6.1's verifier loses a variable size's bounds):
 	 * a kernel copy is a whole sockaddr_storage, and callers pass a whole
 	 * sockaddr_un. Bytes past n are not part of the name. */

@@ -179,7 +179,6 @@ const (
 	bundlerMapConnectSlots             = "connect_slots"
 	bundlerMapConnecting               = "connecting"
 	bundlerMapFlows                    = "flows"
-	bundlerMapPathScratch              = "path_scratch"
 	bundlerMapPorts                    = "ports"
 	bundlerMapRecentSenders            = "recent_senders"
 	bundlerMapSocks                    = "socks"
@@ -304,7 +303,6 @@ type bundlerMapSpecs struct {
 	ConnectSlots  *ebpf.MapSpec `ebpf:"connect_slots"`
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
 	Flows         *ebpf.MapSpec `ebpf:"flows"`
-	PathScratch   *ebpf.MapSpec `ebpf:"path_scratch"`
 	Ports         *ebpf.MapSpec `ebpf:"ports"`
 	RecentSenders *ebpf.MapSpec `ebpf:"recent_senders"`
 	Socks         *ebpf.MapSpec `ebpf:"socks"`
@@ -355,7 +353,6 @@ type bundlerMaps struct {
 	ConnectSlots  *ebpf.Map `ebpf:"connect_slots"`
 	Connecting    *ebpf.Map `ebpf:"connecting"`
 	Flows         *ebpf.Map `ebpf:"flows"`
-	PathScratch   *ebpf.Map `ebpf:"path_scratch"`
 	Ports         *ebpf.Map `ebpf:"ports"`
 	RecentSenders *ebpf.Map `ebpf:"recent_senders"`
 	Socks         *ebpf.Map `ebpf:"socks"`
@@ -368,7 +365,6 @@ func (m *bundlerMaps) Close() error {
 		m.ConnectSlots,
 		m.Connecting,
 		m.Flows,
-		m.PathScratch,
 		m.Ports,
 		m.RecentSenders,
 		m.Socks,
