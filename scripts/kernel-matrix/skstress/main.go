@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,28 +32,41 @@ import (
 
 func main() {
 	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
-	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or misses: no iterator, count the recursion misses of a sock_send_length program under unix stream sends")
+	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or a recursion-miss experiment on sock_send_length under unix stream sends: misses (one program), misses2 (the per-CPU-flag backup), marks1, marks2, marks3 (the task-storage marks scheme with 1, 2 or 3 copies); a comma-separated list of experiments runs them in turn")
 	dur := flag.Duration("d", 60*time.Second, "how long to run (at most 10m)")
-	workers := flag.Int("workers", 4, "socket churners (1..64)")
+	workers := flag.Int("workers", 4, "socket churners or sending threads (1..64)")
 	readers := flag.Int("readers", 2, "iterator readers (1..16)")
 	cgroup := flag.String("cgroup", "/sys/fs/cgroup", "cgroup v2 root")
 	udp := flag.Bool("udp", true, "churn UDP sockets too (TCP always)")
 	del := flag.Bool("delete", false, "delete each socket's element before the socket is freed")
+	runs := flag.Int("runs", 1, "recursion-miss experiments: how many times to run the list (1..20)")
+	work := flag.Uint("work", 64, "recursion-miss experiments: atomic adds per processed send (0..256), the stand-in for deptrace's work")
+	stats := flag.Bool("stats", false, "recursion-miss experiments: enable BPF run-time statistics while running and print ns per run of each copy")
 	flag.Parse()
-	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" && *prog != "misses" && *prog != "misses2" {
-		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks, misses and misses2", *prog))
-	}
-	if *dur <= 0 || *dur > 10*time.Minute || *workers < 1 || *workers > 64 || *readers < 1 || *readers > 16 {
-		fail(fmt.Errorf("-d must be in (0, 10m], -workers in 1..64, -readers in 1..16"))
+	if *dur <= 0 || *dur > 10*time.Minute || *workers < 1 || *workers > 64 || *readers < 1 || *readers > 16 || *runs < 1 || *runs > 20 || *work > 256 {
+		fail(fmt.Errorf("-d must be in (0, 10m], -workers in 1..64, -readers in 1..16, -runs in 1..20, -work in 0..256"))
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		fail(err)
 	}
-	if *prog == "misses" || *prog == "misses2" {
-		if err := misses(*obj, *dur, *workers, *prog == "misses2"); err != nil {
-			fail(err)
+	if _, ok := missModes[strings.Split(*prog, ",")[0]]; ok {
+		modes := strings.Split(*prog, ",")
+		for _, m := range modes {
+			if _, ok := missModes[m]; !ok {
+				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment (allowed: misses, misses2, marks1, marks2, marks3)", *prog, m))
+			}
+		}
+		for r := 0; r < *runs; r++ {
+			for _, m := range modes {
+				if err := misses(*obj, m, *dur, *workers, uint32(*work), *stats); err != nil {
+					fail(err)
+				}
+			}
 		}
 		return
+	}
+	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" {
+		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks, misses, misses2, marks1, marks2 and marks3", *prog))
 	}
 	if err := run(*obj, *prog, *cgroup, *dur, *workers, *readers, *udp, *del); err != nil {
 		fail(err)
@@ -69,8 +83,11 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	if err != nil {
 		return fmt.Errorf("load %s: %w", obj, err)
 	}
-	delete(spec.Programs, "on_send")
-	delete(spec.Programs, "on_send_backup")
+	for _, progs := range missModes {
+		for _, name := range progs {
+			delete(spec.Programs, name)
+		}
+	}
 	if !del {
 		delete(spec.Programs, "tcp_closed")
 		delete(spec.Programs, "udp_release")
@@ -208,83 +225,176 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	return nil
 }
 
-// misses attaches on_send alone and makes unix stream sends (process context
-// only) from more threads than CPUs, then prints how many runs the kernel
-// skipped for recursion. Where tracepoint programs run with preemption
-// disabled (6.12), nothing can nest a run here and the count stays 0.
-func misses(obj string, dur time.Duration, workers int, backup bool) error {
+// The recursion-miss experiments (-prog): which programs, attached to
+// sock_send_length in this order.
+var missModes = map[string][]string{
+	"misses":  {"on_send"},                         // one program, as deptrace today
+	"misses2": {"on_send", "on_send_backup"},       // the first backup idea (per-CPU busy flag)
+	"marks1":  {"send_a"},                          // copy A alone: the marking cost without a backup
+	"marks2":  {"send_a", "send_last"},             // the proposed scheme, two copies
+	"marks3":  {"send_a", "send_mid", "send_last"}, // three copies
+}
+
+const (
+	cAProc = iota
+	cAUnmarked
+	cBRescued
+	cBSeen
+	cBUnmarked
+	cCRescued
+	cCSeen
+	cOldBackup
+	cMax
+)
+
+type thr struct{ Last, Processed, Dups, Gaps uint64 }
+
+// misses attaches the mode's programs to sock_send_length and makes unix
+// stream sends (process context only) from more threads than CPUs, each
+// thread sending lengths 1..61 in a cycle; then it compares what the
+// programs processed with what the threads sent: sends lost, sends
+// processed twice (dups), and the kernel's recursion misses of each copy.
+// Where tracepoint programs run with preemption disabled (6.12), nothing can
+// nest a run here and the misses stay 0.
+func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats bool) error {
+	names := missModes[mode]
 	spec, err := ebpf.LoadCollectionSpec(obj)
 	if err != nil {
 		return fmt.Errorf("load %s: %w", obj, err)
 	}
-	keep := map[string]bool{"on_send": true, "on_send_backup": backup}
+	keep := map[string]bool{}
+	for _, n := range names {
+		keep[n] = true
+	}
 	for name := range spec.Programs {
 		if !keep[name] {
 			delete(spec.Programs, name)
 		}
+	}
+	if err := spec.Variables["target_tgid"].Set(uint32(os.Getpid())); err != nil {
+		return fmt.Errorf("set target_tgid: %w", err)
+	}
+	if err := spec.Variables["work_loops"].Set(work); err != nil {
+		return fmt.Errorf("set work_loops: %w", err)
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		return fmt.Errorf("create collection: %w", err)
 	}
 	defer coll.Close()
-	l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs["on_send"]})
-	if err != nil {
-		return fmt.Errorf("attach on_send: %w", err)
-	}
-	defer l.Close()
-	if backup {
-		lb, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs["on_send_backup"]})
+	if stats {
+		st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
 		if err != nil {
-			return fmt.Errorf("attach on_send_backup: %w", err)
+			return fmt.Errorf("enable bpf stats: %w", err)
 		}
-		defer lb.Close()
+		defer st.Close()
+	}
+	// Attach order is the order the tracepoint runs them in.
+	for _, n := range names {
+		l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs[n]})
+		if err != nil {
+			return fmt.Errorf("attach %s: %w", n, err)
+		}
+		defer l.Close()
 	}
 	runtime.GOMAXPROCS(4 * runtime.NumCPU())
-	deadline := time.Now().Add(dur)
+	threads := coll.Maps["threads"]
 	var sends atomic.Uint64
-	var wg sync.WaitGroup
+	var wg, ready sync.WaitGroup
+	start := make(chan struct{})
+	errc := make(chan error, workers)
+	tids := make(chan uint32, workers)
 	for i := 0; i < workers; i++ {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 		if err != nil {
 			return fmt.Errorf("socketpair: %w", err)
 		}
 		wg.Add(1)
+		ready.Add(1)
 		go func() {
 			defer wg.Done()
 			defer unix.Close(fds[0])
 			defer unix.Close(fds[1])
 			runtime.LockOSThread()
-			msg, buf := []byte("12345678"), make([]byte, 64)
-			for time.Now().Before(deadline) {
-				if _, err := unix.Write(fds[0], msg); err != nil {
+			tid := uint32(unix.Gettid())
+			err := threads.Put(tid, thr{Last: 61})
+			tids <- tid
+			ready.Done()
+			if err != nil {
+				errc <- fmt.Errorf("threads map: %w", err)
+				return
+			}
+			<-start
+			msg, buf := make([]byte, 61), make([]byte, 64)
+			deadline := time.Now().Add(dur)
+			for k := 0; time.Now().Before(deadline); k++ {
+				if _, err := unix.Write(fds[0], msg[:1+k%61]); err != nil {
+					errc <- fmt.Errorf("write: %w", err)
 					return
 				}
 				if _, err := unix.Read(fds[1], buf); err != nil {
+					errc <- fmt.Errorf("read: %w", err)
 					return
 				}
 				sends.Add(1)
 			}
 		}()
 	}
+	ready.Wait()
+	close(start)
 	wg.Wait()
-	st, err := coll.Programs["on_send"].Stats()
-	if err != nil {
-		return fmt.Errorf("program stats: %w", err)
+	close(errc)
+	close(tids)
+	if err := <-errc; err != nil {
+		return err
 	}
-	var runs, rescued uint64
-	_ = coll.Maps["stats"].Lookup(uint32(6), &runs)
-	_ = coll.Maps["stats"].Lookup(uint32(8), &rescued)
-	line := fmt.Sprintf("skstress done: misses (%d threads, %d CPUs) for %s: %d unix sends, %d program runs counted, %d recursion misses",
-		workers, runtime.NumCPU(), dur, sends.Load(), runs, st.RecursionMisses)
-	if backup {
-		bst, err := coll.Programs["on_send_backup"].Stats()
+	var sum thr
+	for tid := range tids {
+		var t thr
+		if err := threads.Lookup(tid, &t); err != nil {
+			return fmt.Errorf("threads map: %w", err)
+		}
+		sum.Processed += t.Processed
+		sum.Dups += t.Dups
+		sum.Gaps += t.Gaps
+	}
+	var c [cMax]uint64
+	for i := range c {
+		var per []uint64
+		if err := coll.Maps["cnt"].Lookup(uint32(i), &per); err != nil {
+			return fmt.Errorf("counters: %w", err)
+		}
+		for _, v := range per {
+			c[i] += v
+		}
+	}
+	n := sends.Load()
+	unique := sum.Processed - sum.Dups
+	fmt.Printf("skstress done: %s (%d threads, %d CPUs, %s, work %d): %d unix sends, %d processed once, %d processed twice (dups), %d lost (%.2f %%), %d gaps seen\n",
+		mode, workers, runtime.NumCPU(), dur, work, n, unique, sum.Dups, int64(n)-int64(unique), 100*float64(int64(n)-int64(unique))/float64(max(n, 1)), sum.Gaps)
+	var misses [3]uint64
+	for i, name := range names {
+		st, err := coll.Programs[name].Stats()
 		if err != nil {
 			return fmt.Errorf("program stats: %w", err)
 		}
-		line += fmt.Sprintf("; the backup copy did %d of the skipped runs' work and missed %d itself; sends not counted: %d",
-			rescued, bst.RecursionMisses, int64(sends.Load())-int64(runs)-int64(rescued))
+		misses[i] = st.RecursionMisses
+		line := fmt.Sprintf("  %-14s recursion misses %d", name, st.RecursionMisses)
+		if stats && st.RunCount > 0 {
+			line += fmt.Sprintf(", %d runs, %.1f ns/run", st.RunCount, float64(st.Runtime.Nanoseconds())/float64(st.RunCount))
+		}
+		fmt.Println(line)
 	}
-	fmt.Println(line)
+	switch mode {
+	case "misses2":
+		fmt.Printf("  old backup did the work %d times\n", c[cOldBackup])
+	case "marks1", "marks2", "marks3":
+		rescued := c[cBRescued] + c[cCRescued]
+		fmt.Printf("  A processed %d, A unmarked %d; mid copy: saw mark %d, rescued %d, unmarked %d; last copy: saw mark %d, rescued %d\n",
+			c[cAProc], c[cAUnmarked], c[cBSeen], c[cBRescued], c[cBUnmarked], c[cCSeen], c[cCRescued])
+		if mode != "marks1" {
+			fmt.Printf("  lost as the programs count it (A misses + A unmarked - rescued): %d\n", int64(misses[0]+c[cAUnmarked])-int64(rescued))
+		}
+	}
 	return nil
 }

@@ -101,9 +101,92 @@ int walk_udp(struct bpf_iter__udp *ctx)
 	return 0;
 }
 
-/* -prog misses: counts unix stream sends (process context only) and does a
- * little work per run; user space reads the kernel's recursion-miss count
- * of this program. Needs sock_send_length (6.3+). */
+/* ---- Recursion-miss experiments on sock_send_length (6.3+) ----
+ *
+ * Every mode counts the unix stream sends of skstress's own process
+ * (target_tgid) and "processes" each one: process() keeps, per sending
+ * thread, the length of the last send it processed. The workers send
+ * lengths 1..61 in a cycle, so processing one send twice shows up as the same
+ * length twice in a row (dups), and sends never processed as a jump (gaps).
+ * The work per processed send (work_loops atomic adds to a shared array)
+ * stands for deptrace's own work and sets how long a run is.
+ */
+const volatile __u32 target_tgid = 0;
+const volatile __u32 work_loops = 64;
+
+struct thr {
+	__u64 last;      /* length of the last processed send (1..61) */
+	__u64 processed; /* processed runs, duplicates included */
+	__u64 dups;      /* runs that processed the send processed just before */
+	__u64 gaps;      /* sends skipped over between two processed ones */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 128);
+	__type(key, __u32); /* thread id, filled in by user space */
+	__type(value, struct thr);
+} threads SEC(".maps");
+
+/* Per-CPU event counters of the copies (summed by user space). */
+enum {
+	C_A_PROC,     /* copy A processed the send (and marked it) */
+	C_A_UNMARKED, /* copy A ran but could not mark: left the send to later copies */
+	C_B_RESCUED,  /* a later copy processed a send no earlier copy had */
+	C_B_SEEN,     /* a later copy found the mark of an earlier one: nothing to do */
+	C_B_UNMARKED, /* a middle copy found no mark but could not mark itself */
+	C_C_RESCUED,  /* the third copy processed a send (marks3) */
+	C_C_SEEN,
+	C_OLD_BACKUP, /* misses2: the old backup's runs that did the work */
+	C_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, C_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} cnt SEC(".maps");
+
+static __always_inline void inc(__u32 i)
+{
+	__u64 *v = bpf_map_lookup_elem(&cnt, &i);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool relevant(struct sock *sk)
+{
+	return sk->__sk_common.skc_family == 1 /* AF_UNIX */ &&
+	       (bpf_get_current_pid_tgid() >> 32) == target_tgid;
+}
+
+static __always_inline void process(int ret)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thr *t = bpf_map_lookup_elem(&threads, &tid);
+	if (t && ret >= 1 && ret <= 61) {
+		if ((__u64)ret == t->last)
+			t->dups++;
+		else
+			t->gaps += ((__u64)ret + 61 - t->last - 1) % 61;
+		t->last = ret;
+		t->processed++;
+	}
+	count(6);
+	for (__u32 i = 0; i < work_loops && i < 256; i++)
+		count(7);
+}
+
+/* misses (on_send alone) and misses2 (on_send + on_send_backup, the first
+ * idea): on_send raises a per-CPU flag while it runs; the backup does the
+ * work when it sees the flag up, taken to mean "the kernel skipped on_send
+ * for this event". It is wrong both ways: a task can finish on_send, be
+ * preempted (or migrate) before the backup runs, and find the flag raised
+ * by another task now preempted inside on_send: the send is processed twice;
+ * and a task preempted between the kernel's recursion check and on_send's
+ * first instruction holds the guard with the flag down: the skipped send is
+ * lost. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -114,35 +197,145 @@ struct {
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
-	if (sk->__sk_common.skc_family != 1 /* AF_UNIX */)
+	if (!relevant(sk))
 		return 0;
 	__u32 z = 0;
 	__u32 *busy = bpf_map_lookup_elem(&in_send, &z);
 	if (busy)
 		*busy = 1;
-	count(6);
-	for (int i = 0; i < 64; i++)
-		count(7);
+	process(ret);
 	if (busy)
 		*busy = 0;
 	return 0;
 }
 
-/* -prog misses2: a second copy, attached after on_send, that does the work
- * only when on_send is in the middle of a run on this CPU, i.e. when the
- * kernel skipped on_send for this event because a preempted (or
- * interrupted) run of it holds the CPU's recursion counter. */
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_backup, struct sock *sk, int ret, int flags)
 {
-	if (sk->__sk_common.skc_family != 1 /* AF_UNIX */)
+	if (!relevant(sk))
 		return 0;
 	__u32 z = 0;
 	__u32 *busy = bpf_map_lookup_elem(&in_send, &z);
 	if (!busy || !*busy)
 		return 0;
-	count(8);
-	for (int i = 0; i < 64; i++)
-		count(9);
+	inc(C_OLD_BACKUP);
+	process(ret);
+	return 0;
+}
+
+/* marks2 / marks3: the scheme proposed for deptrace. Copies A, B (and C)
+ * of the program are attached to the tracepoint in that order. One
+ * tracepoint call runs them one after the other in the same task (the task
+ * may be preempted, and migrate, between two copies, but not inside one);
+ * the kernel may skip any of them for recursion. The copies talk through
+ * the task's own storage, keyed by the address of the call's argument
+ * array (ctx): bpf_trace_runN() builds that array on the stack, at the same
+ * address for every copy of one call, and a call nested in it (an
+ * interrupt or softirq on the same task) builds its own deeper or on the
+ * interrupt stack, so no two unfinished calls of one task share an address.
+ * - A marks (slot := ctx) and processes; if it cannot mark (no storage, all
+ *   slots taken) it does nothing and counts C_A_UNMARKED.
+ * - a middle copy (B of marks3): mark found -> nothing; else mark and
+ *   process (cannot mark -> nothing, C_B_UNMARKED).
+ * - the last copy: mark found -> clear it, nothing; else process.
+ * A copy processes only if no earlier copy of this call did (it would have
+ * left its mark, written before processing, and only this call's last copy
+ * clears a slot holding this address), so no send is processed twice. A
+ * send is lost only if every copy that could process it was skipped, or,
+ * after a last copy was skipped, by a stale mark at the same address; both
+ * show in lost = A.recursion_misses + A_UNMARKED - rescued. */
+#define MARK_SLOTS 4
+struct marks {
+	__u64 slot[MARK_SLOTS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct marks);
+} marks SEC(".maps");
+
+/* Record the call at address x: reuse a slot holding x (a stale mark: no
+ * other unfinished call of this task can have x), else the first free one. */
+static __always_inline bool mark(struct marks *m, __u64 x)
+{
+	for (int i = 0; i < MARK_SLOTS; i++)
+		if (m->slot[i] == x)
+			return true;
+	for (int i = 0; i < MARK_SLOTS; i++)
+		if (m->slot[i] == 0) {
+			m->slot[i] = x;
+			return true;
+		}
+	return false;
+}
+
+static __always_inline bool marked(struct marks *m, __u64 x, bool clear)
+{
+	bool found = false;
+	for (int i = 0; i < MARK_SLOTS; i++)
+		if (m->slot[i] == x) {
+			found = true;
+			if (clear)
+				m->slot[i] = 0;
+		}
+	return found;
+}
+
+static __always_inline struct marks *task_marks(bool create)
+{
+	return bpf_task_storage_get(&marks, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(send_a, struct sock *sk, int ret, int flags)
+{
+	if (!relevant(sk))
+		return 0;
+	struct marks *m = task_marks(true);
+	if (!m || !mark(m, (__u64)ctx)) {
+		inc(C_A_UNMARKED);
+		return 0;
+	}
+	inc(C_A_PROC);
+	process(ret);
+	return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(send_mid, struct sock *sk, int ret, int flags)
+{
+	if (!relevant(sk))
+		return 0;
+	struct marks *m = task_marks(false);
+	if (m && marked(m, (__u64)ctx, false)) {
+		inc(C_B_SEEN);
+		return 0;
+	}
+	if (!m)
+		m = task_marks(true);
+	if (!m || !mark(m, (__u64)ctx)) {
+		inc(C_B_UNMARKED);
+		return 0;
+	}
+	inc(C_B_RESCUED);
+	process(ret);
+	return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(send_last, struct sock *sk, int ret, int flags)
+{
+	if (!relevant(sk))
+		return 0;
+	struct marks *m = task_marks(false);
+	if (m && marked(m, (__u64)ctx, true)) {
+		inc(C_C_SEEN);
+		return 0;
+	}
+	inc(C_C_RESCUED);
+	process(ret);
 	return 0;
 }
