@@ -19,10 +19,12 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -32,7 +34,7 @@ import (
 
 func main() {
 	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
-	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or a recursion-miss experiment on sock_send_length under unix stream sends: misses (one program), misses2 (the per-CPU-flag backup), marks1, marks2, marks3 (the task-storage marks scheme with 1, 2 or 3 copies); a comma-separated list of experiments runs them in turn")
+	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or a recursion-miss experiment on sock_send_length under unix stream sends: misses (one program), misses2 (the per-CPU-flag backup), marks1 .. marks8 (the task-storage marks scheme with 1 to 8 copies); a comma-separated list of experiments runs them in turn")
 	dur := flag.Duration("d", 60*time.Second, "how long to run (at most 10m)")
 	workers := flag.Int("workers", 4, "socket churners or sending threads (1..64)")
 	readers := flag.Int("readers", 2, "iterator readers (1..16)")
@@ -49,11 +51,11 @@ func main() {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		fail(err)
 	}
-	if _, ok := missModes[strings.Split(*prog, ",")[0]]; ok {
+	if _, ok := missPrograms(strings.Split(*prog, ",")[0]); ok {
 		modes := strings.Split(*prog, ",")
 		for _, m := range modes {
-			if _, ok := missModes[m]; !ok {
-				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment (allowed: misses, misses2, marks1, marks2, marks3)", *prog, m))
+			if _, ok := missPrograms(m); !ok {
+				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment (allowed: misses, misses2, marks1 .. marks8)", *prog, m))
 			}
 		}
 		for r := 0; r < *runs; r++ {
@@ -66,7 +68,7 @@ func main() {
 		return
 	}
 	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" {
-		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks, misses, misses2, marks1, marks2 and marks3", *prog))
+		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks, misses, misses2 and marks1 .. marks8", *prog))
 	}
 	if err := run(*obj, *prog, *cgroup, *dur, *workers, *readers, *udp, *del); err != nil {
 		fail(err)
@@ -83,10 +85,8 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	if err != nil {
 		return fmt.Errorf("load %s: %w", obj, err)
 	}
-	for _, progs := range missModes {
-		for _, name := range progs {
-			delete(spec.Programs, name)
-		}
+	for _, name := range []string{"on_send", "on_send_backup", "send_a", "send_mid", "send_last"} {
+		delete(spec.Programs, name)
 	}
 	if !del {
 		delete(spec.Programs, "tcp_closed")
@@ -225,29 +225,45 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	return nil
 }
 
-// The recursion-miss experiments (-prog): which programs, attached to
-// sock_send_length in this order.
-var missModes = map[string][]string{
-	"misses":  {"on_send"},                         // one program, as deptrace today
-	"misses2": {"on_send", "on_send_backup"},       // the first backup idea (per-CPU busy flag)
-	"marks1":  {"send_a"},                          // copy A alone: the marking cost without a backup
-	"marks2":  {"send_a", "send_last"},             // the proposed scheme, two copies
-	"marks3":  {"send_a", "send_mid", "send_last"}, // three copies
+// The recursion-miss experiments (-prog), and the programs each attaches
+// to sock_send_length, in this order (the order the tracepoint runs them).
+// marksN: copy A, N-2 middle copies (each its own program, loaded from
+// send_mid), the last copy.
+func missPrograms(mode string) ([]string, bool) {
+	switch mode {
+	case "misses":
+		return []string{"on_send"}, true // one program, as deptrace today
+	case "misses2":
+		return []string{"on_send", "on_send_backup"}, true // the per-CPU-flag backup
+	case "marks1":
+		return []string{"send_a"}, true // copy A alone: the marking cost without a backup
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(mode, "marks"))
+	if !strings.HasPrefix(mode, "marks") || err != nil || n < 2 || n > 8 {
+		return nil, false
+	}
+	names := []string{"send_a"}
+	for i := 2; i < n; i++ {
+		names = append(names, fmt.Sprintf("send_mid%d", i))
+	}
+	return append(names, "send_last"), true
 }
 
 const (
 	cAProc = iota
-	cAUnmarked
+	cANoStore
+	cAFull
 	cBRescued
 	cBSeen
 	cBUnmarked
 	cCRescued
 	cCSeen
+	cStale
 	cOldBackup
 	cMax
 )
 
-type thr struct{ Last, Processed, Dups, Gaps uint64 }
+type thr struct{ SeqAddr, Last, Processed, Dups, Gaps, Unread uint64 }
 
 // misses attaches the mode's programs to sock_send_length and makes unix
 // stream sends (process context only) from more threads than CPUs, each
@@ -257,7 +273,7 @@ type thr struct{ Last, Processed, Dups, Gaps uint64 }
 // Where tracepoint programs run with preemption disabled (6.12), nothing can
 // nest a run here and the misses stay 0.
 func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats bool) error {
-	names := missModes[mode]
+	names, _ := missPrograms(mode)
 	spec, err := ebpf.LoadCollectionSpec(obj)
 	if err != nil {
 		return fmt.Errorf("load %s: %w", obj, err)
@@ -265,6 +281,13 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 	keep := map[string]bool{}
 	for _, n := range names {
 		keep[n] = true
+		if strings.HasPrefix(n, "send_mid") {
+			// Each middle copy is a program of its own (its own
+			// recursion guard), sharing the collection's maps.
+			c := spec.Programs["send_mid"].Copy()
+			c.Name = n
+			spec.Programs[n] = c
+		}
 	}
 	for name := range spec.Programs {
 		if !keep[name] {
@@ -304,7 +327,13 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 	start := make(chan struct{})
 	errc := make(chan error, workers)
 	tids := make(chan uint32, workers)
+	// Each thread numbers its sends here (8 words apart: no false sharing);
+	// the programs read the number in the thread's write(2). Go's heap
+	// does not move, so the addresses hold until the end.
+	seqs := make([]uint64, 8*workers)
+	defer runtime.KeepAlive(seqs)
 	for i := 0; i < workers; i++ {
+		seq := &seqs[8*i]
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 		if err != nil {
 			return fmt.Errorf("socketpair: %w", err)
@@ -317,7 +346,7 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 			defer unix.Close(fds[1])
 			runtime.LockOSThread()
 			tid := uint32(unix.Gettid())
-			err := threads.Put(tid, thr{Last: 61})
+			err := threads.Put(tid, thr{SeqAddr: uint64(uintptr(unsafe.Pointer(seq)))})
 			tids <- tid
 			ready.Done()
 			if err != nil {
@@ -325,10 +354,11 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 				return
 			}
 			<-start
-			msg, buf := make([]byte, 61), make([]byte, 64)
+			msg, buf := []byte("12345678"), make([]byte, 64)
 			deadline := time.Now().Add(dur)
-			for k := 0; time.Now().Before(deadline); k++ {
-				if _, err := unix.Write(fds[0], msg[:1+k%61]); err != nil {
+			for k := uint64(1); time.Now().Before(deadline); k++ {
+				atomic.StoreUint64(seq, k)
+				if _, err := unix.Write(fds[0], msg); err != nil {
 					errc <- fmt.Errorf("write: %w", err)
 					return
 				}
@@ -357,6 +387,7 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 		sum.Processed += t.Processed
 		sum.Dups += t.Dups
 		sum.Gaps += t.Gaps
+		sum.Unread += t.Unread
 	}
 	var c [cMax]uint64
 	for i := range c {
@@ -370,30 +401,32 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 	}
 	n := sends.Load()
 	unique := sum.Processed - sum.Dups
-	fmt.Printf("skstress done: %s (%d threads, %d CPUs, %s, work %d): %d unix sends, %d processed once, %d processed twice (dups), %d lost (%.2f %%), %d gaps seen\n",
-		mode, workers, runtime.NumCPU(), dur, work, n, unique, sum.Dups, int64(n)-int64(unique), 100*float64(int64(n)-int64(unique))/float64(max(n, 1)), sum.Gaps)
-	var misses [3]uint64
+	fmt.Printf("skstress done: %s (%d threads, %d CPUs, %s, work %d): %d unix sends, %d processed once, %d processed twice (dups), %d lost (%.3f %%), %d gaps seen, %d send numbers unreadable\n",
+		mode, workers, runtime.NumCPU(), dur, work, n, unique, sum.Dups, int64(n)-int64(unique), 100*float64(int64(n)-int64(unique))/float64(max(n, 1)), sum.Gaps, sum.Unread)
+	var missA uint64
 	for i, name := range names {
 		st, err := coll.Programs[name].Stats()
 		if err != nil {
 			return fmt.Errorf("program stats: %w", err)
 		}
-		misses[i] = st.RecursionMisses
+		if i == 0 {
+			missA = st.RecursionMisses
+		}
 		line := fmt.Sprintf("  %-14s recursion misses %d", name, st.RecursionMisses)
 		if stats && st.RunCount > 0 {
 			line += fmt.Sprintf(", %d runs, %.1f ns/run", st.RunCount, float64(st.Runtime.Nanoseconds())/float64(st.RunCount))
 		}
 		fmt.Println(line)
 	}
-	switch mode {
-	case "misses2":
+	if mode == "misses2" {
 		fmt.Printf("  old backup did the work %d times\n", c[cOldBackup])
-	case "marks1", "marks2", "marks3":
+	}
+	if strings.HasPrefix(mode, "marks") {
 		rescued := c[cBRescued] + c[cCRescued]
-		fmt.Printf("  A processed %d, A unmarked %d; mid copy: saw mark %d, rescued %d, unmarked %d; last copy: saw mark %d, rescued %d\n",
-			c[cAProc], c[cAUnmarked], c[cBSeen], c[cBRescued], c[cBUnmarked], c[cCSeen], c[cCRescued])
-		if mode != "marks1" {
-			fmt.Printf("  lost as the programs count it (A misses + A unmarked - rescued): %d\n", int64(misses[0]+c[cAUnmarked])-int64(rescued))
+		fmt.Printf("  A processed %d, no storage %d, slots full %d, stale marks cleared %d; middle copies: saw mark %d, rescued %d, could not mark %d; last copy: saw mark %d, rescued %d\n",
+			c[cAProc], c[cANoStore], c[cAFull], c[cStale], c[cBSeen], c[cBRescued], c[cBUnmarked], c[cCSeen], c[cCRescued])
+		if len(names) > 1 {
+			fmt.Printf("  lost as the programs count it (A misses + A no storage + A slots full - rescued): %d\n", int64(missA+c[cANoStore]+c[cAFull])-int64(rescued))
 		}
 	}
 	return nil

@@ -104,10 +104,11 @@ int walk_udp(struct bpf_iter__udp *ctx)
 /* ---- Recursion-miss experiments on sock_send_length (6.3+) ----
  *
  * Every mode counts the unix stream sends of skstress's own process
- * (target_tgid) and "processes" each one: process() keeps, per sending
- * thread, the length of the last send it processed. The workers send
- * lengths 1..61 in a cycle, so processing one send twice shows up as the same
- * length twice in a row (dups), and sends never processed as a jump (gaps).
+ * (target_tgid) and "processes" each one. The ground truth is exact: each
+ * sending thread numbers its sends in a variable of its own (user memory,
+ * address in `threads`), incremented before each write(2); process() reads
+ * it in the thread's own syscall, so processing one send twice shows as the
+ * same number twice (dups) and sends never processed as a jump (gaps).
  * The work per processed send (work_loops atomic adds to a shared array)
  * stands for deptrace's own work and sets how long a run is.
  */
@@ -115,10 +116,12 @@ const volatile __u32 target_tgid = 0;
 const volatile __u32 work_loops = 64;
 
 struct thr {
-	__u64 last;      /* length of the last processed send (1..61) */
+	__u64 seq_addr;  /* user address of the thread's send number */
+	__u64 last;      /* the last processed send's number */
 	__u64 processed; /* processed runs, duplicates included */
-	__u64 dups;      /* runs that processed the send processed just before */
+	__u64 dups;      /* runs that processed an already processed send */
 	__u64 gaps;      /* sends skipped over between two processed ones */
+	__u64 unread;    /* runs that could not read the send number */
 };
 
 struct {
@@ -128,15 +131,19 @@ struct {
 	__type(value, struct thr);
 } threads SEC(".maps");
 
-/* Per-CPU event counters of the copies (summed by user space). */
+/* Event counters of the copies, per CPU, summed by user space. Added
+ * atomically: on a preemptible kernel two programs (two copies) can
+ * interleave on one CPU, and a plain += would lose increments. */
 enum {
 	C_A_PROC,     /* copy A processed the send (and marked it) */
-	C_A_UNMARKED, /* copy A ran but could not mark: left the send to later copies */
-	C_B_RESCUED,  /* a later copy processed a send no earlier copy had */
-	C_B_SEEN,     /* a later copy found the mark of an earlier one: nothing to do */
-	C_B_UNMARKED, /* a middle copy found no mark but could not mark itself */
-	C_C_RESCUED,  /* the third copy processed a send (marks3) */
-	C_C_SEEN,
+	C_A_NOSTORE,  /* copy A ran but got no task storage: left the send to later copies */
+	C_A_FULL,     /* copy A ran but found every mark slot taken: left it to later copies */
+	C_B_RESCUED,  /* a middle copy processed a send no earlier copy had (and marked it) */
+	C_B_SEEN,     /* a middle copy found an earlier copy's mark: nothing to do */
+	C_B_UNMARKED, /* a middle copy found no mark but could not mark: left it */
+	C_C_RESCUED,  /* the last copy processed a send no earlier copy had */
+	C_C_SEEN,     /* the last copy found a mark (and cleared it) */
+	C_STALE,      /* stale marks cleared by copy A */
 	C_OLD_BACKUP, /* misses2: the old backup's runs that did the work */
 	C_MAX,
 };
@@ -152,7 +159,7 @@ static __always_inline void inc(__u32 i)
 {
 	__u64 *v = bpf_map_lookup_elem(&cnt, &i);
 	if (v)
-		*v += 1;
+		__sync_fetch_and_add(v, 1);
 }
 
 static __always_inline bool relevant(struct sock *sk)
@@ -165,12 +172,17 @@ static __always_inline void process(int ret)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct thr *t = bpf_map_lookup_elem(&threads, &tid);
-	if (t && ret >= 1 && ret <= 61) {
-		if ((__u64)ret == t->last)
-			t->dups++;
-		else
-			t->gaps += ((__u64)ret + 61 - t->last - 1) % 61;
-		t->last = ret;
+	if (t) {
+		__u64 seq = 0;
+		if (bpf_probe_read_user(&seq, sizeof(seq), (void *)t->seq_addr) || seq == 0) {
+			t->unread++;
+		} else {
+			if (seq == t->last)
+				t->dups++;
+			else if (seq > t->last)
+				t->gaps += seq - t->last - 1;
+			t->last = seq;
+		}
 		t->processed++;
 	}
 	count(6);
@@ -223,28 +235,34 @@ int BPF_PROG(on_send_backup, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
-/* marks2 / marks3: the scheme proposed for deptrace. Copies A, B (and C)
- * of the program are attached to the tracepoint in that order. One
+/* marksN: the scheme proposed for deptrace. N copies of the program (A,
+ * N-2 middle copies, the last copy; separate programs, so separate
+ * recursion guards) are attached to the tracepoint in that order. One
  * tracepoint call runs them one after the other in the same task (the task
  * may be preempted, and migrate, between two copies, but not inside one);
  * the kernel may skip any of them for recursion. The copies talk through
  * the task's own storage, keyed by the address of the call's argument
- * array (ctx): bpf_trace_runN() builds that array on the stack, at the same
- * address for every copy of one call, and a call nested in it (an
- * interrupt or softirq on the same task) builds its own deeper or on the
- * interrupt stack, so no two unfinished calls of one task share an address.
- * - A marks (slot := ctx) and processes; if it cannot mark (no storage, all
- *   slots taken) it does nothing and counts C_A_UNMARKED.
- * - a middle copy (B of marks3): mark found -> nothing; else mark and
- *   process (cannot mark -> nothing, C_B_UNMARKED).
+ * array (ctx): bpf_trace_runN() builds that array on its stack frame, at
+ * the same address for every copy of one call, and a call nested in it (an
+ * interrupt or softirq on the same task) builds its own on the interrupt
+ * stack or deeper on the same stack, so no two unfinished calls of one task
+ * share an address.
+ * - A marks (a slot := ctx) and processes; if it cannot mark (no storage,
+ *   every slot taken) it does nothing and counts that.
+ * - a middle copy: mark found -> nothing; else mark and process (cannot
+ *   mark -> nothing, counted).
  * - the last copy: mark found -> clear it, nothing; else process.
- * A copy processes only if no earlier copy of this call did (it would have
- * left its mark, written before processing, and only this call's last copy
- * clears a slot holding this address), so no send is processed twice. A
- * send is lost only if every copy that could process it was skipped, or,
- * after a last copy was skipped, by a stale mark at the same address; both
- * show in lost = A.recursion_misses + A_UNMARKED - rescued. */
-#define MARK_SLOTS 4
+ * A copy processes only if no earlier copy of this call did: that copy
+ * wrote its mark before processing, and only this call's last copy clears a
+ * slot holding this address. A send is lost only when every copy that could
+ * process it was skipped, or when a mark left behind by a skipped last copy
+ * sits at the same address; every loss shows in
+ *   lost = A.recursion_misses + A_NOSTORE + A_FULL - rescued (middle + last).
+ * Marks left behind (their last copy skipped) are cleared by copy A when it
+ * can prove them stale (see mark()). */
+#define MARK_SLOTS 8
+#define MAX_THREAD_SIZE (64 * 1024)
+#define MIN_THREAD_SIZE (16 * 1024)
 struct marks {
 	__u64 slot[MARK_SLOTS];
 };
@@ -256,19 +274,36 @@ struct {
 	__type(value, struct marks);
 } marks SEC(".maps");
 
-/* Record the call at address x: reuse a slot holding x (a stale mark: no
- * other unfinished call of this task can have x), else the first free one. */
-static __always_inline bool mark(struct marks *m, __u64 x)
+/* Record the call whose arguments are at x, for the task whose stack
+ * starts at stack. A slot holding x is reused (no other unfinished call of
+ * this task can have x). When x is on the task's stack, a mark y is stale
+ * and cleared if y is below x on that stack (an unfinished outer call's
+ * frame is above any call nested in it) or off the task's stack altogether
+ * (while a task runs on its own stack it is inside no interrupt, so no call
+ * on an interrupt stack is unfinished). Marks above x are kept: they may be
+ * an outer call's (on kernels that nest interrupts on the task stack). */
+static __always_inline int mark(struct marks *m, __u64 x, __u64 stack)
 {
-	for (int i = 0; i < MARK_SLOTS; i++)
-		if (m->slot[i] == x)
-			return true;
-	for (int i = 0; i < MARK_SLOTS; i++)
-		if (m->slot[i] == 0) {
-			m->slot[i] = x;
-			return true;
+	bool on_task = x >= stack && x < stack + MIN_THREAD_SIZE;
+	int free = -1;
+	for (int i = 0; i < MARK_SLOTS; i++) {
+		__u64 y = m->slot[i];
+		if (y == x)
+			return 1;
+		if (y && on_task && (y < x || y >= stack + MAX_THREAD_SIZE)) {
+			m->slot[i] = 0;
+			inc(C_STALE);
+			y = 0;
 		}
-	return false;
+		if (!y && free < 0)
+			free = i;
+	}
+	if (free < 0)
+		return 0;
+	/* free is a slot index the verifier knows is in 0..MARK_SLOTS-1 */
+	if (free < MARK_SLOTS)
+		m->slot[free & (MARK_SLOTS - 1)] = x;
+	return 1;
 }
 
 static __always_inline bool marked(struct marks *m, __u64 x, bool clear)
@@ -283,20 +318,19 @@ static __always_inline bool marked(struct marks *m, __u64 x, bool clear)
 	return found;
 }
 
-static __always_inline struct marks *task_marks(bool create)
-{
-	return bpf_task_storage_get(&marks, bpf_get_current_task_btf(), 0,
-				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-}
-
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(send_a, struct sock *sk, int ret, int flags)
 {
 	if (!relevant(sk))
 		return 0;
-	struct marks *m = task_marks(true);
-	if (!m || !mark(m, (__u64)ctx)) {
-		inc(C_A_UNMARKED);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct marks *m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!m) {
+		inc(C_A_NOSTORE);
+		return 0;
+	}
+	if (!mark(m, (__u64)ctx, (__u64)task->stack)) {
+		inc(C_A_FULL);
 		return 0;
 	}
 	inc(C_A_PROC);
@@ -309,14 +343,15 @@ int BPF_PROG(send_mid, struct sock *sk, int ret, int flags)
 {
 	if (!relevant(sk))
 		return 0;
-	struct marks *m = task_marks(false);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct marks *m = bpf_task_storage_get(&marks, task, 0, 0);
 	if (m && marked(m, (__u64)ctx, false)) {
 		inc(C_B_SEEN);
 		return 0;
 	}
 	if (!m)
-		m = task_marks(true);
-	if (!m || !mark(m, (__u64)ctx)) {
+		m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!m || !mark(m, (__u64)ctx, (__u64)task->stack)) {
 		inc(C_B_UNMARKED);
 		return 0;
 	}
@@ -330,7 +365,7 @@ int BPF_PROG(send_last, struct sock *sk, int ret, int flags)
 {
 	if (!relevant(sk))
 		return 0;
-	struct marks *m = task_marks(false);
+	struct marks *m = bpf_task_storage_get(&marks, bpf_get_current_task_btf(), 0, 0);
 	if (m && marked(m, (__u64)ctx, true)) {
 		inc(C_C_SEEN);
 		return 0;
