@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+var seenFirst bool
+
 func main() {
 	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
 	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or a recursion-miss experiment on sock_send_length under unix stream sends: misses (one program), misses2 (the per-CPU-flag backup), marks1 .. marks8 (the task-storage marks scheme with 1 to 8 copies); a comma-separated list of experiments runs them in turn")
@@ -43,6 +46,8 @@ func main() {
 	del := flag.Bool("delete", false, "delete each socket's element before the socket is freed")
 	runs := flag.Int("runs", 1, "recursion-miss experiments: how many times to run the list (1..20)")
 	work := flag.Uint("work", 64, "recursion-miss experiments: atomic adds per processed send (0..256), the stand-in for deptrace's work")
+	event := flag.String("event", "send", "recursion-miss experiments: send (sock_send_length, unix stream sends) or state (inet_sock_set_state, loopback TCP connections)")
+	flag.BoolVar(&seenFirst, "seen", false, "-event state: attach a counting program (no storage) before the copies, to check what the tracepoint delivered")
 	stats := flag.Bool("stats", false, "recursion-miss experiments: enable BPF run-time statistics while running and print ns per run of each copy")
 	flag.Parse()
 	if *dur <= 0 || *dur > 10*time.Minute || *workers < 1 || *workers > 64 || *readers < 1 || *readers > 16 || *runs < 1 || *runs > 20 || *work > 256 {
@@ -51,16 +56,23 @@ func main() {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		fail(err)
 	}
-	if _, ok := missPrograms(strings.Split(*prog, ",")[0]); ok {
+	if *event != "send" && *event != "state" {
+		fail(fmt.Errorf("-event %q: allowed are send and state", *event))
+	}
+	if _, ok := sendPrograms(strings.Split(*prog, ",")[0]); ok {
 		modes := strings.Split(*prog, ",")
 		for _, m := range modes {
-			if _, ok := missPrograms(m); !ok {
-				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment (allowed: misses, misses2, marks1 .. marks8)", *prog, m))
+			if _, ok := missPrograms(*event, m); !ok {
+				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment for -event %s (allowed: misses, misses2 (send only), marks1 .. marks8)", *prog, m, *event))
 			}
 		}
 		for r := 0; r < *runs; r++ {
 			for _, m := range modes {
-				if err := misses(*obj, m, *dur, *workers, uint32(*work), *stats); err != nil {
+				run := misses
+				if *event == "state" {
+					run = stateMisses
+				}
+				if err := run(*obj, m, *dur, *workers, uint32(*work), *stats); err != nil {
 					fail(err)
 				}
 			}
@@ -229,7 +241,22 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 // to sock_send_length, in this order (the order the tracepoint runs them).
 // marksN: copy A, N-2 middle copies (each its own program, loaded from
 // send_mid), the last copy.
-func missPrograms(mode string) ([]string, bool) {
+func missPrograms(event, mode string) ([]string, bool) {
+	names, ok := sendPrograms(mode)
+	if !ok || event == "send" {
+		return names, ok
+	}
+	if mode == "misses2" {
+		return nil, false // the per-CPU-flag backup exists for sends only
+	}
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = strings.NewReplacer("on_send", "state_one", "send_", "state_").Replace(n)
+	}
+	return out, true
+}
+
+func sendPrograms(mode string) ([]string, bool) {
 	switch mode {
 	case "misses":
 		return []string{"on_send"}, true // one program, as deptrace today
@@ -272,19 +299,38 @@ type thr struct{ SeqAddr, Last, Processed, Dups, Gaps, Unread uint64 }
 // processed twice (dups), and the kernel's recursion misses of each copy.
 // Where tracepoint programs run with preemption disabled (6.12), nothing can
 // nest a run here and the misses stay 0.
-func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats bool) error {
-	names, _ := missPrograms(mode)
+// experiment is one recursion-miss experiment's programs, attached.
+type experiment struct {
+	coll  *ebpf.Collection
+	names []string
+	close []io.Closer
+}
+
+func (e *experiment) Close() {
+	for i := len(e.close) - 1; i >= 0; i-- {
+		e.close[i].Close()
+	}
+	e.coll.Close()
+}
+
+// loadExperiment loads the programs of an experiment (with the given
+// constants) and attaches them in order, the order the tracepoint runs them.
+func loadExperiment(obj, event, mode string, consts map[string]any, stats bool) (*experiment, error) {
+	names, _ := missPrograms(event, mode)
+	if event == "state" && seenFirst {
+		names = append([]string{"state_seen"}, names...)
+	}
 	spec, err := ebpf.LoadCollectionSpec(obj)
 	if err != nil {
-		return fmt.Errorf("load %s: %w", obj, err)
+		return nil, fmt.Errorf("load %s: %w", obj, err)
 	}
 	keep := map[string]bool{}
 	for _, n := range names {
 		keep[n] = true
-		if strings.HasPrefix(n, "send_mid") {
+		if i := strings.Index(n, "_mid"); i >= 0 {
 			// Each middle copy is a program of its own (its own
 			// recursion guard), sharing the collection's maps.
-			c := spec.Programs["send_mid"].Copy()
+			c := spec.Programs[n[:i+4]].Copy()
 			c.Name = n
 			spec.Programs[n] = c
 		}
@@ -294,32 +340,87 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 			delete(spec.Programs, name)
 		}
 	}
-	if err := spec.Variables["target_tgid"].Set(uint32(os.Getpid())); err != nil {
-		return fmt.Errorf("set target_tgid: %w", err)
-	}
-	if err := spec.Variables["work_loops"].Set(work); err != nil {
-		return fmt.Errorf("set work_loops: %w", err)
+	for k, v := range consts {
+		if err := spec.Variables[k].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", k, err)
+		}
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
-		return fmt.Errorf("create collection: %w", err)
+		return nil, fmt.Errorf("create collection: %w", err)
 	}
-	defer coll.Close()
+	e := &experiment{coll: coll, names: names}
 	if stats {
 		st, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
 		if err != nil {
-			return fmt.Errorf("enable bpf stats: %w", err)
+			e.Close()
+			return nil, fmt.Errorf("enable bpf stats: %w", err)
 		}
-		defer st.Close()
+		e.close = append(e.close, st)
 	}
-	// Attach order is the order the tracepoint runs them in.
 	for _, n := range names {
 		l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs[n]})
 		if err != nil {
-			return fmt.Errorf("attach %s: %w", n, err)
+			e.Close()
+			return nil, fmt.Errorf("attach %s: %w", n, err)
 		}
-		defer l.Close()
+		e.close = append(e.close, l)
 	}
+	return e, nil
+}
+
+// report prints each copy's recursion misses (and run time with -stats)
+// and, for the marks scheme, what the copies did and the loss they count.
+func (e *experiment) report(mode string, stats bool) error {
+	var c [cMax]uint64
+	for i := range c {
+		var per []uint64
+		if err := e.coll.Maps["cnt"].Lookup(uint32(i), &per); err != nil {
+			return fmt.Errorf("counters: %w", err)
+		}
+		for _, v := range per {
+			c[i] += v
+		}
+	}
+	var missA uint64
+	for i, name := range e.names {
+		st, err := e.coll.Programs[name].Stats()
+		if err != nil {
+			return fmt.Errorf("program stats: %w", err)
+		}
+		if name == e.names[len(e.names)-len(e.names)] && name == "state_seen" {
+			// not a copy
+		} else if missA == 0 && (name == "on_send" || strings.HasSuffix(name, "_a") || name == "state_one") {
+			missA = st.RecursionMisses
+		}
+		_ = i
+		line := fmt.Sprintf("  %-14s recursion misses %d", name, st.RecursionMisses)
+		if stats && st.RunCount > 0 {
+			line += fmt.Sprintf(", %d runs, %.1f ns/run", st.RunCount, float64(st.Runtime.Nanoseconds())/float64(st.RunCount))
+		}
+		fmt.Println(line)
+	}
+	if mode == "misses2" {
+		fmt.Printf("  old backup did the work %d times\n", c[cOldBackup])
+	}
+	if strings.HasPrefix(mode, "marks") {
+		rescued := c[cBRescued] + c[cCRescued]
+		fmt.Printf("  A processed %d, no storage %d, slots full %d, stale marks cleared %d; middle copies: saw mark %d, rescued %d, could not mark %d; last copy: saw mark %d, rescued %d\n",
+			c[cAProc], c[cANoStore], c[cAFull], c[cStale], c[cBSeen], c[cBRescued], c[cBUnmarked], c[cCSeen], c[cCRescued])
+		if len(e.names) > 1 {
+			fmt.Printf("  lost as the programs count it (A misses + A no storage + A slots full - rescued): %d\n", int64(missA+c[cANoStore]+c[cAFull])-int64(rescued))
+		}
+	}
+	return nil
+}
+
+func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats bool) error {
+	e, err := loadExperiment(obj, "send", mode, map[string]any{"target_tgid": uint32(os.Getpid()), "work_loops": work}, stats)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	coll := e.coll
 	runtime.GOMAXPROCS(4 * runtime.NumCPU())
 	threads := coll.Maps["threads"]
 	var sends atomic.Uint64
@@ -389,45 +490,125 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 		sum.Gaps += t.Gaps
 		sum.Unread += t.Unread
 	}
-	var c [cMax]uint64
-	for i := range c {
-		var per []uint64
-		if err := coll.Maps["cnt"].Lookup(uint32(i), &per); err != nil {
-			return fmt.Errorf("counters: %w", err)
-		}
-		for _, v := range per {
-			c[i] += v
-		}
-	}
 	n := sends.Load()
 	unique := sum.Processed - sum.Dups
 	fmt.Printf("skstress done: %s (%d threads, %d CPUs, %s, work %d): %d unix sends, %d processed once, %d processed twice (dups), %d lost (%.3f %%), %d gaps seen, %d send numbers unreadable\n",
 		mode, workers, runtime.NumCPU(), dur, work, n, unique, sum.Dups, int64(n)-int64(unique), 100*float64(int64(n)-int64(unique))/float64(max(n, 1)), sum.Gaps, sum.Unread)
-	var missA uint64
-	for i, name := range names {
-		st, err := coll.Programs[name].Stats()
-		if err != nil {
-			return fmt.Errorf("program stats: %w", err)
-		}
-		if i == 0 {
-			missA = st.RecursionMisses
-		}
-		line := fmt.Sprintf("  %-14s recursion misses %d", name, st.RecursionMisses)
-		if stats && st.RunCount > 0 {
-			line += fmt.Sprintf(", %d runs, %.1f ns/run", st.RunCount, float64(st.Runtime.Nanoseconds())/float64(st.RunCount))
-		}
-		fmt.Println(line)
+	return e.report(mode, stats)
+}
+
+func tcpState(s uint32) string {
+	names := []string{"?", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT", "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}
+	if int(s) < len(names) {
+		return names[s]
 	}
-	if mode == "misses2" {
-		fmt.Printf("  old backup did the work %d times\n", c[cOldBackup])
+	return strconv.Itoa(int(s))
+}
+
+// stateMisses attaches the mode's programs to inet_sock_set_state and makes
+// loopback TCP connections from several client threads to one listener
+// (the server closes each connection after reading the client's EOF), then
+// compares the counted transitions with four per completed connection
+// (client: to SYN_SENT, to ESTABLISHED, to CLOSE; server child: to
+// ESTABLISHED).
+func stateMisses(obj, mode string, dur time.Duration, workers int, work uint32, stats bool) error {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return err
 	}
-	if strings.HasPrefix(mode, "marks") {
-		rescued := c[cBRescued] + c[cCRescued]
-		fmt.Printf("  A processed %d, no storage %d, slots full %d, stale marks cleared %d; middle copies: saw mark %d, rescued %d, could not mark %d; last copy: saw mark %d, rescued %d\n",
-			c[cAProc], c[cANoStore], c[cAFull], c[cStale], c[cBSeen], c[cBRescued], c[cBUnmarked], c[cCSeen], c[cCRescued])
-		if len(names) > 1 {
-			fmt.Printf("  lost as the programs count it (A misses + A no storage + A slots full - rescued): %d\n", int64(missA+c[cANoStore]+c[cAFull])-int64(rescued))
+	defer ln.Close()
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	e, err := loadExperiment(obj, "state", mode, map[string]any{"target_port": port, "work_loops": work}, stats)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	runtime.GOMAXPROCS(4 * runtime.NumCPU())
+	var served, connected, failed atomic.Uint64
+	var sg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			sg.Add(1)
+			go func() {
+				defer sg.Done()
+				_, _ = io.Copy(io.Discard, c)
+				c.Close()
+				served.Add(1)
+			}()
+		}
+	}()
+	deadline := time.Now().Add(dur)
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				c, err := net.Dial("tcp4", ln.Addr().String())
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				connected.Add(1)
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	// Let every connection finish closing (bounded: 60 s): the server has
+	// closed them all and no socket of the port is in any state but LISTEN
+	// and TIME_WAIT (a segment lost on a busy loopback is retransmitted
+	// later).
+	busy := 0
+	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if busy = closing(port); served.Load() == connected.Load() && busy == 0 {
+			break
 		}
 	}
-	return nil
+	if busy > 0 || served.Load() != connected.Load() {
+		fmt.Printf("skstress: after 60 s, %d connections not served, %d sockets still closing: the counts below are not exact\n", connected.Load()-served.Load(), busy)
+	}
+	var st [16]uint64
+	for i := range st {
+		_ = e.coll.Maps["stats"].Lookup(uint32(i), &st[i])
+	}
+	expected := 4 * served.Load()
+	unique := st[8] - st[9]
+	fmt.Printf("skstress done: state %s (%d client threads, %d CPUs, %s, work %d): %d connections (%d served, %d failed), %d transitions expected, %d processed once, %d processed twice (dups; %d of any kind), %d lost (%.3f %%), %d unchecked, %d seen by state_seen\n",
+		mode, workers, runtime.NumCPU(), dur, work, connected.Load(), served.Load(), failed.Load(), expected, unique, st[9], st[10],
+		int64(expected)-int64(unique), 100*float64(int64(expected)-int64(unique))/float64(max(expected, 1)), st[11], st[12])
+	var kind uint32
+	var kn uint64
+	var kinds []string
+	for it := e.coll.Maps["kinds"].Iterate(); it.Next(&kind, &kn); {
+		kinds = append(kinds, fmt.Sprintf("%s->%s %d", tcpState(kind>>8), tcpState(kind&0xff), kn))
+	}
+	sort.Strings(kinds)
+	fmt.Printf("  processed transitions by kind: %s\n", strings.Join(kinds, ", "))
+	return e.report(mode, stats)
+}
+
+// closing counts the TCP sockets of a local or remote port in
+// /proc/net/tcp that are in any state but LISTEN (0A) and TIME_WAIT (06).
+func closing(port uint16) int {
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return -1
+	}
+	hex := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 4 || (!strings.HasSuffix(f[1], hex) && !strings.HasSuffix(f[2], hex)) {
+			continue
+		}
+		if f[3] != "0A" && f[3] != "06" {
+			n++
+		}
+	}
+	return n
 }

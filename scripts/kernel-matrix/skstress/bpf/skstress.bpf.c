@@ -10,6 +10,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -372,5 +373,153 @@ int BPF_PROG(send_last, struct sock *sk, int ret, int flags)
 	}
 	inc(C_C_RESCUED);
 	process(ret);
+	return 0;
+}
+
+/* ---- The same scheme on inet_sock_set_state (-event state) ----
+ * Transitions of TCP sockets to or from target_port (the stress's loopback
+ * listener), in process context (connect, close) and in softirq (handshake,
+ * FIN and ACK processing). Ground truth: per connection exactly one
+ * transition to SYN_SENT, two to ESTABLISHED (client, server child) and one
+ * of the client to CLOSE; process_state counts those and keeps each socket's last
+ * processed transition in socket storage: the same transition twice in a
+ * row on one socket is a duplicate (a socket never legitimately repeats
+ * one). */
+const volatile __u16 target_port = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u64);
+} sst SEC(".maps");
+
+enum {
+	S_COUNTED = 8, /* processed transitions of the counted kinds, duplicates included */
+	S_DUPS,        /* processed twice (counted kinds) */
+	S_DUPS_ALL,    /* processed twice (any kind) */
+	S_UNCHECKED,   /* no socket storage: could not check for a duplicate */
+	S_SEEN,        /* -seen: counted kinds seen by state_seen (attached first, no storage) */
+};
+
+/* Processed transitions by kind (oldstate << 8 | newstate). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u64);
+} kinds SEC(".maps");
+
+static __always_inline bool state_relevant(struct sock *sk)
+{
+	return sk->__sk_common.skc_family == 2 /* AF_INET */ &&
+	       (sk->__sk_common.skc_num == target_port ||
+		sk->__sk_common.skc_dport == bpf_htons(target_port));
+}
+
+static __always_inline void process_state(struct sock *sk, int oldstate, int newstate)
+{
+	/* The server child's own close is not counted: tcp_set_state()
+	 * releases its port (inet_num = 0) before the tracepoint, so the
+	 * filter cannot tell it from any other socket's. */
+	bool counted = oldstate != TCP_LISTEN &&
+		       (newstate == TCP_SYN_SENT || newstate == TCP_ESTABLISHED ||
+			(newstate == TCP_CLOSE && sk->__sk_common.skc_dport == bpf_htons(target_port)));
+	__u64 key = ((__u64)oldstate << 8 | newstate) + 1;
+	__u32 kind = (__u32)oldstate << 8 | newstate;
+	__u64 one = 1, *k = bpf_map_lookup_elem(&kinds, &kind);
+	if (k)
+		__sync_fetch_and_add(k, 1);
+	else
+		bpf_map_update_elem(&kinds, &kind, &one, BPF_NOEXIST);
+	__u64 *last = bpf_sk_storage_get(&sst, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!last) {
+		count(S_UNCHECKED);
+	} else {
+		if (*last == key) {
+			count(S_DUPS_ALL);
+			if (counted)
+				count(S_DUPS);
+		}
+		*last = key;
+	}
+	if (counted)
+		count(S_COUNTED);
+	for (__u32 i = 0; i < work_loops && i < 256; i++)
+		count(7);
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(state_seen, struct sock *sk, int oldstate, int newstate)
+{
+	if (state_relevant(sk) && oldstate != TCP_LISTEN &&
+	    (newstate == TCP_SYN_SENT || newstate == TCP_ESTABLISHED ||
+	     (newstate == TCP_CLOSE && sk->__sk_common.skc_dport == bpf_htons(target_port))))
+		count(S_SEEN);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(state_one, struct sock *sk, int oldstate, int newstate)
+{
+	if (state_relevant(sk))
+		process_state(sk, oldstate, newstate);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(state_a, struct sock *sk, int oldstate, int newstate)
+{
+	if (!state_relevant(sk))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct marks *m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!m) {
+		inc(C_A_NOSTORE);
+		return 0;
+	}
+	if (!mark(m, (__u64)ctx, (__u64)task->stack)) {
+		inc(C_A_FULL);
+		return 0;
+	}
+	inc(C_A_PROC);
+	process_state(sk, oldstate, newstate);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(state_mid, struct sock *sk, int oldstate, int newstate)
+{
+	if (!state_relevant(sk))
+		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct marks *m = bpf_task_storage_get(&marks, task, 0, 0);
+	if (m && marked(m, (__u64)ctx, false)) {
+		inc(C_B_SEEN);
+		return 0;
+	}
+	if (!m)
+		m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!m || !mark(m, (__u64)ctx, (__u64)task->stack)) {
+		inc(C_B_UNMARKED);
+		return 0;
+	}
+	inc(C_B_RESCUED);
+	process_state(sk, oldstate, newstate);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(state_last, struct sock *sk, int oldstate, int newstate)
+{
+	if (!state_relevant(sk))
+		return 0;
+	struct marks *m = bpf_task_storage_get(&marks, bpf_get_current_task_btf(), 0, 0);
+	if (m && marked(m, (__u64)ctx, true)) {
+		inc(C_C_SEEN);
+		return 0;
+	}
+	inc(C_C_RESCUED);
+	process_state(sk, oldstate, newstate);
 	return 0;
 }
