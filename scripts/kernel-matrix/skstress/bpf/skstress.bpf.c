@@ -275,26 +275,48 @@ struct {
 	__type(value, struct marks);
 } marks SEC(".maps");
 
+/* x86-64 runs hard and soft interrupts on per-CPU interrupt stacks (soft
+ * ones in ksoftirqd on its own stack, or, under PREEMPT_RT, from
+ * local_bh_enable(), never between two copies of a call). So while a task
+ * runs a call on its own stack, no other call of that task is unfinished
+ * anywhere: every other mark is stale. Set to 0 for the weaker rule that
+ * holds on any architecture (interrupts nested on the task stack too). */
+const volatile __u32 irq_own_stacks = 1;
+
 /* Record the call whose arguments are at x, for the task whose stack
  * starts at stack. A slot holding x is reused (no other unfinished call of
- * this task can have x). When x is on the task's stack, a mark y is stale
- * and cleared if y is below x on that stack (an unfinished outer call's
- * frame is above any call nested in it) or off the task's stack altogether
- * (while a task runs on its own stack it is inside no interrupt, so no call
- * on an interrupt stack is unfinished). Marks above x are kept: they may be
- * an outer call's (on kernels that nest interrupts on the task stack). */
+ * this task can have x), and stale marks are cleared:
+ * - x on the task's stack: with irq_own_stacks every mark; otherwise those
+ *   below x on that stack (an unfinished outer call's frame is above any
+ *   call nested in it) and those off it (a task running on its own stack is
+ *   inside no interrupt, so no call on an interrupt stack is unfinished);
+ * - x on an interrupt stack: marks off the task's stack that are below x
+ *   (deeper on this stack, or another stack) or 64K or more above it
+ *   (another stack; an interrupt stack is 16K, 32K with KASAN). Marks on
+ *   the task's stack and just above x may be outer calls': kept.
+ * The task's stack is taken as 16K when deciding that x is on it and as 64K
+ * when deciding that a mark is off it, so a bigger stack (KASAN) only makes
+ * the clearing more cautious. */
 static __always_inline int mark(struct marks *m, __u64 x, __u64 stack)
 {
-	bool on_task = x >= stack && x < stack + MIN_THREAD_SIZE;
+	bool x_on_task = x >= stack && x < stack + MIN_THREAD_SIZE;
 	int free = -1;
 	for (int i = 0; i < MARK_SLOTS; i++) {
 		__u64 y = m->slot[i];
 		if (y == x)
 			return 1;
-		if (y && on_task && (y < x || y >= stack + MAX_THREAD_SIZE)) {
-			m->slot[i] = 0;
-			inc(C_STALE);
-			y = 0;
+		if (y) {
+			bool y_maybe_task = y >= stack && y < stack + MAX_THREAD_SIZE;
+			bool stale;
+			if (x_on_task)
+				stale = irq_own_stacks || y < x || !y_maybe_task;
+			else
+				stale = !y_maybe_task && (y < x || y >= x + MAX_THREAD_SIZE);
+			if (stale) {
+				m->slot[i] = 0;
+				inc(C_STALE);
+				y = 0;
+			}
 		}
 		if (!y && free < 0)
 			free = i;
