@@ -269,7 +269,7 @@ int BPF_PROG(on_send_backup, struct sock *sk, int ret, int flags)
  *   lost = A.recursion_misses + A_NOSTORE + A_FULL - rescued (middle + last).
  * Marks left behind (their last copy skipped) are cleared by copy A when it
  * can prove them stale (see mark()). */
-#define MARK_SLOTS 8
+#define MARK_SLOTS 4
 #define MAX_THREAD_SIZE (64 * 1024)
 #define MIN_THREAD_SIZE (16 * 1024)
 struct marks {
@@ -308,6 +308,14 @@ const volatile __u32 irq_own_stacks = 1;
 static __always_inline int mark(struct marks *m, __u64 x, __u64 stack)
 {
 	bool x_on_task = x >= stack && x < stack + MIN_THREAD_SIZE;
+	if (x_on_task && irq_own_stacks) {
+		/* The common case (every send, most state changes): every
+		 * other mark is stale. Plain stores, no loop. */
+		m->slot[0] = x;
+		for (int i = 1; i < MARK_SLOTS; i++)
+			m->slot[i] = 0;
+		return 1;
+	}
 	int free = -1;
 	for (int i = 0; i < MARK_SLOTS; i++) {
 		__u64 y = m->slot[i];
