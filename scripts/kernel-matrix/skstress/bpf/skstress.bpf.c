@@ -230,6 +230,15 @@ int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
+/* plain: the body alone (no flag), the baseline for cost measurements. */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(send_plain, struct sock *sk, int ret, int flags)
+{
+	if (relevant(sk))
+		process(ret);
+	return 0;
+}
+
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_backup, struct sock *sk, int ret, int flags)
 {
