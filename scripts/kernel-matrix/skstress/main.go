@@ -37,7 +37,7 @@ var seenFirst, weakStale bool
 
 func main() {
 	obj := flag.String("obj", "skstress.o", "the compiled skstress.bpf.c")
-	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or a recursion-miss experiment on sock_send_length under unix stream sends: misses (one program), misses2 (the per-CPU-flag backup), plain (one program, the cost baseline), none (nothing attached), marks1 .. marks8 (the task-storage marks scheme with 1 to 8 copies); a comma-separated list of experiments runs them in turn")
+	prog := flag.String("prog", "walk_empty", "iterator program: walk_empty or walk_get (over the map), or socks (iter/tcp and iter/udp); or a recursion-miss experiment on sock_send_length under unix stream sends: misses (one program), misses2 (the per-CPU-flag backup), plain (one program, the cost baseline), empty (a program doing nothing), none (nothing attached), marks1 .. marks8 (the task-storage marks scheme with 1 to 8 copies); a comma-separated list of experiments runs them in turn")
 	dur := flag.Duration("d", 60*time.Second, "how long to run (at most 10m)")
 	workers := flag.Int("workers", 4, "socket churners or sending threads (1..64)")
 	readers := flag.Int("readers", 2, "iterator readers (1..16)")
@@ -64,7 +64,7 @@ func main() {
 		modes := strings.Split(*prog, ",")
 		for _, m := range modes {
 			if _, ok := missPrograms(*event, m); !ok {
-				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment for -event %s (allowed: misses, misses2 (send only), plain, marks1 .. marks8, none)", *prog, m, *event))
+				fail(fmt.Errorf("-prog %q: %q is not a recursion-miss experiment for -event %s (allowed: misses, misses2 (send only), plain, empty, marks1 .. marks8, none)", *prog, m, *event))
 			}
 		}
 		for r := 0; r < *runs; r++ {
@@ -81,7 +81,7 @@ func main() {
 		return
 	}
 	if *prog != "walk_empty" && *prog != "walk_get" && *prog != "socks" {
-		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks, and the recursion-miss experiments misses, misses2, plain, none and marks1 .. marks8", *prog))
+		fail(fmt.Errorf("-prog %q: allowed are walk_empty, walk_get, socks, and the recursion-miss experiments misses, misses2, plain, empty, none and marks1 .. marks8", *prog))
 	}
 	if err := run(*obj, *prog, *cgroup, *dur, *workers, *readers, *udp, *del); err != nil {
 		fail(err)
@@ -98,7 +98,7 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 	if err != nil {
 		return fmt.Errorf("load %s: %w", obj, err)
 	}
-	for _, name := range []string{"on_send", "send_plain", "on_send_backup", "send_a", "send_mid", "send_last"} {
+	for _, name := range []string{"on_send", "send_plain", "send_empty", "on_send_backup", "send_a", "send_mid", "send_last"} {
 		delete(spec.Programs, name)
 	}
 	if !del {
@@ -252,7 +252,7 @@ func missPrograms(event, mode string) ([]string, bool) {
 	}
 	out := make([]string, len(names))
 	for i, n := range names {
-		out[i] = strings.NewReplacer("on_send", "state_one", "send_plain", "state_one", "send_", "state_").Replace(n)
+		out[i] = strings.NewReplacer("on_send", "state_one", "send_plain", "state_one", "send_empty", "state_one", "send_", "state_").Replace(n)
 	}
 	return out, true
 }
@@ -263,6 +263,8 @@ func sendPrograms(mode string) ([]string, bool) {
 		return []string{}, true // nothing attached: the cost baseline
 	case "misses":
 		return []string{"on_send"}, true // one program, as deptrace today
+	case "empty":
+		return []string{"send_empty"}, true // a program that does nothing: the bpf_stats floor
 	case "plain":
 		return []string{"send_plain"}, true // one program without misses2's flag: the cost baseline
 	case "misses2":

@@ -230,6 +230,13 @@ int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
+/* empty: nothing at all; its bpf_stats run time is the measuring floor. */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(send_empty, struct sock *sk, int ret, int flags)
+{
+	return 0;
+}
+
 /* plain: the body alone (no flag), the baseline for cost measurements. */
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(send_plain, struct sock *sk, int ret, int flags)
