@@ -5,11 +5,20 @@
 // program over the map in a loop. With -delete, each socket's element is
 // deleted before the socket can be freed (tp_btf at TCP_CLOSE, fentry on
 // inet_release for UDP). -prog socks walks the TCP and UDP socket tables
-// (iter/tcp, iter/udp) instead of the map. -prog misses has no iterator: it
-// counts how many runs of a sock_send_length program the kernel skips for
-// recursion while threads send on unix socket pairs. It is a research tool for the kernel
-// matrix (scripts/kernel-matrix/skstress/run SERIES): on an affected kernel
-// the guest oopses; otherwise it prints what it did and exits 0.
+// (iter/tcp, iter/udp) instead of the map. On an affected kernel the guest
+// oopses; otherwise it prints what it did and exits 0.
+//
+// The recursion-miss experiments (-prog misses, misses2, plain, empty,
+// none, marks1 .. marks8; -event send or state) attach programs to
+// sock_send_length (threads sending on unix socket pairs, each send
+// numbered in the thread's memory so that the programs can tell a send
+// processed twice) or inet_sock_set_state (loopback TCP connections, each
+// socket's last processed transition kept in socket storage), and compare
+// what the programs processed with what user space did: sends or
+// transitions lost, processed twice, and each program's recursion misses.
+// marksN is the scheme of bpf/recmarks.h (N copies that mark each call in
+// the task's storage); see docs/install.md. It is a research tool for the
+// kernel matrix (scripts/kernel-matrix/skstress/run SERIES).
 package main
 
 import (
@@ -348,7 +357,7 @@ func loadExperiment(obj, event, mode string, consts map[string]any, stats bool) 
 		}
 	}
 	if weakStale {
-		consts["irq_own_stacks"] = uint32(0)
+		consts["rec_irq_own_stacks"] = uint32(0)
 	}
 	for k, v := range consts {
 		if err := spec.Variables[k].Set(v); err != nil {

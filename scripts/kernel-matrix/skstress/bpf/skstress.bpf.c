@@ -285,92 +285,57 @@ int BPF_PROG(on_send_backup, struct sock *sk, int ret, int flags)
  *   lost = A.recursion_misses + A_NOSTORE + A_FULL - rescued (middle + last).
  * Marks left behind (their last copy skipped) are cleared by copy A when it
  * can prove them stale (see mark()). */
-#define MARK_SLOTS 4
-#define MAX_THREAD_SIZE (64 * 1024)
-#define MIN_THREAD_SIZE (16 * 1024)
-struct marks {
-	__u64 slot[MARK_SLOTS];
-};
+#define REC_ON_STALE() inc(C_STALE)
+#include "recmarks.h"
 
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct marks);
-} marks SEC(".maps");
-
-/* x86-64 runs hard and soft interrupts on per-CPU interrupt stacks (soft
- * ones in ksoftirqd on its own stack, or, under PREEMPT_RT, from
- * local_bh_enable(), never between two copies of a call). So while a task
- * runs a call on its own stack, no other call of that task is unfinished
- * anywhere: every other mark is stale. Set to 0 for the weaker rule that
- * holds on any architecture (interrupts nested on the task stack too). */
-const volatile __u32 irq_own_stacks = 1;
-
-/* Record the call whose arguments are at x, for the task whose stack
- * starts at stack. A slot holding x is reused (no other unfinished call of
- * this task can have x), and stale marks are cleared:
- * - x on the task's stack: with irq_own_stacks every mark; otherwise those
- *   below x on that stack (an unfinished outer call's frame is above any
- *   call nested in it) and those off it (a task running on its own stack is
- *   inside no interrupt, so no call on an interrupt stack is unfinished);
- * - x on an interrupt stack: marks off the task's stack that are below x
- *   (deeper on this stack, or another stack) or 64K or more above it
- *   (another stack; an interrupt stack is 16K, 32K with KASAN). Marks on
- *   the task's stack and just above x may be outer calls': kept.
- * The task's stack is taken as 16K when deciding that x is on it and as 64K
- * when deciding that a mark is off it, so a bigger stack (KASAN) only makes
- * the clearing more cautious. */
-static __always_inline int mark(struct marks *m, __u64 x, __u64 stack)
+/* The copies' work goes through the verdicts of recmarks.h (the code meant
+ * for deptrace), counting each outcome. */
+static __always_inline bool first_copy(void *ctx)
 {
-	bool x_on_task = x >= stack && x < stack + MIN_THREAD_SIZE;
-	if (x_on_task && irq_own_stacks) {
-		/* The common case (every send, most state changes): every
-		 * other mark is stale. Plain stores, no loop. */
-		m->slot[0] = x;
-		for (int i = 1; i < MARK_SLOTS; i++)
-			m->slot[i] = 0;
-		return 1;
+#ifdef COST_GET_ONLY
+	/* cost measurement: get the task's storage, do not mark */
+	if (!bpf_task_storage_get(&rec_marks, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE)) {
+		inc(C_A_NOSTORE);
+		return false;
 	}
-	int free = -1;
-	for (int i = 0; i < MARK_SLOTS; i++) {
-		__u64 y = m->slot[i];
-		if (y == x)
-			return 1;
-		if (y) {
-			bool y_maybe_task = y >= stack && y < stack + MAX_THREAD_SIZE;
-			bool stale;
-			if (x_on_task)
-				stale = irq_own_stacks || y < x || !y_maybe_task;
-			else
-				stale = !y_maybe_task && (y < x || y >= x + MAX_THREAD_SIZE);
-			if (stale) {
-				m->slot[i] = 0;
-				inc(C_STALE);
-				y = 0;
-			}
-		}
-		if (!y && free < 0)
-			free = i;
+	return true;
+#endif
+	switch (rec_first(ctx)) {
+	case REC_PROCESS:
+		inc_common(C_A_PROC);
+		return true;
+	case REC_NOSTORE:
+		inc(C_A_NOSTORE);
+		return false;
+	default:
+		inc(C_A_FULL);
+		return false;
 	}
-	if (free < 0)
-		return 0;
-	/* free is a slot index the verifier knows is in 0..MARK_SLOTS-1 */
-	if (free < MARK_SLOTS)
-		m->slot[free & (MARK_SLOTS - 1)] = x;
-	return 1;
 }
 
-static __always_inline bool marked(struct marks *m, __u64 x, bool clear)
+static __always_inline bool mid_copy(void *ctx)
 {
-	bool found = false;
-	for (int i = 0; i < MARK_SLOTS; i++)
-		if (m->slot[i] == x) {
-			found = true;
-			if (clear)
-				m->slot[i] = 0;
-		}
-	return found;
+	switch (rec_mid(ctx)) {
+	case REC_PROCESS:
+		inc(C_B_RESCUED);
+		return true;
+	case REC_DONE:
+		inc_common(C_B_SEEN);
+		return false;
+	default:
+		inc(C_B_UNMARKED);
+		return false;
+	}
+}
+
+static __always_inline bool last_copy(void *ctx)
+{
+	if (rec_last(ctx) == REC_PROCESS) {
+		inc(C_C_RESCUED);
+		return true;
+	}
+	inc_common(C_C_SEEN);
+	return false;
 }
 
 SEC("tp_btf/sock_send_length")
@@ -378,20 +343,8 @@ int BPF_PROG(send_a, struct sock *sk, int ret, int flags)
 {
 	if (!relevant(sk))
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct marks *m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!m) {
-		inc(C_A_NOSTORE);
-		return 0;
-	}
-#ifndef COST_GET_ONLY
-	if (!mark(m, (__u64)ctx, (__u64)task->stack)) {
-		inc(C_A_FULL);
-		return 0;
-	}
-#endif
-	inc_common(C_A_PROC);
-	process(ret);
+	if (first_copy(ctx))
+		process(ret);
 	return 0;
 }
 
@@ -400,20 +353,8 @@ int BPF_PROG(send_mid, struct sock *sk, int ret, int flags)
 {
 	if (!relevant(sk))
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct marks *m = bpf_task_storage_get(&marks, task, 0, 0);
-	if (m && marked(m, (__u64)ctx, false)) {
-		inc_common(C_B_SEEN);
-		return 0;
-	}
-	if (!m)
-		m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!m || !mark(m, (__u64)ctx, (__u64)task->stack)) {
-		inc(C_B_UNMARKED);
-		return 0;
-	}
-	inc(C_B_RESCUED);
-	process(ret);
+	if (mid_copy(ctx))
+		process(ret);
 	return 0;
 }
 
@@ -422,13 +363,8 @@ int BPF_PROG(send_last, struct sock *sk, int ret, int flags)
 {
 	if (!relevant(sk))
 		return 0;
-	struct marks *m = bpf_task_storage_get(&marks, bpf_get_current_task_btf(), 0, 0);
-	if (m && marked(m, (__u64)ctx, true)) {
-		inc_common(C_C_SEEN);
-		return 0;
-	}
-	inc(C_C_RESCUED);
-	process(ret);
+	if (last_copy(ctx))
+		process(ret);
 	return 0;
 }
 
@@ -528,18 +464,8 @@ int BPF_PROG(state_a, struct sock *sk, int oldstate, int newstate)
 {
 	if (!state_relevant(sk))
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct marks *m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!m) {
-		inc(C_A_NOSTORE);
-		return 0;
-	}
-	if (!mark(m, (__u64)ctx, (__u64)task->stack)) {
-		inc(C_A_FULL);
-		return 0;
-	}
-	inc_common(C_A_PROC);
-	process_state(sk, oldstate, newstate);
+	if (first_copy(ctx))
+		process_state(sk, oldstate, newstate);
 	return 0;
 }
 
@@ -548,20 +474,8 @@ int BPF_PROG(state_mid, struct sock *sk, int oldstate, int newstate)
 {
 	if (!state_relevant(sk))
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct marks *m = bpf_task_storage_get(&marks, task, 0, 0);
-	if (m && marked(m, (__u64)ctx, false)) {
-		inc_common(C_B_SEEN);
-		return 0;
-	}
-	if (!m)
-		m = bpf_task_storage_get(&marks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!m || !mark(m, (__u64)ctx, (__u64)task->stack)) {
-		inc(C_B_UNMARKED);
-		return 0;
-	}
-	inc(C_B_RESCUED);
-	process_state(sk, oldstate, newstate);
+	if (mid_copy(ctx))
+		process_state(sk, oldstate, newstate);
 	return 0;
 }
 
@@ -570,12 +484,7 @@ int BPF_PROG(state_last, struct sock *sk, int oldstate, int newstate)
 {
 	if (!state_relevant(sk))
 		return 0;
-	struct marks *m = bpf_task_storage_get(&marks, bpf_get_current_task_btf(), 0, 0);
-	if (m && marked(m, (__u64)ctx, true)) {
-		inc_common(C_C_SEEN);
-		return 0;
-	}
-	inc(C_C_RESCUED);
-	process_state(sk, oldstate, newstate);
+	if (last_copy(ctx))
+		process_state(sk, oldstate, newstate);
 	return 0;
 }
