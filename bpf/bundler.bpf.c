@@ -1542,19 +1542,27 @@ static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool 
 }
 
 /* A datagram sent to the unix path hashed h from an unconnected socket. */
-static __always_inline void unix_count_sendto(struct sock *sk, __u64 h, int bytes)
+/* The current process's flow to the unix path hashed h, named by it. */
+static __always_inline struct flow_value *unix_client_flow(__u32 netns, __u64 h)
 {
 	struct flow_key k = {};
-	k.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	k.netns = netns;
 	k.proto = PROTO_UNIX;
 	k.direction = DIR_OUTBOUND;
 	__builtin_memcpy(k.remote_addr, &h, sizeof(h));
 	struct flow_value *v = flow_entry(&k);
+	if (v)
+		name_from_current(v);
+	return v;
+}
+
+static __always_inline void unix_count_sendto(struct sock *sk, __u64 h, int bytes)
+{
+	struct flow_value *v = unix_client_flow(BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum), h);
 	if (!v)
 		return;
 	__sync_fetch_and_add(&v->datagrams_sent, 1);
 	__sync_fetch_and_add(&v->bytes_sent, bytes);
-	name_from_current(v);
 }
 
 static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
@@ -1647,16 +1655,9 @@ static __always_inline void unix_connect_failed(struct sock *sk, const void *add
 	__u64 h = unix_addr_hash(addr, addrlen, user);
 	if (!h)
 		return;
-	struct flow_key k = {};
-	k.netns = netns;
-	k.proto = PROTO_UNIX;
-	k.direction = DIR_OUTBOUND;
-	__builtin_memcpy(k.remote_addr, &h, sizeof(h));
-	struct flow_value *v = flow_entry(&k);
-	if (!v)
-		return;
-	count_failed_errno(v, err);
-	name_from_current(v);
+	struct flow_value *v = unix_client_flow(netns, h);
+	if (v)
+		count_failed_errno(v, err);
 }
 
 /* A TCP connect that failed before its SYN: the state machine never left

@@ -1,13 +1,10 @@
 package bundler
 
 import (
-	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // A connect() is remembered until its connection opens, for the connect
@@ -21,22 +18,9 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 			name = "hash"
 		}
 		t.Run(name, func(t *testing.T) {
-			testnet.RequireRoot(t)
 			forceConnectHash = hash
 			defer func() { forceConnectHash = false }()
-			nw := testnet.New(t, 2)
-			a, b := nw.Hosts[0], nw.Hosts[1]
-			addr := fmt.Sprintf("%s:7300", b.IPv4)
-			ln := b.Listen(t, "tcp4", addr)
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					c.Close()
-				}
-			}()
+			world := newCommitWorld(t, 7300)
 
 			bu := mustLoad(t, testConfig())
 			defer bu.Close()
@@ -51,7 +35,7 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for i := 0; i < each; i++ {
-						c, err := a.Dial("tcp4", addr)
+						c, err := world.client.Dial("tcp4", world.server)
 						if err != nil {
 							errs <- err
 							return
@@ -75,7 +59,7 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, e := range entries {
-					if e.NetNS == a.Inode && e.Direction == DirOutbound && e.Port == 7300 {
+					if e.NetNS == world.client.Inode && e.Direction == DirOutbound && e.Port == 7300 {
 						got.Connections += e.Connections
 						got.LatencyCount += e.LatencyCount
 						got.LatencySumUs += e.LatencySumUs
