@@ -1,0 +1,365 @@
+package store
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// A cache of the sums of past hours and days, for a long-running reader
+// (deptrace serve). A range's whole hours before the current one are
+// answered from the cached rows of each hour (or of each day wholly
+// inside the range); only the ragged ends (minutes, the current hour) are
+// read from the database. The flow keys are cached too (a key id names
+// the same flow until retention deletes it).
+//
+// The cache stays exact through the write log (migration 7): every write
+// of flow counters appends the hours it touched in the same transaction,
+// and the cache reads the log in the same snapshot as the rows it reads,
+// before using anything it holds. An hour written since it was cached (a
+// late write, as when an agent replays its spool after an outage) is
+// dropped with its day, whatever the writer's clock; retention drops
+// everything; so does a log pruned past what the cache had read.
+
+// CacheConfig configures the cache of EnableCache.
+type CacheConfig struct {
+	// Bytes bounds the memory of the cached sums (keys not counted);
+	// the least recently used hours and days go first. Zero is
+	// DefaultCacheBytes.
+	Bytes int64
+	// Now tells which hours are past (the current hour is never
+	// cached: every write changes it). Nil is time.Now.
+	Now func() time.Time
+}
+
+// DefaultCacheBytes is the cache's default memory bound.
+const DefaultCacheBytes = 256 << 20
+
+// CacheStats counts what the cache did.
+type CacheStats struct {
+	// Hits and Fills count hours and days answered from the cache and
+	// read into it; Dropped those a write changed; Evicted those that
+	// went for memory; Resets the times everything went.
+	Hits, Fills, Dropped, Evicted, Resets int64
+	Pieces                                int
+	Bytes                                 int64
+}
+
+// EnableCache makes Observations keep the sums of past hours and days in
+// memory for later queries on this Store. For long-running readers; call
+// before the first query.
+func (s *Store) EnableCache(cfg CacheConfig) {
+	if cfg.Bytes <= 0 {
+		cfg.Bytes = DefaultCacheBytes
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s.cache = &cache{cfg: cfg, pieces: map[pieceID]*piece{}, keys: map[int64]flowKey{}}
+}
+
+// CacheStats reports what the cache did (zero without EnableCache).
+func (s *Store) CacheStats() CacheStats {
+	c := s.cache
+	if c == nil {
+		return CacheStats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.stats
+	st.Pieces, st.Bytes = len(c.pieces), c.bytes
+	return st
+}
+
+type cache struct {
+	mu     sync.Mutex
+	cfg    CacheConfig
+	pieces map[pieceID]*piece
+	bytes  int64
+	tick   uint64
+	keys   map[int64]flowKey
+	synced bool
+	pos    logPos
+	stats  CacheStats
+}
+
+// pieceID names one bucket of one rollup level (1: hours, 2: days).
+type pieceID struct {
+	level  int
+	bucket int64
+}
+
+// piece is one bucket's rows, by column: ids, and each of flowSum's 20
+// values per flow, nil where every flow's is zero (most counters, on
+// most flows).
+type piece struct {
+	ids   []int64
+	cols  [flowSumFields][]int64
+	bytes int64
+	used  uint64
+}
+
+// flowSumFields is the number of int64 values in a flowSum, in order:
+// pid, peer, the 16 counters, first, last.
+const flowSumFields = 20
+
+// fields views f as its 20 values (checked in init).
+func (f *flowSum) fields() *[flowSumFields]int64 {
+	return (*[flowSumFields]int64)(unsafe.Pointer(f))
+}
+
+func init() {
+	var f flowSum
+	if unsafe.Sizeof(f) != flowSumFields*8 || unsafe.Offsetof(f.c) != 16 || unsafe.Offsetof(f.last) != 19*8 {
+		panic("store: flowSum is not 20 int64 in order")
+	}
+}
+
+// fieldKind says how each value accumulates (see flowSum.add).
+var fieldKind = func() [flowSumFields]byte {
+	var k [flowSumFields]byte
+	for i := range k {
+		k[i] = '+'
+	}
+	k[0], k[1], k[2+latencyMaxIndex], k[19] = 'M', 'M', 'M', 'M'
+	k[18] = 'm'
+	return k
+}()
+
+func newPiece(rows []flowSum, ids []int64) *piece {
+	p := &piece{ids: ids, bytes: int64(len(ids)) * 8}
+	for f := 0; f < flowSumFields; f++ {
+		nonzero := false
+		for i := range rows {
+			if rows[i].fields()[f] != 0 {
+				nonzero = true
+				break
+			}
+		}
+		if !nonzero {
+			continue
+		}
+		col := make([]int64, len(rows))
+		for i := range rows {
+			col[i] = rows[i].fields()[f]
+		}
+		p.cols[f] = col
+		p.bytes += int64(len(col)) * 8
+	}
+	return p
+}
+
+// addPiece adds a piece's rows to sm, as sm.add would row by row.
+func (sm *sums) addPiece(p *piece) {
+	if len(p.ids) == 0 {
+		return
+	}
+	idx := make([]int32, len(p.ids))
+	fresh := make([]bool, len(p.ids))
+	for i, id := range p.ids {
+		idx[i], fresh[i] = sm.slot(id)
+	}
+	for f := 0; f < flowSumFields; f++ {
+		col, kind := p.cols[f], fieldKind[f]
+		if col == nil && kind == '+' {
+			continue
+		}
+		for i, j := range idx {
+			v := int64(0)
+			if col != nil {
+				v = col[i]
+			}
+			dst := &sm.flows[j].fields()[f]
+			switch {
+			case fresh[i]:
+				*dst = v
+			case kind == '+':
+				*dst += v
+			case kind == 'M':
+				*dst = max(*dst, v)
+			default:
+				*dst = min(*dst, v)
+			}
+		}
+	}
+}
+
+// slot returns the index of key's flow in sm, adding a zero one (fresh)
+// if there is none.
+func (sm *sums) slot(key int64) (int32, bool) {
+	if key >= 0 && key < int64(len(sm.dense)) && sm.dense[key] > 0 {
+		return sm.dense[key] - 1, false
+	}
+	if i, ok := sm.sparse[key]; ok {
+		return i, false
+	}
+	n := len(sm.flows)
+	var zero flowSum
+	sm.add(key, &zero)
+	return int32(n), true
+}
+
+// sync reads the write log and drops what changed since the last query.
+func (c *cache) sync(rd reader) error {
+	hours, lost, next, err := rd.logSince(c.pos)
+	if err != nil {
+		return err
+	}
+	if !c.synced {
+		c.synced, c.pos = true, next
+		return nil
+	}
+	c.pos = next
+	if lost {
+		c.reset()
+		return nil
+	}
+	day := levels[2].width
+	for _, h := range hours {
+		if h == logEverything {
+			c.reset()
+			return nil
+		}
+		c.drop(pieceID{1, h})
+		c.drop(pieceID{2, floorTo(h, day)})
+	}
+	return nil
+}
+
+func (c *cache) reset() {
+	c.pieces, c.bytes, c.keys = map[pieceID]*piece{}, 0, map[int64]flowKey{}
+	c.stats.Resets++
+}
+
+func (c *cache) drop(id pieceID) {
+	if p, ok := c.pieces[id]; ok {
+		c.bytes -= p.bytes
+		delete(c.pieces, id)
+		c.stats.Dropped++
+	}
+}
+
+// observations answers [lo, hi) like Store.observations, from the cache
+// where it can. The caller holds c.mu.
+func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
+	if err := c.sync(rd); err != nil {
+		return nil, err
+	}
+	hour, day := levels[1].width, levels[2].width
+	from := lo
+	if from == math.MinInt64 { // no start: from the oldest minute stored
+		var err error
+		if from, err = rd.oldest(); err != nil {
+			return nil, err
+		}
+	}
+	a := ceilTo(from, hour)
+	b := min(floorTo(hi, hour), floorTo(c.cfg.Now().UnixNano(), hour))
+	var segs []segment
+	var need []pieceID
+	if a < b {
+		// The ragged ends from the database, with the range's own
+		// event filter at its cut minutes; whole past hours (and days)
+		// from the cache.
+		segs = append(plan(lo, a, levels), plan(b, hi, levels)...)
+		d0, d1 := ceilTo(a, day), floorTo(b, day)
+		if d0 >= d1 {
+			d0, d1 = b, b
+		}
+		for t := a; t < d0; t += hour {
+			need = append(need, pieceID{1, t})
+		}
+		for t := d0; t < d1; t += day {
+			need = append(need, pieceID{2, t})
+		}
+		for t := d1; t < b; t += hour {
+			need = append(need, pieceID{1, t})
+		}
+	} else {
+		segs = plan(lo, hi, levels)
+	}
+	sm := newSums()
+	if err := rd.sums(segs, lo, hi, sm); err != nil {
+		return nil, err
+	}
+	if err := c.fill(rd, need); err != nil {
+		return nil, err
+	}
+	c.tick++
+	for _, id := range need {
+		p := c.pieces[id]
+		p.used = c.tick
+		sm.addPiece(p)
+	}
+	if len(sm.flows) == 0 {
+		c.evict()
+		return nil, nil
+	}
+	var missing []int64
+	for _, id := range sm.keys {
+		if _, ok := c.keys[id]; !ok {
+			missing = append(missing, id)
+		}
+	}
+	add := func(id int64, k flowKey) { c.keys[id] = k }
+	if len(missing) > 2000 {
+		if err := rd.keys(lo, sm.has, add); err != nil {
+			return nil, err
+		}
+	} else if len(missing) > 0 {
+		if err := rd.keysByID(missing, add); err != nil {
+			return nil, err
+		}
+	}
+	out, err := sm.observations(c.keys)
+	c.evict()
+	return out, err
+}
+
+// fill reads the pieces of need the cache lacks, one bucket per query
+// (a run of buckets in one would hold all their rows at once).
+func (c *cache) fill(rd reader, need []pieceID) error {
+	for _, id := range need {
+		if _, ok := c.pieces[id]; ok {
+			c.stats.Hits++
+			continue
+		}
+		l := levels[id.level]
+		var rows []flowSum
+		var ids []int64
+		err := rd.buckets(l, id.bucket, id.bucket+l.width, func(_, key int64, row *flowSum) {
+			rows = append(rows, *row)
+			ids = append(ids, key)
+		})
+		if err != nil {
+			return err
+		}
+		p := newPiece(rows, ids)
+		c.pieces[id] = p
+		c.bytes += p.bytes
+		c.stats.Fills++
+	}
+	return nil
+}
+
+// evict drops the least recently used pieces while over the bound.
+func (c *cache) evict() {
+	if c.bytes <= c.cfg.Bytes {
+		return
+	}
+	ids := make([]pieceID, 0, len(c.pieces))
+	for id := range c.pieces {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b pieceID) int { return compareInt(int64(c.pieces[a].used), int64(c.pieces[b].used)) })
+	for _, id := range ids {
+		if c.bytes <= c.cfg.Bytes {
+			break
+		}
+		c.bytes -= c.pieces[id].bytes
+		delete(c.pieces, id)
+		c.stats.Evicted++
+	}
+}
