@@ -17,13 +17,17 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var listen, storeSpec, tokenFile string
+	var cacheMB int64
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the service-map page and the JSON API over the store",
 		Long: `serve answers HTTP on --listen (default ` + web.DefaultListen + `): the service-map page
 at /, and /api/graph, /api/look and /api/diff, which answer what graph --format
 json, look and diff print, with the same filters as query parameters
-(docs/api.md). It reads the store look, graph and diff read.
+(docs/api.md). It reads the store look, graph and diff read, and keeps the
+sums of past hours and days in memory (--cache-mb) so that long ranges
+answer fast; writes into those hours, late ones included, drop what they
+touch.
 
 Listening beyond loopback requires --token-file: every request must then carry
 "Authorization: Bearer TOKEN" (the page: open it once with ?token=TOKEN).`,
@@ -54,6 +58,12 @@ Listening beyond loopback requires --token-file: every request must then carry
 				return err
 			}
 			defer st.Close()
+			if cacheMB < 0 {
+				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
+			}
+			if cacheMB > 0 {
+				st.EnableCache(store.CacheConfig{Bytes: cacheMB << 20})
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listen on --listen %s: %w", listen, err)
@@ -66,5 +76,6 @@ Listening beyond loopback requires --token-file: every request must then carry
 	cmd.Flags().StringVar(&listen, "listen", web.DefaultListen, "HOST:PORT to answer on; beyond loopback needs --token-file")
 	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry")
+	cmd.Flags().Int64Var(&cacheMB, "cache-mb", store.DefaultCacheBytes>>20, "memory for the sums of past hours and days kept between queries (exact: late writes drop what they touch); 0: none")
 	return cmd
 }

@@ -35,7 +35,7 @@ type CacheConfig struct {
 }
 
 // DefaultCacheBytes is the cache's default memory bound.
-const DefaultCacheBytes = 256 << 20
+const DefaultCacheBytes = 512 << 20
 
 // CacheStats counts what the cache did.
 type CacheStats struct {
@@ -80,12 +80,13 @@ type cache struct {
 	bytes  int64
 	tick   uint64
 	keys   map[int64]flowKey
+	rank   map[int64]int32 // of keys, in key order; nil: to do
 	synced bool
 	pos    logPos
 	stats  CacheStats
 }
 
-// pieceID names one bucket of one rollup level (1: hours, 2: days).
+// pieceID names one bucket of one level (0: minutes, 1: hours, 2: days).
 type pieceID struct {
 	level  int
 	bucket int64
@@ -129,7 +130,7 @@ var fieldKind = func() [flowSumFields]byte {
 }()
 
 func newPiece(rows []flowSum, ids []int64) *piece {
-	p := &piece{ids: ids, bytes: int64(len(ids)) * 8}
+	p := &piece{ids: ids, bytes: 64 + int64(len(ids))*8} // 64: the piece itself
 	for f := 0; f < flowSumFields; f++ {
 		nonzero := false
 		for i := range rows {
@@ -222,6 +223,9 @@ func (c *cache) sync(rd reader) error {
 			c.reset()
 			return nil
 		}
+		for m := h; m < h+levels[1].width; m += levels[0].width {
+			c.drop(pieceID{0, m})
+		}
 		c.drop(pieceID{1, h})
 		c.drop(pieceID{2, floorTo(h, day)})
 	}
@@ -229,7 +233,7 @@ func (c *cache) sync(rd reader) error {
 }
 
 func (c *cache) reset() {
-	c.pieces, c.bytes, c.keys = map[pieceID]*piece{}, 0, map[int64]flowKey{}
+	c.pieces, c.bytes, c.keys, c.rank = map[pieceID]*piece{}, 0, map[int64]flowKey{}, nil
 	c.stats.Resets++
 }
 
@@ -260,10 +264,16 @@ func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
 	var segs []segment
 	var need []pieceID
 	if a < b {
-		// The ragged ends from the database, with the range's own
-		// event filter at its cut minutes; whole past hours (and days)
-		// from the cache.
-		segs = append(plan(lo, a, levels), plan(b, hi, levels)...)
+		// Whole past minutes up to the first whole hour, whole past hours
+		// (and days) from the cache; from the database, the minute the
+		// range's start cuts (with its event filter, see Range) and what
+		// follows the last whole past hour: the current hour's row, or a
+		// past range's last minutes.
+		m0 := ceilTo(from, levels[0].width)
+		segs = append(plan(lo, m0, levels), plan(b, hi, levels)...)
+		for t := m0; t < a; t += levels[0].width {
+			need = append(need, pieceID{0, t})
+		}
 		d0, d1 := ceilTo(a, day), floorTo(b, day)
 		if d0 >= d1 {
 			d0, d1 = b, b
@@ -313,9 +323,29 @@ func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
 			return nil, err
 		}
 	}
-	out, err := sm.observations(c.keys)
+	if len(missing) > 0 || c.rank == nil {
+		c.rankKeys()
+	}
+	out, err := sm.observationsRanked(c.keys, func(id int64) int32 { return c.rank[id] })
 	c.evict()
 	return out, err
+}
+
+// rankKeys numbers the cached keys in key order.
+func (c *cache) rankKeys() {
+	type idKey struct {
+		id int64
+		k  flowKey
+	}
+	ids := make([]idKey, 0, len(c.keys))
+	for id, k := range c.keys {
+		ids = append(ids, idKey{id, k})
+	}
+	slices.SortFunc(ids, func(a, b idKey) int { return a.k.compare(b.k) })
+	c.rank = make(map[int64]int32, len(ids))
+	for i, x := range ids {
+		c.rank[x.id] = int32(i)
+	}
 }
 
 // fill reads the pieces of need the cache lacks, one bucket per query
