@@ -167,9 +167,10 @@ func (s *Store) logWrite(ctx context.Context, tx *sql.Tx, rows []flowRow) error 
 	return s.pruneWriteLog(ctx, tx, now-int64(WriteLogKeep))
 }
 
-// WriteLogKeep is how long write log entries are kept: a cache that has
-// not read the log for longer starts over.
-const WriteLogKeep = 24 * time.Hour
+// WriteLogKeep is how long write log entries are kept at least (pruning
+// runs at most once an hour per writer): a cache that has not read the
+// log for longer may have to start over.
+const WriteLogKeep = 2 * time.Hour
 
 // pruneWriteLog deletes the entries written before cutoff (unix ns) and
 // records the newest one deleted.

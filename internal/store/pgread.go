@@ -180,7 +180,7 @@ func (r *pgReader) logSince(pos logPos) ([]int64, bool, logPos, error) {
 	if pos.snap == "" {
 		return nil, false, next, nil
 	}
-	rows, err := r.tx.Query(r.ctx, `SELECT bucket FROM write_log
+	rows, err := r.tx.Query(r.ctx, `SELECT DISTINCT bucket FROM write_log
 		WHERE xid >= pg_snapshot_xmin($1::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, $1::pg_snapshot)`, pos.snap)
 	if err != nil {
 		return nil, false, pos, fmt.Errorf("read the write log: %w", err)

@@ -222,14 +222,14 @@ func (r *sqliteReader) logSince(pos logPos) ([]int64, bool, logPos, error) {
 	}
 	var hours []int64
 	next := pos
-	err = r.query(`SELECT id, bucket FROM write_log WHERE id > ? ORDER BY id`, []any{pos.id}, 2, func(dest []driver.Value) error {
-		id, ok := dest[0].(int64)
-		b, ok2 := dest[1].(int64)
+	err = r.query(`SELECT bucket, MAX(id) FROM write_log WHERE id > ? GROUP BY bucket`, []any{pos.id}, 2, func(dest []driver.Value) error {
+		b, ok := dest[0].(int64)
+		id, ok2 := dest[1].(int64)
 		if !ok || !ok2 {
-			return fmt.Errorf("id or bucket is not an integer")
+			return fmt.Errorf("bucket or id is not an integer")
 		}
 		hours = append(hours, b)
-		next.id = id
+		next.id = max(next.id, id)
 		return nil
 	})
 	if err != nil {
