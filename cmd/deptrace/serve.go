@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -70,6 +71,20 @@ Listening beyond loopback requires --token-file: every request must then carry
 			}
 			log := slog.With("component", "serve")
 			log.Info("serving", "url", "http://"+ln.Addr().String()+"/", "store", st.String(), "token", token != "")
+			if cacheMB > 0 {
+				// Read the last 24 hours into the cache now rather than
+				// in the first request (a request meanwhile waits for it).
+				go func() {
+					t0 := time.Now()
+					if _, err := st.Observations(ctx, store.Range{Since: t0.Add(-24 * time.Hour)}); err != nil {
+						if ctx.Err() == nil {
+							log.Warn("warming the cache", "err", err)
+						}
+						return
+					}
+					log.Info("cache warmed with the last 24 hours", "took", time.Since(t0).Round(time.Millisecond))
+				}()
+			}
 			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log}), log)
 		},
 	}
