@@ -81,6 +81,7 @@ type cache struct {
 	tick   uint64
 	keys   map[int64]flowKey
 	rank   map[int64]int32 // of keys, in key order; nil: to do
+	maxKey int64           // the largest id in keys
 	synced bool
 	pos    logPos
 	stats  CacheStats
@@ -100,6 +101,8 @@ type piece struct {
 	cols  [flowSumFields][]int64
 	bytes int64
 	used  uint64
+	// negative: a maximum column holds a negative value (see addPiece).
+	negative bool
 }
 
 // flowSumFields is the number of int64 values in a flowSum, in order:
@@ -134,9 +137,11 @@ func newPiece(rows []flowSum, ids []int64) *piece {
 	for f := 0; f < flowSumFields; f++ {
 		nonzero := false
 		for i := range rows {
-			if rows[i].fields()[f] != 0 {
+			if v := rows[i].fields()[f]; v != 0 {
 				nonzero = true
-				break
+				if v < 0 && fieldKind[f] == 'M' {
+					p.negative = true
+				}
 			}
 		}
 		if !nonzero {
@@ -152,54 +157,73 @@ func newPiece(rows []flowSum, ids []int64) *piece {
 	return p
 }
 
-// addPiece adds a piece's rows to sm, as sm.add would row by row.
+// addPiece adds a piece's rows to sm, as sm.add would row by row: a
+// column at a time. A maximum over a column of zeros changes nothing,
+// since no maximum column holds a negative value (pids, latencies, times
+// since 1970; newPiece marks a piece that would); a minimum does.
 func (sm *sums) addPiece(p *piece) {
 	if len(p.ids) == 0 {
 		return
 	}
-	idx := make([]int32, len(p.ids))
-	fresh := make([]bool, len(p.ids))
-	for i, id := range p.ids {
-		idx[i], fresh[i] = sm.slot(id)
+	if p.negative {
+		var row flowSum
+		for i, id := range p.ids {
+			for f := range row.fields() {
+				row.fields()[f] = 0
+				if col := p.cols[f]; col != nil {
+					row.fields()[f] = col[i]
+				}
+			}
+			sm.add(id, &row)
+		}
+		return
 	}
+	idx := sm.idx[:0]
+	for _, id := range p.ids {
+		idx = append(idx, sm.slot(id))
+	}
+	sm.idx = idx
 	for f := 0; f < flowSumFields; f++ {
 		col, kind := p.cols[f], fieldKind[f]
-		if col == nil && kind == '+' {
-			continue
-		}
-		for i, j := range idx {
-			v := int64(0)
-			if col != nil {
-				v = col[i]
+		switch {
+		case kind == 'm' && col == nil:
+			for _, j := range idx {
+				dst := &sm.flows[j].fields()[f]
+				*dst = min(*dst, 0)
 			}
-			dst := &sm.flows[j].fields()[f]
-			switch {
-			case fresh[i]:
-				*dst = v
-			case kind == '+':
-				*dst += v
-			case kind == 'M':
-				*dst = max(*dst, v)
-			default:
-				*dst = min(*dst, v)
+		case kind == 'm':
+			for i, j := range idx {
+				dst := &sm.flows[j].fields()[f]
+				*dst = min(*dst, col[i])
+			}
+		case col == nil:
+		case kind == '+':
+			for i, j := range idx {
+				sm.flows[j].fields()[f] += col[i]
+			}
+		default:
+			for i, j := range idx {
+				dst := &sm.flows[j].fields()[f]
+				*dst = max(*dst, col[i])
 			}
 		}
 	}
 }
 
-// slot returns the index of key's flow in sm, adding a zero one (fresh)
-// if there is none.
-func (sm *sums) slot(key int64) (int32, bool) {
+// slot returns the index of key's flow in sm, adding one if there is
+// none: zero, but for the earliest first seen (the largest value, for
+// the minimum addPiece then takes).
+func (sm *sums) slot(key int64) int32 {
 	if key >= 0 && key < int64(len(sm.dense)) && sm.dense[key] > 0 {
-		return sm.dense[key] - 1, false
+		return sm.dense[key] - 1
 	}
 	if i, ok := sm.sparse[key]; ok {
-		return i, false
+		return i
 	}
 	n := len(sm.flows)
-	var zero flowSum
-	sm.add(key, &zero)
-	return int32(n), true
+	fresh := flowSum{first: math.MaxInt64}
+	sm.add(key, &fresh)
+	return int32(n)
 }
 
 // sync reads the write log and drops what changed since the last query.
@@ -233,7 +257,7 @@ func (c *cache) sync(rd reader) error {
 }
 
 func (c *cache) reset() {
-	c.pieces, c.bytes, c.keys, c.rank = map[pieceID]*piece{}, 0, map[int64]flowKey{}, nil
+	c.pieces, c.bytes, c.keys, c.rank, c.maxKey = map[pieceID]*piece{}, 0, map[int64]flowKey{}, nil, 0
 	c.stats.Resets++
 }
 
@@ -291,6 +315,7 @@ func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
 		segs = plan(lo, hi, levels)
 	}
 	sm := newSums()
+	sm.reserve(len(c.keys), c.maxKey)
 	if err := rd.sums(segs, lo, hi, sm); err != nil {
 		return nil, err
 	}
@@ -313,7 +338,10 @@ func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
 			missing = append(missing, id)
 		}
 	}
-	add := func(id int64, k flowKey) { c.keys[id] = k }
+	add := func(id int64, k flowKey) {
+		c.keys[id] = k
+		c.maxKey = max(c.maxKey, id)
+	}
 	if len(missing) > 2000 {
 		if err := rd.keys(lo, sm.has, add); err != nil {
 			return nil, err

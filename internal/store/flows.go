@@ -629,6 +629,16 @@ type sums struct {
 	sparse map[int64]int32
 	keys   []int64
 	flows  []flowSum
+	idx    []int32 // addPiece's buffer
+}
+
+// reserve makes room for n flows of key ids up to maxKey.
+func (s *sums) reserve(n int, maxKey int64) {
+	s.keys = slices.Grow(s.keys, n)
+	s.flows = slices.Grow(s.flows, n)
+	if maxKey >= 0 && maxKey < denseKeys && int64(len(s.dense)) <= maxKey {
+		s.dense = slices.Grow(s.dense, int(maxKey+1)-len(s.dense))[:maxKey+1]
+	}
 }
 
 // denseKeys bounds the dense index: 16 M ids, 64 MB at most.
