@@ -200,3 +200,78 @@ func TestUpgradeToWriteLog(t *testing.T) {
 		})
 	}
 }
+
+// Writers writing into cached hours while the cached reader reads: once
+// they are done, the reader answers exactly what the store holds (a write
+// still in progress while the reader took its snapshot must not be lost).
+func TestCacheExactUnderConcurrentWrites(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 11, 18, 13, 17, 0, 0, time.UTC)
+	now := start.Add(72 * time.Hour)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			w := open(t, spec)
+			history(t, w, start)
+			c := open(t, spec)
+			c.EnableCache(store.CacheConfig{Now: func() time.Time { return now }})
+			r := store.Range{Since: now.Add(-48*time.Hour - 7*time.Minute)}
+			if _, err := c.Observations(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			const writers, batches = 4, 25
+			done := make(chan error, writers)
+			for i := 0; i < writers; i++ {
+				go func(i int) {
+					ws, err := store.Open(ctx, spec)
+					if err != nil {
+						done <- err
+						return
+					}
+					defer ws.Close()
+					rng := rand.New(rand.NewPCG(uint64(i), 9))
+					for b := 0; b < batches; b++ {
+						at := now.Add(-time.Duration(rng.Int64N(int64(47 * time.Hour))))
+						o := store.Observation{Bucket: at.Truncate(time.Minute), HostID: fmt.Sprintf("h%d", rng.IntN(3)), Direction: "outbound", Proto: "tcp",
+							LocalAddr: "198.51.100.1", RemoteAddr: "198.51.100.10", Port: uint16(8000 + rng.IntN(4)), Comm: fmt.Sprintf("w%d", rng.IntN(3)),
+							Counters: tracer.Counters{Connections: 1 + rng.Uint64N(5), BytesSent: rng.Uint64N(1000)}, FirstSeen: at, LastSeen: at}
+						if err := ws.Write(ctx, store.Batch{Observations: []store.Observation{o}}); err != nil {
+							done <- err
+							return
+						}
+					}
+					done <- nil
+				}(i)
+			}
+			reads := 0
+			for finished := 0; finished < writers; {
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Fatal(err)
+					}
+					finished++
+				default:
+					if _, err := c.Observations(ctx, r); err != nil {
+						t.Fatal(err)
+					}
+					reads++
+				}
+			}
+			got, err := c.Observations(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := w.ObservationsFromMinutes(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("after %d concurrent writes and %d reads: the cached reader gives %d flows, the minutes %d, or different counters", writers*batches, reads, len(got), len(want))
+			}
+			if st := c.CacheStats(); st.Dropped == 0 || st.Hits == 0 {
+				t.Errorf("the cache was not exercised: %+v", st)
+			}
+			t.Logf("%d writes, %d reads while they ran, cache %+v", writers*batches, reads, c.CacheStats())
+		})
+	}
+}
