@@ -40,6 +40,9 @@ Listening beyond loopback requires --token-file: every request must then carry
 			if err := web.CheckListen(listen, tokenFile != ""); err != nil {
 				return err
 			}
+			if cacheMB < 0 {
+				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
+			}
 			var token string
 			if tokenFile != "" {
 				var err error
@@ -59,9 +62,6 @@ Listening beyond loopback requires --token-file: every request must then carry
 				return err
 			}
 			defer st.Close()
-			if cacheMB < 0 {
-				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
-			}
 			if cacheMB > 0 {
 				st.EnableCache(store.CacheConfig{Bytes: cacheMB << 20})
 			}

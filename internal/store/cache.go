@@ -49,7 +49,8 @@ type CacheStats struct {
 
 // EnableCache makes Observations keep the sums of past hours and days in
 // memory for later queries on this Store. For long-running readers; call
-// before the first query.
+// it before the first query or between queries (it starts an empty
+// cache), never during one.
 func (s *Store) EnableCache(cfg CacheConfig) {
 	if cfg.Bytes <= 0 {
 		cfg.Bytes = DefaultCacheBytes
