@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,13 +18,17 @@ import (
 
 func newServeCmd() *cobra.Command {
 	var listen, storeSpec, tokenFile string
+	var cacheMB int64
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the service-map page and the JSON API over the store",
 		Long: `serve answers HTTP on --listen (default ` + web.DefaultListen + `): the service-map page
 at /, and /api/graph, /api/look and /api/diff, which answer what graph --format
 json, look and diff print, with the same filters as query parameters
-(docs/api.md). It reads the store look, graph and diff read.
+(docs/api.md). It reads the store look, graph and diff read, and keeps the
+sums of past hours and days in memory (--cache-mb) so that long ranges
+answer fast; writes into those hours, late ones included, drop what they
+touch.
 
 Listening beyond loopback requires --token-file: every request must then carry
 "Authorization: Bearer TOKEN" (the page: open it once with ?token=TOKEN).`,
@@ -34,6 +39,9 @@ Listening beyond loopback requires --token-file: every request must then carry
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := web.CheckListen(listen, tokenFile != ""); err != nil {
 				return err
+			}
+			if cacheMB < 0 {
+				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
 			}
 			var token string
 			if tokenFile != "" {
@@ -54,17 +62,35 @@ Listening beyond loopback requires --token-file: every request must then carry
 				return err
 			}
 			defer st.Close()
+			if cacheMB > 0 {
+				st.EnableCache(store.CacheConfig{Bytes: cacheMB << 20})
+			}
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("listen on --listen %s: %w", listen, err)
 			}
 			log := slog.With("component", "serve")
 			log.Info("serving", "url", "http://"+ln.Addr().String()+"/", "store", st.String(), "token", token != "")
+			if cacheMB > 0 {
+				// Read the last 24 hours into the cache now rather than
+				// in the first request (a request meanwhile waits for it).
+				go func() {
+					t0 := time.Now()
+					if _, err := st.Observations(ctx, store.Range{Since: t0.Add(-24 * time.Hour)}); err != nil {
+						if ctx.Err() == nil {
+							log.Warn("warming the cache", "err", err)
+						}
+						return
+					}
+					log.Info("cache warmed with the last 24 hours", "took", time.Since(t0).Round(time.Millisecond))
+				}()
+			}
 			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log}), log)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", web.DefaultListen, "HOST:PORT to answer on; beyond loopback needs --token-file")
 	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry")
+	cmd.Flags().Int64Var(&cacheMB, "cache-mb", store.DefaultCacheBytes>>20, "memory for the sums of past hours and days kept between queries (exact: late writes drop what they touch); 0: none")
 	return cmd
 }

@@ -30,6 +30,10 @@ func TestServeBeyondLoopbackNeedsToken(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "no store at") {
 		t.Errorf("missing store: exit %d %q", code, stderr)
 	}
+	_, stderr, code = run(t, nil, "serve", "--store", db, "--cache-mb", "-1")
+	if code != 1 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "invalid --cache-mb -1") {
+		t.Errorf("--cache-mb -1: exit %d, stderr %q; want exit 1 and one line naming --cache-mb", code, stderr)
+	}
 }
 
 // The served graph is what `deptrace graph --format json` prints, and a

@@ -209,7 +209,8 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		port               uint16
 		client, clientAddr string
 	}
-	outs := make(map[outKey]*side, len(obs))
+	outIdx := make(map[outKey]int32, len(obs))
+	outs := make([]side, 0, len(obs))
 	ins := make(map[inKey]*side, len(obs)/4)
 	var unix []store.Observation
 	for _, o := range obs {
@@ -223,12 +224,13 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 			if server == "" {
 				k.serverAddr = o.RemoteAddr
 			}
-			s := outs[k]
-			if s == nil {
-				s = &side{client: o.HostID, server: server, serverAddr: o.RemoteAddr, proto: o.Proto, port: o.Port, process: o.Comm}
-				outs[k] = s
+			i, ok := outIdx[k]
+			if !ok {
+				i = int32(len(outs))
+				outIdx[k] = i
+				outs = append(outs, side{client: o.HostID, server: server, serverAddr: o.RemoteAddr, proto: o.Proto, port: o.Port, process: o.Comm})
 			}
-			s.add(o, true)
+			outs[i].add(o, true)
 			continue
 		}
 		client, _ := own.of(o.RemoteAddr, o.HostID)
@@ -249,11 +251,16 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 
 	g := newBuilder(len(obs))
 	matched := map[inKey]bool{}
-	for _, out := range outs {
-		from := g.node(Node{ID: ProcessID(out.client, out.process), Kind: KindProcess, Host: out.client, Addr: hostAddr[out.client], Process: out.process})
+	for i := range outs {
+		out := &outs[i]
+		from := g.nodeOf(nodeKey{'p', out.client, out.process, 0}, out.process, func() Node {
+			return Node{ID: ProcessID(out.client, out.process), Kind: KindProcess, Host: out.client, Addr: hostAddr[out.client], Process: out.process}
+		})
 		var to int32
 		if out.server == "" {
-			to = g.node(Node{ID: ExternalID(out.serverAddr, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto})
+			to = g.nodeOf(nodeKey{'e', out.serverAddr, out.proto, out.port}, "", func() Node {
+				return Node{ID: ExternalID(out.serverAddr, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto}
+			})
 		} else {
 			ik := inKey{out.server, out.proto, out.port, out.client, ""}
 			process := ""
@@ -261,8 +268,10 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 				matched[ik] = true
 				process = in.process
 			}
-			to = g.node(Node{ID: ServiceID(out.server, out.proto, out.port), Kind: KindService, Host: out.server,
-				Addr: hostAddr[out.server], Port: out.port, Proto: out.proto, Process: process})
+			to = g.nodeOf(nodeKey{'s', out.server, out.proto, out.port}, process, func() Node {
+				return Node{ID: ServiceID(out.server, out.proto, out.port), Kind: KindService, Host: out.server,
+					Addr: hostAddr[out.server], Port: out.port, Proto: out.proto, Process: process}
+			})
 		}
 		g.edge(from, to, out)
 	}
@@ -270,16 +279,22 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		if matched[k] {
 			continue
 		}
-		to := g.node(Node{ID: ServiceID(in.server, in.proto, in.port), Kind: KindService, Host: in.server,
-			Addr: hostAddr[in.server], Port: in.port, Proto: in.proto, Process: in.process})
+		to := g.nodeOf(nodeKey{'s', in.server, in.proto, in.port}, in.process, func() Node {
+			return Node{ID: ServiceID(in.server, in.proto, in.port), Kind: KindService, Host: in.server,
+				Addr: hostAddr[in.server], Port: in.port, Proto: in.proto, Process: in.process}
+		})
 		var from int32
 		if in.client == "" {
-			from = g.node(Node{ID: ExternalID(in.clientAddr, 0), Kind: KindExternal, Addr: in.clientAddr})
+			from = g.nodeOf(nodeKey{'e', in.clientAddr, "", 0}, "", func() Node {
+				return Node{ID: ExternalID(in.clientAddr, 0), Kind: KindExternal, Addr: in.clientAddr}
+			})
 		} else {
 			// The client host runs an agent that did not report this
 			// dependency (it started later, or lost it): its process is
 			// unknown.
-			from = g.node(Node{ID: ProcessID(in.client, ""), Kind: KindProcess, Host: in.client, Addr: hostAddr[in.client]})
+			from = g.nodeOf(nodeKey{'p', in.client, "", 0}, "", func() Node {
+				return Node{ID: ProcessID(in.client, ""), Kind: KindProcess, Host: in.client, Addr: hostAddr[in.client]}
+			})
 		}
 		g.edge(from, to, in)
 	}
@@ -375,13 +390,37 @@ func (b *builder) listeners(ls []store.Listener, hostAddr map[string]string) {
 type builder struct {
 	nodes []Node
 	byID  map[string]int32
+	byKey map[nodeKey]int32
 	edges map[[2]int32]int32 // (from, to) node indices to an index in edgeList
 	list  []Edge
 }
 
 func newBuilder(sizeHint int) *builder {
-	return &builder{byID: make(map[string]int32, sizeHint/4), edges: make(map[[2]int32]int32, sizeHint),
+	return &builder{byID: make(map[string]int32, sizeHint/4), byKey: make(map[nodeKey]int32, sizeHint/4), edges: make(map[[2]int32]int32, sizeHint),
 		nodes: make([]Node, 0, sizeHint/4), list: make([]Edge, 0, sizeHint)}
+}
+
+// nodeKey names a node by the values its id is built from (kind, two
+// strings, a port), so that finding a node already added builds no id.
+type nodeKey struct {
+	kind byte
+	a, b string
+	port uint16
+}
+
+// nodeOf is node(mk()), remembered by k: the same key always builds the
+// same id, so the answer is node's (two keys with one id, which node
+// merges, still reach one node).
+func (b *builder) nodeOf(k nodeKey, process string, mk func() Node) int32 {
+	if i, ok := b.byKey[k]; ok {
+		if b.nodes[i].Process == "" {
+			b.nodes[i].Process = process
+		}
+		return i
+	}
+	i := b.node(mk())
+	b.byKey[k] = i
+	return i
 }
 
 // node adds n, or completes an existing node's missing process name, and

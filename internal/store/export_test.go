@@ -156,3 +156,9 @@ func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, er
 	slices.SortFunc(out, func(a, b Observation) int { return keyOf(a).compare(keyOf(b)) })
 	return out, rows.Err()
 }
+
+// PruneWriteLog prunes the write log of entries written before cutoff,
+// as writers do once an hour.
+func (s *Store) PruneWriteLog(ctx context.Context, cutoff int64) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error { return s.pruneWriteLog(ctx, tx, cutoff) })
+}

@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"strings"
@@ -141,6 +139,63 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 		if err := s.upsertRows(ctx, tx, l, rows); err != nil {
 			return err
 		}
+	}
+	return s.logWrite(ctx, tx, rows)
+}
+
+// logWrite appends the hours rows touched to the write log, in the
+// writer's transaction (see migration 7 and cache.go), and prunes the log
+// at most once an hour per open store.
+func (s *Store) logWrite(ctx context.Context, tx *sql.Tx, rows []flowRow) error {
+	hour := levels[1].width
+	var hours []int64
+	for _, r := range rows {
+		if h := floorTo(r.bucket, hour); !slices.Contains(hours, h) {
+			hours = append(hours, h)
+		}
+	}
+	now := time.Now().UnixNano()
+	for _, h := range hours {
+		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO write_log (at, bucket) VALUES (?, ?)`), now, h); err != nil {
+			return fmt.Errorf("append to the write log: %w", err)
+		}
+	}
+	last := s.lastLogPrune.Load()
+	if now-last < int64(time.Hour) || !s.lastLogPrune.CompareAndSwap(last, now) {
+		return nil
+	}
+	return s.pruneWriteLog(ctx, tx, now-int64(WriteLogKeep))
+}
+
+// WriteLogKeep is how long write log entries are kept at least (pruning
+// runs at most once an hour per writer): a cache that has not read the
+// log for longer may have to start over.
+const WriteLogKeep = 2 * time.Hour
+
+// pruneWriteLog deletes the entries written before cutoff (unix ns) and
+// records the newest one deleted.
+func (s *Store) pruneWriteLog(ctx context.Context, tx *sql.Tx, cutoff int64) error {
+	if s.d.name == postgres.name {
+		// One statement: what it deletes is exactly what it records.
+		if _, err := tx.ExecContext(ctx, `WITH d AS (DELETE FROM write_log WHERE at < $1 RETURNING xid)
+			UPDATE write_log_state SET pruned_through = GREATEST(pruned_through, COALESCE((SELECT MAX(xid::text::bigint) FROM d), 0)) WHERE id = 1`, cutoff); err != nil {
+			return fmt.Errorf("prune the write log: %w", err)
+		}
+		return nil
+	}
+	// SQLite: the transaction holds the write lock, nothing commits between.
+	var newest sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT MAX(id) FROM write_log WHERE at < ?`, cutoff).Scan(&newest); err != nil {
+		return fmt.Errorf("prune the write log: %w", err)
+	}
+	if !newest.Valid {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM write_log WHERE at < ?`, cutoff); err != nil {
+		return fmt.Errorf("prune the write log: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE write_log_state SET pruned_through = MAX(pruned_through, ?) WHERE id = 1`, newest.Int64); err != nil {
+		return fmt.Errorf("prune the write log: %w", err)
 	}
 	return nil
 }
@@ -574,6 +629,16 @@ type sums struct {
 	sparse map[int64]int32
 	keys   []int64
 	flows  []flowSum
+	idx    []int32 // addPiece's buffer
+}
+
+// reserve makes room for n flows of key ids up to maxKey.
+func (s *sums) reserve(n int, maxKey int64) {
+	s.keys = slices.Grow(s.keys, n)
+	s.flows = slices.Grow(s.flows, n)
+	if maxKey >= 0 && maxKey < denseKeys && int64(len(s.dense)) <= maxKey {
+		s.dense = slices.Grow(s.dense, int(maxKey+1)-len(s.dense))[:maxKey+1]
+	}
 }
 
 // denseKeys bounds the dense index: 16 M ids, 64 MB at most.
@@ -629,21 +694,40 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 	if lo >= hi {
 		return nil, nil
 	}
+	if c := s.cache; c != nil && len(lvls) == len(levels) {
+		// One query at a time fills and reads the cache: see cache.sync.
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var out []Observation
+		err := s.read(ctx, func(rd reader) error {
+			var err error
+			out, err = c.observations(rd, lo, hi)
+			return err
+		})
+		return out, err
+	}
 	segs := plan(lo, hi, lvls)
 	if len(segs) == 0 {
 		return nil, nil
 	}
-	var sm *sums
-	var keys map[int64]flowKey
-	if s.d.name == postgres.name {
-		sm, keys, err = s.pgSums(ctx, segs, lo, hi)
-	} else {
-		sm, keys, err = s.sqlSums(ctx, segs, lo, hi)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return sm.observations(keys)
+	var out []Observation
+	err = s.read(ctx, func(rd reader) error {
+		sm := newSums()
+		if err := rd.sums(segs, lo, hi, sm); err != nil {
+			return err
+		}
+		if len(sm.flows) == 0 {
+			return nil
+		}
+		keys := make(map[int64]flowKey, len(sm.flows))
+		if err := rd.keys(lo, sm.has, func(id int64, k flowKey) { keys[id] = k }); err != nil {
+			return err
+		}
+		var err error
+		out, err = sm.observations(keys)
+		return err
+	})
+	return out, err
 }
 
 // bucketColumns are the columns a range query reads from a bucket table,
@@ -661,131 +745,21 @@ func keysSQL(lo int64, args *[]any) string {
 	return q
 }
 
-// sqlSums reads the segments' rows and the flow keys from SQLite in one
-// read transaction (one snapshot), through the driver itself rather than
-// database/sql: a row's 21 integers are taken from the driver's values
-// without database/sql converting each into its destination.
-func (s *Store) sqlSums(ctx context.Context, segs []segment, lo, hi int64) (*sums, map[int64]flowKey, error) {
-	c, err := s.db.Conn(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("begin query: %w", err)
-	}
-	defer c.Close()
-	var sm *sums
-	var keys map[int64]flowKey
-	err = c.Raw(func(dc any) error {
-		bt, ok1 := dc.(driver.ConnBeginTx)
-		qc, ok2 := dc.(driver.QueryerContext)
-		if !ok1 || !ok2 {
-			return fmt.Errorf("begin query: the driver's connection (%T) cannot query", dc)
-		}
-		tx, err := bt.BeginTx(ctx, driver.TxOptions{ReadOnly: true})
-		if err != nil {
-			return fmt.Errorf("begin query: %w", err)
-		}
-		defer tx.Rollback()
-		query := func(q string, args []any, ncol int, row func([]driver.Value) error) error {
-			named := make([]driver.NamedValue, len(args))
-			for i, a := range args {
-				named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
-			}
-			rows, err := qc.QueryContext(ctx, q, named)
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			if n := len(rows.Columns()); n != ncol {
-				return fmt.Errorf("%d columns, want %d", n, ncol)
-			}
-			dest := make([]driver.Value, ncol)
-			for {
-				if err := rows.Next(dest); err == io.EOF {
-					return nil
-				} else if err != nil {
-					return err
-				}
-				if err := row(dest); err != nil {
-					return err
-				}
-			}
-		}
-		sm = newSums()
-		var row flowSum
-		vals := make([]*int64, 0, 21)
-		vals = append(vals, nil, &row.pid, &row.peer)
-		for i := range row.c {
-			vals = append(vals, &row.c[i])
-		}
-		vals = append(vals, &row.first, &row.last)
-		for _, sg := range segs {
-			var args []any
-			q := segmentSQL(sg, bucketColumns, lo, hi, &args)
-			err := query(q, args, len(vals), func(dest []driver.Value) error {
-				key, ok := dest[0].(int64)
-				for i := 1; i < len(dest) && ok; i++ {
-					*vals[i], ok = dest[i].(int64)
-				}
-				if !ok {
-					return fmt.Errorf("a column is not an integer")
-				}
-				sm.add(key, &row)
-				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("read %s: %w", sg.level.table, err)
-			}
-		}
-		if len(sm.flows) == 0 {
-			return nil
-		}
-		var args []any
-		keys = make(map[int64]flowKey, len(sm.flows))
-		err = query(keysSQL(lo, &args), args, 9, func(dest []driver.Value) error {
-			id, ok := dest[0].(int64)
-			port, ok2 := dest[6].(int64)
-			if !ok || !ok2 {
-				return fmt.Errorf("id or port is not an integer")
-			}
-			if !sm.has(id) {
-				return nil
-			}
-			var k flowKey
-			for i, p := range []*string{&k.host, &k.dir, &k.proto, &k.local, &k.remote, nil, &k.comm, &k.peerComm} {
-				if p == nil {
-					continue
-				}
-				switch v := dest[1+i].(type) {
-				case string:
-					*p = v
-				case []byte:
-					*p = string(v)
-				default:
-					return fmt.Errorf("column %d is a %T, not text", 1+i, v)
-				}
-			}
-			k.port = uint16(port)
-			keys[id] = k
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("read flow keys: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return sm, keys, nil
-}
-
 // observations names the summed flows by their keys, sorted by key.
 func (sm *sums) observations(keys map[int64]flowKey) ([]Observation, error) {
+	return sm.observationsRanked(keys, nil)
+}
+
+// observationsRanked is observations, with rank (when not nil) giving
+// each key id's place in key order, which sorts faster than the keys.
+func (sm *sums) observationsRanked(keys map[int64]flowKey, rank func(int64) int32) ([]Observation, error) {
 	if len(sm.flows) == 0 {
 		return nil, nil
 	}
 	type named struct {
-		k *flowKey
-		i int32
+		k    *flowKey
+		i    int32
+		rank int32
 	}
 	order := make([]named, 0, len(sm.flows))
 	ks := make([]flowKey, len(sm.flows))
@@ -795,9 +769,17 @@ func (sm *sums) observations(keys map[int64]flowKey) ([]Observation, error) {
 			return nil, fmt.Errorf("read observations: flow key %d has counters but no key", id)
 		}
 		ks[i] = k
-		order = append(order, named{&ks[i], int32(i)})
+		n := named{k: &ks[i], i: int32(i)}
+		if rank != nil {
+			n.rank = rank(id)
+		}
+		order = append(order, n)
 	}
-	slices.SortFunc(order, func(a, b named) int { return a.k.compare(*b.k) })
+	if rank != nil {
+		slices.SortFunc(order, func(a, b named) int { return int(a.rank) - int(b.rank) })
+	} else {
+		slices.SortFunc(order, func(a, b named) int { return a.k.compare(*b.k) })
+	}
 	out := make([]Observation, len(order))
 	for j, n := range order {
 		k, f := n.k, &sm.flows[n.i]

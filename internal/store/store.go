@@ -94,8 +94,13 @@ type Store struct {
 	d          dialect
 	display    string
 	lastForget atomic.Int64 // unix ns; see forgetOldBatches
-	stmtMu     sync.Mutex
-	stmts      map[string]*sql.Stmt // see prepareWrites
+	// lastLogPrune is when this store last pruned the write log (unix ns).
+	lastLogPrune atomic.Int64
+	// cache, when enabled (EnableCache), keeps sums of past hours and
+	// days for Observations.
+	cache  *cache
+	stmtMu sync.Mutex
+	stmts  map[string]*sql.Stmt // see prepareWrites
 }
 
 // Open opens (and creates or migrates) the store named by spec: a file
@@ -394,8 +399,18 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 		}
 	}
 	// A key last seen before every level's retention has no rows left.
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest); err != nil {
-		return n, fmt.Errorf("delete old flow keys: %w", err)
+	// In the same transaction, retention tells caches (cache.go) to
+	// start over: SQLite may hand a deleted key's id to a new key.
+	if err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest); err != nil {
+			return fmt.Errorf("delete old flow keys: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO write_log (at, bucket) VALUES (?, ?)`), time.Now().UnixNano(), logEverything); err != nil {
+			return fmt.Errorf("append to the write log: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return n, err
 	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM services WHERE last_seen < ?`), ns(cutoff)); err != nil {
 		return n, fmt.Errorf("delete old services: %w", err)
@@ -404,6 +419,22 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 		return n, fmt.Errorf("delete old host addresses: %w", err)
 	}
 	return n, nil
+}
+
+// inTx runs fn in a transaction and commits it.
+func (s *Store) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
 }
 
 // retainedTables lists, per level, the bucket tables retention prunes.

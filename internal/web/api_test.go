@@ -82,7 +82,7 @@ func equal(t *testing.T, what string, got, want []string) {
 // same range, byte for byte once the CLI's indentation is removed.
 func TestGraphIsTheCLIJSON(t *testing.T) {
 	path, now := seed(t)
-	srv, st := serve(t, path, Options{})
+	srv, _ := serve(t, path, Options{})
 	g := getGraph(t, srv.URL, "/api/graph?since=1h")
 	equal(t, "nodes", nodeIDs(g), []string{idNginx, idPostgres, idRedis, idDNS})
 	equal(t, "edges", edgeKeys(g), []string{idNginx + " -> " + idPostgres, idNginx + " -> " + idRedis, idNginx + " -> " + idDNS})
@@ -99,7 +99,13 @@ func TestGraphIsTheCLIJSON(t *testing.T) {
 		}
 	}
 
-	// The CLI's path: Observations, Hosts, Listeners, Build, Write.
+	// The CLI's path: Observations, Hosts, Listeners, Build, Write, on a
+	// store opened the way the CLI opens it (no cache).
+	st, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
 	r := store.Range{Since: now.Add(-3 * time.Hour)}
 	obs, err := st.Observations(context.Background(), r)
 	if err != nil {

@@ -86,7 +86,20 @@ func BenchmarkServeDay(b *testing.B) {
 	t0 := time.Now()
 	history(b, path, now, 2500, 20, 24)
 	b.Logf("loaded a day of history (10,000 nodes, 50,000 edges) in %s", time.Since(t0).Round(time.Millisecond))
-	srv, _ := serve(b, path, Options{Now: func() time.Time { return now }})
+	srv, st := serve(b, path, Options{Now: func() time.Time { return now }})
+	// As deptrace serve does (--cache-mb), with the benchmark's clock.
+	cache := store.CacheConfig{Now: func() time.Time { return now }}
+	b.Run("api-graph-24h-cache-fill", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			st.EnableCache(cache) // a fresh, empty cache
+			resp, err := http.Get(srv.URL + "/api/graph?since=24h")
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
 
 	api := func(name, query string, gzip bool) {
 		b.Run(name, func(b *testing.B) {

@@ -70,13 +70,15 @@ func seed(t testing.TB) (path string, now time.Time) {
 }
 
 // serve starts deptrace serve's handler on a real loopback listener over
-// the store at path.
+// the store at path, with the store's cache of past hours and days on, as
+// deptrace serve has it.
 func serve(t testing.TB, path string, opt Options) (*httptest.Server, *store.Store) {
 	t.Helper()
 	st, err := store.Open(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	st.EnableCache(store.CacheConfig{Now: opt.Now})
 	srv := httptest.NewServer(New(st, opt))
 	t.Cleanup(func() { srv.Close(); st.Close() })
 	return srv, st
