@@ -46,6 +46,12 @@ type Config struct {
 	// a previous process left there: nothing counted meanwhile is lost.
 	// One process at a time owns a pin path.
 	PinPath string
+	// SyscallTracepoints allows the connect system call's exit tracepoint
+	// on kernels without fexit, for failed unix connects and TCP connects
+	// rejected before any SYN. Off by default: while it is attached, every
+	// system call of every process takes the kernel's slower exit path
+	// (about 50 ns more per call on this project's VM).
+	SyscallTracepoints bool
 }
 
 // DefaultPinPath is where deptrace agent pins its kernel side.
@@ -74,7 +80,7 @@ func (c Config) Validate() error {
 }
 
 func (c Config) bundlerConfig() bundler.Config {
-	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, PinPath: c.PinPath}
+	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, PinPath: c.PinPath, SyscallTracepoints: c.SyscallTracepoints}
 }
 
 // Interval is what one drain produced.
@@ -250,6 +256,25 @@ type Hook struct {
 	// Replaces names the programs a fallback hook stands in for, where
 	// they are missing, separated by commas ("" for primary hooks).
 	Replaces string
+	// Off: not loaded because the configuration leaves it off (Reason
+	// names the option).
+	Off bool
+}
+
+// OffByConfig reports whether what h provides is missing only because the
+// configuration leaves a hook off: h itself, or the fallback that would
+// stand in for it on this kernel. Its Reason, or that fallback's, names the
+// option.
+func OffByConfig(h Hook, all []Hook) (bool, string) {
+	if h.Off {
+		return true, h.Reason
+	}
+	for _, f := range all {
+		if f.Off && slices.Contains(strings.Split(f.Replaces, ","), h.Program) {
+			return true, f.Reason
+		}
+	}
+	return false, ""
 }
 
 // Covered reports whether what h provides works on this kernel: h runs,

@@ -126,6 +126,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		switch {
 		case h.Standby:
 			status = "standby"
+		case h.Off:
+			status = "off"
+			missing = append(missing, h)
 		case !h.Active && tracer.Covered(h, hooks):
 			status = "replaced" // a fallback below does its work
 		case !h.Active:

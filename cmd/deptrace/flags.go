@@ -14,6 +14,7 @@ type tracerFlags struct {
 	netns       string
 	flowMapSize uint32
 	portMapSize uint32
+	syscalls    bool
 }
 
 func (f *tracerFlags) register(cmd *cobra.Command) {
@@ -21,6 +22,7 @@ func (f *tracerFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.netns, "netns", "all", "network namespace to trace: all, self, an inode number, an ip-netns name or an nsfs path")
 	cmd.Flags().Uint32Var(&f.flowMapSize, "flow-map-size", def.FlowMapSize, fmt.Sprintf("most distinct bundled flows per interval (%d to %d)", tracer.MinMapSize, tracer.MaxFlowMapSize))
 	cmd.Flags().Uint32Var(&f.portMapSize, "port-map-size", def.PortMapSize, fmt.Sprintf("most listening ports tracked (%d to %d)", tracer.MinMapSize, tracer.MaxPortMapSize))
+	cmd.Flags().BoolVar(&f.syscalls, "syscall-tracepoints", false, "on kernels without fexit, see failed unix connects and TCP connects rejected before any SYN through the connect system call's exit tracepoint (every system call of every process then takes the kernel's slower exit path)")
 }
 
 // config validates the flags, naming the flag and its allowed range.
@@ -37,5 +39,6 @@ func (f *tracerFlags) config() (tracer.Config, error) {
 		return cfg, err
 	}
 	cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize = ns, f.flowMapSize, f.portMapSize
+	cfg.SyscallTracepoints = f.syscalls
 	return cfg, nil
 }

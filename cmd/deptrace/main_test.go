@@ -273,9 +273,19 @@ func TestDoctor(t *testing.T) {
 	}
 	// Columns are padded to the widest cell: match a row's fields, not its spaces.
 	for _, want := range []string{`active +tp_btf/inet_sock_set_state`, `active +iter/tcp`, `standby +fexit/inet_sendmsg`, `LOSS COUNTERS`, `active +iter/bpf_sk_storage_map`,
-		`(replaced|active) +fexit/unix_stream_connect`, `(standby|active) +tracepoint/syscalls/sys_exit_connect`, `flow map full +0`, `sock storage failed +0`, `listeners in a 100ms sample`} {
+		`(off|standby) +tracepoint/syscalls/sys_exit_connect`, `flow map full +0`, `sock storage failed +0`, `listeners in a 100ms sample`} {
 		if !regexp.MustCompile(want).MatchString(stdout) {
 			t.Errorf("doctor output lacks %q:\n%s", want, stdout)
+		}
+	}
+	// Allowed, the syscall tracepoint stands in where fexit is missing.
+	stdout, stderr, code = run(t, nil, "doctor", "--sample", "100ms", "--syscall-tracepoints")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{`(replaced|active) +fexit/unix_stream_connect`, `(active|standby) +tracepoint/syscalls/sys_exit_connect`} {
+		if !regexp.MustCompile(want).MatchString(stdout) {
+			t.Errorf("doctor --syscall-tracepoints output lacks %q:\n%s", want, stdout)
 		}
 	}
 }

@@ -96,7 +96,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	hooks := t.Hooks()
 	for _, h := range hooks {
-		if !tracer.Covered(h, hooks) {
+		if tracer.Covered(h, hooks) {
+			continue
+		}
+		if off, why := tracer.OffByConfig(h, hooks); off {
+			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", why)
+		} else {
 			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
 		}
 	}

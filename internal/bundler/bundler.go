@@ -10,6 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/kernel"
 )
@@ -33,6 +34,12 @@ type Config struct {
 	// such as /sys/fs/bpf/deptrace) so that it keeps counting when this
 	// process dies, and adopts a kernel side a previous process left there.
 	PinPath string
+	// SyscallTracepoints allows the connect system call's exit tracepoint
+	// where fexit is missing (failed unix connects, TCP connects rejected
+	// before any SYN). Off by default: while any system-call tracepoint
+	// is attached, every system call of every process takes the kernel's
+	// slower exit path (docs/performance.md).
+	SyscallTracepoints bool
 }
 
 // Limits of Config values, also used for flag validation.
@@ -179,6 +186,9 @@ type Hook struct {
 	Standby bool
 	// Replaces is the program this fallback stands in for ("" if none).
 	Replaces string
+	// Off: not loaded because the configuration leaves it off (Reason
+	// names the option).
+	Off bool
 }
 
 // RequiredHookError is returned by Load when a hook deptrace cannot run
@@ -321,6 +331,12 @@ func Load(cfg Config) (*Bundler, error) {
 			b.hooks = append(b.hooks, h)
 			continue
 		}
+		if def.kind == kindSyscall && !cfg.SyscallTracepoints {
+			h.Off = true
+			h.Reason = "off: it makes every system call of every process take the kernel's slower exit path; --syscall-tracepoints turns it on"
+			b.hooks = append(b.hooks, h)
+			continue
+		}
 		if def.unsafe != nil {
 			if why := def.unsafe(); why != "" {
 				h.Reason = why
@@ -432,6 +448,9 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 				last = ve.Log[n-1]
 			}
 			return fmt.Sprintf("verifier rejected %s (%s); deptrace doctor prints the full log", def.program, last), full
+		}
+		if def.kind == kindFexit && errors.Is(err, unix.EPERM) {
+			return "this kernel does not permit fexit programs (EPERM at load)", ""
 		}
 		return fmt.Sprintf("load: %v", err), ""
 	}

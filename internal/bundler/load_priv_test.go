@@ -6,7 +6,9 @@ import (
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
-func testConfig() Config { return Config{FlowMapSize: 4096, PortMapSize: 1024} }
+func testConfig() Config {
+	return Config{FlowMapSize: 4096, PortMapSize: 1024, SyscallTracepoints: true}
+}
 
 // Every hook must load and attach on the kernels deptrace is tested on;
 // the verifier log of one that does not is printed in full.

@@ -39,7 +39,9 @@ func need(t *testing.T, progs ...string) {
 func startTracer(t *testing.T) *tracer.Tracer {
 	t.Helper()
 	testnet.RequireRoot(t)
-	tr, err := tracer.New(tracer.DefaultConfig())
+	cfg := tracer.DefaultConfig()
+	cfg.SyscallTracepoints = true // the fallback CI's kernel needs for connect failures
+	tr, err := tracer.New(cfg)
 	if err != nil {
 		t.Fatalf("load tracer: %v", err)
 	}
