@@ -15,7 +15,11 @@ func TestCompareSmoke(t *testing.T) {
 	testnet.RequireRoot(t)
 	out := t.TempDir()
 	_, stderr, code := run(t, nil, "compare", "--workloads", "tcp-persistent,tcp-short", "--rates", "200",
-		"--peers", "5", "--peers-rate", "200", "--peers-workload", "udp", "--duration", "1s", "--persistent", "4", "--concurrency", "2", "--out", out)
+		"--peers", "5", "--peers-rate", "200", "--peers-workload", "udp", "--duration", "1s", "--persistent", "4", "--concurrency", "2", "--out", out,
+		// Polling sees only what is open at a snapshot: several snapshots
+		// must fall inside the 1 s load (at the default 1 s interval the
+		// first could come after the load ended: failed once in CI).
+		"--interval", "200ms")
 	if code != 0 {
 		t.Fatalf("compare failed:\n%s", stderr)
 	}
