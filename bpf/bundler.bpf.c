@@ -1670,7 +1670,10 @@ static __always_inline void tcp_connect_failed_early(struct sock *sk, const void
 		return;
 	if (BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP || BPF_CORE_READ(sk, __sk_common.skc_state) != TCP_CLOSE)
 		return;
-	if (BPF_CORE_READ((struct tcp_sock *)sk, segs_out))
+	/* No initial sequence number yet: the connect never reached SYN_SENT
+	 * (which chooses it). A failure after a SYN leaves one, even after
+	 * tcp_disconnect (which resets segs_out, but moves write_seq on). */
+	if (BPF_CORE_READ((struct tcp_sock *)sk, write_seq))
 		return;
 	__u32 netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 	if (!netns_wanted(netns))

@@ -113,9 +113,21 @@ func TestFailedUnixConnects(t *testing.T) {
 // A TCP connect that fails before any SYN (the route rejects it) is a
 // failed connection by cause, although no socket state changes. The routes
 // are inside the test's own namespace and reject locally: nothing is sent.
+// A blocking connect whose SYN is answered by an ICMP error fails after a
+// SYN, and is counted once, at SYN_SENT -> CLOSE, not again at connect()'s
+// return.
 func TestTCPConnectsFailingBeforeAnySYN(t *testing.T) {
-	nw := testnet.New(t, 1)
-	a := nw.Hosts[0]
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	for _, args := range [][]string{
+		{"add", "table", "ip", "deptrace_test"},
+		{"add", "chain", "ip", "deptrace_test", "input", "{ type filter hook input priority 0; }"},
+		{"add", "rule", "ip", "deptrace_test", "input", "tcp", "dport", "82", "reject", "with", "icmp", "type", "host-unreachable"},
+	} {
+		if out, err := b.Command(context.Background(), "nft", args...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %v: %v: %s", args, err, out)
+		}
+	}
 	for _, args := range [][]string{
 		{"route", "add", "unreachable", "203.0.113.0/25"},
 		{"route", "add", "prohibit", "203.0.113.128/25"},
@@ -139,9 +151,26 @@ func TestTCPConnectsFailingBeforeAnySYN(t *testing.T) {
 			}
 		}
 	}
-	find := func(l *ledger, ip string) tracer.Flow {
+	for i := 0; i < tries; i++ {
+		var err error
+		a.Do(t, func() error {
+			fd, serr := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+			if serr != nil {
+				return serr
+			}
+			defer syscall.Close(fd)
+			sa := &syscall.SockaddrInet4{Port: 82}
+			copy(sa.Addr[:], b.IPv4.To4())
+			err = syscall.Connect(fd, sa) // blocking
+			return nil
+		})
+		if !errors.Is(err, syscall.EHOSTUNREACH) {
+			t.Fatalf("blocking connect to the rejecting port: %v, want EHOSTUNREACH", err)
+		}
+	}
+	find := func(l *ledger, ip string, port uint16) tracer.Flow {
 		for _, f := range l.flows {
-			if f.NetNS == a.Inode && f.Proto == "tcp" && f.Direction == tracer.Outbound && f.RemoteAddr == ip && f.Port == 80 {
+			if f.NetNS == a.Inode && f.Proto == "tcp" && f.Direction == tracer.Outbound && f.RemoteAddr == ip && f.Port == port {
 				return *f
 			}
 		}
@@ -149,10 +178,14 @@ func TestTCPConnectsFailingBeforeAnySYN(t *testing.T) {
 	}
 	l := newLedger()
 	settle(t, tr, l, func(l *ledger) bool {
-		return find(l, "203.0.113.1").FailedConnections >= tries && find(l, "203.0.113.129").FailedConnections >= tries
+		return find(l, "203.0.113.1", 80).FailedConnections >= tries && find(l, "203.0.113.129", 80).FailedConnections >= tries &&
+			find(l, b.IPv4.String(), 82).FailedConnections >= tries
 	})
+	if f := find(l, b.IPv4.String(), 82); f.FailedConnections != tries || f.FailedUnreachable != tries || f.Connections != 0 {
+		t.Errorf("blocking connect rejected after its SYN: %+v; want %d failed, all unreachable, each counted once", f.Counters, tries)
+	}
 	for ip := range want {
-		f := find(l, ip)
+		f := find(l, ip, 80)
 		if f.FailedConnections != tries || f.FailedUnreachable != tries || f.Connections != 0 || f.Retransmits != 0 {
 			t.Errorf("%s: %+v; want %d failed, all unreachable", ip, f.Counters, tries)
 		}
