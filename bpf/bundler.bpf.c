@@ -55,7 +55,6 @@
 #define EEXIST 17
 #define EPROTOTYPE 91
 #define EINPROGRESS 115
-#define ERESTARTSYS 512
 #define SOCK_STREAM 1
 #define SOCK_SEQPACKET 5
 #define E2BIG 7
@@ -91,6 +90,18 @@ const volatile __u32 connect_slots_off = 0;
  * a path on an unconnected socket (kernels with the tracepoint but
  * without cgroup/sendmsg_unix, 6.3 to 6.6). */
 volatile __u32 send_tracepoint_on = 0;
+
+/* Set by the loader: the connect fexits that run (CONNECT_FEXIT_*). The
+ * connect system call's tracepoint, loaded where any of them is missing,
+ * leaves the families they count alone. */
+#define CONNECT_FEXIT_UNIX_STREAM 1
+#define CONNECT_FEXIT_UNIX_DGRAM 2
+#define CONNECT_FEXIT_INET 4
+volatile __u32 connect_fexits = 0;
+
+/* Set by the loader before each harvest: the first listener of a port the
+ * harvest visits takes the port's deepest queue for all of them. */
+volatile __u32 harvest_gen = 0;
 
 extern void *bpf_cast_to_kern_ctx(void *) __ksym;
 
@@ -439,6 +450,14 @@ static __always_inline __u32 advance32(__u32 *rep, __u32 now)
 	return 0;
 }
 
+static __always_inline void remember_listener(struct port_value *pv, struct sock *sk)
+{
+	if (sk->__sk_common.skc_family == AF_INET6)
+		pv->listener6 = (__u64)sk;
+	else
+		pv->listener4 = (__u64)sk;
+}
+
 static __always_inline void port_ref(struct sock *sk, __u32 netns, __u16 port, int delta)
 {
 	struct port_key pk = {.netns = netns, .port = port, .proto = IPPROTO_TCP};
@@ -450,14 +469,17 @@ static __always_inline void port_ref(struct sock *sk, __u32 netns, __u16 port, i
 		__sync_fetch_and_add(&pv->refs, 1);
 		/* listen() runs in the listening process: remember it. */
 		current_process(&pv->pid, pv->comm, &pv->cgroup_id);
-		pv->listener = (__u64)sk;
+		remember_listener(pv, sk);
 		return;
 	}
 	struct port_value *pv = bpf_map_lookup_elem(&ports, &pk);
 	if (!pv)
 		return;
-	if (pv->listener == (__u64)sk)
-		pv->listener = 0; /* never read a freed listener */
+	/* never read a freed listener */
+	if (pv->listener4 == (__u64)sk)
+		pv->listener4 = 0;
+	if (pv->listener6 == (__u64)sk)
+		pv->listener6 = 0;
 	/* The last socket on the port is gone: forget the port. */
 	if (__sync_fetch_and_add(&pv->refs, -1) <= 1)
 		bpf_map_delete_elem(&ports, &pk);
@@ -655,11 +677,16 @@ static __always_inline struct connect_info *connect_find(struct sock *sk, struct
 static __always_inline void connect_done(struct sock *sk, struct connect_info *ci, struct connect_slot *slot)
 {
 	if (slot) {
-		/* Only this socket's completion frees its slot, and a claim only
-		 * takes a free (or stale) one. The time is cleared first (a slot
-		 * with time 0 is never stale) and the exchange orders the two. */
-		*(volatile __u64 *)&slot->ci.syn_ns = 0;
-		__sync_lock_test_and_set(&slot->owner, 0);
+		/* Only this socket's completion frees its slot (a completion so
+		 * late that its slot was taken back frees nothing), and a claim
+		 * only takes a free or stale one. The time is cleared first (a
+		 * slot with time 0 is never stale); the compare-and-swap orders
+		 * the two. */
+		__u64 cookie = slot->owner;
+		if (cookie == bpf_get_socket_cookie(sk)) {
+			*(volatile __u64 *)&slot->ci.syn_ns = 0;
+			__sync_val_compare_and_swap(&slot->owner, cookie, 0);
+		}
 		return;
 	}
 	if (ci) {
@@ -746,7 +773,7 @@ static __always_inline void name_from_listener(struct flow_value *v, __u32 netns
  * the listening process. The listener's address comes from the port table
  * and is read through probes: a listener of the port that closed since is
  * forgotten there first. */
-static __always_inline void passive_open(struct flow_value *v, __u32 netns, __u16 port)
+static __always_inline void passive_open(struct flow_value *v, __u32 netns, __u16 port, __u16 family)
 {
 	struct port_value *pv = port_lookup(netns, port);
 	if (!pv)
@@ -756,10 +783,17 @@ static __always_inline void passive_open(struct flow_value *v, __u32 netns, __u1
 		v->cgroup_id = pv->cgroup_id;
 		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
 	}
-	__u64 listener = pv->listener;
+	/* The listener of the connection's family (an IPv6 socket's children
+	 * are IPv6, v4-mapped included), else the other one. */
+	__u64 listener = family == AF_INET6 ? pv->listener6 : pv->listener4;
+	if (!listener)
+		listener = family == AF_INET6 ? pv->listener4 : pv->listener6;
 	if (!listener)
 		return;
-	__u32 q = BPF_CORE_READ((struct sock *)listener, sk_ack_backlog);
+	struct sock *ls = (struct sock *)listener;
+	if (BPF_CORE_READ(ls, __sk_common.skc_state) != TCP_LISTEN || BPF_CORE_READ(ls, __sk_common.skc_num) != port)
+		return; /* not that listener any more */
+	__u32 q = BPF_CORE_READ(ls, sk_ack_backlog);
 	for (int i = 0; i < 4; i++) {
 		__u32 seen = *(volatile __u32 *)&pv->queue_max;
 		if (q <= seen || __sync_val_compare_and_swap(&pv->queue_max, seen, q) == seen)
@@ -797,7 +831,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 		tcp_start_counting(st, tp, true);
 		st->open_pending = 1;
 		if (!active)
-			passive_open(NULL, st->key.netns, st->key.port);
+			passive_open(NULL, st->key.netns, st->key.port, sk->__sk_common.skc_family);
 		connect_done(sk, ci, slot);
 		return;
 	}
@@ -818,7 +852,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 			name_from_connect(v, ci);
 	}
 	if (!active)
-		passive_open(v, k.netns, k.port);
+		passive_open(v, k.netns, k.port, sk->__sk_common.skc_family);
 	connect_done(sk, ci, slot);
 }
 
@@ -1641,8 +1675,7 @@ static __always_inline void unix_connect_failed(struct sock *sk, const void *add
 	case EPROTOTYPE:
 	case EAGAIN:
 	case ETIMEDOUT:
-	case EINTR:
-	case ERESTARTSYS:
+	case EINTR: /* not ERESTARTSYS: the kernel restarts that connect, which may succeed */
 	case EACCES:
 	case EPERM:
 		break;
@@ -1702,17 +1735,22 @@ static __always_inline void tcp_connect_failed_early(struct sock *sk, const void
 	name_from_current(v);
 }
 
-static __always_inline void connect_returned(struct sock *sk, const void *addr, int addrlen, bool user, long ret)
+/* from_syscall: the system call's tracepoint, which leaves alone what a
+ * running fexit counts. */
+static __always_inline void connect_returned(struct sock *sk, const void *addr, int addrlen, bool from_syscall, long ret)
 {
 	if (ret >= 0 || ret == -EINPROGRESS || !sk || !addr)
 		return;
+	__u32 skip = from_syscall ? connect_fexits : 0;
 	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
 	if (family == AF_UNIX) {
 		__u16 type = BPF_CORE_READ(sk, sk_type);
+		if (type == SOCK_DGRAM ? (skip & CONNECT_FEXIT_UNIX_DGRAM) : (skip & CONNECT_FEXIT_UNIX_STREAM))
+			return;
 		if (type == SOCK_STREAM || type == SOCK_SEQPACKET || type == SOCK_DGRAM)
-			unix_connect_failed(sk, addr, addrlen, user, -ret);
-	} else if (family == AF_INET || family == AF_INET6) {
-		tcp_connect_failed_early(sk, addr, user, -ret);
+			unix_connect_failed(sk, addr, addrlen, from_syscall, -ret);
+	} else if ((family == AF_INET || family == AF_INET6) && !(skip & CONNECT_FEXIT_INET)) {
+		tcp_connect_failed_early(sk, addr, from_syscall, -ret);
 	}
 }
 
@@ -1898,9 +1936,14 @@ static __always_inline void harvest_sock(struct sock *sk, struct sock_state *st,
 		__builtin_memcpy(r.comm, st->comm, sizeof(r.comm));
 		struct port_value *pv = port_lookup(r.netns, r.port);
 		if (pv) {
-			/* The deepest queue since the last harvest (per port:
-			 * SO_REUSEPORT listeners of one port share it). */
-			r.queue_max = __sync_lock_test_and_set(&pv->queue_max, 0);
+			/* The deepest queue since the last harvest, per port: the
+			 * first listener of the port this harvest visits takes it,
+			 * and every listener of the port reports it. */
+			if (pv->harvest_gen != harvest_gen) {
+				pv->queue_reported = __sync_lock_test_and_set(&pv->queue_max, 0);
+				pv->harvest_gen = harvest_gen;
+			}
+			r.queue_max = pv->queue_reported;
 			if (!r.pid && pv->pid) {
 				/* Listening since before deptrace started: user space
 				 * named its process in the port table at start-up. */
@@ -1985,7 +2028,7 @@ int seed_listeners(struct bpf_iter__tcp *ctx)
 		struct port_value init = {};
 		struct port_value *pv = lookup_or_init(&ports, &pk, &init, STAT_PORT_MAP_FULL);
 		if (pv)
-			pv->listener = (__u64)tp;
+			remember_listener(pv, (struct sock *)tp);
 	}
 	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;

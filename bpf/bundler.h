@@ -80,11 +80,16 @@ struct port_value {
 	__u32 pid;  /* process that last started listening, 0 if unknown */
 	__u64 cgroup_id;
 	char comm[16];
-	__u64 listener;  /* address of the socket that last started listening (read only through probes) */
-	__u32 queue_max; /* deepest accept queue seen since the last harvest */
+	/* addresses of the sockets that last started listening, per family
+	 * (read only through probes, and checked: still listening there) */
+	__u64 listener4;
+	__u64 listener6;
+	__u32 queue_max;      /* deepest accept queue seen since the last harvest */
+	__u32 queue_reported; /* what the current harvest reports for every listener of the port */
+	__u32 harvest_gen;    /* the harvest that took queue_max */
 	__u32 _pad;
 };
-_Static_assert(sizeof(struct port_value) == 48, "port_value layout");
+_Static_assert(sizeof(struct port_value) == 64, "port_value layout");
 
 /* Record written by the port-seeding iterators. */
 struct listen_record {

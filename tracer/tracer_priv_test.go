@@ -849,6 +849,27 @@ func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 		defer c.Close()
 		conns = append(conns, c)
 	}
+	// The server's side of a handshake may still be in softirq when Dial
+	// returns: wait (bounded) until all 5 are in the accept queue, which a
+	// listener's TCP_INFO reports as unacked.
+	raw, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var queued uint32
+		raw.Control(func(fd uintptr) {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				queued = info.Unacked
+			}
+		})
+		if queued == waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("accept queue %d, want %d", queued, waiting)
+		}
+	}
 	for i := 0; i < waiting; i++ {
 		c, err := ln.Accept()
 		if err != nil {

@@ -476,6 +476,11 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 		}
 		b.links = append(b.links, l)
 		b.linkOf[def.program] = l
+		if bit, ok := connectFexitBits[def.program]; ok {
+			if err := b.markConnectFexit(bit); err != nil {
+				return err.Error(), ""
+			}
+		}
 	case kindSyscall:
 		if err := kernel.MountTracefs(); err != nil {
 			return err.Error(), ""
@@ -530,6 +535,26 @@ func (b *Bundler) replaced(program string) bool {
 		}
 	}
 	return false
+}
+
+// connectFexitBits: the connect fexits, as connect_fexits in the kernel
+// side knows them (the syscall tracepoint skips what they count).
+var connectFexitBits = map[string]uint32{
+	"on_unix_connect_fexit":       1,
+	"on_unix_dgram_connect_fexit": 2,
+	"on_inet_connect_fexit":       4,
+}
+
+func (b *Bundler) markConnectFexit(bit uint32) error {
+	v := b.shared.Variables["connect_fexits"]
+	var cur uint32
+	if err := v.Get(&cur); err != nil {
+		return fmt.Errorf("read connect_fexits: %w", err)
+	}
+	if err := v.Set(cur | bit); err != nil {
+		return fmt.Errorf("set connect_fexits: %w", err)
+	}
+	return nil
 }
 
 // allActive reports whether every program of a comma-separated list runs.

@@ -111,14 +111,17 @@ type bundlerPortKey struct {
 }
 
 type bundlerPortValue struct {
-	_        structs.HostLayout
-	Refs     uint32
-	Pid      uint32
-	CgroupId uint64
-	Comm     [16]int8
-	Listener uint64
-	QueueMax uint32
-	Pad      uint32
+	_             structs.HostLayout
+	Refs          uint32
+	Pid           uint32
+	CgroupId      uint64
+	Comm          [16]int8
+	Listener4     uint64
+	Listener6     uint64
+	QueueMax      uint32
+	QueueReported uint32
+	HarvestGen    uint32
+	Pad           uint32
 }
 
 type bundlerSockState struct {
@@ -220,7 +223,9 @@ const (
 	bundlerVarBtfPortValue             = "_btf_port_value"
 	bundlerVarBtfStatIndex             = "_btf_stat_index"
 	bundlerVarBtfUnixPath              = "_btf_unix_path"
+	bundlerVarConnectFexits            = "connect_fexits"
 	bundlerVarConnectSlotsOff          = "connect_slots_off"
+	bundlerVarHarvestGen               = "harvest_gen"
 	bundlerVarSendTracepointOn         = "send_tracepoint_on"
 	bundlerVarTargetNetns              = "target_netns"
 	bundlerVarZeroFlow                 = "zero_flow"
@@ -324,7 +329,9 @@ type bundlerVariableSpecs struct {
 	BtfPortValue      *ebpf.VariableSpec `ebpf:"_btf_port_value"`
 	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
+	ConnectFexits     *ebpf.VariableSpec `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.VariableSpec `ebpf:"connect_slots_off"`
+	HarvestGen        *ebpf.VariableSpec `ebpf:"harvest_gen"`
 	SendTracepointOn  *ebpf.VariableSpec `ebpf:"send_tracepoint_on"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
@@ -387,7 +394,9 @@ type bundlerVariables struct {
 	BtfPortValue      *ebpf.Variable `ebpf:"_btf_port_value"`
 	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
+	ConnectFexits     *ebpf.Variable `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.Variable `ebpf:"connect_slots_off"`
+	HarvestGen        *ebpf.Variable `ebpf:"harvest_gen"`
 	SendTracepointOn  *ebpf.Variable `ebpf:"send_tracepoint_on"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`

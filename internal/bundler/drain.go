@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"strconv"
@@ -79,11 +80,15 @@ type Listener struct {
 const retainIdle = 2
 
 type drainState struct {
-	first  bool                      // the first swap happened (salvaged counts were taken)
-	paths  map[uint64]string         // unix socket paths by hash
-	idle   [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
-	keyBuf []bundlerFlowKey
-	valBuf []bundlerFlowValue
+	// harvestGen numbers harvests for the kernel side's per-port queue
+	// figure; it starts at random, so that a process adopting a pinned side
+	// does not repeat the previous process's numbers.
+	harvestGen uint32
+	first      bool                      // the first swap happened (salvaged counts were taken)
+	paths      map[uint64]string         // unix socket paths by hash
+	idle       [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
+	keyBuf     []bundlerFlowKey
+	valBuf     []bundlerFlowValue
 
 	// Generations: every swap starts interval gen+1 of this kernel side.
 	// A pinned side keeps side, gen and whether the swapped-out map is
@@ -266,6 +271,13 @@ func (b *Bundler) readPending(p *pendingDrain) ([]Entry, error) {
 // harvest runs the socket-storage iterator: it folds live sockets' counter
 // growth into the active flow map and reports every listener.
 func (b *Bundler) harvest() ([]Listener, error) {
+	if b.drain.harvestGen == 0 {
+		b.drain.harvestGen = rand.Uint32()
+	}
+	b.drain.harvestGen++
+	if err := b.shared.Variables["harvest_gen"].Set(b.drain.harvestGen); err != nil {
+		return nil, fmt.Errorf("set harvest_gen: %w", err)
+	}
 	var recs []bundlerListenerRecord
 	if it, ok := b.iters["harvest"]; ok {
 		var err error

@@ -60,7 +60,10 @@ func binarySize[T any]() int {
 func objectHash(cfg Config) [32]byte {
 	h := sha256.New()
 	h.Write(_BundlerBytes)
-	fmt.Fprintf(h, "netns=%d flows=%d ports=%d", cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize)
+	// Which hooks are attached is part of a side: a side pinned with the
+	// syscall tracepoint must not be adopted by an agent told to leave it
+	// off (its pinned link would keep slowing every system call).
+	fmt.Fprintf(h, "netns=%d flows=%d ports=%d syscalls=%t", cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize, cfg.SyscallTracepoints)
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum
