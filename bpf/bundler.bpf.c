@@ -939,10 +939,6 @@ static __always_inline void tcp_tag_late(struct sock *sk)
 	st->counting = 1;
 }
 
-/* Why an open failed, from the error the kernel gave the socket, or that
- * the application already read from it (an ICMP error that arrives while
- * connect() holds the socket lock is only a soft error, and SO_ERROR
- * clears it). */
 /* Count one failed connection by the error that ended it. */
 static __always_inline void count_failed_errno(struct flow_value *v, int err)
 {
@@ -967,6 +963,10 @@ static __always_inline void count_failed_errno(struct flow_value *v, int err)
 	}
 }
 
+/* Why an open failed, from the error the kernel gave the socket, or that
+ * the application already read from it (an ICMP error that arrives while
+ * connect() holds the socket lock is only a soft error, and SO_ERROR
+ * clears it). */
 static __always_inline void count_failure(struct flow_value *v, const struct sock *sk, const struct sock_state *st)
 {
 	int err = sk->sk_err;
@@ -1321,6 +1321,7 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 
 static __always_inline void unix_count(struct sock *sk, int bytes, bool send);
 static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool user);
+/* A datagram sent to the unix path hashed h from an unconnected socket. */
 static __always_inline void unix_count_sendto(struct sock *sk, __u64 h, int bytes);
 
 static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bool send)
@@ -1575,7 +1576,6 @@ static __always_inline __u64 unix_addr_hash(const void *addr, int addrlen, bool 
 	return h;
 }
 
-/* A datagram sent to the unix path hashed h from an unconnected socket. */
 /* The current process's flow to the unix path hashed h, named by it. */
 static __always_inline struct flow_value *unix_client_flow(__u32 netns, __u64 h)
 {
@@ -1791,7 +1791,9 @@ int on_connect_exit(struct connect_exit_args *ctx)
 		return 0; /* nearly every connect: leave at once */
 	struct task_struct *t = bpf_get_current_task_btf();
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
-	/* connect(fd, addr, addrlen): the system call's own arguments. */
+	/* connect(fd, addr, addrlen): the system call's own arguments, in
+	 * x86-64's registers (elsewhere this program fails to load, and doctor
+	 * says so). */
 	int fd = BPF_CORE_READ(regs, di);
 	const void *addr = (const void *)BPF_CORE_READ(regs, si);
 	int addrlen = BPF_CORE_READ(regs, dx);

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -259,6 +260,22 @@ type Hook struct {
 	// Off: not loaded because the configuration leaves it off (Reason
 	// names the option).
 	Off bool
+}
+
+// LogUncovered logs each capability this kernel side lacks: at warning
+// level when the kernel cannot give it, at info level when the
+// configuration leaves its hook off.
+func LogUncovered(log *slog.Logger, hooks []Hook) {
+	for _, h := range hooks {
+		if Covered(h, hooks) {
+			continue
+		}
+		if off, why := OffByConfig(h, hooks); off {
+			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", why)
+		} else {
+			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
+		}
+	}
 }
 
 // OffByConfig reports whether what h provides is missing only because the

@@ -89,17 +89,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		return err
 	}
 	defer t.Close()
-	hooks := t.Hooks()
-	for _, h := range hooks {
-		if tracer.Covered(h, hooks) {
-			continue
-		}
-		if off, why := tracer.OffByConfig(h, hooks); off {
-			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", why)
-		} else {
-			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
-		}
-	}
+	tracer.LogUncovered(log, t.Hooks())
 	if nsCount, ports, err := t.Seeded(); err != nil {
 		log.Warn("seeding listening ports failed; older connections may show the wrong direction", "err", err)
 	} else {

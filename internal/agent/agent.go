@@ -94,17 +94,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("replaced a pinned kernel side", "pin_path", cfg.Tracer.PinPath, "why", ad.Replaced,
 			"flows_salvaged", ad.Salvaged, "entries_lost", ad.Unreadable)
 	}
-	hooks := t.Hooks()
-	for _, h := range hooks {
-		if tracer.Covered(h, hooks) {
-			continue
-		}
-		if off, why := tracer.OffByConfig(h, hooks); off {
-			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", why)
-		} else {
-			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
-		}
-	}
+	tracer.LogUncovered(log, t.Hooks())
 
 	ids, err := newHostIDs(cfg.HostID)
 	if err != nil {
