@@ -660,11 +660,11 @@ static __always_inline struct connect_slot *connect_slot_of(__u64 cookie)
 
 /* The connect() in flight on sk, from its slot or the hash; *slot is set
  * when it is a slot, which connect_done frees. */
-static __always_inline struct connect_info *connect_find(struct sock *sk, struct connect_slot **slot)
+static __always_inline struct connect_info *connect_find(struct sock *sk, struct connect_slot **slot, __u64 *cookie)
 {
-	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct connect_slot *s = connect_slot_of(cookie);
-	if (s && s->owner == cookie) {
+	*cookie = bpf_get_socket_cookie(sk);
+	struct connect_slot *s = connect_slot_of(*cookie);
+	if (s && s->owner == *cookie) {
 		*slot = s;
 		return &s->ci;
 	}
@@ -674,7 +674,7 @@ static __always_inline struct connect_info *connect_find(struct sock *sk, struct
 }
 
 /* Forget a finished connect, after its info was read. */
-static __always_inline void connect_done(struct sock *sk, struct connect_info *ci, struct connect_slot *slot)
+static __always_inline void connect_done(struct sock *sk, struct connect_info *ci, struct connect_slot *slot, __u64 cookie)
 {
 	if (slot) {
 		/* Only this socket's completion frees its slot (a completion so
@@ -682,8 +682,7 @@ static __always_inline void connect_done(struct sock *sk, struct connect_info *c
 		 * only takes a free or stale one. The time is cleared first (a
 		 * slot with time 0 is never stale); the compare-and-swap orders
 		 * the two. */
-		__u64 cookie = slot->owner;
-		if (cookie == bpf_get_socket_cookie(sk)) {
+		if (slot->owner == cookie) {
 			*(volatile __u64 *)&slot->ci.syn_ns = 0;
 			__sync_val_compare_and_swap(&slot->owner, cookie, 0);
 		}
@@ -813,7 +812,8 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 		return;
 	__u8 dir = active ? DIR_OUTBOUND : DIR_INBOUND;
 	struct connect_slot *slot = NULL;
-	struct connect_info *ci = active ? connect_find(sk, &slot) : NULL;
+	__u64 cookie = 0;
+	struct connect_info *ci = active ? connect_find(sk, &slot, &cookie) : NULL;
 	__u64 syn_ns = ci ? ci->syn_ns : 0;
 	struct sock_state *st = active ? tcp_state_of(sk) : NULL;
 	if (!st && tcp_direction(sk) != dir) {
@@ -832,7 +832,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 		st->open_pending = 1;
 		if (!active)
 			passive_open(NULL, st->key.netns, st->key.port, sk->__sk_common.skc_family);
-		connect_done(sk, ci, slot);
+		connect_done(sk, ci, slot, cookie);
 		return;
 	}
 
@@ -853,7 +853,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 	}
 	if (!active)
 		passive_open(v, k.netns, k.port, sk->__sk_common.skc_family);
-	connect_done(sk, ci, slot);
+	connect_done(sk, ci, slot, cookie);
 }
 
 /* What the socket's counters held when its connection opened: the SYN is
@@ -985,7 +985,8 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 	struct sock_state *st = sk->sk_bpf_storage ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
 	bool tagged = st && st->kind == SK_TCP;
 	struct connect_slot *slot = NULL;
-	struct connect_info *ci = active ? connect_find(sk, &slot) : NULL;
+	__u64 cookie = 0;
+	struct connect_info *ci = active ? connect_find(sk, &slot, &cookie) : NULL;
 	struct flow_key k = {};
 	if (tagged)
 		k = st->key;
@@ -1005,7 +1006,7 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 			name_from_listener(v, k.netns, k.port);
 		}
 	}
-	connect_done(sk, ci, slot);
+	connect_done(sk, ci, slot, cookie);
 }
 
 static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup);
