@@ -1,6 +1,7 @@
 package bundler
 
 import (
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -70,7 +71,7 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			if got.Connections != workers*each || got.LatencyCount != workers*each {
-				t.Fatalf("connections %d, latencies %d, want %d of each", got.Connections, got.LatencyCount, workers*each)
+				t.Fatalf("connections %d, latencies %d, want %d of each (%s)", got.Connections, got.LatencyCount, workers*each, lossReport(bu))
 			}
 			if got.LatencySumUs == 0 || got.LatencyMaxUs == 0 {
 				t.Errorf("latency sum %d µs, max %d µs: not measured", got.LatencySumUs, got.LatencyMaxUs)
@@ -80,4 +81,21 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lossReport says what the kernel side lost, for a failure message: the loss
+// counters and every program the kernel skipped runs of.
+func lossReport(bu *Bundler) string {
+	s, err := bu.Stats()
+	if err != nil {
+		return "stats: " + err.Error()
+	}
+	out := fmt.Sprintf("flow map full %d, flow alloc failed %d, sock storage failed %d, recursion misses %d",
+		s.FlowMapFull, s.FlowAllocFailed, s.SockStorageFailed, s.RecursionMisses)
+	for name, p := range s.Programs {
+		if p.RecursionMisses > 0 {
+			out += fmt.Sprintf(", %s missed %d", name, p.RecursionMisses)
+		}
+	}
+	return out
 }
