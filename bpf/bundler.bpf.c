@@ -126,6 +126,56 @@ struct {
 	});
 } flows SEC(".maps");
 
+/* The spill: where a new flow goes when its insert into the active flow
+ * map fails. A per-CPU hash without preallocation takes each new entry
+ * from a small per-CPU cache that the kernel refills asynchronously, so
+ * two inserts in a row on one CPU (both ends of a loopback handshake in
+ * one softirq) can find it empty (-ENOMEM); an insert nested in an update
+ * of the same map on one CPU fails too (-EBUSY), and a full map (-E2BIG).
+ * The spill is preallocated and never fails that way: its slots are
+ * claimed by compare-and-swap and shared by every CPU (programs add to
+ * them atomically). Half i goes with inner flow map i: spill_half says
+ * which half programs write to, and the drain sets it to the next half
+ * before it swaps the flow maps, so the swap's RCU grace period also
+ * quiesces the old half, which the drain then reads and frees with its
+ * map. Two programs racing to claim one key may take two slots: the drain
+ * sums every slot and map entry of a key. Only when a key finds no slot
+ * is the count lost, and counted. */
+#define SPILL_SLOTS 256 /* per half, a power of two */
+#define SPILL_PROBES 8  /* slots tried from the key's hash */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * SPILL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct spill_slot);
+} spill SEC(".maps");
+
+/* The active half (0 or 1), written by user space only. A map rather than
+ * a global variable: it is pinned with the flow maps, so that a process
+ * adopting a pinned side steers the programs it adopts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} spill_half SEC(".maps");
+
+/* Slots claimed per half: the drain reads a half only when it has some. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} spill_used SEC(".maps");
+
+/* Set by the loader (tests): flow_entry leaves new flows out of the flow
+ * map and puts them in the spill, the path that otherwise runs only when
+ * an insert fails (a flow finding no slot then counts as an allocation
+ * failure). */
+const volatile __u32 spill_only = 0;
+
+const enum spill_state *_btf_spill_state __attribute__((unused)); /* for bpf2go */
+
 /* TCP listening ports per namespace, with the process that listens. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -378,16 +428,81 @@ static __always_inline void current_process(__u32 *pid, char *comm, __u64 *cgrou
 	*cgroup = bpf_get_current_cgroup_id();
 }
 
-/* Find or create the bundled entry of k in the active map. */
+static __always_inline bool same_key(const struct flow_key *a, const struct flow_key *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+	for (int i = 0; i < sizeof(*a) / 4; i++)
+		if (x[i] != y[i])
+			return false;
+	return true;
+}
+
+/* Find or claim the spill slot of key in the active half. err is the
+ * failed insert's error, for the loss counter when no slot is free. Not
+ * inlined: only a failed insert comes here. */
+static __noinline struct flow_value *spill_entry(const struct flow_key *key, long err)
+{
+	__u32 zero = 0;
+	__u32 *half = bpf_map_lookup_elem(&spill_half, &zero);
+	if (!half)
+		return NULL;
+	__u32 base = (*half & 1) * SPILL_SLOTS;
+	const __u32 *w = (const __u32 *)key;
+	__u32 h = 2166136261u; /* FNV-1a, a word at a time */
+	for (int i = 0; i < sizeof(*key) / 4; i++)
+		h = (h ^ w[i]) * 16777619u;
+	h ^= h >> 16;
+	for (int i = 0; i < SPILL_PROBES; i++) {
+		__u32 idx = base + ((h + i) & (SPILL_SLOTS - 1));
+		struct spill_slot *s = bpf_map_lookup_elem(&spill, &idx);
+		if (!s)
+			return NULL;
+		/* Atomic reads: a fully ordered load of the state, so the
+		 * key is read after it. */
+		__u32 st = __sync_fetch_and_or(&s->state, 0);
+		if (st == SPILL_FREE) {
+			st = __sync_val_compare_and_swap(&s->state, SPILL_FREE, SPILL_CLAIMING);
+			if (st == SPILL_FREE) {
+				/* A free slot is all zeroes: only the key to write. */
+				s->key = *key;
+				__sync_lock_test_and_set(&s->state, SPILL_READY);
+				__u32 hi = base ? 1 : 0;
+				__u64 *used = bpf_map_lookup_elem(&spill_used, &hi);
+				if (used)
+					__sync_fetch_and_add(used, 1);
+				return &s->value;
+			}
+		}
+		if (st == SPILL_READY && same_key(&s->key, key))
+			return &s->value;
+	}
+	stat_inc(err == -E2BIG ? STAT_FLOW_MAP_FULL : STAT_FLOW_ALLOC_FAILED);
+	return NULL;
+}
+
+/* Find or create the bundled entry of k in the active map, or where its
+ * insert fails, in the spill. The lookup that finds an existing flow, by
+ * far the common case, is all it costs. */
 static __always_inline struct flow_value *flow_entry(const struct flow_key *key)
 {
 	__u32 zero = 0;
 	void *active = bpf_map_lookup_elem(&flows, &zero);
 	if (!active)
 		return NULL;
-	struct flow_value *v = lookup_or_init(active, key, (const void *)&zero_flow, STAT_FLOW_MAP_FULL);
-	if (!v)
-		return NULL;
+	struct flow_value *v = bpf_map_lookup_elem(active, key);
+	if (!v) {
+		long err = 0;
+		if (!spill_only) {
+			/* -EEXIST: another CPU inserted it meanwhile. */
+			err = bpf_map_update_elem(active, key, (const void *)&zero_flow, BPF_NOEXIST);
+			if (!err || err == -EEXIST)
+				v = bpf_map_lookup_elem(active, key);
+		}
+		if (!v)
+			v = spill_entry(key, err);
+		if (!v)
+			return NULL;
+	}
 	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
 	 * the rest of the update: read it at most once per jiffy per flow and
 	 * CPU. last_seen is then exact to one jiffy (1-10 ms). */

@@ -59,6 +59,23 @@ struct flow_value {
 };
 _Static_assert(sizeof(struct flow_value) == 200, "flow_value layout");
 
+/* A bundled flow kept in the spill, the preallocated overflow of the
+ * flow maps for new flows whose insert failed (bundler.bpf.c, spill). One
+ * value for every CPU: programs add to it atomically. */
+enum spill_state {
+	SPILL_FREE = 0,     /* zero: a free slot is all zeroes */
+	SPILL_CLAIMING = 1, /* a program is writing the key */
+	SPILL_READY = 2,    /* key written: counts go to value */
+};
+
+struct spill_slot {
+	__u32 state; /* enum spill_state */
+	__u32 _pad;
+	struct flow_key key;
+	struct flow_value value;
+};
+_Static_assert(sizeof(struct spill_slot) == 248, "spill_slot layout");
+
 /* A unix socket path, by the hash the flow key carries. */
 struct unix_path {
 	__u32 len;       /* bytes of path used; an abstract name starts with 0 */

@@ -246,6 +246,9 @@ func Load(cfg Config) (*Bundler, error) {
 			return nil, fmt.Errorf("set connect_slots_off: %w", err)
 		}
 	}
+	if err := setSpillOnly(spec); err != nil {
+		return nil, err
+	}
 	spec.Maps["ports"].MaxEntries = cfg.PortMapSize
 	innerSpec := spec.Maps["flows"].InnerMap
 	innerSpec.MaxEntries = cfg.FlowMapSize

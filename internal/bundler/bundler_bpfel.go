@@ -158,6 +158,48 @@ type bundlerSockState struct {
 	PadDrops          uint32
 }
 
+type bundlerSpillSlot struct {
+	_     structs.HostLayout
+	State uint32
+	Pad   uint32
+	Key   bundlerFlowKey
+	Value struct {
+		_                 structs.HostLayout
+		Connections       uint64
+		FailedConnections uint64
+		FailedRefused     uint64
+		FailedTimeout     uint64
+		FailedReset       uint64
+		FailedUnreachable uint64
+		BytesSent         uint64
+		BytesReceived     uint64
+		DatagramsSent     uint64
+		DatagramsReceived uint64
+		LatencyCount      uint64
+		LatencySumUs      uint64
+		LatencyMaxUs      uint64
+		ResetsSent        uint64
+		ResetsReceived    uint64
+		Retransmits       uint64
+		FirstSeenNs       uint64
+		LastSeenNs        uint64
+		LastJiffies       uint64
+		CgroupId          uint64
+		Pid               uint32
+		PeerPid           uint32
+		Comm              [16]int8
+		PeerComm          [16]int8
+	}
+}
+
+type bundlerSpillState uint32
+
+const (
+	bundlerSpillStateSPILL_FREE     bundlerSpillState = 0
+	bundlerSpillStateSPILL_CLAIMING bundlerSpillState = 1
+	bundlerSpillStateSPILL_READY    bundlerSpillState = 2
+)
+
 type bundlerStatIndex uint32
 
 const (
@@ -185,6 +227,9 @@ const (
 	bundlerMapPorts                    = "ports"
 	bundlerMapRecentSenders            = "recent_senders"
 	bundlerMapSocks                    = "socks"
+	bundlerMapSpill                    = "spill"
+	bundlerMapSpillHalf                = "spill_half"
+	bundlerMapSpillUsed                = "spill_used"
 	bundlerMapStats                    = "stats"
 	bundlerMapUnixPaths                = "unix_paths"
 	bundlerProgConnectError            = "connect_error"
@@ -221,12 +266,14 @@ const (
 	bundlerVarBtfListenerRecord        = "_btf_listener_record"
 	bundlerVarBtfPortKey               = "_btf_port_key"
 	bundlerVarBtfPortValue             = "_btf_port_value"
+	bundlerVarBtfSpillState            = "_btf_spill_state"
 	bundlerVarBtfStatIndex             = "_btf_stat_index"
 	bundlerVarBtfUnixPath              = "_btf_unix_path"
 	bundlerVarConnectFexits            = "connect_fexits"
 	bundlerVarConnectSlotsOff          = "connect_slots_off"
 	bundlerVarHarvestGen               = "harvest_gen"
 	bundlerVarSendTracepointOn         = "send_tracepoint_on"
+	bundlerVarSpillOnly                = "spill_only"
 	bundlerVarTargetNetns              = "target_netns"
 	bundlerVarZeroFlow                 = "zero_flow"
 )
@@ -311,6 +358,9 @@ type bundlerMapSpecs struct {
 	Ports         *ebpf.MapSpec `ebpf:"ports"`
 	RecentSenders *ebpf.MapSpec `ebpf:"recent_senders"`
 	Socks         *ebpf.MapSpec `ebpf:"socks"`
+	Spill         *ebpf.MapSpec `ebpf:"spill"`
+	SpillHalf     *ebpf.MapSpec `ebpf:"spill_half"`
+	SpillUsed     *ebpf.MapSpec `ebpf:"spill_used"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	UnixPaths     *ebpf.MapSpec `ebpf:"unix_paths"`
 }
@@ -327,12 +377,14 @@ type bundlerVariableSpecs struct {
 	BtfListenerRecord *ebpf.VariableSpec `ebpf:"_btf_listener_record"`
 	BtfPortKey        *ebpf.VariableSpec `ebpf:"_btf_port_key"`
 	BtfPortValue      *ebpf.VariableSpec `ebpf:"_btf_port_value"`
+	BtfSpillState     *ebpf.VariableSpec `ebpf:"_btf_spill_state"`
 	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
 	ConnectFexits     *ebpf.VariableSpec `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.VariableSpec `ebpf:"connect_slots_off"`
 	HarvestGen        *ebpf.VariableSpec `ebpf:"harvest_gen"`
 	SendTracepointOn  *ebpf.VariableSpec `ebpf:"send_tracepoint_on"`
+	SpillOnly         *ebpf.VariableSpec `ebpf:"spill_only"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
 }
@@ -363,6 +415,9 @@ type bundlerMaps struct {
 	Ports         *ebpf.Map `ebpf:"ports"`
 	RecentSenders *ebpf.Map `ebpf:"recent_senders"`
 	Socks         *ebpf.Map `ebpf:"socks"`
+	Spill         *ebpf.Map `ebpf:"spill"`
+	SpillHalf     *ebpf.Map `ebpf:"spill_half"`
+	SpillUsed     *ebpf.Map `ebpf:"spill_used"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	UnixPaths     *ebpf.Map `ebpf:"unix_paths"`
 }
@@ -375,6 +430,9 @@ func (m *bundlerMaps) Close() error {
 		m.Ports,
 		m.RecentSenders,
 		m.Socks,
+		m.Spill,
+		m.SpillHalf,
+		m.SpillUsed,
 		m.Stats,
 		m.UnixPaths,
 	)
@@ -392,12 +450,14 @@ type bundlerVariables struct {
 	BtfListenerRecord *ebpf.Variable `ebpf:"_btf_listener_record"`
 	BtfPortKey        *ebpf.Variable `ebpf:"_btf_port_key"`
 	BtfPortValue      *ebpf.Variable `ebpf:"_btf_port_value"`
+	BtfSpillState     *ebpf.Variable `ebpf:"_btf_spill_state"`
 	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
 	ConnectFexits     *ebpf.Variable `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.Variable `ebpf:"connect_slots_off"`
 	HarvestGen        *ebpf.Variable `ebpf:"harvest_gen"`
 	SendTracepointOn  *ebpf.Variable `ebpf:"send_tracepoint_on"`
+	SpillOnly         *ebpf.Variable `ebpf:"spill_only"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`
 }

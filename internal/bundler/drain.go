@@ -104,11 +104,12 @@ type drainState struct {
 // it was swapped out of is read but not reset.
 type pendingDrain struct {
 	gen     uint64
-	idx     int // the inner map that holds it
+	idx     int // the inner map that holds it, and the spill half
 	keys    []bundlerFlowKey
 	vals    []bundlerFlowValue
-	entries []Entry
-	extra   []Entry // salvaged counts of a replaced side, reported until committed
+	spill   spillRead // the spill half, as read
+	entries []Entry   // keys' entries first, in order, then the spill's own keys
+	extra   []Entry   // salvaged counts of a replaced side, reported until committed
 }
 
 func (d *drainState) init() {
@@ -155,7 +156,12 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 // socket deptrace tagged into the active map, then swaps in the idle map
 // and reads the one programs wrote to until now. The swap returns only
 // after an RCU grace period, so no program can still be writing to the
-// map read: no entry and no increment is lost between intervals.
+// map read: no entry and no increment is lost between intervals. The
+// spill (new flows whose insert into the map failed) has a half per map:
+// Collect makes programs write the next half before the swap, so the
+// grace period quiesces the old half too, and reads it with the old map,
+// each spilled flow summed into the map's entry of its key. The old half
+// is freed where the map is reset.
 //
 // Without a pin path the map read is reset at once: the interval is
 // committed when Collect returns. A pinned side is two-phase: the map read
@@ -201,6 +207,12 @@ func (b *Bundler) Collect() (Interval, error) {
 		}
 	}
 	next := 1 - b.active
+	if err := b.setSpillHalf(next); err != nil {
+		if b.pinned {
+			b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
+		}
+		return Interval{Listeners: listeners}, errors.Join(harvestErr, err)
+	}
 	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
 		if b.pinned {
 			b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
@@ -238,15 +250,18 @@ func (b *Bundler) Collect() (Interval, error) {
 }
 
 // Commit declares interval gen stored: the map it was read from is reset
-// (recurring entries zeroed, idle ones deleted) and the pinned drain map
-// records it. Committing an interval committed already, or one of an
-// unpinned side, does nothing.
+// (recurring entries zeroed, idle ones deleted), so is its spill half
+// (slots freed), and the pinned drain map records it. Committing an
+// interval committed already, or one of an unpinned side, does nothing.
 func (b *Bundler) Commit(gen uint64) error {
 	p := b.drain.pending
 	if p == nil || p.gen != gen || gen == 0 {
 		return nil
 	}
 	if err := b.reset(b.inner[p.idx], p.idx, p.keys, p.vals, p.entries); err != nil {
+		return err
+	}
+	if err := b.freeSpill(p.idx, p.spill); err != nil {
 		return err
 	}
 	if err := b.writeDrainRecord(gen, false); err != nil {
@@ -256,16 +271,18 @@ func (b *Bundler) Commit(gen uint64) error {
 	return nil
 }
 
-// readPending reads the map holding a pending interval, keeping what the
-// reset needs.
+// readPending reads the map and spill half holding a pending interval,
+// keeping what the reset needs.
 func (b *Bundler) readPending(p *pendingDrain) ([]Entry, error) {
 	keys, vals, err := b.readAll(b.inner[p.idx])
 	p.keys, p.vals = keys, vals
-	p.entries = b.decode(keys, vals)
+	sp, spillErr := b.readSpill(p.idx)
+	p.spill = sp
+	p.entries = b.decode(keys, vals, sp)
 	if err != nil {
 		return p.entries, fmt.Errorf("drain bundled flows: %w", err)
 	}
-	return p.entries, nil
+	return p.entries, spillErr
 }
 
 // harvest runs the socket-storage iterator: it folds live sockets' counter
@@ -337,27 +354,142 @@ func (b *Bundler) harvestTables() ([]bundlerListenerRecord, error) {
 	return recs, errors.Join(errs...)
 }
 
-// drainMap reads every entry of m and resets it at once (unpinned sides).
+// drainMap reads every entry of m and its spill half and resets both at
+// once (unpinned sides).
 func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 	keys, vals, err := b.readAll(m)
-	out := b.decode(keys, vals)
+	sp, spillErr := b.readSpill(idx)
+	out := b.decode(keys, vals, sp)
 	if err != nil {
-		return out, fmt.Errorf("drain bundled flows: %w", err)
+		return out, errors.Join(fmt.Errorf("drain bundled flows: %w", err), spillErr)
 	}
-	return out, b.reset(m, idx, keys, vals, out)
+	if spillErr != nil {
+		// Its slots are not freed: what was read of them comes again.
+		return out, errors.Join(spillErr, b.reset(m, idx, keys, vals, out))
+	}
+	return out, errors.Join(b.reset(m, idx, keys, vals, out), b.freeSpill(idx, sp))
 }
 
-// decode turns raw entries into Entries.
-func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue) []Entry {
-	out := make([]Entry, len(keys))
+// decode turns raw entries into Entries: the map's, in order, each with
+// the spilled values of its key summed in, then the keys only the spill
+// holds (one entry per key, however many slots it took).
+func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spillRead) []Entry {
+	spilled := make(map[bundlerFlowKey][]bundlerFlowValue, len(sp.keys))
+	var spillOnly []bundlerFlowKey
+	for i, k := range sp.keys {
+		if _, ok := spilled[k]; !ok {
+			spillOnly = append(spillOnly, k)
+		}
+		spilled[k] = append(spilled[k], sp.vals[i])
+	}
+	out := make([]Entry, 0, len(keys)+len(spillOnly))
 	for i, k := range keys {
-		out[i] = merge(k, vals[i*b.ncpu:(i+1)*b.ncpu])
-		if k.Proto == ProtoUnix {
-			out[i].Path = b.unixPath(binary.NativeEndian.Uint64(k.RemoteAddr[:8]))
-			out[i].Local, out[i].Remote = netip.Addr{}, netip.Addr{}
+		cpus := vals[i*b.ncpu : (i+1)*b.ncpu]
+		if s, ok := spilled[k]; ok {
+			cpus = append(append([]bundlerFlowValue(nil), cpus...), s...)
+			delete(spilled, k)
+		}
+		out = append(out, b.entry(k, cpus))
+	}
+	for _, k := range spillOnly {
+		if s, ok := spilled[k]; ok {
+			out = append(out, b.entry(k, s))
 		}
 	}
 	return out
+}
+
+// entry is one flow's Entry from its values (CPUs and spill slots).
+func (b *Bundler) entry(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
+	e := merge(k, vals)
+	if k.Proto == ProtoUnix {
+		e.Path = b.unixPath(binary.NativeEndian.Uint64(k.RemoteAddr[:8]))
+		e.Local, e.Remote = netip.Addr{}, netip.Addr{}
+	}
+	return e
+}
+
+// forceSpill makes the kernel side put every new flow in the spill
+// (spill_only), the path that otherwise only a failed insert takes: tests.
+var forceSpill bool
+
+// setSpillOnly applies forceSpill to spec.
+func setSpillOnly(spec *ebpf.CollectionSpec) error {
+	if !forceSpill {
+		return nil
+	}
+	if err := spec.Variables["spill_only"].Set(uint32(1)); err != nil {
+		return fmt.Errorf("set spill_only: %w", err)
+	}
+	return nil
+}
+
+// spillRead is what a spill half held: the claimed slots, and the key and
+// value of every one that was ready.
+type spillRead struct {
+	used  uint64 // slots claimed, as the kernel side counted them
+	slots []uint32
+	keys  []bundlerFlowKey
+	vals  []bundlerFlowValue
+}
+
+// spillSlots is the slots of one spill half.
+func (b *Bundler) spillSlots() uint32 { return b.shared.Maps["spill"].MaxEntries() / 2 }
+
+// setSpillHalf makes programs spill into half h from now on.
+func (b *Bundler) setSpillHalf(h int) error {
+	if err := b.shared.Maps["spill_half"].Put(uint32(0), uint32(h)); err != nil {
+		return fmt.Errorf("switch the flow spill to half %d: %w", h, err)
+	}
+	return nil
+}
+
+// readSpill reads spill half h, which no program writes any more (see
+// Collect). A half no slot of which was claimed is not read.
+func (b *Bundler) readSpill(h int) (spillRead, error) {
+	var sp spillRead
+	if err := b.shared.Maps["spill_used"].Lookup(uint32(h), &sp.used); err != nil {
+		return sp, fmt.Errorf("read the flow spill's use: %w", err)
+	}
+	if sp.used == 0 {
+		return sp, nil
+	}
+	m := b.shared.Maps["spill"]
+	n := b.spillSlots()
+	var s bundlerSpillSlot
+	for i := uint32(h) * n; i < uint32(h+1)*n; i++ {
+		if err := m.Lookup(i, &s); err != nil {
+			return sp, fmt.Errorf("read the flow spill: %w", err)
+		}
+		if s.State == uint32(bundlerSpillStateSPILL_FREE) {
+			continue
+		}
+		sp.slots = append(sp.slots, i)
+		if s.State == uint32(bundlerSpillStateSPILL_READY) {
+			sp.keys = append(sp.keys, s.Key)
+			sp.vals = append(sp.vals, bundlerFlowValue(s.Value))
+		}
+	}
+	return sp, nil
+}
+
+// freeSpill frees the claimed slots of spill half h, then its use count:
+// a process killed in between leaves a count and no slot, which costs the
+// next drain of the half one needless read.
+func (b *Bundler) freeSpill(h int, sp spillRead) error {
+	if len(sp.slots) > 0 {
+		zero := make([]bundlerSpillSlot, len(sp.slots))
+		if _, err := b.shared.Maps["spill"].BatchUpdate(sp.slots, zero, nil); err != nil {
+			return fmt.Errorf("free the flow spill: %w", err)
+		}
+	}
+	if sp.used == 0 {
+		return nil
+	}
+	if err := b.shared.Maps["spill_used"].Put(uint32(h), uint64(0)); err != nil {
+		return fmt.Errorf("reset the flow spill's use: %w", err)
+	}
+	return nil
 }
 
 // reset keeps the recurring entries of m that were read, zeroed.

@@ -7,4 +7,4 @@ package bundler
 // The generated bundler_bpfel.go/.o are committed so that a clone builds
 // without clang; `make generate` rebuilds them and `make check-generate`
 // fails when they differ from their sources.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path -type spill_state bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include

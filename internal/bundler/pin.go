@@ -24,14 +24,15 @@ import (
 //	meta              the object's SHA-256: adopt only the very same code
 //	drain             the drain record: the side's identity, its last
 //	                  interval's generation, whether that one is committed
-//	map_<name>        every map the programs write (flows, flows_a, flows_b, ...)
+//	map_<name>        every map the programs write (flows, flows_a, flows_b,
+//	                  the flow spill and its active half, ...)
 //	link_<program>    every attached tracepoint and cgroup program
 //
 // Iterator programs are not pinned: each agent loads its own against the
 // pinned maps.
 
 // pinnedMaps are the maps whose contents must survive a restart.
-var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths"}
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "spill_half", "spill_used"}
 
 // AdoptReport says what Load found under the pin path.
 type AdoptReport struct {
@@ -319,6 +320,9 @@ func (b *Bundler) loadDrainState() error {
 		b.drain.loaded = true
 		return nil
 	}
+	if err := b.alignSpillHalf(); err != nil {
+		return err
+	}
 	m, err := ebpf.LoadPinnedMap(b.drainRecordPath(), nil)
 	if errors.Is(err, os.ErrNotExist) {
 		// Pinned by a deptrace without drain records: its idle map holds
@@ -335,6 +339,30 @@ func (b *Bundler) loadDrainState() error {
 		return fmt.Errorf("read the pinned drain record: %w", err)
 	}
 	b.setDrainState(rec)
+	return nil
+}
+
+// alignSpillHalf makes the programs of an adopted side spill into the
+// half of the active flow map. A process killed between setting the next
+// half and swapping the flow maps (see Collect) left them spilling into
+// the idle map's half, which the next Collect reads and frees: once they
+// are steered back, putting the active map in its own place waits for an
+// RCU grace period, as a swap does, so that none still writes the idle
+// half when it is read. What they spilled there comes with that interval.
+func (b *Bundler) alignSpillHalf() error {
+	var half uint32
+	if err := b.shared.Maps["spill_half"].Lookup(uint32(0), &half); err != nil {
+		return fmt.Errorf("read the adopted flow spill's half: %w", err)
+	}
+	if int(half) == b.active {
+		return nil
+	}
+	if err := b.setSpillHalf(b.active); err != nil {
+		return err
+	}
+	if err := b.flows.Put(uint32(0), b.inner[b.active]); err != nil {
+		return fmt.Errorf("wait for programs spilling into the idle half: %w", err)
+	}
 	return nil
 }
 
@@ -378,6 +406,19 @@ func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 		for it.Next(&k, &vals) {
 			e := merge(k, vals)
 			if e.Counts != (Counts{}) {
+				entries = append(entries, e)
+			}
+		}
+	}
+	if m := p.maps["spill"]; m != nil && m.ValueSize() == uint32(binarySize[bundlerSpillSlot]()) {
+		var i uint32
+		var s bundlerSpillSlot
+		it := m.Iterate()
+		for it.Next(&i, &s) {
+			if s.State != uint32(bundlerSpillStateSPILL_READY) {
+				continue
+			}
+			if e := merge(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)}); e.Counts != (Counts{}) {
 				entries = append(entries, e)
 			}
 		}
