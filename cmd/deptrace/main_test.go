@@ -254,7 +254,9 @@ func TestTinyMapLossIsReported(t *testing.T) {
 	p := start(t, "trace", "--flow-map-size", "64", "--duration", "2s", "--output", "jsonl")
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	pc := a.ListenPacket(t, "udp4", a.IPv4.String()+":0")
-	for port := 30000; port < 30100; port++ {
+	// More new flows than the map (64) and the spill behind it (256 an
+	// interval) hold, even split across two intervals.
+	for port := 30000; port < 31500; port++ {
 		pc.WriteTo([]byte("x"), &net.UDPAddr{IP: b.IPv4, Port: port})
 	}
 	p.wait(t)
