@@ -363,11 +363,7 @@ func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 	if err != nil {
 		return out, errors.Join(fmt.Errorf("drain bundled flows: %w", err), spillErr)
 	}
-	if spillErr != nil {
-		// Its slots are not freed: what was read of them comes again.
-		return out, errors.Join(spillErr, b.reset(m, idx, keys, vals, out))
-	}
-	return out, errors.Join(b.reset(m, idx, keys, vals, out), b.freeSpill(idx, sp))
+	return out, errors.Join(spillErr, b.reset(m, idx, keys, vals, out), b.freeSpill(idx, sp))
 }
 
 // decode turns raw entries into Entries: the map's, in order, each with
@@ -427,10 +423,11 @@ func setSpillOnly(spec *ebpf.CollectionSpec) error {
 // spillRead is what a spill half held: the claimed slots, and the key and
 // value of every one that was ready.
 type spillRead struct {
-	used  uint64 // slots claimed, as the kernel side counted them
-	slots []uint32
-	keys  []bundlerFlowKey
-	vals  []bundlerFlowValue
+	used     uint64 // slots claimed, as the kernel side counted them
+	complete bool   // every slot of the half was read
+	slots    []uint32
+	keys     []bundlerFlowKey
+	vals     []bundlerFlowValue
 }
 
 // spillSlots is the slots of one spill half.
@@ -452,6 +449,7 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 		return sp, fmt.Errorf("read the flow spill's use: %w", err)
 	}
 	if sp.used == 0 {
+		sp.complete = true
 		return sp, nil
 	}
 	m := b.shared.Maps["spill"]
@@ -470,12 +468,16 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 			sp.vals = append(sp.vals, bundlerFlowValue(s.Value))
 		}
 	}
+	sp.complete = true
 	return sp, nil
 }
 
-// freeSpill frees the claimed slots of spill half h, then its use count:
-// a process killed in between leaves a count and no slot, which costs the
-// next drain of the half one needless read.
+// freeSpill frees the slots of spill half h that sp read, then, if it
+// read them all, the half's use count: a process killed in between leaves
+// a count and no slot, which costs the next drain of the half one
+// needless read. (An unpinned side frees what a failed read got, as it
+// resets what it read of the map; the rest stays counted as used and is
+// read with the half's next drain.)
 func (b *Bundler) freeSpill(h int, sp spillRead) error {
 	if len(sp.slots) > 0 {
 		zero := make([]bundlerSpillSlot, len(sp.slots))
@@ -483,7 +485,7 @@ func (b *Bundler) freeSpill(h int, sp spillRead) error {
 			return fmt.Errorf("free the flow spill: %w", err)
 		}
 	}
-	if sp.used == 0 {
+	if sp.used == 0 || !sp.complete {
 		return nil
 	}
 	if err := b.shared.Maps["spill_used"].Put(uint32(h), uint64(0)); err != nil {
