@@ -123,7 +123,12 @@ enum stat_index {
 	STAT_PORT_MAP_FULL = 2,     /* listening-port table full */
 	STAT_UDP_PEER_UNKNOWN = 3,  /* UDP datagram on an unconnected socket whose peer was not seen */
 	STAT_SOCK_STORAGE_FAILED = 4, /* no per-socket storage: that socket's counts lost */
-	STAT_MAX = 5,
+	/* Runs a later copy of a program did because the kernel skipped the
+	 * first copy for recursion (see recmarks.h and rec_begin). */
+	STAT_REC_RESCUED_STATE = 5,
+	STAT_REC_RESCUED_SEND = 6,
+	STAT_REC_RESCUED_RECV = 7,
+	STAT_MAX = 8,
 };
 
 #endif

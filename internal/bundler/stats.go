@@ -2,6 +2,7 @@ package bundler
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -13,8 +14,12 @@ type Stats struct {
 	PortMapFull       uint64 // listening ports not tracked: port table full
 	UDPPeerUnknown    uint64 // UDP datagrams on unconnected sockets with no peer seen
 	SockStorageFailed uint64 // sockets whose storage could not be created: their counts lost
-	RecursionMisses   uint64 // program runs the kernel skipped (nested on one CPU)
-	Programs          map[string]ProgramStats
+	// RecursionMisses are the runs the kernel skipped (nested on one
+	// CPU) that no copy did in their place (see recursionLost).
+	RecursionMisses uint64
+	// RecursionRecovered are skipped runs a later copy did instead.
+	RecursionRecovered uint64
+	Programs           map[string]ProgramStats
 }
 
 // ProgramStats are per-program run count and run time; RunTime and
@@ -54,9 +59,50 @@ func (b *Bundler) Stats() (Stats, error) {
 			return s, fmt.Errorf("read stats of %s: %w", name, err)
 		}
 		s.Programs[name] = ProgramStats{RunCount: ps.RunCount, RunTime: ps.Runtime, RecursionMisses: ps.RecursionMisses}
-		s.RecursionMisses += ps.RecursionMisses
+	}
+	for name := range b.programs {
+		if isCopy(name) {
+			continue
+		}
+		var rescued uint64
+		if idx, ok := copyRescued[name]; ok {
+			if err := m.Lookup(uint32(idx), &vals); err != nil {
+				return s, fmt.Errorf("read rescue counter %d: %w", idx, err)
+			}
+			for _, v := range vals {
+				rescued += v
+			}
+		}
+		s.RecursionRecovered += rescued
+		s.RecursionMisses += b.recursionLost(name, s.Programs, rescued)
 	}
 	return s, nil
+}
+
+// isCopy reports whether a program is a copy of another (copies.go).
+func isCopy(name string) bool {
+	return strings.HasSuffix(name, "_last") || strings.Contains(name, "_mid")
+}
+
+// recursionLost is how many calls of program's tracepoint no copy did:
+// with the per-CPU flag, exactly the first copy's misses less the rescues
+// (the last copy counts every call it finds the flag raised in, before
+// any filter); with task marks at most the last copy's misses (a call
+// whose last copy ran was done by it or an earlier one); without copies,
+// the program's misses.
+func (b *Bundler) recursionLost(program string, progs map[string]ProgramStats, rescued uint64) uint64 {
+	copies := b.copies[program]
+	first := progs[program].RecursionMisses
+	switch {
+	case len(copies) == 0:
+		return first
+	case recTaskMarks():
+		return progs[copies[len(copies)-1]].RecursionMisses
+	case rescued > first:
+		return 0 // read a moment apart
+	default:
+		return first - rescued
+	}
 }
 
 // Port is one entry of the listening-port table.
