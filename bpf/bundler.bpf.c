@@ -1030,8 +1030,10 @@ static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char 
  *   them, they get no copies.
  * - from 6.19: the marks of recmarks.h (task-local, so preemption and
  *   migration between copies do not matter; proven in docs/install.md). A
- *   call is lost only if its last copy was skipped as well: runs lost are
- *   at most the last copy's misses. */
+ *   call is lost only if every copy was skipped (or the first could not
+ *   mark): runs lost are at most the last copy's misses, and at most the
+ *   first copy's misses and deferrals less the rescues (both count calls
+ *   the filter drops too: an upper bound). */
 const volatile __u32 rec_task_marks = 0;
 
 #define REC_ON_STALE() do { } while (0)
@@ -1065,10 +1067,13 @@ static __always_inline void rec_end(__u32 *busy)
 		*busy -= 1;
 }
 
-static __always_inline bool rec_first_copy(void *ctx)
+static __always_inline bool rec_first_copy(void *ctx, __u32 deferred)
 {
+	if (!rec_task_marks || rec_first(ctx) == REC_PROCESS)
+		return true;
 	/* No storage or every slot live: left to the later copies. */
-	return !rec_task_marks || rec_first(ctx) == REC_PROCESS;
+	stat_inc(deferred);
+	return false;
 }
 
 static __always_inline bool rec_mid_copy(void *ctx, __u32 rescued)
@@ -1147,7 +1152,7 @@ SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newstate)
 {
 	__u32 *busy = rec_begin(REC_STATE);
-	if (tcp_state_wanted(sk, oldstate, newstate) && rec_first_copy(ctx))
+	if (tcp_state_wanted(sk, oldstate, newstate) && rec_first_copy(ctx, STAT_REC_DEFERRED_STATE))
 		tcp_state_change(sk, oldstate, newstate);
 	rec_end(busy);
 	return 0;
@@ -1484,7 +1489,7 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
-	if (rec_first_copy(ctx))
+	if (rec_first_copy(ctx, STAT_REC_DEFERRED_SEND))
 		udp_datagram(sk, ret, flags, true);
 	return 0;
 }
@@ -1508,7 +1513,7 @@ int BPF_PROG(on_send_last, struct sock *sk, int ret, int flags)
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 {
-	if (rec_first_copy(ctx))
+	if (rec_first_copy(ctx, STAT_REC_DEFERRED_RECV))
 		udp_datagram(sk, ret, flags, false);
 	return 0;
 }

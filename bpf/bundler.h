@@ -128,7 +128,12 @@ enum stat_index {
 	STAT_REC_RESCUED_STATE = 5,
 	STAT_REC_RESCUED_SEND = 6,
 	STAT_REC_RESCUED_RECV = 7,
-	STAT_MAX = 8,
+	/* Calls the first copy left to the later ones (task marks: no
+	 * storage, or every slot live). */
+	STAT_REC_DEFERRED_STATE = 8,
+	STAT_REC_DEFERRED_SEND = 9,
+	STAT_REC_DEFERRED_RECV = 10,
+	STAT_MAX = 11,
 };
 
 #endif

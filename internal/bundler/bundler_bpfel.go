@@ -174,7 +174,10 @@ const (
 	bundlerStatIndexSTAT_REC_RESCUED_STATE   bundlerStatIndex = 5
 	bundlerStatIndexSTAT_REC_RESCUED_SEND    bundlerStatIndex = 6
 	bundlerStatIndexSTAT_REC_RESCUED_RECV    bundlerStatIndex = 7
-	bundlerStatIndexSTAT_MAX                 bundlerStatIndex = 8
+	bundlerStatIndexSTAT_REC_DEFERRED_STATE  bundlerStatIndex = 8
+	bundlerStatIndexSTAT_REC_DEFERRED_SEND   bundlerStatIndex = 9
+	bundlerStatIndexSTAT_REC_DEFERRED_RECV   bundlerStatIndex = 10
+	bundlerStatIndexSTAT_MAX                 bundlerStatIndex = 11
 )
 
 type bundlerUnixPath struct {

@@ -31,6 +31,14 @@ var copyRescued = map[string]bundlerStatIndex{
 	"on_recv":      bundlerStatIndexSTAT_REC_RESCUED_RECV,
 }
 
+// copyDeferred counts the calls each program's first copy left to the
+// later ones (task marks only).
+var copyDeferred = map[string]bundlerStatIndex{
+	"on_tcp_state": bundlerStatIndexSTAT_REC_DEFERRED_STATE,
+	"on_send":      bundlerStatIndexSTAT_REC_DEFERRED_SEND,
+	"on_recv":      bundlerStatIndexSTAT_REC_DEFERRED_RECV,
+}
+
 // recMidCopies is how many middle copies marks mode attaches (3 copies in
 // all): in the 7.3 guest's stress test 3 copies lost 0-0.05 % of TCP state
 // changes and 0.1-3 % of sends, 2 copies 0.2-0.4 % and 2-8 %, and each

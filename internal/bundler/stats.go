@@ -64,17 +64,23 @@ func (b *Bundler) Stats() (Stats, error) {
 		if isCopy(name) {
 			continue
 		}
-		var rescued uint64
-		if idx, ok := copyRescued[name]; ok {
-			if err := m.Lookup(uint32(idx), &vals); err != nil {
-				return s, fmt.Errorf("read rescue counter %d: %w", idx, err)
+		var rescued, deferred uint64
+		for _, c := range []struct {
+			idx bundlerStatIndex
+			dst *uint64
+		}{{copyRescued[name], &rescued}, {copyDeferred[name], &deferred}} {
+			if c.idx == 0 {
+				continue // a program without copies
+			}
+			if err := m.Lookup(uint32(c.idx), &vals); err != nil {
+				return s, fmt.Errorf("read copy counter %d: %w", c.idx, err)
 			}
 			for _, v := range vals {
-				rescued += v
+				*c.dst += v
 			}
 		}
 		s.RecursionRecovered += rescued
-		s.RecursionMisses += b.recursionLost(name, s.Programs, rescued)
+		s.RecursionMisses += b.recursionLost(name, s.Programs, rescued, deferred)
 	}
 	return s, nil
 }
@@ -84,25 +90,28 @@ func isCopy(name string) bool {
 	return strings.HasSuffix(name, "_last") || strings.Contains(name, "_mid")
 }
 
-// recursionLost is how many calls of program's tracepoint no copy did:
-// with the per-CPU flag, exactly the first copy's misses less the rescues
-// (the last copy counts every call it finds the flag raised in, before
-// any filter); with task marks at most the last copy's misses (a call
-// whose last copy ran was done by it or an earlier one); without copies,
-// the program's misses.
-func (b *Bundler) recursionLost(program string, progs map[string]ProgramStats, rescued uint64) uint64 {
+// recursionLost is how many calls of program's tracepoint no copy did.
+// The program's misses are read before the rescues (a rescue follows its
+// miss), so a run read between the two counts once, until the next read.
+//   - without copies: the program's misses;
+//   - per-CPU flag: exactly the first copy's misses less the rescues (the
+//     last copy counts every call it finds the flag raised in, before any
+//     filter);
+//   - task marks: a call is lost only if every copy skipped it (or the
+//     first could not mark it), so at most the last copy's misses, and at
+//     most the first copy's misses and deferrals less the rescues. Both
+//     also count calls the filter drops: the smaller is an upper bound.
+func (b *Bundler) recursionLost(program string, progs map[string]ProgramStats, rescued, deferred uint64) uint64 {
 	copies := b.copies[program]
 	first := progs[program].RecursionMisses
-	switch {
-	case len(copies) == 0:
+	if len(copies) == 0 {
 		return first
-	case recTaskMarks():
-		return progs[copies[len(copies)-1]].RecursionMisses
-	case rescued > first:
-		return 0 // read a moment apart
-	default:
-		return first - rescued
 	}
+	byFirst := first + deferred - min(rescued, first+deferred)
+	if !recTaskMarks() {
+		return byFirst
+	}
+	return min(byFirst, progs[copies[len(copies)-1]].RecursionMisses)
 }
 
 // Port is one entry of the listening-port table.
