@@ -12,19 +12,20 @@ import (
 // did work the first copy did would double the connections, one that
 // skipped work would lose them. The copies must be attached, in order.
 func TestCopiesCountEachStateChangeOnce(t *testing.T) {
-	for _, marks := range []bool{false, true} {
-		name := "flag"
+	// This kernel's own mode (the flag before 6.19), then marks forced.
+	for _, force := range []bool{false, true} {
+		marks := force || kernelAtLeast(6, 19)
+		name := "own"
+		if force {
+			name = "marks"
+		}
 		want := []string{"on_tcp_state_last"}
 		if marks {
-			name = "marks"
 			want = []string{"on_tcp_state_mid1", "on_tcp_state_last"}
 		}
 		t.Run(name, func(t *testing.T) {
-			forceRecMarks = marks
+			forceRecMarks = force
 			defer func() { forceRecMarks = false }()
-			if !marks && kernelAtLeast(6, 19) {
-				t.Skip("the per-CPU flag is not exact on 6.19+ (preemptible tracepoint programs): never used there")
-			}
 			world := newCommitWorld(t, 7400)
 			bu := mustLoad(t, testConfig())
 			defer bu.Close()
