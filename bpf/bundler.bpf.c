@@ -1126,21 +1126,115 @@ static __always_inline void tcp_failed(struct sock *sk, bool active)
 
 static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char *comm, __u64 cgroup);
 
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newstate)
+/* Runs the kernel skips. The kernel skips a run of a tracing program that
+ * would nest in a run of the same program on the same CPU (a softirq's
+ * state change inside a process's; from 6.19, where tracepoint programs are
+ * preemptible, any task's run while another task is preempted inside the
+ * program), and counts it as the program's recursion miss. So the hot
+ * programs come in copies (separate programs: separate recursion guards),
+ * attached in order to one tracepoint; one tracepoint call runs them in
+ * that order, and a later copy does the work of a call only if no earlier
+ * copy did. Two ways to know, chosen by the loader (rec_task_marks):
+ * - before 6.19 (a tracepoint call runs its programs with preemption off):
+ *   the first copy raises a per-CPU flag for the length of its run. The
+ *   kernel skips it only for a call nested in that run, on that CPU, so
+ *   the last copy of a call that finds the flag raised knows the first was
+ *   skipped, does the work and counts a rescue. Runs lost = the first
+ *   copy's misses - rescues, exactly (the flag is read before any filter).
+ *   Sends and receives run in process context only: nothing nests in
+ *   them, they get no copies.
+ * - from 6.19: the marks of recmarks.h (task-local, so preemption and
+ *   migration between copies do not matter; proven in docs/install.md). A
+ *   call is lost only if every copy was skipped (or the first could not
+ *   mark): runs lost are at most the last copy's misses, and at most the
+ *   first copy's misses and deferrals less the rescues (both count calls
+ *   the filter drops too: an upper bound). */
+const volatile __u32 rec_task_marks = 0;
+
+#define REC_ON_STALE() do { } while (0)
+#include "recmarks.h"
+
+enum rec_family { REC_STATE = 0, REC_SEND = 1, REC_RECV = 2, REC_FAMILIES = 3 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, REC_FAMILIES);
+	__type(key, __u32);
+	__type(value, __u32);
+} rec_busy SEC(".maps");
+
+/* The first copy's flag, raised for its run (per-CPU flag mode). Only the
+ * first copy writes it and the kernel never nests it in itself on one CPU:
+ * plain increments. */
+static __always_inline __u32 *rec_begin(__u32 family)
 {
-	/* Most transitions (FIN_WAIT, CLOSE_WAIT, the child's SYN_RECV...) are
-	 * irrelevant: leave before touching the socket. */
+	if (rec_task_marks)
+		return NULL;
+	__u32 *busy = bpf_map_lookup_elem(&rec_busy, &family);
+	if (busy)
+		*busy += 1;
+	return busy;
+}
+
+static __always_inline void rec_end(__u32 *busy)
+{
+	if (busy)
+		*busy -= 1;
+}
+
+static __always_inline bool rec_first_copy(void *ctx, __u32 deferred)
+{
+	if (!rec_task_marks || rec_first(ctx) == REC_PROCESS)
+		return true;
+	/* No storage or every slot live: left to the later copies. */
+	stat_inc(deferred);
+	return false;
+}
+
+static __always_inline bool rec_mid_copy(void *ctx, __u32 rescued)
+{
+	if (!rec_task_marks || rec_mid(ctx) != REC_PROCESS)
+		return false;
+	stat_inc(rescued);
+	return true;
+}
+
+static __always_inline bool rec_last_copy(void *ctx, __u32 family, __u32 rescued)
+{
+	if (rec_task_marks) {
+		if (rec_last(ctx) != REC_PROCESS)
+			return false;
+	} else {
+		__u32 *busy = bpf_map_lookup_elem(&rec_busy, &family);
+		if (!busy || !*busy)
+			return false;
+	}
+	stat_inc(rescued);
+	return true;
+}
+
+/* Most transitions (FIN_WAIT, CLOSE_WAIT, the child's SYN_RECV...) are
+ * irrelevant: the copies leave before touching the socket. */
+static __always_inline bool tcp_state_wanted(struct sock *sk, int oldstate, int newstate)
+{
 	bool connecting = oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT;
 	bool established = newstate == TCP_ESTABLISHED && (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV);
 	bool closed = newstate == TCP_CLOSE && oldstate != TCP_CLOSE;
 	bool listen = newstate == TCP_LISTEN;
 	if (!connecting && !established && !closed && !listen)
-		return 0;
+		return false;
 	if (sk->sk_protocol != IPPROTO_TCP || !inet_family(sk))
-		return 0;
-	if (!netns_wanted(sk_netns(sk)))
-		return 0;
+		return false;
+	return netns_wanted(sk_netns(sk));
+}
+
+/* A wanted TCP state change (tcp_state_wanted), done once per change
+ * whichever copy of the program does it. */
+static __always_inline void tcp_state_change(struct sock *sk, int oldstate, int newstate)
+{
+	bool connecting = oldstate == TCP_CLOSE && newstate == TCP_SYN_SENT;
+	bool established = newstate == TCP_ESTABLISHED && (oldstate == TCP_SYN_SENT || oldstate == TCP_SYN_RECV);
+	bool listen = newstate == TCP_LISTEN;
 
 	if (connecting) {
 		tcp_connecting(sk);
@@ -1166,6 +1260,37 @@ int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newsta
 			st->counting = 0;
 		}
 	}
+}
+
+/* The copies of on_tcp_state: see "Runs the kernel skips" above. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newstate)
+{
+	__u32 *busy = rec_begin(REC_STATE);
+	if (tcp_state_wanted(sk, oldstate, newstate) && rec_first_copy(ctx, STAT_REC_DEFERRED_STATE))
+		tcp_state_change(sk, oldstate, newstate);
+	rec_end(busy);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(on_tcp_state_mid, struct sock *sk, const int oldstate, const int newstate)
+{
+	if (tcp_state_wanted(sk, oldstate, newstate) && rec_mid_copy(ctx, STAT_REC_RESCUED_STATE))
+		tcp_state_change(sk, oldstate, newstate);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(on_tcp_state_last, struct sock *sk, const int oldstate, const int newstate)
+{
+	/* The per-CPU flag is read before the filter (exact accounting), a
+	 * mark after it (the first copy marks wanted changes only). */
+	bool work = rec_task_marks ?
+		tcp_state_wanted(sk, oldstate, newstate) && rec_last_copy(ctx, REC_STATE, STAT_REC_RESCUED_STATE) :
+		rec_last_copy(ctx, REC_STATE, STAT_REC_RESCUED_STATE) && tcp_state_wanted(sk, oldstate, newstate);
+	if (work)
+		tcp_state_change(sk, oldstate, newstate);
 	return 0;
 }
 
@@ -1473,17 +1598,54 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 		udp_count_unconnected(sk, st, ret, send);
 }
 
+/* Sends and receives run in process context only: before 6.19 nothing
+ * nests in them and they have no copies; from 6.19 they are preemptible
+ * and the loader attaches copies (recmarks.h). */
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
-	udp_datagram(sk, ret, flags, true);
+	if (rec_first_copy(ctx, STAT_REC_DEFERRED_SEND))
+		udp_datagram(sk, ret, flags, true);
+	return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_send_mid, struct sock *sk, int ret, int flags)
+{
+	if (rec_mid_copy(ctx, STAT_REC_RESCUED_SEND))
+		udp_datagram(sk, ret, flags, true);
+	return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_send_last, struct sock *sk, int ret, int flags)
+{
+	if (rec_last_copy(ctx, REC_SEND, STAT_REC_RESCUED_SEND))
+		udp_datagram(sk, ret, flags, true);
 	return 0;
 }
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 {
-	udp_datagram(sk, ret, flags, false);
+	if (rec_first_copy(ctx, STAT_REC_DEFERRED_RECV))
+		udp_datagram(sk, ret, flags, false);
+	return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_recv_mid, struct sock *sk, int ret, int flags)
+{
+	if (rec_mid_copy(ctx, STAT_REC_RESCUED_RECV))
+		udp_datagram(sk, ret, flags, false);
+	return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_recv_last, struct sock *sk, int ret, int flags)
+{
+	if (rec_last_copy(ctx, REC_RECV, STAT_REC_RESCUED_RECV))
+		udp_datagram(sk, ret, flags, false);
 	return 0;
 }
 

@@ -140,7 +140,17 @@ enum stat_index {
 	STAT_PORT_MAP_FULL = 2,     /* listening-port table full */
 	STAT_UDP_PEER_UNKNOWN = 3,  /* UDP datagram on an unconnected socket whose peer was not seen */
 	STAT_SOCK_STORAGE_FAILED = 4, /* no per-socket storage: that socket's counts lost */
-	STAT_MAX = 5,
+	/* Runs a later copy of a program did because the kernel skipped the
+	 * first copy for recursion (see recmarks.h and rec_begin). */
+	STAT_REC_RESCUED_STATE = 5,
+	STAT_REC_RESCUED_SEND = 6,
+	STAT_REC_RESCUED_RECV = 7,
+	/* Calls the first copy left to the later ones (task marks: no
+	 * storage, or every slot live). */
+	STAT_REC_DEFERRED_STATE = 8,
+	STAT_REC_DEFERRED_SEND = 9,
+	STAT_REC_DEFERRED_RECV = 10,
+	STAT_MAX = 11,
 };
 
 #endif

@@ -131,7 +131,7 @@ type Losses struct {
 	PortMapFull       uint64 `json:"port_map_full"`       // listening-port table full
 	UDPPeerUnknown    uint64 `json:"udp_peer_unknown"`    // unconnected UDP datagram, peer not seen
 	SockStorageFailed uint64 `json:"sock_storage_failed"` // a socket could not be tagged: its counts lost
-	RecursionMisses   uint64 `json:"recursion_misses"`    // program runs skipped by the kernel
+	RecursionMisses   uint64 `json:"recursion_misses"`    // program runs skipped by the kernel, not done by a copy
 }
 
 // Total is the sum of every cause.
@@ -157,7 +157,9 @@ func (l Losses) minus(o Losses) Losses {
 		PortMapFull:       l.PortMapFull - o.PortMapFull,
 		UDPPeerUnknown:    l.UDPPeerUnknown - o.UDPPeerUnknown,
 		SockStorageFailed: l.SockStorageFailed - o.SockStorageFailed,
-		RecursionMisses:   l.RecursionMisses - o.RecursionMisses,
+		// The only one that can shrink: a skipped run read between its
+		// miss and its rescue by a copy (bundler.recursionLost).
+		RecursionMisses: l.RecursionMisses - min(o.RecursionMisses, l.RecursionMisses),
 	}
 }
 
@@ -260,6 +262,11 @@ type Hook struct {
 	// Off: not loaded because the configuration leaves it off (Reason
 	// names the option).
 	Off bool
+	// Copies of the program attached after it, which recover the runs
+	// the kernel skips for recursion (docs/design.md); CopiesMissing says
+	// why a program that should have them runs alone.
+	Copies        []string
+	CopiesMissing string
 }
 
 // LogUncovered logs each capability this kernel side lacks: at warning
@@ -267,6 +274,9 @@ type Hook struct {
 // configuration leaves its hook off.
 func LogUncovered(log *slog.Logger, hooks []Hook) {
 	for _, h := range hooks {
+		if h.Active && h.CopiesMissing != "" {
+			log.Warn("copies not attached: runs the kernel skips for recursion are lost (counted as recursion_misses)", "hook", h.Hook, "reason", h.CopiesMissing)
+		}
 		if Covered(h, hooks) {
 			continue
 		}
@@ -336,6 +346,9 @@ func (t *Tracer) Seeded() (namespaces, ports int, err error) {
 // Stats are cumulative kernel-side counters, for diagnostics.
 type Stats struct {
 	Lost Losses
+	// RecursionRecovered: runs the kernel skipped for recursion that a
+	// later copy of the program did instead (not losses).
+	RecursionRecovered uint64
 	// Programs holds each program's run count and run time; they grow only
 	// while kernel.bpf_stats_enabled is on.
 	Programs map[string]ProgramStats
@@ -351,7 +364,7 @@ type ProgramStats struct {
 // Stats returns cumulative loss counters and per-program statistics.
 func (t *Tracer) Stats() (Stats, error) {
 	s, err := t.b.Stats()
-	out := Stats{Lost: lossesOf(s), Programs: map[string]ProgramStats{}}
+	out := Stats{Lost: lossesOf(s), RecursionRecovered: s.RecursionRecovered, Programs: map[string]ProgramStats{}}
 	for n, p := range s.Programs {
 		out.Programs[n] = ProgramStats(p)
 	}

@@ -138,6 +138,14 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", status, h.Hook, h.Provides)
 	}
 	tw.Flush()
+	for _, h := range hooks {
+		switch {
+		case len(h.Copies) > 0:
+			fmt.Fprintf(out, "copies        %s: %s after %s recover runs the kernel skips for recursion\n", h.Hook, strings.Join(h.Copies, ", "), h.Program)
+		case h.Active && h.CopiesMissing != "":
+			fmt.Fprintf(out, "copies        %s: none (%s); runs the kernel skips for recursion are lost\n", h.Hook, h.CopiesMissing)
+		}
+	}
 	if len(missing) > 0 {
 		fmt.Fprintln(out, "\nMISSING FEATURES")
 		for _, h := range missing {
@@ -181,7 +189,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	fmt.Fprintf(out, "port table full      %d\n", st.Lost.PortMapFull)
 	fmt.Fprintf(out, "udp peer unknown     %d\n", st.Lost.UDPPeerUnknown)
 	fmt.Fprintf(out, "sock storage failed  %d\n", st.Lost.SockStorageFailed)
-	fmt.Fprintf(out, "recursion misses     %d\n", st.Lost.RecursionMisses)
+	fmt.Fprintf(out, "recursion misses     %d (%d more recovered by copies)\n", st.Lost.RecursionMisses, st.RecursionRecovered)
 
 	names := make([]string, 0, len(st.Programs))
 	for n := range st.Programs {

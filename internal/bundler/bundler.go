@@ -88,6 +88,9 @@ type hookDef struct {
 	// unsafe says why this kernel must not run the program although it
 	// would load ("" where it is safe); its fallbacks then stand in.
 	unsafe func() string
+	// copies: where copies of the program recover the runs the kernel
+	// skips for recursion (copies.go).
+	copies copyPolicy
 }
 
 // forceTableHarvest makes every kernel take the table harvest (tests).
@@ -112,7 +115,7 @@ func storageIterUnsafe() string {
 
 var hookDefs = []hookDef{
 	{program: "on_tcp_state", hook: "tp_btf/inet_sock_set_state", kind: kindTracepoint,
-		requires: []string{"btf_trace_inet_sock_set_state"}, required: true,
+		requires: []string{"btf_trace_inet_sock_set_state"}, required: true, copies: copiesAlways,
 		provides: "TCP connections, their bytes (read from the socket at close), failures by cause, connect latency, listening ports"},
 	{program: "harvest", hook: "iter/bpf_sk_storage_map", kind: kindStorageIter,
 		requires: []string{"bpf_iter__bpf_sk_storage_map"}, required: true, unsafe: storageIterUnsafe,
@@ -128,10 +131,10 @@ var hookDefs = []hookDef{
 		requires: []string{"btf_trace_tcp_receive_reset"},
 		provides: "TCP resets received, per flow"},
 	{program: "on_send", hook: "tp_btf/sock_send_length", kind: kindTracepoint,
-		requires: []string{"btf_trace_sock_send_length"},
+		requires: []string{"btf_trace_sock_send_length"}, copies: copiesPreemptible,
 		provides: "UDP datagrams and bytes sent; unix-socket dependencies, both processes named (Linux 6.3+)"},
 	{program: "on_recv", hook: "tp_btf/sock_recv_length", kind: kindTracepoint,
-		requires: []string{"btf_trace_sock_recv_length"},
+		requires: []string{"btf_trace_sock_recv_length"}, copies: copiesPreemptible,
 		provides: "UDP datagrams and bytes received; unix-socket dependencies (Linux 6.3+)"},
 	{program: "on_inet_send_fexit", hook: "fexit/inet_sendmsg", kind: kindFexit, requires: []string{"inet_sendmsg"}, fallbackFor: "on_send",
 		provides: "UDP datagrams sent (IPv4 sockets), where sock_send_length is missing (before 6.3)"},
@@ -189,6 +192,11 @@ type Hook struct {
 	// Off: not loaded because the configuration leaves it off (Reason
 	// names the option).
 	Off bool
+	// Copies of the program attached after it, which recover the runs
+	// the kernel skips for recursion; CopiesMissing says why a program
+	// that should have them runs alone.
+	Copies        []string
+	CopiesMissing string
 }
 
 // RequiredHookError is returned by Load when a hook deptrace cannot run
@@ -209,6 +217,8 @@ type Bundler struct {
 	programs map[string]*ebpf.Program
 	links    []link.Link
 	linkOf   map[string]link.Link // attached program -> its link, for pinning
+	copies   map[string][]string  // program -> its attached copies, in order (copies.go)
+	copyErr  map[string]string    // program -> why its copies are not attached
 	iters    map[string]*link.Iter
 	hooks    []Hook
 	ncpu     int
@@ -241,6 +251,9 @@ func Load(cfg Config) (*Bundler, error) {
 	if err := spec.Variables["target_netns"].Set(cfg.NetNS); err != nil {
 		return nil, fmt.Errorf("set target_netns: %w", err)
 	}
+	if err := spec.Variables["rec_task_marks"].Set(boolU32(recTaskMarks())); err != nil {
+		return nil, fmt.Errorf("set rec_task_marks: %w", err)
+	}
 	if forceConnectHash {
 		if err := spec.Variables["connect_slots_off"].Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set connect_slots_off: %w", err)
@@ -257,7 +270,7 @@ func Load(cfg Config) (*Bundler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("count possible CPUs: %w", err)
 	}
-	b := &Bundler{cfg: cfg, programs: map[string]*ebpf.Program{}, iters: map[string]*link.Iter{}, linkOf: map[string]link.Link{}, ncpu: ncpu}
+	b := &Bundler{cfg: cfg, programs: map[string]*ebpf.Program{}, iters: map[string]*link.Iter{}, linkOf: map[string]link.Link{}, copies: map[string][]string{}, copyErr: map[string]string{}, ncpu: ncpu}
 	b.drain.init()
 
 	var old *pinnedSide
@@ -350,12 +363,14 @@ func Load(cfg Config) (*Bundler, error) {
 		if l, ok := old.adoptLink(def); ok {
 			b.links = append(b.links, l)
 			b.linkOf[def.program] = l
+			b.adoptCopies(old, def)
 		} else if old != nil && (def.kind == kindTracepoint || def.kind == kindCgroup || def.kind == kindFexit || def.kind == kindSyscall) {
 			h.Reason = "not attached in the adopted kernel side"
 		} else {
 			h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
 		}
 		h.Active = h.Reason == ""
+		h.Copies, h.CopiesMissing = b.copies[def.program], b.copyErr[def.program]
 		if !h.Active && def.required && !hasFallback(def.program) {
 			b.Close()
 			return nil, &RequiredHookError{Hook: h}
@@ -432,33 +447,10 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 	if def.kind == kindCgroup && cgroupErr != nil {
 		return cgroupErr.Error(), ""
 	}
-	one := spec.Copy()
-	for name := range one.Programs {
-		if name != def.program {
-			delete(one.Programs, name)
-		}
+	prog, reason, log := b.loadProgram(spec, def.program, def.kind)
+	if prog == nil {
+		return reason, log
 	}
-	coll, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: b.shared.Maps})
-	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			full := fmt.Sprintf("%+v", ve)
-			if why := kernel.TooOld(full); why != "" {
-				return why, full
-			}
-			last := ""
-			if n := len(ve.Log); n > 0 {
-				last = ve.Log[n-1]
-			}
-			return fmt.Sprintf("verifier rejected %s (%s); deptrace doctor prints the full log", def.program, last), full
-		}
-		if def.kind == kindFexit && errors.Is(err, unix.EPERM) {
-			return "this kernel does not permit fexit programs (EPERM at load)", ""
-		}
-		return fmt.Sprintf("load: %v", err), ""
-	}
-	prog := coll.DetachProgram(def.program)
-	coll.Close()
 	b.programs[def.program] = prog
 
 	switch def.kind {
@@ -479,6 +471,7 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 		}
 		b.links = append(b.links, l)
 		b.linkOf[def.program] = l
+		b.attachCopies(spec, def)
 		if bit, ok := connectFexitBits[def.program]; ok {
 			if err := b.markConnectFexit(bit); err != nil {
 				return err.Error(), ""
@@ -516,6 +509,39 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 		b.iters[def.program] = it
 	}
 	return "", ""
+}
+
+// loadProgram loads one program of spec, with the shared maps; on failure
+// it returns why, and the verifier's full log when the verifier refused.
+func (b *Bundler) loadProgram(spec *ebpf.CollectionSpec, program string, kind hookKind) (prog *ebpf.Program, reason, log string) {
+	one := spec.Copy()
+	for name := range one.Programs {
+		if name != program {
+			delete(one.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: b.shared.Maps})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			full := fmt.Sprintf("%+v", ve)
+			if why := kernel.TooOld(full); why != "" {
+				return nil, why, full
+			}
+			last := ""
+			if n := len(ve.Log); n > 0 {
+				last = ve.Log[n-1]
+			}
+			return nil, fmt.Sprintf("verifier rejected %s (%s); deptrace doctor prints the full log", program, last), full
+		}
+		if kind == kindFexit && errors.Is(err, unix.EPERM) {
+			return nil, "this kernel does not permit fexit programs (EPERM at load)", ""
+		}
+		return nil, fmt.Sprintf("load: %v", err), ""
+	}
+	prog = coll.DetachProgram(program)
+	coll.Close()
+	return prog, "", ""
 }
 
 // Hooks lists every hook with its state on this kernel.

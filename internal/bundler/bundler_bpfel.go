@@ -124,6 +124,11 @@ type bundlerPortValue struct {
 	Pad           uint32
 }
 
+type bundlerRecMarks struct {
+	_    structs.HostLayout
+	Slot [4]uint64
+}
+
 type bundlerSockState struct {
 	_                 structs.HostLayout
 	Key               bundlerFlowKey
@@ -208,7 +213,13 @@ const (
 	bundlerStatIndexSTAT_PORT_MAP_FULL       bundlerStatIndex = 2
 	bundlerStatIndexSTAT_UDP_PEER_UNKNOWN    bundlerStatIndex = 3
 	bundlerStatIndexSTAT_SOCK_STORAGE_FAILED bundlerStatIndex = 4
-	bundlerStatIndexSTAT_MAX                 bundlerStatIndex = 5
+	bundlerStatIndexSTAT_REC_RESCUED_STATE   bundlerStatIndex = 5
+	bundlerStatIndexSTAT_REC_RESCUED_SEND    bundlerStatIndex = 6
+	bundlerStatIndexSTAT_REC_RESCUED_RECV    bundlerStatIndex = 7
+	bundlerStatIndexSTAT_REC_DEFERRED_STATE  bundlerStatIndex = 8
+	bundlerStatIndexSTAT_REC_DEFERRED_SEND   bundlerStatIndex = 9
+	bundlerStatIndexSTAT_REC_DEFERRED_RECV   bundlerStatIndex = 10
+	bundlerStatIndexSTAT_MAX                 bundlerStatIndex = 11
 )
 
 type bundlerUnixPath struct {
@@ -225,6 +236,8 @@ const (
 	bundlerMapConnecting               = "connecting"
 	bundlerMapFlows                    = "flows"
 	bundlerMapPorts                    = "ports"
+	bundlerMapRecBusy                  = "rec_busy"
+	bundlerMapRecMarks                 = "rec_marks"
 	bundlerMapRecentSenders            = "recent_senders"
 	bundlerMapSocks                    = "socks"
 	bundlerMapSpill                    = "spill"
@@ -243,9 +256,15 @@ const (
 	bundlerProgOnReceiveReset          = "on_receive_reset"
 	bundlerProgOnRecv                  = "on_recv"
 	bundlerProgOnRecvFexit             = "on_recv_fexit"
+	bundlerProgOnRecvLast              = "on_recv_last"
+	bundlerProgOnRecvMid               = "on_recv_mid"
 	bundlerProgOnSend                  = "on_send"
+	bundlerProgOnSendLast              = "on_send_last"
+	bundlerProgOnSendMid               = "on_send_mid"
 	bundlerProgOnSendReset             = "on_send_reset"
 	bundlerProgOnTcpState              = "on_tcp_state"
+	bundlerProgOnTcpStateLast          = "on_tcp_state_last"
+	bundlerProgOnTcpStateMid           = "on_tcp_state_mid"
 	bundlerProgOnUnixConnectFexit      = "on_unix_connect_fexit"
 	bundlerProgOnUnixDgramConnectFexit = "on_unix_dgram_connect_fexit"
 	bundlerProgOnUnixDgramSendFexit    = "on_unix_dgram_send_fexit"
@@ -272,6 +291,8 @@ const (
 	bundlerVarConnectFexits            = "connect_fexits"
 	bundlerVarConnectSlotsOff          = "connect_slots_off"
 	bundlerVarHarvestGen               = "harvest_gen"
+	bundlerVarRecIrqOwnStacks          = "rec_irq_own_stacks"
+	bundlerVarRecTaskMarks             = "rec_task_marks"
 	bundlerVarSendTracepointOn         = "send_tracepoint_on"
 	bundlerVarSpillOnly                = "spill_only"
 	bundlerVarTargetNetns              = "target_netns"
@@ -331,9 +352,15 @@ type bundlerProgramSpecs struct {
 	OnReceiveReset          *ebpf.ProgramSpec `ebpf:"on_receive_reset"`
 	OnRecv                  *ebpf.ProgramSpec `ebpf:"on_recv"`
 	OnRecvFexit             *ebpf.ProgramSpec `ebpf:"on_recv_fexit"`
+	OnRecvLast              *ebpf.ProgramSpec `ebpf:"on_recv_last"`
+	OnRecvMid               *ebpf.ProgramSpec `ebpf:"on_recv_mid"`
 	OnSend                  *ebpf.ProgramSpec `ebpf:"on_send"`
+	OnSendLast              *ebpf.ProgramSpec `ebpf:"on_send_last"`
+	OnSendMid               *ebpf.ProgramSpec `ebpf:"on_send_mid"`
 	OnSendReset             *ebpf.ProgramSpec `ebpf:"on_send_reset"`
 	OnTcpState              *ebpf.ProgramSpec `ebpf:"on_tcp_state"`
+	OnTcpStateLast          *ebpf.ProgramSpec `ebpf:"on_tcp_state_last"`
+	OnTcpStateMid           *ebpf.ProgramSpec `ebpf:"on_tcp_state_mid"`
 	OnUnixConnectFexit      *ebpf.ProgramSpec `ebpf:"on_unix_connect_fexit"`
 	OnUnixDgramConnectFexit *ebpf.ProgramSpec `ebpf:"on_unix_dgram_connect_fexit"`
 	OnUnixDgramSendFexit    *ebpf.ProgramSpec `ebpf:"on_unix_dgram_send_fexit"`
@@ -356,6 +383,8 @@ type bundlerMapSpecs struct {
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
 	Flows         *ebpf.MapSpec `ebpf:"flows"`
 	Ports         *ebpf.MapSpec `ebpf:"ports"`
+	RecBusy       *ebpf.MapSpec `ebpf:"rec_busy"`
+	RecMarks      *ebpf.MapSpec `ebpf:"rec_marks"`
 	RecentSenders *ebpf.MapSpec `ebpf:"recent_senders"`
 	Socks         *ebpf.MapSpec `ebpf:"socks"`
 	Spill         *ebpf.MapSpec `ebpf:"spill"`
@@ -383,6 +412,8 @@ type bundlerVariableSpecs struct {
 	ConnectFexits     *ebpf.VariableSpec `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.VariableSpec `ebpf:"connect_slots_off"`
 	HarvestGen        *ebpf.VariableSpec `ebpf:"harvest_gen"`
+	RecIrqOwnStacks   *ebpf.VariableSpec `ebpf:"rec_irq_own_stacks"`
+	RecTaskMarks      *ebpf.VariableSpec `ebpf:"rec_task_marks"`
 	SendTracepointOn  *ebpf.VariableSpec `ebpf:"send_tracepoint_on"`
 	SpillOnly         *ebpf.VariableSpec `ebpf:"spill_only"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
@@ -413,6 +444,8 @@ type bundlerMaps struct {
 	Connecting    *ebpf.Map `ebpf:"connecting"`
 	Flows         *ebpf.Map `ebpf:"flows"`
 	Ports         *ebpf.Map `ebpf:"ports"`
+	RecBusy       *ebpf.Map `ebpf:"rec_busy"`
+	RecMarks      *ebpf.Map `ebpf:"rec_marks"`
 	RecentSenders *ebpf.Map `ebpf:"recent_senders"`
 	Socks         *ebpf.Map `ebpf:"socks"`
 	Spill         *ebpf.Map `ebpf:"spill"`
@@ -428,6 +461,8 @@ func (m *bundlerMaps) Close() error {
 		m.Connecting,
 		m.Flows,
 		m.Ports,
+		m.RecBusy,
+		m.RecMarks,
 		m.RecentSenders,
 		m.Socks,
 		m.Spill,
@@ -456,6 +491,8 @@ type bundlerVariables struct {
 	ConnectFexits     *ebpf.Variable `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.Variable `ebpf:"connect_slots_off"`
 	HarvestGen        *ebpf.Variable `ebpf:"harvest_gen"`
+	RecIrqOwnStacks   *ebpf.Variable `ebpf:"rec_irq_own_stacks"`
+	RecTaskMarks      *ebpf.Variable `ebpf:"rec_task_marks"`
 	SendTracepointOn  *ebpf.Variable `ebpf:"send_tracepoint_on"`
 	SpillOnly         *ebpf.Variable `ebpf:"spill_only"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
@@ -477,9 +514,15 @@ type bundlerPrograms struct {
 	OnReceiveReset          *ebpf.Program `ebpf:"on_receive_reset"`
 	OnRecv                  *ebpf.Program `ebpf:"on_recv"`
 	OnRecvFexit             *ebpf.Program `ebpf:"on_recv_fexit"`
+	OnRecvLast              *ebpf.Program `ebpf:"on_recv_last"`
+	OnRecvMid               *ebpf.Program `ebpf:"on_recv_mid"`
 	OnSend                  *ebpf.Program `ebpf:"on_send"`
+	OnSendLast              *ebpf.Program `ebpf:"on_send_last"`
+	OnSendMid               *ebpf.Program `ebpf:"on_send_mid"`
 	OnSendReset             *ebpf.Program `ebpf:"on_send_reset"`
 	OnTcpState              *ebpf.Program `ebpf:"on_tcp_state"`
+	OnTcpStateLast          *ebpf.Program `ebpf:"on_tcp_state_last"`
+	OnTcpStateMid           *ebpf.Program `ebpf:"on_tcp_state_mid"`
 	OnUnixConnectFexit      *ebpf.Program `ebpf:"on_unix_connect_fexit"`
 	OnUnixDgramConnectFexit *ebpf.Program `ebpf:"on_unix_dgram_connect_fexit"`
 	OnUnixDgramSendFexit    *ebpf.Program `ebpf:"on_unix_dgram_send_fexit"`
@@ -507,9 +550,15 @@ func (p *bundlerPrograms) Close() error {
 		p.OnReceiveReset,
 		p.OnRecv,
 		p.OnRecvFexit,
+		p.OnRecvLast,
+		p.OnRecvMid,
 		p.OnSend,
+		p.OnSendLast,
+		p.OnSendMid,
 		p.OnSendReset,
 		p.OnTcpState,
+		p.OnTcpStateLast,
+		p.OnTcpStateMid,
 		p.OnUnixConnectFexit,
 		p.OnUnixDgramConnectFexit,
 		p.OnUnixDgramSendFexit,

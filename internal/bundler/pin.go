@@ -64,7 +64,7 @@ func objectHash(cfg Config) [32]byte {
 	// Which hooks are attached is part of a side: a side pinned with the
 	// syscall tracepoint must not be adopted by an agent told to leave it
 	// off (its pinned link would keep slowing every system call).
-	fmt.Fprintf(h, "netns=%d flows=%d ports=%d syscalls=%t", cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize, cfg.SyscallTracepoints)
+	fmt.Fprintf(h, "netns=%d flows=%d ports=%d syscalls=%t marks=%t", cfg.NetNS, cfg.FlowMapSize, cfg.PortMapSize, cfg.SyscallTracepoints, recTaskMarks())
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum

@@ -2,6 +2,7 @@ package bundler
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -13,8 +14,12 @@ type Stats struct {
 	PortMapFull       uint64 // listening ports not tracked: port table full
 	UDPPeerUnknown    uint64 // UDP datagrams on unconnected sockets with no peer seen
 	SockStorageFailed uint64 // sockets whose storage could not be created: their counts lost
-	RecursionMisses   uint64 // program runs the kernel skipped (nested on one CPU)
-	Programs          map[string]ProgramStats
+	// RecursionMisses are the runs the kernel skipped (nested on one
+	// CPU) that no copy did in their place (see recursionLost).
+	RecursionMisses uint64
+	// RecursionRecovered are skipped runs a later copy did instead.
+	RecursionRecovered uint64
+	Programs           map[string]ProgramStats
 }
 
 // ProgramStats are per-program run count and run time; RunTime and
@@ -54,9 +59,59 @@ func (b *Bundler) Stats() (Stats, error) {
 			return s, fmt.Errorf("read stats of %s: %w", name, err)
 		}
 		s.Programs[name] = ProgramStats{RunCount: ps.RunCount, RunTime: ps.Runtime, RecursionMisses: ps.RecursionMisses}
-		s.RecursionMisses += ps.RecursionMisses
+	}
+	for name := range b.programs {
+		if isCopy(name) {
+			continue
+		}
+		var rescued, deferred uint64
+		for _, c := range []struct {
+			idx bundlerStatIndex
+			dst *uint64
+		}{{copyRescued[name], &rescued}, {copyDeferred[name], &deferred}} {
+			if c.idx == 0 {
+				continue // a program without copies
+			}
+			if err := m.Lookup(uint32(c.idx), &vals); err != nil {
+				return s, fmt.Errorf("read copy counter %d: %w", c.idx, err)
+			}
+			for _, v := range vals {
+				*c.dst += v
+			}
+		}
+		s.RecursionRecovered += rescued
+		s.RecursionMisses += b.recursionLost(name, s.Programs, rescued, deferred)
 	}
 	return s, nil
+}
+
+// isCopy reports whether a program is a copy of another (copies.go).
+func isCopy(name string) bool {
+	return strings.HasSuffix(name, "_last") || strings.Contains(name, "_mid")
+}
+
+// recursionLost is how many calls of program's tracepoint no copy did.
+// The program's misses are read before the rescues (a rescue follows its
+// miss), so a run read between the two counts once, until the next read.
+//   - without copies: the program's misses;
+//   - per-CPU flag: exactly the first copy's misses less the rescues (the
+//     last copy counts every call it finds the flag raised in, before any
+//     filter);
+//   - task marks: a call is lost only if every copy skipped it (or the
+//     first could not mark it), so at most the last copy's misses, and at
+//     most the first copy's misses and deferrals less the rescues. Both
+//     also count calls the filter drops: the smaller is an upper bound.
+func (b *Bundler) recursionLost(program string, progs map[string]ProgramStats, rescued, deferred uint64) uint64 {
+	copies := b.copies[program]
+	first := progs[program].RecursionMisses
+	if len(copies) == 0 {
+		return first
+	}
+	byFirst := first + deferred - min(rescued, first+deferred)
+	if !recTaskMarks() {
+		return byFirst
+	}
+	return min(byFirst, progs[copies[len(copies)-1]].RecursionMisses)
 }
 
 // Port is one entry of the listening-port table.

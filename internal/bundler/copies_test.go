@@ -1,0 +1,47 @@
+package bundler
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestParseRelease(t *testing.T) {
+	for _, c := range []struct {
+		in         string
+		maj, minor int
+		ok         bool
+	}{
+		{"7.3.4+deb13-cloud-amd64", 7, 3, true},
+		{"6.1.0-56-cloud-amd64", 6, 1, true},
+		{"6.19-rc1", 6, 19, true},
+		{"6.18.0", 6, 18, true},
+		{"garbage", 0, 0, false},
+	} {
+		maj, minor, ok := parseRelease(c.in)
+		if maj != c.maj || minor != c.minor || ok != c.ok {
+			t.Errorf("parseRelease(%q) = %d, %d, %t; want %d, %d, %t", c.in, maj, minor, ok, c.maj, c.minor, c.ok)
+		}
+	}
+}
+
+// The copies each kernel gets, in attach order, and the object's program
+// each is loaded from.
+func TestCopyNames(t *testing.T) {
+	state := hookDef{program: "on_tcp_state", copies: copiesAlways}
+	send := hookDef{program: "on_send", copies: copiesPreemptible}
+	if got := copyNames(state, false); !slices.Equal(got, []string{"on_tcp_state_last"}) {
+		t.Errorf("flag mode: %v", got)
+	}
+	if got := copyNames(state, true); !slices.Equal(got, []string{"on_tcp_state_mid1", "on_tcp_state_last"}) {
+		t.Errorf("marks mode: %v", got)
+	}
+	if got := copyNames(send, false); got != nil {
+		t.Errorf("sends before 6.19 need no copies: %v", got)
+	}
+	if got := copySource("on_send_mid1"); got != "on_send_mid" {
+		t.Errorf("copySource: %s", got)
+	}
+	if got := copySource("on_send_last"); got != "on_send_last" {
+		t.Errorf("copySource: %s", got)
+	}
+}
