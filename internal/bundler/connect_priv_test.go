@@ -29,27 +29,7 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 				t.Fatal(err)
 			}
 			const workers, each = 8, 25
-			var wg sync.WaitGroup
-			errs := make(chan error, workers)
-			for w := 0; w < workers; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < each; i++ {
-						c, err := world.client.Dial("tcp4", world.server)
-						if err != nil {
-							errs <- err
-							return
-						}
-						c.Close()
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
+			world.connectConcurrently(workers, each, nil)
 
 			var got struct{ Connections, LatencyCount, LatencySumUs, LatencyMaxUs uint64 }
 			var pid uint32
@@ -98,4 +78,34 @@ func lossReport(bu *Bundler) string {
 		}
 	}
 	return out
+}
+
+// connectConcurrently has workers goroutines open each connections to the
+// server, one after the other, writing payload (if any) before closing.
+func (w *commitWorld) connectConcurrently(workers, each int, payload []byte) {
+	w.t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				c, err := w.client.Dial("tcp4", w.server)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if payload != nil {
+					c.Write(payload)
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		w.t.Fatal(err)
+	}
 }

@@ -2,7 +2,6 @@ package bundler
 
 import (
 	"slices"
-	"sync"
 	"testing"
 	"time"
 )
@@ -47,23 +46,7 @@ func TestCopiesCountEachStateChangeOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			const workers, each = 8, 40
-			var wg sync.WaitGroup
-			for w := 0; w < workers; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < each; i++ {
-						c, err := world.client.Dial("tcp4", world.server)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						c.Write([]byte("x"))
-						c.Close()
-					}
-				}()
-			}
-			wg.Wait()
+			world.connectConcurrently(workers, each, []byte("x"))
 			var conns, received uint64
 			deadline := time.Now().Add(10 * time.Second)
 			for (conns < workers*each || received < workers*each) && time.Now().Before(deadline) {
