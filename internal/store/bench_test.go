@@ -159,7 +159,10 @@ func benchNow() time.Time {
 
 // queryBench times building the whole graph (store query, listeners and
 // the Go join), and look at depth 3 from one host.
-func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look bool, fromMinutes bool) {
+//
+// how: "" (the default: pieces, rollups, rows), "minutes" (minute rows
+// only) or "rows" (rollups and rows, no pieces: schema 7's way).
+func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look bool, how string) {
 	ctx := context.Background()
 	hosts, err := s.Hosts(ctx)
 	if err != nil {
@@ -169,8 +172,8 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 	if err != nil {
 		b.Fatal(err)
 	}
-	if !fromMinutes && s.CacheStats() == (store.CacheStats{}) {
-		b.Logf("%s reads bucket rows %v", label, plan)
+	if how == "" && s.CacheStats() == (store.CacheStats{}) {
+		b.Logf("%s reads bucket rows and pieces %v", label, plan)
 	}
 	b.Run(label, func(b *testing.B) {
 		var g graph.Graph
@@ -180,9 +183,12 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 		for i := 0; i < b.N; i++ {
 			t0 := time.Now()
 			var obs []store.Observation
-			if fromMinutes {
+			switch how {
+			case "minutes":
 				obs, err = s.ObservationsFromMinutes(ctx, r)
-			} else {
+			case "rows":
+				obs, err = s.ObservationsWithoutPieces(ctx, r)
+			default:
 				obs, err = s.Observations(ctx, r)
 			}
 			if err != nil {
@@ -212,11 +218,14 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 		// wall time with the load.
 		b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
 		var total int64
-		for _, n := range plan {
-			total += n
+		for t, n := range plan {
+			if t != "flow_pieces" {
+				total += n
+			}
 		}
-		if !fromMinutes && s.CacheStats() == (store.CacheStats{}) {
+		if how == "" && s.CacheStats() == (store.CacheStats{}) {
 			b.ReportMetric(float64(total), "bucket-rows")
+			b.ReportMetric(float64(plan["flow_pieces"]), "pieces")
 		}
 	})
 }
@@ -245,11 +254,14 @@ func BenchmarkQueryDay(b *testing.B) {
 				dayOfHistory(b, s, now)
 			}
 			b.Logf("%s: loaded a day of history in %s", name, time.Since(t0).Round(time.Millisecond))
+			compact(b, s, name, now)
 			day := store.Range{Since: now.Add(-24 * time.Hour)}
-			queryBench(b, s, "graph-24h", day, false, false)
-			queryBench(b, s, "graph-24h-minutes-only", day, false, true)
-			queryBench(b, s, "graph-1h", store.Range{Since: now.Add(-time.Hour)}, false, false)
-			queryBench(b, s, "look-depth3-24h", day, true, false)
+			queryBench(b, s, "graph-24h", day, false, "")
+			queryBench(b, s, "graph-24h-no-pieces", day, false, "rows")
+			queryBench(b, s, "graph-24h-minutes-only", day, false, "minutes")
+			queryBench(b, s, "graph-24h-closed", store.Range{Since: now.Add(-24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)}, false, "")
+			queryBench(b, s, "graph-1h", store.Range{Since: now.Add(-time.Hour)}, false, "")
+			queryBench(b, s, "look-depth3-24h", day, true, "")
 			cachedBench(b, spec, now, "24h", day)
 		})
 	}
@@ -314,10 +326,13 @@ func BenchmarkQueryMonth(b *testing.B) {
 				monthOfHistory(b, s, now)
 			}
 			b.Logf("%s: loaded 30 days of history in %s", name, time.Since(t0).Round(time.Millisecond))
+			compact(b, s, name, now)
 			month := store.Range{Since: now.Add(-30 * 24 * time.Hour)}
-			queryBench(b, s, "graph-30d", month, false, false)
-			queryBench(b, s, "graph-30d-minutes-only", month, false, true)
-			queryBench(b, s, "graph-24h", store.Range{Since: now.Add(-24 * time.Hour)}, false, false)
+			queryBench(b, s, "graph-30d", month, false, "")
+			queryBench(b, s, "graph-30d-no-pieces", month, false, "rows")
+			queryBench(b, s, "graph-30d-minutes-only", month, false, "minutes")
+			queryBench(b, s, "graph-30d-closed", store.Range{Since: now.Add(-30*24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)}, false, "")
+			queryBench(b, s, "graph-24h", store.Range{Since: now.Add(-24 * time.Hour)}, false, "")
 			cachedBench(b, spec, now, "30d", month)
 		})
 	}
@@ -353,5 +368,16 @@ func cachedBench(b *testing.B, spec string, now time.Time, label string, r store
 	if _, err := s.Observations(ctx, r); err != nil {
 		b.Fatal(err)
 	}
-	queryBench(b, s, "graph-"+label+"-cached", r, false, false)
+	queryBench(b, s, "graph-"+label+"-cached", r, false, "")
+}
+
+// compact builds the pieces of the history (what the agents' writes do in
+// the background, see store.Compact) and logs what it took.
+func compact(b *testing.B, s *store.Store, name string, now time.Time) {
+	t0 := time.Now()
+	st, err := s.Compact(context.Background(), now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%s: compacted in %s: %+v", name, time.Since(t0).Round(time.Millisecond), st)
 }

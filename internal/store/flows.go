@@ -140,6 +140,9 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 			return err
 		}
 	}
+	if err := s.invalidatePieces(ctx, tx, rows); err != nil {
+		return err
+	}
 	return s.logWrite(ctx, tx, rows)
 }
 
@@ -683,10 +686,12 @@ func (s *sums) has(key int64) bool {
 // SQLite a sort and PostgreSQL a hash table of 20 aggregates per flow,
 // both several times slower than streaming the rows into Go.
 func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
-	return s.observations(ctx, r, levels)
+	return s.observations(ctx, r, levels, true)
 }
 
-func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
+// observations answers r from the levels lvls, and from pieces if
+// usePieces (and lvls are all the levels).
+func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePieces bool) ([]Observation, error) {
 	lo, hi, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
@@ -694,7 +699,7 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 	if lo >= hi {
 		return nil, nil
 	}
-	if c := s.cache; c != nil && len(lvls) == len(levels) {
+	if c := s.cache; c != nil && len(lvls) == len(levels) && usePieces {
 		// One query at a time fills and reads the cache: see cache.sync.
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -706,14 +711,21 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 		})
 		return out, err
 	}
-	segs := plan(lo, hi, lvls)
-	if len(segs) == 0 {
-		return nil, nil
-	}
 	var out []Observation
 	err = s.read(ctx, func(rd reader) error {
+		segs := plan(lo, hi, lvls)
+		var pieces []pieceID
+		if len(lvls) == len(levels) && usePieces {
+			var err error
+			if segs, pieces, err = coldPlan(rd, lo, hi); err != nil {
+				return err
+			}
+		}
 		sm := newSums()
 		if err := rd.sums(segs, lo, hi, sm); err != nil {
+			return err
+		}
+		if err := addPieces(rd, pieces, sm); err != nil {
 			return err
 		}
 		if len(sm.flows) == 0 {
