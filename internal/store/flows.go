@@ -632,7 +632,11 @@ type sums struct {
 	sparse map[int64]int32
 	keys   []int64
 	flows  []flowSum
-	idx    []int32 // addPiece's buffer
+	idx    []int32                // addPiece's and addEncoded's buffer
+	cols   [flowSumFields][]int64 // addEncoded's buffers
+	buf    []uint64
+	// negative: a maximum value below zero was added (see addEncoded).
+	negative bool
 }
 
 // reserve makes room for n flows of key ids up to maxKey.
@@ -650,6 +654,9 @@ const denseKeys = 1 << 24
 func newSums() *sums { return &sums{sparse: map[int64]int32{}} }
 
 func (s *sums) add(key int64, row *flowSum) {
+	if row.pid < 0 || row.peer < 0 || row.c[latencyMaxIndex] < 0 || row.last < 0 {
+		s.negative = true
+	}
 	if key >= 0 && key < denseKeys {
 		if key >= int64(len(s.dense)) {
 			s.dense = slices.Grow(s.dense, int(key+1)*2-len(s.dense))[:min(int(key+1)*2, denseKeys)]

@@ -29,8 +29,11 @@ func TestPieceRoundTrip(t *testing.T) {
 					rows[i].fields()[f] = rng.Int64() - rng.Int64()
 				}
 			}
-			if n%3 == 0 {
+			switch n % 4 {
+			case 0:
 				rows[i] = flowSum{first: bucket + 5, last: bucket + 7, c: [16]int64{3: 1}}
+			case 1: // first and last seen at the bucket's start: constant columns
+				rows[i] = flowSum{first: bucket, last: bucket, pid: 3}
 			}
 		}
 		data := encodePiece(bucket, ids, rows)
