@@ -738,11 +738,15 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePiec
 		if len(sm.flows) == 0 {
 			return nil
 		}
+		var err error
+		if usePieces {
+			out, err = sm.namedObservations(rd, lo)
+			return err
+		}
 		keys := make(map[int64]flowKey, len(sm.flows))
 		if err := rd.keys(lo, sm.has, func(id int64, k flowKey) { keys[id] = k }); err != nil {
 			return err
 		}
-		var err error
 		out, err = sm.observations(keys)
 		return err
 	})
@@ -801,14 +805,18 @@ func (sm *sums) observationsRanked(keys map[int64]flowKey, rank func(int64) int3
 	}
 	out := make([]Observation, len(order))
 	for j, n := range order {
-		k, f := n.k, &sm.flows[n.i]
-		o := &out[j]
-		o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Port, o.Comm, o.PeerComm = k.host, k.dir, k.proto, k.local, k.remote, k.port, k.comm, k.peerComm
-		o.PID, o.PeerPID = uint32(f.pid), uint32(f.peer)
-		for i, p := range counterFields(&o.Counters) {
-			*p = uint64(f.c[i])
-		}
-		o.FirstSeen, o.LastSeen = fromNs(f.first), fromNs(f.last)
+		sm.observation(&out[j], n.k, n.i)
 	}
 	return out, nil
+}
+
+// observation fills o with flow i of sm, named k.
+func (sm *sums) observation(o *Observation, k *flowKey, i int32) {
+	f := &sm.flows[i]
+	o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Port, o.Comm, o.PeerComm = k.host, k.dir, k.proto, k.local, k.remote, k.port, k.comm, k.peerComm
+	o.PID, o.PeerPID = uint32(f.pid), uint32(f.peer)
+	for i, p := range counterFields(&o.Counters) {
+		*p = uint64(f.c[i])
+	}
+	o.FirstSeen, o.LastSeen = fromNs(f.first), fromNs(f.last)
 }

@@ -256,3 +256,18 @@ func (r *pgReader) pieces(ids []pieceID, fn func(pieceID, []byte) error) error {
 	rows.Close()
 	return rows.Err()
 }
+
+func (r *pgReader) keyPack() (*keyPack, error) {
+	rows, err := r.tx.Query(r.ctx, `SELECT data FROM key_pack WHERE id = 1`, pgx.QueryResultFormats{pgx.BinaryFormatCode})
+	if err != nil {
+		return nil, fmt.Errorf("read the key pack: %w", err)
+	}
+	defer rows.Close()
+	var p *keyPack
+	for rows.Next() {
+		if p, err = decodeKeyPack(rows.RawValues()[0]); err != nil {
+			return nil, fmt.Errorf("read the key pack: %w", err)
+		}
+	}
+	return p, rows.Err()
+}

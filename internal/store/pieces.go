@@ -239,7 +239,7 @@ func (s *Store) compact(ctx context.Context, now int64, st *CompactStats) error 
 			}
 		}
 	}
-	return nil
+	return s.packKeys(ctx)
 }
 
 var errBusy = errors.New("piece busy")

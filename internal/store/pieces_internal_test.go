@@ -80,3 +80,47 @@ func TestPieceRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// A key pack decodes to the keys it was made of, in their order, each id
+// at its place; malformed bytes are an error.
+func TestKeyPackRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	str := func() string {
+		b := make([]byte, rng.IntN(12))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		return string(b)
+	}
+	for n := 0; n < 30; n++ {
+		ids := make([]int64, n)
+		keys := make([]flowKey, n)
+		for i := range keys {
+			ids[i] = int64(rng.IntN(1 << 26)) // beyond the dense index too
+			keys[i] = flowKey{str(), str(), str(), str(), str(), uint16(rng.IntN(65536)), str(), str()}
+		}
+		data := encodeKeyPack(ids, keys)
+		p, err := decodeKeyPack(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.keys) != n || (n > 0 && !reflect.DeepEqual(p.keys, keys)) {
+			t.Fatalf("%d keys: decoded %+v, want %+v", n, p.keys, keys)
+		}
+		for i, id := range ids {
+			if at, ok := p.place(id); !ok || keys[at] != keys[i] {
+				t.Errorf("%d keys: id %d at %d (%v), want the key at %d", n, id, at, ok, i)
+			}
+		}
+		if _, ok := p.place(1 << 40); ok {
+			t.Errorf("an id never packed has a place")
+		}
+		for _, cut := range []int{0, 1, len(data) - 1} {
+			if cut >= 0 && cut < len(data) {
+				if _, err := decodeKeyPack(data[:cut]); err == nil && n > 0 {
+					t.Errorf("%d keys: %d of %d bytes decoded", n, cut, len(data))
+				}
+			}
+		}
+	}
+}

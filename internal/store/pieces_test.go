@@ -289,7 +289,7 @@ func TestUpgradeToPieces(t *testing.T) {
 				}
 				want = append(want, o)
 			}
-			for _, q := range []string{`DROP TABLE flow_pieces`, `DROP TABLE piece_state`, `DROP TABLE piece_todo`, `DELETE FROM schema_version WHERE version >= 8`} {
+			for _, q := range []string{`DROP TABLE flow_pieces`, `DROP TABLE piece_state`, `DROP TABLE piece_todo`, `DROP TABLE key_pack`, `DELETE FROM schema_version WHERE version >= 8`} {
 				if _, err := s.DB().ExecContext(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
 				}
@@ -379,6 +379,79 @@ func TestWritesCompactInTheBackground(t *testing.T) {
 				t.Fatalf("%d pieces after the background compaction, %v", pieces, err)
 			}
 			sameAnswers(t, s, "compacted in the background", randomRanges(start, 13, 10))
+		})
+	}
+}
+
+// The key pack names flows right after retention deleted the newest key
+// (SQLite then gives its id to the next new key), and names and orders
+// keys added after it was built.
+func TestKeyPackAfterRetention(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := quiet(t, spec)
+			day := func(d int) time.Time { return t0.Add(time.Duration(d) * 24 * time.Hour) }
+			// The old flow is written last: its key has the largest id.
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{
+				obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", day(3), 1, 10),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{
+				obs("old", "outbound", "198.51.100.9", "198.51.100.3", 5432, "gone", day(0), 1, 10),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Compact(ctx, day(5)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Retain(ctx, day(2), store.DefaultBucket); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{
+				obs("new", "outbound", "198.51.100.7", "198.51.100.3", 5432, "fresh", day(3), 1, 10),
+				obs("aaa", "outbound", "198.51.100.8", "198.51.100.3", 5432, "first", day(3), 1, 10),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			check := func(stage string) {
+				got, err := s.Observations(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := s.ObservationsFromMinutes(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(got, want) || len(got) != 3 {
+					t.Errorf("%s: %d flows %+v, the minutes %+v", stage, len(got), got, want)
+				}
+			}
+			check("after retention")
+			if _, err := s.Compact(ctx, day(5)); err != nil {
+				t.Fatal(err)
+			}
+			check("packed again")
+			// Keys added after the pack: named by id, placed by key.
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{
+				obs("mmm", "outbound", "198.51.100.6", "198.51.100.3", 5432, "later", day(3), 1, 10),
+				obs("zzz", "outbound", "198.51.100.5", "198.51.100.3", 5432, "last", day(3), 1, 10),
+				obs("a", "outbound", "198.51.100.4", "198.51.100.3", 5432, "before", day(3), 1, 10),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := s.ObservationsFromMinutes(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) || len(got) != 6 {
+				t.Errorf("keys added after the pack: %d flows %+v, the minutes %+v", len(got), got, want)
+			}
 		})
 	}
 }

@@ -29,6 +29,8 @@ type reader interface {
 	// pieces calls fn with the data of each of ids that exists (valid
 	// until fn returns).
 	pieces(ids []pieceID, fn func(pieceID, []byte) error) error
+	// keyPack reads the key pack (nil: none; see keypack.go).
+	keyPack() (*keyPack, error)
 	// oldest is the oldest minute bucket stored (math.MaxInt64: none).
 	oldest() (int64, error)
 	// logSince reads the write log after pos (see cache.sync): the hour
@@ -305,4 +307,21 @@ func (r *sqliteReader) pieces(ids []pieceID, fn func(pieceID, []byte) error) err
 		}
 	}
 	return nil
+}
+
+func (r *sqliteReader) keyPack() (*keyPack, error) {
+	var p *keyPack
+	err := r.query(`SELECT data FROM key_pack WHERE id = 1`, nil, 1, func(dest []driver.Value) error {
+		b, ok := dest[0].([]byte)
+		if !ok {
+			return fmt.Errorf("data is a %T, not bytes", dest[0])
+		}
+		var err error
+		p, err = decodeKeyPack(b)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the key pack: %w", err)
+	}
+	return p, nil
 }

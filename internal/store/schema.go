@@ -188,7 +188,8 @@ var migrations = []string{
 	CREATE TABLE write_log_state (id INTEGER PRIMARY KEY, pruned_through BIGINT NOT NULL);
 	INSERT INTO write_log_state (id, pruned_through) VALUES (1, 0)`,
 
-	// 8: pieces (see pieces.go): per level and sealed bucket, the sums of
+	// 8: pieces (see pieces.go) and the key pack (keypack.go): per level
+	// and sealed bucket, the sums of
 	// every flow packed into one row, so that a cold query reads a past
 	// hour or day as one row instead of one per flow. Compact fills it
 	// (the rows already stored included: piece_state starts at nothing
@@ -209,7 +210,14 @@ var migrations = []string{
 		level INTEGER NOT NULL,
 		bucket BIGINT NOT NULL,
 		PRIMARY KEY (level, bucket)
-	)`,
+	);
+	CREATE TABLE key_pack (
+		id INTEGER PRIMARY KEY,
+		keys BIGINT NOT NULL,
+		max_id BIGINT NOT NULL,
+		data {{blob}} NOT NULL
+	);
+	{{key_pack_storage}}`,
 }
 
 // rollupFrom fills a rollup table from the minute rows.
@@ -300,7 +308,8 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	for v := version; v < len(migrations); v++ {
 		m := strings.NewReplacer("{{serial}}", s.d.serial, "{{without_rowid}}", s.d.withoutRowid, "{{create_sum8}}", s.d.createSum8, "{{write_log}}", s.d.writeLog,
-			"{{blob}}", s.d.blob, "{{piece_storage}}", s.d.pieceStorage).Replace(migrations[v])
+			"{{blob}}", s.d.blob, "{{piece_storage}}", s.d.pieceStorage,
+			"{{key_pack_storage}}", strings.ReplaceAll(s.d.pieceStorage, "flow_pieces", "key_pack")).Replace(migrations[v])
 		for _, stmt := range strings.Split(m, ";") {
 			if strings.TrimSpace(stmt) == "" {
 				continue

@@ -427,8 +427,14 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	// In the same transaction, retention tells caches (cache.go) to
 	// start over: SQLite may hand a deleted key's id to a new key.
 	if err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest); err != nil {
+		res, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest)
+		if err != nil {
 			return fmt.Errorf("delete old flow keys: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM key_pack`); err != nil {
+				return fmt.Errorf("delete the key pack: %w", err)
+			}
 		}
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO write_log (at, bucket) VALUES (?, ?)`), time.Now().UnixNano(), logEverything); err != nil {
 			return fmt.Errorf("append to the write log: %w", err)
