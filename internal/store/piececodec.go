@@ -197,6 +197,19 @@ func (sm *sums) addEncoded(bucket int64, data []byte) error {
 	if err != nil {
 		return err
 	}
+	if !zero {
+		// Room for every flow of the piece, and the dense index up to
+		// its largest id, at once.
+		last := int64(0)
+		for _, d := range buf {
+			last += int64(d)
+		}
+		if len(sm.flows) == 0 {
+			sm.reserve(n, last)
+		} else {
+			sm.reserve(0, last)
+		}
+	}
 	idx := slices.Grow(sm.idx[:0], n)
 	fresh := len(sm.flows) // flows from here on are new
 	prev := int64(0)
