@@ -270,6 +270,63 @@ func BenchmarkQueryDay(b *testing.B) {
 	}
 }
 
+// BenchmarkQueryDayBusyHour: the day history, and every edge active once
+// more at 12:10, in the hour that is current at 12:30: under steady
+// traffic the current hour holds a row per active flow, which a query
+// reads as rows (it has no piece yet).
+func BenchmarkQueryDayBusyHour(b *testing.B) {
+	for name, spec := range benchBackends(b) {
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			s, err := store.Open(ctx, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			now := benchNow()
+			if !loaded(b, s) {
+				dayOfHistory(b, s, now)
+				busyHour(b, s, now.Add(-20*time.Minute))
+			}
+			compact(b, s, name, now)
+			day := store.Range{Since: now.Add(-24 * time.Hour)}
+			sameAsRows(b, s, map[string]store.Range{"24h": day})
+			queryBench(b, s, "graph-24h", day, false, "")
+			queryBench(b, s, "graph-24h-closed", store.Range{Since: now.Add(-24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)}, false, "")
+			queryBench(b, s, "graph-24h-no-pieces", day, false, "rows")
+		})
+	}
+}
+
+// busyHour writes every edge of dayOfHistory once more, at at.
+func busyHour(b *testing.B, s *store.Store, at time.Time) {
+	const hosts, fanout = 2500, 20
+	ports := []uint16{80, 5432, 6379}
+	procs := []string{"nginx", "postgres", "redis-server"}
+	for first := 0; first < hosts; first += 250 {
+		var batch store.Batch
+		for h := first; h < first+250; h++ {
+			for k := 0; k < fanout; k++ {
+				peer := (h + 1 + k*97) % hosts
+				svc := k % 3
+				batch.Observations = append(batch.Observations,
+					store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
+						LocalAddr: hostAddr(h), RemoteAddr: hostAddr(peer), Port: ports[svc], Comm: "app",
+						Counters: tracer.Counters{Connections: 2, BytesSent: 200, BytesReceived: 2000}, FirstSeen: at, LastSeen: at.Add(time.Second)})
+				if k < 3 {
+					batch.Observations = append(batch.Observations,
+						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
+							LocalAddr: hostAddr(peer), RemoteAddr: hostAddr(h), Port: ports[svc], Comm: procs[svc],
+							Counters: tracer.Counters{Connections: 2, BytesSent: 2000, BytesReceived: 200}, FirstSeen: at, LastSeen: at.Add(time.Second)})
+				}
+			}
+		}
+		if err := s.Write(context.Background(), batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // monthOfHistory writes the same 10,000 nodes and 50,000 edges as
 // dayOfHistory over 30 days, every edge active once a day (at an hour
 // that differs per edge): 1.7 M observations.
