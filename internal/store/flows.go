@@ -688,10 +688,11 @@ func (s *sums) has(key int64) bool {
 
 // Observations returns, for every flow with counters in r, its counters
 // summed over the range (Bucket is then zero), sorted by flow key. The
-// rows are read from rollups where the range allows (see Range) and
-// summed here rather than in SQL: a GROUP BY over a million rows costs
-// SQLite a sort and PostgreSQL a hash table of 20 aggregates per flow,
-// both several times slower than streaming the rows into Go.
+// whole past days, hours and minutes of the range are read from their
+// pieces where compaction built them (see pieces.go), the rest from
+// rollups where the range allows (see Range), and the flows named from
+// the key pack (keypack.go); SQLite's rows are summed here rather than
+// in SQL: a GROUP BY over a million rows costs SQLite a sort.
 func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
 	return s.observations(ctx, r, levels, true)
 }
