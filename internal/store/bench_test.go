@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -159,7 +160,10 @@ func benchNow() time.Time {
 
 // queryBench times building the whole graph (store query, listeners and
 // the Go join), and look at depth 3 from one host.
-func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look bool, fromMinutes bool) {
+//
+// how: "" (the default: pieces, rollups, rows), "minutes" (minute rows
+// only) or "rows" (rollups and rows, no pieces: schema 7's way).
+func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look bool, how string) {
 	ctx := context.Background()
 	hosts, err := s.Hosts(ctx)
 	if err != nil {
@@ -169,8 +173,8 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 	if err != nil {
 		b.Fatal(err)
 	}
-	if !fromMinutes && s.CacheStats() == (store.CacheStats{}) {
-		b.Logf("%s reads bucket rows %v", label, plan)
+	if how == "" && s.CacheStats() == (store.CacheStats{}) {
+		b.Logf("%s reads bucket rows and pieces %v", label, plan)
 	}
 	b.Run(label, func(b *testing.B) {
 		var g graph.Graph
@@ -180,9 +184,12 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 		for i := 0; i < b.N; i++ {
 			t0 := time.Now()
 			var obs []store.Observation
-			if fromMinutes {
+			switch how {
+			case "minutes":
 				obs, err = s.ObservationsFromMinutes(ctx, r)
-			} else {
+			case "rows":
+				obs, err = s.ObservationsWithoutPieces(ctx, r)
+			default:
 				obs, err = s.Observations(ctx, r)
 			}
 			if err != nil {
@@ -212,11 +219,14 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 		// wall time with the load.
 		b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
 		var total int64
-		for _, n := range plan {
-			total += n
+		for t, n := range plan {
+			if t != "flow_pieces" {
+				total += n
+			}
 		}
-		if !fromMinutes && s.CacheStats() == (store.CacheStats{}) {
+		if how == "" && s.CacheStats() == (store.CacheStats{}) {
 			b.ReportMetric(float64(total), "bucket-rows")
+			b.ReportMetric(float64(plan["flow_pieces"]), "pieces")
 		}
 	})
 }
@@ -245,13 +255,75 @@ func BenchmarkQueryDay(b *testing.B) {
 				dayOfHistory(b, s, now)
 			}
 			b.Logf("%s: loaded a day of history in %s", name, time.Since(t0).Round(time.Millisecond))
+			compact(b, s, name, now)
 			day := store.Range{Since: now.Add(-24 * time.Hour)}
-			queryBench(b, s, "graph-24h", day, false, false)
-			queryBench(b, s, "graph-24h-minutes-only", day, false, true)
-			queryBench(b, s, "graph-1h", store.Range{Since: now.Add(-time.Hour)}, false, false)
-			queryBench(b, s, "look-depth3-24h", day, true, false)
+			sameAsRows(b, s, map[string]store.Range{"24h": day, "24h-closed": {Since: now.Add(-24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)},
+				"1h": {Since: now.Add(-time.Hour)}, "7h-odd": {Since: now.Add(-7*time.Hour - 29*time.Minute - 3*time.Second), Until: now.Add(-2*time.Hour + 11*time.Minute)}})
+			queryBench(b, s, "graph-24h", day, false, "")
+			queryBench(b, s, "graph-24h-no-pieces", day, false, "rows")
+			queryBench(b, s, "graph-24h-minutes-only", day, false, "minutes")
+			queryBench(b, s, "graph-24h-closed", store.Range{Since: now.Add(-24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)}, false, "")
+			queryBench(b, s, "graph-1h", store.Range{Since: now.Add(-time.Hour)}, false, "")
+			queryBench(b, s, "look-depth3-24h", day, true, "")
 			cachedBench(b, spec, now, "24h", day)
 		})
+	}
+}
+
+// BenchmarkQueryDayBusyHour: the day history, and every edge active once
+// more at 12:10, in the hour that is current at 12:30: under steady
+// traffic the current hour holds a row per active flow, which a query
+// reads as rows (it has no piece yet).
+func BenchmarkQueryDayBusyHour(b *testing.B) {
+	for name, spec := range benchBackends(b) {
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			s, err := store.Open(ctx, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			now := benchNow()
+			if !loaded(b, s) {
+				dayOfHistory(b, s, now)
+				busyHour(b, s, now.Add(-20*time.Minute))
+			}
+			compact(b, s, name, now)
+			day := store.Range{Since: now.Add(-24 * time.Hour)}
+			sameAsRows(b, s, map[string]store.Range{"24h": day})
+			queryBench(b, s, "graph-24h", day, false, "")
+			queryBench(b, s, "graph-24h-closed", store.Range{Since: now.Add(-24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)}, false, "")
+			queryBench(b, s, "graph-24h-no-pieces", day, false, "rows")
+		})
+	}
+}
+
+// busyHour writes every edge of dayOfHistory once more, at at.
+func busyHour(b *testing.B, s *store.Store, at time.Time) {
+	const hosts, fanout = 2500, 20
+	ports := []uint16{80, 5432, 6379}
+	procs := []string{"nginx", "postgres", "redis-server"}
+	for first := 0; first < hosts; first += 250 {
+		var batch store.Batch
+		for h := first; h < first+250; h++ {
+			for k := 0; k < fanout; k++ {
+				peer := (h + 1 + k*97) % hosts
+				svc := k % 3
+				batch.Observations = append(batch.Observations,
+					store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",
+						LocalAddr: hostAddr(h), RemoteAddr: hostAddr(peer), Port: ports[svc], Comm: "app",
+						Counters: tracer.Counters{Connections: 2, BytesSent: 200, BytesReceived: 2000}, FirstSeen: at, LastSeen: at.Add(time.Second)})
+				if k < 3 {
+					batch.Observations = append(batch.Observations,
+						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", peer), Direction: "inbound", Proto: "tcp",
+							LocalAddr: hostAddr(peer), RemoteAddr: hostAddr(h), Port: ports[svc], Comm: procs[svc],
+							Counters: tracer.Counters{Connections: 2, BytesSent: 2000, BytesReceived: 200}, FirstSeen: at, LastSeen: at.Add(time.Second)})
+				}
+			}
+		}
+		if err := s.Write(context.Background(), batch); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -314,10 +386,15 @@ func BenchmarkQueryMonth(b *testing.B) {
 				monthOfHistory(b, s, now)
 			}
 			b.Logf("%s: loaded 30 days of history in %s", name, time.Since(t0).Round(time.Millisecond))
+			compact(b, s, name, now)
 			month := store.Range{Since: now.Add(-30 * 24 * time.Hour)}
-			queryBench(b, s, "graph-30d", month, false, false)
-			queryBench(b, s, "graph-30d-minutes-only", month, false, true)
-			queryBench(b, s, "graph-24h", store.Range{Since: now.Add(-24 * time.Hour)}, false, false)
+			sameAsRows(b, s, map[string]store.Range{"30d": month, "30d-closed": {Since: now.Add(-30*24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)},
+				"24h": {Since: now.Add(-24 * time.Hour)}, "9d-odd": {Since: now.Add(-12*24*time.Hour - 5*time.Hour - 31*time.Minute - 7*time.Second), Until: now.Add(-3*24*time.Hour + 13*time.Hour + 2*time.Minute)}})
+			queryBench(b, s, "graph-30d", month, false, "")
+			queryBench(b, s, "graph-30d-no-pieces", month, false, "rows")
+			queryBench(b, s, "graph-30d-minutes-only", month, false, "minutes")
+			queryBench(b, s, "graph-30d-closed", store.Range{Since: now.Add(-30*24*time.Hour - 17*time.Second), Until: now.Add(-17 * time.Second)}, false, "")
+			queryBench(b, s, "graph-24h", store.Range{Since: now.Add(-24 * time.Hour)}, false, "")
 			cachedBench(b, spec, now, "30d", month)
 		})
 	}
@@ -353,5 +430,37 @@ func cachedBench(b *testing.B, spec string, now time.Time, label string, r store
 	if _, err := s.Observations(ctx, r); err != nil {
 		b.Fatal(err)
 	}
-	queryBench(b, s, "graph-"+label+"-cached", r, false, false)
+	queryBench(b, s, "graph-"+label+"-cached", r, false, "")
+}
+
+// sameAsRows fails the benchmark unless every range gives the same
+// observations from pieces as from the rollup rows alone (schema 7's way)
+// on the benchmark's history.
+func sameAsRows(b *testing.B, s *store.Store, ranges map[string]store.Range) {
+	ctx := context.Background()
+	for label, r := range ranges {
+		got, err := s.Observations(ctx, r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		want, err := s.ObservationsWithoutPieces(ctx, r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(got) == 0 || !reflect.DeepEqual(got, want) {
+			b.Fatalf("%s: pieces give %d flows, the rows %d, or different counters", label, len(got), len(want))
+		}
+	}
+	b.Logf("pieces and rows agree on %d ranges", len(ranges))
+}
+
+// compact builds the pieces of the history (what the agents' writes do in
+// the background, see store.Compact) and logs what it took.
+func compact(b *testing.B, s *store.Store, name string, now time.Time) {
+	t0 := time.Now()
+	st, err := s.Compact(context.Background(), now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%s: compacted in %s: %+v", name, time.Since(t0).Round(time.Millisecond), st)
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -377,12 +378,38 @@ func (c *cache) rankKeys() {
 	}
 }
 
-// fill reads the pieces of need the cache lacks, one bucket per query
-// (a run of buckets in one would hold all their rows at once).
+// fill reads the pieces of need the cache lacks: the stored piece of a
+// bucket where there is one (see pieces.go), else its rows, one bucket
+// per query (a run of buckets in one would hold all their rows at once).
 func (c *cache) fill(rd reader, need []pieceID) error {
+	var missing []pieceID
 	for _, id := range need {
 		if _, ok := c.pieces[id]; ok {
 			c.stats.Hits++
+			continue
+		}
+		missing = append(missing, id)
+	}
+	put := func(id pieceID, p *piece) {
+		c.pieces[id] = p
+		c.bytes += p.bytes
+		c.stats.Fills++
+	}
+	if len(missing) > 0 {
+		err := rd.pieces(missing, func(id pieceID, data []byte) error {
+			p, err := decodePiece(id.bucket, data)
+			if err != nil {
+				return fmt.Errorf("piece %d/%d: %w", id.level, id.bucket, err)
+			}
+			put(id, p)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, id := range missing {
+		if _, ok := c.pieces[id]; ok {
 			continue
 		}
 		l := levels[id.level]
@@ -395,10 +422,7 @@ func (c *cache) fill(rd reader, need []pieceID) error {
 		if err != nil {
 			return err
 		}
-		p := newPiece(rows, ids)
-		c.pieces[id] = p
-		c.bytes += p.bytes
-		c.stats.Fills++
+		put(id, newPiece(rows, ids))
 	}
 	return nil
 }

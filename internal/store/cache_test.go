@@ -25,6 +25,11 @@ func TestCacheExact(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			w := open(t, spec) // the writers' and the reference reader's handle
 			history(t, w, start)
+			// Half the history compacted: the cache fills from pieces
+			// and from rows.
+			if _, err := w.Compact(ctx, start.Add(36*time.Hour)); err != nil {
+				t.Fatal(err)
+			}
 			c := open(t, spec)
 			c.EnableCache(store.CacheConfig{Now: func() time.Time { return now }})
 			rng := rand.New(rand.NewPCG(5, 6))
@@ -133,13 +138,14 @@ func TestCacheExact(t *testing.T) {
 // A store written before the write log (schema 6) opens, migrates, and
 // answers the same; writes and the cache then work on it. Schema 7 only
 // adds the write log, so a schema-6 store is this build's store without
-// it, which is how the test makes one.
+// it (nor the pieces of schema 8), which is how the test makes one.
 func TestUpgradeToWriteLog(t *testing.T) {
 	ctx := context.Background()
 	start := time.Date(2026, 11, 18, 13, 17, 0, 0, time.UTC)
 	for name, spec := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			s := open(t, spec)
+			s.SetAutoCompact(false) // its tables are dropped below
 			history(t, s, start)
 			ranges := []store.Range{{}, {Since: start.Add(30 * time.Hour)}, {Since: start.Add(5 * time.Hour), Until: start.Add(47*time.Hour + 3*time.Minute)}}
 			var want [][]store.Observation
@@ -150,7 +156,8 @@ func TestUpgradeToWriteLog(t *testing.T) {
 				}
 				want = append(want, o)
 			}
-			for _, q := range []string{`DROP TABLE write_log`, `DROP TABLE write_log_state`, `DELETE FROM schema_version WHERE version = 7`} {
+			for _, q := range []string{`DROP TABLE write_log`, `DROP TABLE write_log_state`, `DROP TABLE flow_pieces`, `DROP TABLE piece_state`, `DROP TABLE piece_todo`, `DROP TABLE key_pack`,
+				`DELETE FROM schema_version WHERE version >= 7`} {
 				if _, err := s.DB().ExecContext(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
 				}

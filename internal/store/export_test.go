@@ -18,7 +18,13 @@ func (s *Store) DB() *sql.DB { return s.db }
 // ObservationsFromMinutes answers a range from minute buckets only,
 // ignoring rollups: the reference the rollups must equal.
 func (s *Store) ObservationsFromMinutes(ctx context.Context, r Range) ([]Observation, error) {
-	return s.observations(ctx, r, levels[:1])
+	return s.observations(ctx, r, levels[:1], false)
+}
+
+// ObservationsWithoutPieces answers a range from the rows of the minute,
+// hour and day tables, as schema 7 did.
+func (s *Store) ObservationsWithoutPieces(ctx context.Context, r Range) ([]Observation, error) {
+	return s.observations(ctx, r, levels, false)
 }
 
 // ListenersFromMinutes is Listeners from minute buckets only.
@@ -80,14 +86,24 @@ func (s *Store) ReadRollup(ctx context.Context, table string, width int64) (map[
 	return out, rows.Err()
 }
 
-// PlanRows counts the bucket rows a range reads, per table.
+// PlanRows counts the bucket rows a range reads, per table, and under
+// "flow_pieces" the pieces it reads.
 func (s *Store) PlanRows(ctx context.Context, r Range) (map[string]int64, error) {
 	lo, hi, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
 	}
+	var segs []segment
+	var pieces []pieceID
+	if err := s.read(ctx, func(rd reader) error {
+		var err error
+		segs, pieces, err = coldPlan(rd, lo, hi)
+		return err
+	}); err != nil {
+		return nil, err
+	}
 	out := map[string]int64{}
-	for _, sg := range plan(lo, hi, levels) {
+	for _, sg := range segs {
 		var args []any
 		q := segmentSQL(sg, "COUNT(*)", lo, hi, &args)
 		var n int64
@@ -96,7 +112,80 @@ func (s *Store) PlanRows(ctx context.Context, r Range) (map[string]int64, error)
 		}
 		out[sg.level.table] += n
 	}
+	if len(pieces) > 0 {
+		out["flow_pieces"] = int64(len(pieces))
+	}
 	return out, nil
+}
+
+// PiecesMatchRows checks every stored piece against the rows of its
+// bucket, value by value, and returns how many it checked and how many
+// flows they held.
+func (s *Store) PiecesMatchRows(ctx context.Context) (pieces, flows int, err error) {
+	var ids []pieceID
+	rs, err := s.db.QueryContext(ctx, `SELECT level, bucket FROM flow_pieces ORDER BY level, bucket`)
+	if err != nil {
+		return 0, 0, err
+	}
+	for rs.Next() {
+		var id pieceID
+		if err := rs.Scan(&id.level, &id.bucket); err != nil {
+			rs.Close()
+			return 0, 0, err
+		}
+		ids = append(ids, id)
+	}
+	rs.Close()
+	err = s.read(ctx, func(rd reader) error {
+		got := map[pieceID]*piece{}
+		if err := rd.pieces(ids, func(id pieceID, data []byte) error {
+			p, err := decodePiece(id.bucket, data)
+			got[id] = p
+			return err
+		}); err != nil {
+			return err
+		}
+		for _, id := range ids {
+			p := got[id]
+			if p == nil {
+				return fmt.Errorf("piece %+v listed but not read", id)
+			}
+			l := levels[id.level]
+			want := map[int64]flowSum{}
+			if err := rd.buckets(l, id.bucket, id.bucket+l.width, func(_, key int64, row *flowSum) { want[key] = *row }); err != nil {
+				return err
+			}
+			if len(want) != len(p.ids) {
+				return fmt.Errorf("piece %s %d: %d flows, its rows %d", l.table, id.bucket, len(p.ids), len(want))
+			}
+			for i, key := range p.ids {
+				w, ok := want[key]
+				if !ok {
+					return fmt.Errorf("piece %s %d: flow %d has no row", l.table, id.bucket, key)
+				}
+				for f := 0; f < flowSumFields; f++ {
+					var v int64
+					if p.cols[f] != nil {
+						v = p.cols[f][i]
+					}
+					if v != w.fields()[f] {
+						return fmt.Errorf("piece %s %d: flow %d value %d is %d, its row %d", l.table, id.bucket, key, f, v, w.fields()[f])
+					}
+				}
+			}
+			pieces++
+			flows += len(p.ids)
+		}
+		return nil
+	})
+	return pieces, flows, err
+}
+
+// PiecesQueued counts the buckets queued for Compact by late writes.
+func (s *Store) PiecesQueued(ctx context.Context) (int, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM piece_todo`).Scan(&n)
+	return n, err
 }
 
 // ObservationsSQL answers a range from minute buckets only, summed by

@@ -140,6 +140,9 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 			return err
 		}
 	}
+	if err := s.invalidatePieces(ctx, tx, rows); err != nil {
+		return err
+	}
 	return s.logWrite(ctx, tx, rows)
 }
 
@@ -629,7 +632,11 @@ type sums struct {
 	sparse map[int64]int32
 	keys   []int64
 	flows  []flowSum
-	idx    []int32 // addPiece's buffer
+	idx    []int32                // addPiece's and addEncoded's buffer
+	cols   [flowSumFields][]int64 // addEncoded's buffers
+	buf    []uint64
+	// negative: a maximum value below zero was added (see addEncoded).
+	negative bool
 }
 
 // reserve makes room for n flows of key ids up to maxKey.
@@ -647,6 +654,9 @@ const denseKeys = 1 << 24
 func newSums() *sums { return &sums{sparse: map[int64]int32{}} }
 
 func (s *sums) add(key int64, row *flowSum) {
+	if row.pid < 0 || row.peer < 0 || row.c[latencyMaxIndex] < 0 || row.last < 0 {
+		s.negative = true
+	}
 	if key >= 0 && key < denseKeys {
 		if key >= int64(len(s.dense)) {
 			s.dense = slices.Grow(s.dense, int(key+1)*2-len(s.dense))[:min(int(key+1)*2, denseKeys)]
@@ -678,15 +688,18 @@ func (s *sums) has(key int64) bool {
 
 // Observations returns, for every flow with counters in r, its counters
 // summed over the range (Bucket is then zero), sorted by flow key. The
-// rows are read from rollups where the range allows (see Range) and
-// summed here rather than in SQL: a GROUP BY over a million rows costs
-// SQLite a sort and PostgreSQL a hash table of 20 aggregates per flow,
-// both several times slower than streaming the rows into Go.
+// whole past days, hours and minutes of the range are read from their
+// pieces where compaction built them (see pieces.go), the rest from
+// rollups where the range allows (see Range), and the flows named from
+// the key pack (keypack.go); SQLite's rows are summed here rather than
+// in SQL: a GROUP BY over a million rows costs SQLite a sort.
 func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error) {
-	return s.observations(ctx, r, levels)
+	return s.observations(ctx, r, levels, true)
 }
 
-func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Observation, error) {
+// observations answers r from the levels lvls, and from pieces if
+// usePieces (and lvls are all the levels).
+func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePieces bool) ([]Observation, error) {
 	lo, hi, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
@@ -694,7 +707,7 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 	if lo >= hi {
 		return nil, nil
 	}
-	if c := s.cache; c != nil && len(lvls) == len(levels) {
+	if c := s.cache; c != nil && len(lvls) == len(levels) && usePieces {
 		// One query at a time fills and reads the cache: see cache.sync.
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -706,24 +719,35 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level) ([]Obse
 		})
 		return out, err
 	}
-	segs := plan(lo, hi, lvls)
-	if len(segs) == 0 {
-		return nil, nil
-	}
 	var out []Observation
 	err = s.read(ctx, func(rd reader) error {
+		segs := plan(lo, hi, lvls)
+		var pieces []pieceID
+		if len(lvls) == len(levels) && usePieces {
+			var err error
+			if segs, pieces, err = coldPlan(rd, lo, hi); err != nil {
+				return err
+			}
+		}
 		sm := newSums()
 		if err := rd.sums(segs, lo, hi, sm); err != nil {
+			return err
+		}
+		if err := addPieces(rd, pieces, sm); err != nil {
 			return err
 		}
 		if len(sm.flows) == 0 {
 			return nil
 		}
+		var err error
+		if usePieces {
+			out, err = sm.namedObservations(rd, lo)
+			return err
+		}
 		keys := make(map[int64]flowKey, len(sm.flows))
 		if err := rd.keys(lo, sm.has, func(id int64, k flowKey) { keys[id] = k }); err != nil {
 			return err
 		}
-		var err error
 		out, err = sm.observations(keys)
 		return err
 	})
@@ -782,14 +806,18 @@ func (sm *sums) observationsRanked(keys map[int64]flowKey, rank func(int64) int3
 	}
 	out := make([]Observation, len(order))
 	for j, n := range order {
-		k, f := n.k, &sm.flows[n.i]
-		o := &out[j]
-		o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Port, o.Comm, o.PeerComm = k.host, k.dir, k.proto, k.local, k.remote, k.port, k.comm, k.peerComm
-		o.PID, o.PeerPID = uint32(f.pid), uint32(f.peer)
-		for i, p := range counterFields(&o.Counters) {
-			*p = uint64(f.c[i])
-		}
-		o.FirstSeen, o.LastSeen = fromNs(f.first), fromNs(f.last)
+		sm.observation(&out[j], n.k, n.i)
 	}
 	return out, nil
+}
+
+// observation fills o with flow i of sm, named k.
+func (sm *sums) observation(o *Observation, k *flowKey, i int32) {
+	f := &sm.flows[i]
+	o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Port, o.Comm, o.PeerComm = k.host, k.dir, k.proto, k.local, k.remote, k.port, k.comm, k.peerComm
+	o.PID, o.PeerPID = uint32(f.pid), uint32(f.peer)
+	for i, p := range counterFields(&o.Counters) {
+		*p = uint64(f.c[i])
+	}
+	o.FirstSeen, o.LastSeen = fromNs(f.first), fromNs(f.last)
 }

@@ -210,3 +210,64 @@ func (r *pgReader) oldest() (int64, error) {
 	}
 	return *from, nil
 }
+
+func (r *pgReader) pieceDir(l int, from, to int64, fn func(pieceID)) error {
+	var args []any
+	rows, err := r.tx.Query(r.ctx, r.d.rebind(pieceDirSQL(l, from, to, &args)), args...)
+	if err != nil {
+		return fmt.Errorf("read the pieces stored: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b int64
+		if err := rows.Scan(&b); err != nil {
+			return fmt.Errorf("read the pieces stored: %w", err)
+		}
+		fn(pieceID{l, b})
+	}
+	return rows.Err()
+}
+
+func (r *pgReader) pieces(ids []pieceID, fn func(pieceID, []byte) error) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	lv := make([]int32, len(ids))
+	bs := make([]int64, len(ids))
+	for i, id := range ids {
+		lv[i], bs[i] = int32(id.level), id.bucket
+	}
+	rows, err := r.tx.Query(r.ctx, `SELECT p.level, p.bucket, p.data FROM flow_pieces p JOIN unnest($1::int[], $2::bigint[]) AS w(l, b)
+		ON p.level = w.l AND p.bucket = w.b`, pgx.QueryResultFormats{pgx.BinaryFormatCode}, lv, bs)
+	if err != nil {
+		return fmt.Errorf("read pieces: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		vals := rows.RawValues()
+		if len(vals) != 3 || len(vals[0]) != 4 || len(vals[1]) != 8 {
+			return fmt.Errorf("read pieces: unexpected columns")
+		}
+		id := pieceID{int(int32(binary.BigEndian.Uint32(vals[0]))), int64(binary.BigEndian.Uint64(vals[1]))}
+		if err := fn(id, vals[2]); err != nil {
+			return err
+		}
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+func (r *pgReader) keyPack() (*keyPack, error) {
+	rows, err := r.tx.Query(r.ctx, `SELECT data FROM key_pack WHERE id = 1`, pgx.QueryResultFormats{pgx.BinaryFormatCode})
+	if err != nil {
+		return nil, fmt.Errorf("read the key pack: %w", err)
+	}
+	defer rows.Close()
+	var p *keyPack
+	for rows.Next() {
+		if p, err = decodeKeyPack(rows.RawValues()[0]); err != nil {
+			return nil, fmt.Errorf("read the key pack: %w", err)
+		}
+	}
+	return p, rows.Err()
+}

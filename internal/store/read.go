@@ -23,6 +23,14 @@ type reader interface {
 	keys(lo int64, want func(int64) bool, fn func(int64, flowKey)) error
 	// keysByID calls fn with the key of each of ids that exists.
 	keysByID(ids []int64, fn func(int64, flowKey)) error
+	// pieceDir calls fn with every piece of level l with a bucket in
+	// [from, to), ascending.
+	pieceDir(l int, from, to int64, fn func(pieceID)) error
+	// pieces calls fn with the data of each of ids that exists (valid
+	// until fn returns).
+	pieces(ids []pieceID, fn func(pieceID, []byte) error) error
+	// keyPack reads the key pack (nil: none; see keypack.go).
+	keyPack() (*keyPack, error)
 	// oldest is the oldest minute bucket stored (math.MaxInt64: none).
 	oldest() (int64, error)
 	// logSince reads the write log after pos (see cache.sync): the hour
@@ -251,4 +259,69 @@ func (r *sqliteReader) oldest() (int64, error) {
 		return 0, fmt.Errorf("read the oldest bucket: %w", err)
 	}
 	return from, nil
+}
+
+// pieceDirSQL selects the buckets of a level's pieces in [from, to).
+func pieceDirSQL(l int, from, to int64, args *[]any) string {
+	q := `SELECT bucket FROM flow_pieces WHERE level = ?`
+	*args = append(*args, int64(l))
+	if from != math.MinInt64 {
+		q += ` AND bucket >= ?`
+		*args = append(*args, from)
+	}
+	if to != math.MaxInt64 {
+		q += ` AND bucket < ?`
+		*args = append(*args, to)
+	}
+	return q + ` ORDER BY bucket`
+}
+
+func (r *sqliteReader) pieceDir(l int, from, to int64, fn func(pieceID)) error {
+	var args []any
+	q := pieceDirSQL(l, from, to, &args)
+	err := r.query(q, args, 1, func(dest []driver.Value) error {
+		b, ok := dest[0].(int64)
+		if !ok {
+			return fmt.Errorf("bucket is not an integer")
+		}
+		fn(pieceID{l, b})
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the pieces stored: %w", err)
+	}
+	return nil
+}
+
+func (r *sqliteReader) pieces(ids []pieceID, fn func(pieceID, []byte) error) error {
+	for _, id := range ids {
+		err := r.query(`SELECT data FROM flow_pieces WHERE level = ? AND bucket = ?`, []any{int64(id.level), id.bucket}, 1, func(dest []driver.Value) error {
+			b, ok := dest[0].([]byte)
+			if !ok {
+				return fmt.Errorf("data is a %T, not bytes", dest[0])
+			}
+			return fn(id, b)
+		})
+		if err != nil {
+			return fmt.Errorf("read a piece: %w", err)
+		}
+	}
+	return nil
+}
+
+func (r *sqliteReader) keyPack() (*keyPack, error) {
+	var p *keyPack
+	err := r.query(`SELECT data FROM key_pack WHERE id = 1`, nil, 1, func(dest []driver.Value) error {
+		b, ok := dest[0].([]byte)
+		if !ok {
+			return fmt.Errorf("data is a %T, not bytes", dest[0])
+		}
+		var err error
+		p, err = decodeKeyPack(b)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the key pack: %w", err)
+	}
+	return p, nil
 }

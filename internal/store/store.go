@@ -101,6 +101,16 @@ type Store struct {
 	cache  *cache
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt // see prepareWrites
+	// The background compaction writes start (see compactSoon).
+	lastCompact   atomic.Int64
+	noAutoCompact atomic.Bool
+	bgMu          sync.Mutex
+	bgCtx         context.Context
+	bgCancel      context.CancelFunc
+	bgRunning     bool
+	bg            sync.WaitGroup
+	bgStats       CompactStats
+	bgErr         error
 }
 
 // Open opens (and creates or migrates) the store named by spec: a file
@@ -146,6 +156,7 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 		s.db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", s.display, err)
 	}
+	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
 	return s, nil
 }
 
@@ -174,6 +185,12 @@ func (s *Store) String() string { return s.display }
 
 // Close closes the database.
 func (s *Store) Close() error {
+	s.bgMu.Lock()
+	if s.bgCancel != nil {
+		s.bgCancel()
+	}
+	s.bgMu.Unlock()
+	s.bg.Wait()
 	s.stmtMu.Lock()
 	for _, st := range s.stmts {
 		st.Close()
@@ -269,6 +286,9 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
+	}
+	if len(b.Observations) > 0 {
+		s.compactSoon()
 	}
 	return nil
 }
@@ -382,12 +402,17 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	}
 	var n int64
 	coarsest := minuteLevel.width
-	for _, tables := range retainedTables() {
+	for i, tables := range retainedTables() {
 		l := tables.level
 		coarsest = max(coarsest, l.width)
 		// Buckets start at multiples of the width; one that starts at or
 		// before cutoff-width has ended by cutoff.
 		lastWholeStart := floorTo(ns(cutoff)-l.width, l.width)
+		for _, t := range []string{"flow_pieces", "piece_todo"} {
+			if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM `+t+` WHERE level = ? AND bucket <= ?`), i, lastWholeStart); err != nil {
+				return n, fmt.Errorf("delete old buckets of %s: %w", t, err)
+			}
+		}
 		for _, t := range tables.names {
 			res, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM `+t+` WHERE bucket <= ?`), lastWholeStart)
 			if err != nil {
@@ -402,8 +427,14 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	// In the same transaction, retention tells caches (cache.go) to
 	// start over: SQLite may hand a deleted key's id to a new key.
 	if err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest); err != nil {
+		res, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), ns(cutoff)-coarsest)
+		if err != nil {
 			return fmt.Errorf("delete old flow keys: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM key_pack`); err != nil {
+				return fmt.Errorf("delete the key pack: %w", err)
+			}
 		}
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO write_log (at, bucket) VALUES (?, ?)`), time.Now().UnixNano(), logEverything); err != nil {
 			return fmt.Errorf("append to the write log: %w", err)
