@@ -294,6 +294,7 @@ type writer struct {
 	cfg        Config
 	log        *slog.Logger
 	store      *store.Store
+	compactErr string // the store's last background compaction error, as logged
 	spool      *spool
 	failing    bool
 	lastRetain time.Time
@@ -388,7 +389,28 @@ func (w *writer) write(b store.Batch) (durable bool) {
 	}
 	w.recovered()
 	w.retain()
+	w.logCompaction()
 	return true
+}
+
+// logCompaction logs a new error of the store's background compaction,
+// once, and its recovery: meanwhile long-range queries read rows (slower,
+// still exact).
+func (w *writer) logCompaction() {
+	_, err := w.store.LastCompaction()
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg == w.compactErr {
+		return
+	}
+	if err != nil {
+		w.log.Warn("store compaction failed; long-range queries read rows until it works (slower, still exact)", "err", err)
+	} else {
+		w.log.Info("store compaction works again")
+	}
+	w.compactErr = msg
 }
 
 func (w *writer) spoolBatch(b store.Batch) bool {
