@@ -361,9 +361,11 @@ func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 	sp, spillErr := b.readSpill(idx)
 	out := b.decode(keys, vals, sp)
 	if err != nil {
-		return out, errors.Join(fmt.Errorf("drain bundled flows: %w", err), spillErr)
+		err = fmt.Errorf("drain bundled flows: %w", err)
 	}
-	return out, errors.Join(spillErr, b.reset(m, idx, keys, vals, out), b.freeSpill(idx, sp))
+	// What was read is returned, so it is reset even when a read failed
+	// part-way: entries and slots not read keep their counts for later.
+	return out, errors.Join(err, spillErr, b.reset(m, idx, keys, vals, out), b.freeSpill(idx, sp))
 }
 
 // decode turns raw entries into Entries: the map's, in order, each with

@@ -251,6 +251,18 @@ func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, cfg Config) string {
 	if _, ok := p.links["on_tcp_state"]; !ok {
 		return "its TCP tracepoint is not attached"
 	}
+	// A side pinned part-way (killed while pinning) may lack copies: its
+	// runs skipped for recursion would be lost unseen.
+	for _, def := range hookDefs {
+		if _, ok := p.links[def.program]; !ok {
+			continue
+		}
+		for _, name := range copyNames(def, recTaskMarks()) {
+			if _, ok := p.links[name]; !ok {
+				return "the copies of " + def.program + " are not all attached"
+			}
+		}
+	}
 	if d := p.drain; d != nil && (d.Type() != ebpf.Array || d.KeySize() != 4 || d.ValueSize() != uint32(binarySize[drainRecord]()) || d.MaxEntries() != 1) {
 		return "its drain record has another layout"
 	}

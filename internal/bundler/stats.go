@@ -93,7 +93,8 @@ func isCopy(name string) bool {
 // recursionLost is how many calls of program's tracepoint no copy did.
 // The program's misses are read before the rescues (a rescue follows its
 // miss), so a run read between the two counts once, until the next read.
-//   - without copies: the program's misses;
+//   - without copies: the program's misses (and its deferrals, under
+//     task marks);
 //   - per-CPU flag: exactly the first copy's misses less the rescues (the
 //     last copy counts every call it finds the flag raised in, before any
 //     filter);
@@ -104,14 +105,19 @@ func isCopy(name string) bool {
 func (b *Bundler) recursionLost(program string, progs map[string]ProgramStats, rescued, deferred uint64) uint64 {
 	copies := b.copies[program]
 	first := progs[program].RecursionMisses
-	if len(copies) == 0 {
-		return first
-	}
+	// Calls the first copy deferred (task marks) are lost too when no
+	// copy runs after it.
 	byFirst := first + deferred - min(rescued, first+deferred)
-	if !recTaskMarks() {
+	last := ""
+	if n := len(copies); n > 0 {
+		last = copies[n-1]
+	}
+	if !recTaskMarks() || !strings.HasSuffix(last, "_last") {
+		// No last copy (a middle one may decline a call without a
+		// miss): the first copy's figure only.
 		return byFirst
 	}
-	return min(byFirst, progs[copies[len(copies)-1]].RecursionMisses)
+	return min(byFirst, progs[last].RecursionMisses)
 }
 
 // Port is one entry of the listening-port table.
