@@ -308,6 +308,9 @@ func Load(cfg Config) (*Bundler, error) {
 	b.shared, err = ebpf.NewCollection(mapsOnly)
 	if err != nil {
 		b.Release()
+		if why := kernel.TooOldForMaps(err); why != "" {
+			return nil, errors.New(why)
+		}
 		return nil, fmt.Errorf("create maps: %w", err)
 	}
 	if old != nil {

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
 )
 
 // Prepare checks what must hold before anything is loaded: BPF maps can be
@@ -31,4 +32,21 @@ func TooOld(verifierLog string) string {
 		return "this kernel cannot use socket-local storage from tracing programs, which arrived in Linux 5.11; deptrace needs Linux 5.12 or newer (6.1 and newer are tested, see docs/install.md)"
 	}
 	return ""
+}
+
+// TooOldForMaps turns a map that this kernel refused to create into one
+// line naming the release deptrace needs, where the running release is
+// older than that (Debian's 5.10 refuses the task-storage map that
+// recovers skipped program runs, EINVAL); "" otherwise.
+func TooOldForMaps(err error) string {
+	var u unix.Utsname
+	if err == nil || unix.Uname(&u) != nil {
+		return ""
+	}
+	release := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if n, _ := fmt.Sscanf(release, "%d.%d", &major, &minor); n != 2 || major > 5 || (major == 5 && minor >= 12) {
+		return ""
+	}
+	return fmt.Sprintf("this kernel (%s) refused one of deptrace's maps (%v): it predates Linux 5.12, which deptrace needs (atomic compare-and-exchange in BPF programs, 5.12; 6.1 and newer are tested, see docs/install.md)", release, err)
 }
