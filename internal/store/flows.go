@@ -526,18 +526,7 @@ func plan(lo, hi int64, lvls []level) []segment {
 		fill(c1, b, i-1)
 	}
 	fill(a, b, len(lvls)-1)
-	out := append(head, mid...)
-	out = append(out, tail...)
-	// Adjacent minute segments without an event filter are one scan.
-	var merged []segment
-	for _, sg := range out {
-		if n := len(merged); n > 0 && !sg.events && !merged[n-1].events && merged[n-1].level == sg.level && merged[n-1].hi == sg.lo {
-			merged[n-1].hi = sg.hi
-			continue
-		}
-		merged = append(merged, sg)
-	}
-	return merged
+	return joinSegments(head, mid, tail)
 }
 
 // segmentSQL selects the rows of one segment.
@@ -820,4 +809,20 @@ func (sm *sums) observation(o *Observation, k *flowKey, i int32) {
 		*p = uint64(f.c[i])
 	}
 	o.FirstSeen, o.LastSeen = fromNs(f.first), fromNs(f.last)
+}
+
+// joinSegments concatenates segment lists in order; adjacent segments of
+// one level without an event filter become one scan.
+func joinSegments(lists ...[]segment) []segment {
+	var merged []segment
+	for _, l := range lists {
+		for _, sg := range l {
+			if n := len(merged); n > 0 && !sg.events && !merged[n-1].events && merged[n-1].level == sg.level && merged[n-1].hi == sg.lo {
+				merged[n-1].hi = sg.hi
+				continue
+			}
+			merged = append(merged, sg)
+		}
+	}
+	return merged
 }

@@ -450,17 +450,7 @@ func coldPlan(rd reader, lo, hi int64) ([]segment, []pieceID, error) {
 		}
 	}
 	fill(a, b, len(levels)-1)
-	out := append(head, mid...)
-	out = append(out, tail...)
-	var merged []segment
-	for _, sg := range out {
-		if n := len(merged); n > 0 && !sg.events && !merged[n-1].events && merged[n-1].level == sg.level && merged[n-1].hi == sg.lo {
-			merged[n-1].hi = sg.hi
-			continue
-		}
-		merged = append(merged, sg)
-	}
-	return merged, pieces, nil
+	return joinSegments(head, mid, tail), pieces, nil
 }
 
 // addPieces reads and adds the pieces of ids to sm.
