@@ -100,6 +100,15 @@ var forceTableHarvest bool
 // hash, which otherwise serves only connects whose slot is taken (tests).
 var forceConnectHash bool
 
+// forceNoCache sends every flow to the flow map, which otherwise serves
+// only flows whose slot in the per-CPU flow cache is taken (tests).
+var forceNoCache bool
+
+// FlowCacheSlots is the kernel side's flow cache, in flows per CPU and
+// interval: what an interval holds beyond the flow map and the spill
+// (bpf/bundler.bpf.c, CACHE_SLOTS; Load checks the two agree).
+const FlowCacheSlots = 64
+
 // storageIterUnsafe: from 7.0, freeing a socket clears its storage
 // element's owner pointer (bpf_selem_unlink_nofail) while the socket-storage
 // map iterator may still show that element, and the kernel's
@@ -258,6 +267,14 @@ func Load(cfg Config) (*Bundler, error) {
 		if err := spec.Variables["connect_slots_off"].Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set connect_slots_off: %w", err)
 		}
+	}
+	if forceNoCache {
+		if err := spec.Variables["cache_off"].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("set cache_off: %w", err)
+		}
+	}
+	if got := spec.Maps["flow_cache"].MaxEntries; got != 2*FlowCacheSlots {
+		return nil, fmt.Errorf("flow cache: the object has %d slots, FlowCacheSlots says %d per half", got, FlowCacheSlots)
 	}
 	if err := setSpillOnly(spec); err != nil {
 		return nil, err

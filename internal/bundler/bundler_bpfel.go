@@ -234,6 +234,7 @@ type bundlerUnixPath struct {
 const (
 	bundlerMapConnectSlots             = "connect_slots"
 	bundlerMapConnecting               = "connecting"
+	bundlerMapFlowCache                = "flow_cache"
 	bundlerMapFlows                    = "flows"
 	bundlerMapPorts                    = "ports"
 	bundlerMapRecBusy                  = "rec_busy"
@@ -288,6 +289,7 @@ const (
 	bundlerVarBtfSpillState            = "_btf_spill_state"
 	bundlerVarBtfStatIndex             = "_btf_stat_index"
 	bundlerVarBtfUnixPath              = "_btf_unix_path"
+	bundlerVarCacheOff                 = "cache_off"
 	bundlerVarConnectFexits            = "connect_fexits"
 	bundlerVarConnectSlotsOff          = "connect_slots_off"
 	bundlerVarHarvestGen               = "harvest_gen"
@@ -381,6 +383,7 @@ type bundlerProgramSpecs struct {
 type bundlerMapSpecs struct {
 	ConnectSlots  *ebpf.MapSpec `ebpf:"connect_slots"`
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
+	FlowCache     *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows         *ebpf.MapSpec `ebpf:"flows"`
 	Ports         *ebpf.MapSpec `ebpf:"ports"`
 	RecBusy       *ebpf.MapSpec `ebpf:"rec_busy"`
@@ -409,6 +412,7 @@ type bundlerVariableSpecs struct {
 	BtfSpillState     *ebpf.VariableSpec `ebpf:"_btf_spill_state"`
 	BtfStatIndex      *ebpf.VariableSpec `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.VariableSpec `ebpf:"_btf_unix_path"`
+	CacheOff          *ebpf.VariableSpec `ebpf:"cache_off"`
 	ConnectFexits     *ebpf.VariableSpec `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.VariableSpec `ebpf:"connect_slots_off"`
 	HarvestGen        *ebpf.VariableSpec `ebpf:"harvest_gen"`
@@ -442,6 +446,7 @@ func (o *bundlerObjects) Close() error {
 type bundlerMaps struct {
 	ConnectSlots  *ebpf.Map `ebpf:"connect_slots"`
 	Connecting    *ebpf.Map `ebpf:"connecting"`
+	FlowCache     *ebpf.Map `ebpf:"flow_cache"`
 	Flows         *ebpf.Map `ebpf:"flows"`
 	Ports         *ebpf.Map `ebpf:"ports"`
 	RecBusy       *ebpf.Map `ebpf:"rec_busy"`
@@ -459,6 +464,7 @@ func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
 		m.ConnectSlots,
 		m.Connecting,
+		m.FlowCache,
 		m.Flows,
 		m.Ports,
 		m.RecBusy,
@@ -488,6 +494,7 @@ type bundlerVariables struct {
 	BtfSpillState     *ebpf.Variable `ebpf:"_btf_spill_state"`
 	BtfStatIndex      *ebpf.Variable `ebpf:"_btf_stat_index"`
 	BtfUnixPath       *ebpf.Variable `ebpf:"_btf_unix_path"`
+	CacheOff          *ebpf.Variable `ebpf:"cache_off"`
 	ConnectFexits     *ebpf.Variable `ebpf:"connect_fexits"`
 	ConnectSlotsOff   *ebpf.Variable `ebpf:"connect_slots_off"`
 	HarvestGen        *ebpf.Variable `ebpf:"harvest_gen"`

@@ -174,7 +174,11 @@ func TestKilledAfterTheResetBeforeTheRecord(t *testing.T) {
 	if p == nil || p.gen != iv.Gen {
 		t.Fatalf("a pinned interval is not pending before its commit: %+v", p)
 	}
+	// The reset: of the map, and of the spill and cache slots beside it.
 	if err := first.reset(first.inner[p.idx], p.idx, p.keys, p.vals, p.entries); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.freeSpill(p.idx, p.spill); err != nil {
 		t.Fatal(err)
 	}
 	first.Release()

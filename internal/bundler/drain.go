@@ -422,14 +422,16 @@ func setSpillOnly(spec *ebpf.CollectionSpec) error {
 	return nil
 }
 
-// spillRead is what a spill half held: the claimed slots, and the key and
-// value of every one that was ready.
+// spillRead is what a spill half and the same half of every CPU's flow
+// cache held: the claimed slots, and the key and value of every one that
+// was ready.
 type spillRead struct {
-	used     uint64 // slots claimed, as the kernel side counted them
-	complete bool   // every slot of the half was read
-	slots    []uint32
-	keys     []bundlerFlowKey
-	vals     []bundlerFlowValue
+	used       uint64 // spill slots claimed, as the kernel side counted them
+	complete   bool   // every slot of the spill half was read
+	slots      []uint32
+	cacheSlots []uint32 // flow cache slots claimed on at least one CPU
+	keys       []bundlerFlowKey
+	vals       []bundlerFlowValue
 }
 
 // spillSlots is the slots of one spill half.
@@ -447,6 +449,9 @@ func (b *Bundler) setSpillHalf(h int) error {
 // Collect). A half no slot of which was claimed is not read.
 func (b *Bundler) readSpill(h int) (spillRead, error) {
 	var sp spillRead
+	if err := b.readCache(h, &sp); err != nil {
+		return sp, err
+	}
 	if err := b.shared.Maps["spill_used"].Lookup(uint32(h), &sp.used); err != nil {
 		return sp, fmt.Errorf("read the flow spill's use: %w", err)
 	}
@@ -474,6 +479,37 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 	return sp, nil
 }
 
+// cacheSlots is the slots of one half of a CPU's flow cache.
+func (b *Bundler) cacheSlots() uint32 { return b.shared.Maps["flow_cache"].MaxEntries() / 2 }
+
+// readCache adds to sp the flows in half h of every CPU's flow cache,
+// which no program writes any more (see Collect), and the slots to free.
+func (b *Bundler) readCache(h int, sp *spillRead) error {
+	m := b.shared.Maps["flow_cache"]
+	n := b.cacheSlots()
+	var cpus []bundlerSpillSlot
+	for i := uint32(h) * n; i < uint32(h+1)*n; i++ {
+		if err := m.Lookup(i, &cpus); err != nil {
+			return fmt.Errorf("read the flow cache: %w", err)
+		}
+		claimed := false
+		for _, s := range cpus {
+			if s.State == uint32(bundlerSpillStateSPILL_FREE) {
+				continue
+			}
+			claimed = true
+			if s.State == uint32(bundlerSpillStateSPILL_READY) {
+				sp.keys = append(sp.keys, s.Key)
+				sp.vals = append(sp.vals, bundlerFlowValue(s.Value))
+			}
+		}
+		if claimed {
+			sp.cacheSlots = append(sp.cacheSlots, i)
+		}
+	}
+	return nil
+}
+
 // freeSpill frees the slots of spill half h that sp read, then, if it
 // read them all, the half's use count: a process killed in between leaves
 // a count and no slot, which costs the next drain of the half one
@@ -481,6 +517,14 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 // resets what it read of the map; the rest stays counted as used and is
 // read with the half's next drain.)
 func (b *Bundler) freeSpill(h int, sp spillRead) error {
+	if len(sp.cacheSlots) > 0 {
+		zero := make([]bundlerSpillSlot, b.ncpu)
+		for _, i := range sp.cacheSlots {
+			if err := b.shared.Maps["flow_cache"].Update(i, zero, ebpf.UpdateExist); err != nil {
+				return fmt.Errorf("free the flow cache: %w", err)
+			}
+		}
+	}
 	if len(sp.slots) > 0 {
 		zero := make([]bundlerSpillSlot, len(sp.slots))
 		if _, err := b.shared.Maps["spill"].BatchUpdate(sp.slots, zero, nil); err != nil {

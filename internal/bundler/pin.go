@@ -32,7 +32,7 @@ import (
 // pinned maps.
 
 // pinnedMaps are the maps whose contents must survive a restart.
-var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "spill_half", "spill_used"}
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "spill_half", "spill_used", "flow_cache"}
 
 // AdoptReport says what Load found under the pin path.
 type AdoptReport struct {
@@ -432,6 +432,21 @@ func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 			}
 			if e := merge(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)}); e.Counts != (Counts{}) {
 				entries = append(entries, e)
+			}
+		}
+	}
+	if m := p.maps["flow_cache"]; m != nil && m.ValueSize() == uint32(binarySize[bundlerSpillSlot]()) {
+		var i uint32
+		cpus := make([]bundlerSpillSlot, ncpu)
+		it := m.Iterate()
+		for it.Next(&i, &cpus) {
+			for _, s := range cpus {
+				if s.State != uint32(bundlerSpillStateSPILL_READY) {
+					continue
+				}
+				if e := merge(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)}); e.Counts != (Counts{}) {
+					entries = append(entries, e)
+				}
 			}
 		}
 	}

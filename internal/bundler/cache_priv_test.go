@@ -1,0 +1,152 @@
+package bundler
+
+import (
+	"testing"
+	"time"
+)
+
+// The flow cache: a small direct-mapped cache per CPU in front of the
+// flow map (bpf/bundler.bpf.c, flow_cache). A test's few flows land
+// there, so these tests check that what the cache counted is drained
+// exactly once, with both halves in use by turns.
+
+// cacheClaimed counts the slots of flow cache half h claimed on any CPU,
+// and of those, the ones holding a flow of port.
+func cacheClaimed(t *testing.T, b *Bundler, h int, port uint16) (claimed, holding int) {
+	t.Helper()
+	var sp spillRead
+	if err := b.readCache(h, &sp); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range sp.keys {
+		if k.Port == port {
+			holding++
+		}
+	}
+	return len(sp.cacheSlots), holding
+}
+
+// Connections counted in the cache come out exact, interval after
+// interval; every drained half is left free.
+func TestFlowCacheCountsEveryConnection(t *testing.T) {
+	const port = 7410
+	w := newCommitWorld(t, port)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+
+	var got, latencies uint64
+	drain := func() {
+		t.Helper()
+		entries, _, err := bu.Drain()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range entries {
+			if e.NetNS == w.client.Inode && e.Direction == DirOutbound && e.Port == port {
+				n++
+				got += e.Connections
+				latencies += e.LatencyCount
+			}
+		}
+		if n > 1 {
+			t.Fatalf("the client's flow came as %d entries in one interval, want one (cache and map summed)", n)
+		}
+	}
+	const rounds = 4
+	for r := 0; r < rounds; r++ {
+		if bu.active != r%2 {
+			drain() // the next round uses the other half
+		}
+		w.connectConcurrently(4, 10, nil)
+		// A client's connection is counted before its connect returns.
+		if _, holding := cacheClaimed(t, bu, r%2, port); holding == 0 {
+			t.Fatalf("round %d: no CPU's cache half %d holds the client's flow", r, r%2)
+		}
+		want := uint64((r + 1) * 40)
+		deadline := time.Now().Add(10 * time.Second)
+		for got < want && time.Now().Before(deadline) {
+			drain()
+			time.Sleep(20 * time.Millisecond)
+		}
+		drain()
+		drain()
+		if got != want || latencies != want {
+			t.Fatalf("round %d: connections %d, latencies %d, want %d of each (%s)", r, got, latencies, want, lossReport(bu))
+		}
+	}
+	for h := 0; h < 2; h++ {
+		if claimed, _ := cacheClaimed(t, bu, h, port); claimed != 0 {
+			t.Errorf("cache half %d still has %d claimed slots after its drain", h, claimed)
+		}
+	}
+}
+
+// With the cache off every flow goes to the map, as before the cache:
+// exact counts there too (the path flows take when their slot is taken).
+func TestFlowCacheOffCountsInTheMap(t *testing.T) {
+	const port = 7411
+	forceNoCache = true
+	defer func() { forceNoCache = false }()
+	w := newCommitWorld(t, port)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+	w.connectConcurrently(4, 10, nil)
+	if claimed, _ := cacheClaimed(t, bu, bu.active, port); claimed != 0 {
+		t.Fatalf("cache_off: %d cache slots claimed", claimed)
+	}
+	if n := flowMapKeys(t, bu); n == 0 {
+		t.Fatal("cache_off: the flow maps hold no key")
+	}
+	w.settle(bu, 40)
+}
+
+// A key both in the cache and in the map (its slot was taken on another
+// CPU, or it entered the map before the slot was free) comes out as one
+// entry, summed.
+func TestFlowCacheAndMapSummed(t *testing.T) {
+	const port = 7412
+	w := newCommitWorld(t, port)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+	w.connect(5)
+	var sp spillRead
+	if err := bu.readCache(bu.active, &sp); err != nil {
+		t.Fatal(err)
+	}
+	var key bundlerFlowKey
+	found := false
+	for _, k := range sp.keys {
+		if k.Netns == w.client.Inode && k.Direction == DirOutbound && k.Port == port {
+			key, found = k, true
+		}
+	}
+	if !found {
+		t.Fatalf("the client's flow is not in the cache (%d keys there)", len(sp.keys))
+	}
+	vals := make([]bundlerFlowValue, bu.ncpu)
+	vals[0].Connections = 1000
+	if err := bu.inner[bu.active].Put(key, vals); err != nil {
+		t.Fatal(err)
+	}
+	entries, _, err := bu.Drain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, conns := 0, uint64(0)
+	for _, e := range entries {
+		if e.NetNS == w.client.Inode && e.Direction == DirOutbound && e.Port == port {
+			n++
+			conns += e.Connections
+		}
+	}
+	if n != 1 || conns != 1005 {
+		t.Errorf("cache and map key: %d entries, %d connections; want 1 entry of 5+1000", n, conns)
+	}
+}
