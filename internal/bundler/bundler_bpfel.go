@@ -53,28 +53,28 @@ const (
 
 type bundlerFlowValue struct {
 	_                 structs.HostLayout
+	LastJiffies       uint64
 	Connections       uint64
+	Pid               uint32
+	PeerPid           uint32
+	BytesSent         uint64
+	BytesReceived     uint64
+	DatagramsSent     uint64
+	DatagramsReceived uint64
+	LastSeenNs        uint64
+	LatencyCount      uint64
+	LatencySumUs      uint64
+	LatencyMaxUs      uint64
+	FirstSeenNs       uint64
+	Retransmits       uint64
 	FailedConnections uint64
 	FailedRefused     uint64
 	FailedTimeout     uint64
 	FailedReset       uint64
 	FailedUnreachable uint64
-	BytesSent         uint64
-	BytesReceived     uint64
-	DatagramsSent     uint64
-	DatagramsReceived uint64
-	LatencyCount      uint64
-	LatencySumUs      uint64
-	LatencyMaxUs      uint64
 	ResetsSent        uint64
 	ResetsReceived    uint64
-	Retransmits       uint64
-	FirstSeenNs       uint64
-	LastSeenNs        uint64
-	LastJiffies       uint64
 	CgroupId          uint64
-	Pid               uint32
-	PeerPid           uint32
 	Comm              [16]int8
 	PeerComm          [16]int8
 }
@@ -170,28 +170,28 @@ type bundlerSpillSlot struct {
 	Key   bundlerFlowKey
 	Value struct {
 		_                 structs.HostLayout
+		LastJiffies       uint64
 		Connections       uint64
+		Pid               uint32
+		PeerPid           uint32
+		BytesSent         uint64
+		BytesReceived     uint64
+		DatagramsSent     uint64
+		DatagramsReceived uint64
+		LastSeenNs        uint64
+		LatencyCount      uint64
+		LatencySumUs      uint64
+		LatencyMaxUs      uint64
+		FirstSeenNs       uint64
+		Retransmits       uint64
 		FailedConnections uint64
 		FailedRefused     uint64
 		FailedTimeout     uint64
 		FailedReset       uint64
 		FailedUnreachable uint64
-		BytesSent         uint64
-		BytesReceived     uint64
-		DatagramsSent     uint64
-		DatagramsReceived uint64
-		LatencyCount      uint64
-		LatencySumUs      uint64
-		LatencyMaxUs      uint64
 		ResetsSent        uint64
 		ResetsReceived    uint64
-		Retransmits       uint64
-		FirstSeenNs       uint64
-		LastSeenNs        uint64
-		LastJiffies       uint64
 		CgroupId          uint64
-		Pid               uint32
-		PeerPid           uint32
 		Comm              [16]int8
 		PeerComm          [16]int8
 	}
