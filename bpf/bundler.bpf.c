@@ -180,7 +180,7 @@ const enum spill_state *_btf_spill_state __attribute__((unused)); /* for bpf2go 
  * found there costs a hash of its key and a compare, where a lookup in the
  * per-CPU hash costs a hash, a walk of a bucket in a large table (a cache
  * and TLB miss once the table outgrows the cache), and the value's per-CPU
- * pointer: about 160 ns of a short connection's five flow updates each in
+ * pointer: about 160 ns of each of a short connection's four flow updates in
  * this VM's profile. A slot goes to the first flow of the interval that
  * hashes to it, on that CPU; flows that find it taken use the map as
  * before. Slots use the spill's states and halves: half i goes with inner
@@ -309,8 +309,10 @@ struct {
  * bits of the socket's cookie: claiming a free slot is one compare-and-swap,
  * where a hash insert and delete take a bucket lock with interrupts off
  * (a third of a short connection's cost in a profile). The kernel hands
- * out cookies in sequence (per-CPU batches), so consecutive connects take
- * consecutive slots: a small array that stays in cache. A hash of the
+ * out cookies in sequence (per-CPU batches of 4096, each offset in the
+ * index so that two CPUs connecting at once walk different slots), so
+ * consecutive connects take consecutive slots: a small array that stays
+ * in cache. A hash of the
  * cookie spread them over a large one, and the claim then missed the
  * cache and the TLB: 0.7 us per connection in a profile, the largest
  * single cost of a short connection. A connect whose slot is taken (a
@@ -831,7 +833,10 @@ static __always_inline struct sock_state *tcp_tag(struct sock *sk, __u8 directio
  * pointer). Sockets that never connect never get one. */
 static __always_inline struct connect_slot *connect_slot_of(__u64 cookie)
 {
-	__u32 idx = (__u32)cookie & (CONNECT_SLOTS - 1);
+	/* Each CPU takes cookies in batches of 4096 (a multiple of the slot
+	 * count): offset each batch, so that two CPUs connecting at once walk
+	 * different slots. */
+	__u32 idx = (__u32)(cookie + (cookie >> 12) * 337) & (CONNECT_SLOTS - 1);
 	return bpf_map_lookup_elem(&connect_slots, &idx);
 }
 
@@ -1203,14 +1208,15 @@ static __always_inline void listener_tag(struct sock *sk, __u32 pid, const char 
  * that order, and a later copy does the work of a call only if no earlier
  * copy did. Two ways to know, chosen by the loader (rec_task_marks):
  * - before 6.19 (a tracepoint call runs its programs with preemption off):
- *   the first copy raises a per-CPU flag for the length of its run of a
- *   wanted transition. The kernel skips it only for a call nested in a
- *   run, on that CPU, so the last copy of a call that finds the flag
- *   raised knows the first was skipped, does the work and counts a rescue.
- *   Runs lost = the first copy's misses - rescues, exactly (the last copy
- *   reads the flag before any filter). A call nested in the few
- *   instructions the first copy runs without the flag (its prologue, and
- *   the test that drops an unwanted transition) is lost, and counted.
+ *   the first copy raises a per-CPU flag for the length of its run
+ *   (before any filter: an unwanted transition of a process, such as
+ *   close()'s FIN_WAIT1, can be interrupted by a wanted one in softirq).
+ *   The kernel skips it only for a call nested in that run, on that CPU,
+ *   so the last copy of a call that finds the flag raised knows the first
+ *   was skipped, does the work and counts a rescue. Runs lost = the first
+ *   copy's misses - rescues, exactly (the last copy reads the flag before
+ *   any filter too); a call nested in the few instructions of the first
+ *   copy's prologue, before the flag, is lost, and counted.
  *   Sends and receives run in process context only: nothing nests in
  *   them, they get no copies.
  * - from 6.19: the marks of recmarks.h (task-local, so preemption and
@@ -1341,12 +1347,6 @@ static __always_inline void tcp_state_change(struct sock *sk, int oldstate, int 
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_tcp_state, struct sock *sk, const int oldstate, const int newstate)
 {
-	/* Half of a connection's state changes are not wanted: they leave
-	 * before the flag, a per-CPU line less to touch. A call nested in such
-	 * a run is counted lost by the last copy, as one nested in the
-	 * instructions before the flag always was: the count stays exact. */
-	if (!tcp_transition_wanted(oldstate, newstate))
-		return 0;
 	__u32 *busy = rec_begin(REC_STATE);
 	if (tcp_state_wanted(sk, oldstate, newstate) && rec_first_copy(ctx, STAT_REC_DEFERRED_STATE))
 		tcp_state_change(sk, oldstate, newstate);

@@ -18,31 +18,10 @@ import (
 // applied once.
 
 func pinnedTestConfig(t *testing.T) Config {
-	removeDeadTestPins(t)
 	c := testConfig()
 	c.PinPath = filepath.Join("/sys/fs/bpf", fmt.Sprintf("deptrace-bundler-test-%d", os.Getpid()))
 	t.Cleanup(func() { Cleanup(c.PinPath) })
 	return c
-}
-
-// removeDeadTestPins removes the pinned sides of test processes that died
-// without their cleanup (killed by a timeout, or by hand): left, such a
-// side keeps tracing every socket of the machine, slowing every later
-// test and benchmark, until the next reboot.
-func removeDeadTestPins(t *testing.T) {
-	dirs, _ := filepath.Glob("/sys/fs/bpf/deptrace-bundler-test-*")
-	for _, dir := range dirs {
-		var pid int
-		if _, err := fmt.Sscanf(filepath.Base(dir), "deptrace-bundler-test-%d", &pid); err != nil || pid == os.Getpid() {
-			continue
-		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
-			continue // its test is running
-		}
-		if _, err := Cleanup(dir); err != nil {
-			t.Logf("remove a dead test's pinned side %s: %v", dir, err)
-		}
-	}
 }
 
 // commitWorld is a client host, a server, and a store of batch ids.

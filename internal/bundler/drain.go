@@ -186,8 +186,9 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 //   - after the caller stored it, before or during the reset: g is
 //     recovered under the same BatchID (in full, or partly reset), which a
 //     store that applies each batch id once ignores.
-//   - after the reset, before the drain map records the commit: g is
-//     recovered empty.
+//   - after the reset (of the map, then of the spill and cache slots),
+//     before the drain map records the commit: g is recovered empty, or
+//     with the slots not yet reset, under the same BatchID.
 func (b *Bundler) Collect() (Interval, error) {
 	if err := b.loadDrainState(); err != nil {
 		return Interval{}, err
@@ -429,7 +430,8 @@ type spillRead struct {
 	used       uint64 // spill slots claimed, as the kernel side counted them
 	complete   bool   // every slot of the spill half was read
 	slots      []uint32
-	cacheSlots []uint32 // flow cache slots claimed on at least one CPU
+	cacheSlots []uint32             // flow cache slots claimed on at least one CPU
+	cacheCPUs  [][]bundlerSpillSlot // each one's slot on every CPU, as read
 	keys       []bundlerFlowKey
 	vals       []bundlerFlowValue
 }
@@ -505,9 +507,29 @@ func (b *Bundler) readCache(h int, sp *spillRead) error {
 		}
 		if claimed {
 			sp.cacheSlots = append(sp.cacheSlots, i)
+			sp.cacheCPUs = append(sp.cacheCPUs, append([]bundlerSpillSlot(nil), cpus...))
 		}
 	}
 	return nil
+}
+
+// cacheReset is what a flow cache slot holds after its drain, on every
+// CPU: a flow that counted keeps its slot, zeroed but for its process (as
+// a recurring map entry does: a flow whose next interval has only softirq
+// events stays named); a slot idle for the interval is freed for another.
+func cacheReset(cpus []bundlerSpillSlot) []bundlerSpillSlot {
+	next := make([]bundlerSpillSlot, len(cpus))
+	for c, s := range cpus {
+		if s.State != uint32(bundlerSpillStateSPILL_READY) {
+			continue
+		}
+		if merge(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)}).Counts == (Counts{}) {
+			continue
+		}
+		next[c].State, next[c].Key = s.State, s.Key
+		next[c].Value.Pid, next[c].Value.Comm, next[c].Value.CgroupId = s.Value.Pid, s.Value.Comm, s.Value.CgroupId
+	}
+	return next
 }
 
 // freeSpill frees the slots of spill half h that sp read, then, if it
@@ -517,12 +539,9 @@ func (b *Bundler) readCache(h int, sp *spillRead) error {
 // resets what it read of the map; the rest stays counted as used and is
 // read with the half's next drain.)
 func (b *Bundler) freeSpill(h int, sp spillRead) error {
-	if len(sp.cacheSlots) > 0 {
-		zero := make([]bundlerSpillSlot, b.ncpu)
-		for _, i := range sp.cacheSlots {
-			if err := b.shared.Maps["flow_cache"].Update(i, zero, ebpf.UpdateExist); err != nil {
-				return fmt.Errorf("free the flow cache: %w", err)
-			}
+	for j, i := range sp.cacheSlots {
+		if err := b.shared.Maps["flow_cache"].Update(i, cacheReset(sp.cacheCPUs[j]), ebpf.UpdateExist); err != nil {
+			return fmt.Errorf("free the flow cache: %w", err)
 		}
 	}
 	if len(sp.slots) > 0 {

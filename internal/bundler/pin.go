@@ -21,7 +21,9 @@ import (
 // loaded them exits (or is killed); the next agent adopts them and drains
 // what was counted meanwhile. Layout of PinPath:
 //
-//	meta              the object's SHA-256: adopt only the very same code
+//	meta              entry 0: the object's SHA-256: adopt only the very
+//	                  same code; entry 1: flowLayout, which says whether a
+//	                  replaced side's counts can be salvaged
 //	drain             the drain record: the side's identity, its last
 //	                  interval's generation, whether that one is committed
 //	map_<name>        every map the programs write (flows, flows_a, flows_b,
@@ -121,13 +123,18 @@ func (b *Bundler) pin() error {
 	if err := os.MkdirAll(b.cfg.PinPath, 0o700); err != nil {
 		return err
 	}
-	meta, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deptrace_meta", Type: ebpf.Array, KeySize: 4, ValueSize: 32, MaxEntries: 1})
+	meta, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deptrace_meta", Type: ebpf.Array, KeySize: 4, ValueSize: 32, MaxEntries: 2})
 	if err != nil {
 		return fmt.Errorf("create meta map: %w", err)
 	}
 	defer meta.Close()
 	h := objectHash(b.cfg)
 	if err := meta.Put(uint32(0), h[:]); err != nil {
+		return fmt.Errorf("write meta map: %w", err)
+	}
+	var layout [32]byte
+	binary.NativeEndian.PutUint32(layout[:], flowLayout)
+	if err := meta.Put(uint32(1), layout[:]); err != nil {
 		return fmt.Errorf("write meta map: %w", err)
 	}
 	if err := meta.Pin(filepath.Join(b.cfg.PinPath, "meta")); err != nil {
@@ -156,12 +163,20 @@ func (b *Bundler) pin() error {
 }
 
 // pinnedSide is what a pin path holds.
+// flowLayout numbers the layout of the flow key, the flow value and the
+// spill and cache slot as the kernel side writes them. Change it with any
+// of them: a replaced side's counts are salvaged only when its layout is
+// this one (TestFlowLayoutFingerprint fails until it is changed). Sides
+// pinned before the number existed have none (0): never read.
+const flowLayout = 2
+
 type pinnedSide struct {
-	hash  []byte
-	drain *ebpf.Map // nil when pinned by a deptrace without drain records
-	maps  map[string]*ebpf.Map
-	inner [2]*ebpf.Map
-	links map[string]link.Link
+	hash   []byte
+	layout uint32    // flowLayout of the side's build; 0: unknown
+	drain  *ebpf.Map // nil when pinned by a deptrace without drain records
+	maps   map[string]*ebpf.Map
+	inner  [2]*ebpf.Map
+	links  map[string]link.Link
 }
 
 func (p *pinnedSide) close() {
@@ -195,6 +210,10 @@ func loadPinned(path string) (p *pinnedSide, ok bool, err error) {
 	var h [32]byte
 	if err := meta.Lookup(uint32(0), &h); err == nil {
 		p.hash = h[:]
+	}
+	var layout [32]byte
+	if err := meta.Lookup(uint32(1), &layout); err == nil {
+		p.layout = binary.NativeEndian.Uint32(layout[:])
 	}
 	for _, name := range pinnedMaps {
 		if m, err := ebpf.LoadPinnedMap(filepath.Join(path, "map_"+name), nil); err == nil {
@@ -400,6 +419,11 @@ func (b *Bundler) writeDrainRecord(gen uint64, pending bool) error {
 // salvage reads what an incompatible pinned side counted, if its flow maps
 // still have today's key and value layout.
 func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
+	if p.layout != flowLayout {
+		// Same sizes need not mean the same fields (a reordered value
+		// keeps its size): counted, never decoded.
+		return nil, p.countEntries()
+	}
 	for _, m := range p.inner {
 		if m == nil {
 			continue
@@ -451,6 +475,45 @@ func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 		}
 	}
 	return entries, unreadable
+}
+
+// countEntries counts what a side holds that cannot be read: flow map
+// keys, and spill and cache slots in use (their state leads every slot
+// layout so far; 0 is free).
+func (p *pinnedSide) countEntries() int {
+	n := 0
+	for _, m := range p.inner {
+		if m == nil {
+			continue
+		}
+		var key []byte
+		var next []byte
+		for err := m.NextKey(nil, &next); err == nil; err = m.NextKey(key, &next) {
+			key = append(key[:0], next...)
+			n++
+		}
+	}
+	if m := p.maps["spill"]; m != nil {
+		var i uint32
+		var raw []byte
+		for it := m.Iterate(); it.Next(&i, &raw); {
+			if len(raw) >= 4 && binary.NativeEndian.Uint32(raw) != 0 {
+				n++
+			}
+		}
+	}
+	if m := p.maps["flow_cache"]; m != nil && m.ValueSize() == uint32(binarySize[bundlerSpillSlot]()) {
+		var i uint32
+		var cpus []bundlerSpillSlot
+		for it := m.Iterate(); it.Next(&i, &cpus); {
+			for _, s := range cpus {
+				if s.State != 0 {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 // remove detaches a pinned kernel side and deletes its pins.

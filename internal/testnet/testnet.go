@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,8 +89,34 @@ func lockMachine() error {
 			return
 		}
 		lockFile = f
+		removeStaleTestPins()
 	})
 	return lockErr
+}
+
+// testPins are the bpffs paths where privileged tests pin kernel sides.
+var testPins = []string{"/sys/fs/bpf/deptrace-test-*", "/sys/fs/bpf/deptrace-bundler-test-*", "/sys/fs/bpf/deptrace-bundler-bench-*"}
+
+// removeStaleTestPins removes kernel sides pinned by test processes that
+// died without their cleanup (killed by a timeout, or by hand). Left, such
+// a side keeps tracing every socket of the machine, slowing every later
+// test and benchmark until the next reboot. Holding the machine lock, no
+// other privileged test binary runs, so every test pin but this process's
+// is stale (a test binary in a container with its own /run but this
+// bpffs would not be serialised by the lock: none is run that way).
+func removeStaleTestPins() {
+	mine := fmt.Sprintf("-%d", os.Getpid())
+	for _, pattern := range testPins {
+		dirs, _ := filepath.Glob(pattern)
+		for _, dir := range dirs {
+			if strings.HasSuffix(dir, mine) || strings.Contains(dir, mine+"-") {
+				continue
+			}
+			// Unpinning the links detaches the programs: the dead process
+			// held no other reference to them.
+			os.RemoveAll(dir)
+		}
+	}
 }
 
 func ip(args ...string) error {
