@@ -416,61 +416,47 @@ func (b *Bundler) writeDrainRecord(gen uint64, pending bool) error {
 	return nil
 }
 
-// salvage reads what an incompatible pinned side counted, if its flow maps
-// still have today's key and value layout.
+// salvage reads what an incompatible pinned side counted (flow maps,
+// spill and flow cache), if it was written in today's layout; otherwise
+// its entries are counted as unreadable.
 func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 	if p.layout != flowLayout {
 		// Same sizes need not mean the same fields (a reordered value
 		// keeps its size): counted, never decoded.
 		return nil, p.countEntries()
 	}
+	add := func(k bundlerFlowKey, vals []bundlerFlowValue) {
+		if e := merge(k, vals); e.Counts != (Counts{}) {
+			entries = append(entries, e)
+		}
+	}
+	addSlot := func(s bundlerSpillSlot) {
+		if s.State == uint32(bundlerSpillStateSPILL_READY) {
+			add(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)})
+		}
+	}
 	for _, m := range p.inner {
 		if m == nil {
 			continue
 		}
-		if m.KeySize() != uint32(binarySize[bundlerFlowKey]()) || m.ValueSize() != uint32(binarySize[bundlerFlowValue]()) {
-			var k, v []byte
-			it := m.Iterate()
-			for it.Next(&k, &v) {
-				unreadable++
-			}
-			continue
-		}
 		var k bundlerFlowKey
 		vals := make([]bundlerFlowValue, ncpu)
-		it := m.Iterate()
-		for it.Next(&k, &vals) {
-			e := merge(k, vals)
-			if e.Counts != (Counts{}) {
-				entries = append(entries, e)
-			}
+		for it := m.Iterate(); it.Next(&k, &vals); {
+			add(k, vals)
 		}
 	}
-	if m := p.maps["spill"]; m != nil && m.ValueSize() == uint32(binarySize[bundlerSpillSlot]()) {
-		var i uint32
+	var i uint32
+	if m := p.maps["spill"]; m != nil {
 		var s bundlerSpillSlot
-		it := m.Iterate()
-		for it.Next(&i, &s) {
-			if s.State != uint32(bundlerSpillStateSPILL_READY) {
-				continue
-			}
-			if e := merge(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)}); e.Counts != (Counts{}) {
-				entries = append(entries, e)
-			}
+		for it := m.Iterate(); it.Next(&i, &s); {
+			addSlot(s)
 		}
 	}
-	if m := p.maps["flow_cache"]; m != nil && m.ValueSize() == uint32(binarySize[bundlerSpillSlot]()) {
-		var i uint32
+	if m := p.maps["flow_cache"]; m != nil {
 		cpus := make([]bundlerSpillSlot, ncpu)
-		it := m.Iterate()
-		for it.Next(&i, &cpus) {
+		for it := m.Iterate(); it.Next(&i, &cpus); {
 			for _, s := range cpus {
-				if s.State != uint32(bundlerSpillStateSPILL_READY) {
-					continue
-				}
-				if e := merge(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)}); e.Counts != (Counts{}) {
-					entries = append(entries, e)
-				}
+				addSlot(s)
 			}
 		}
 	}
