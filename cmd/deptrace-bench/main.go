@@ -151,13 +151,18 @@ func newBenchOverheadCmd() *cobra.Command {
 	var workloads string
 	var pairs int
 	var pairPhase time.Duration
+	var attribute bool
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
 		Long: `overhead runs each workload four times in its own process: without deptrace,
 with the tracer attached (agent CPU; bpf_stats off), with bpf_stats on (run time
-of every kernel program), and without deptrace again (the noise floor). It
-prints Markdown tables for docs/performance.md.`,
+of every kernel program), and without deptrace again (the noise floor). Then
+the whole-machine pairs: each load at a fixed rate, alternately without and
+with deptrace, busy CPU from /proc/stat; with --attribute, perf samples every
+run and the extra CPU is split by what deptrace runs (its programs, the
+kernel's dispatch to them, helpers, the agent). It prints Markdown tables for
+docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := kernel.CheckCapabilities(); err != nil {
@@ -184,6 +189,9 @@ prints Markdown tables for docs/performance.md.`,
 			if pairs < 0 || pairs > 1000 {
 				return fmt.Errorf("invalid --pairs %d: allowed 0 (skip the whole-machine measurement) to 1000", pairs)
 			}
+			if attribute && pairs == 0 {
+				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
+			}
 			if workloads != "" {
 				ms, err := bench.Overhead(cmd.Context(), cfg, os.Stderr)
 				if err != nil {
@@ -192,12 +200,16 @@ prints Markdown tables for docs/performance.md.`,
 				bench.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				rs, err := bench.Paired(cmd.Context(), cfg.LoadCommand, pairedLoads, pairs, pairPhase, os.Stderr)
+				rs, err := bench.Paired(cmd.Context(), cfg.LoadCommand, pairedLoads, pairs, pairPhase, attribute, os.Stderr)
 				if err != nil {
 					return err
 				}
 				fmt.Println()
 				bench.WritePairedMarkdown(os.Stdout, rs, pairs, pairPhase)
+				if attribute {
+					fmt.Println()
+					bench.WriteAttributionMarkdown(os.Stdout, rs)
+				}
 			}
 			return nil
 		},
@@ -209,6 +221,7 @@ prints Markdown tables for docs/performance.md.`,
 	cmd.Flags().Float64Var(&cfg.Rate, "rate", 0, "pace the bpf_stats view's load (round trips/s; 0: flat out)")
 	cmd.Flags().IntVar(&pairs, "pairs", 10, "interleaved untraced/traced pairs per load of the whole-machine measurement (0 skips it)")
 	cmd.Flags().DurationVar(&pairPhase, "pair-phase", 3*time.Second, "length of each run of a pair")
+	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
 	return cmd
 }
 

@@ -35,6 +35,9 @@ type PairedResult struct {
 	// BusyBase and BusyTraced are the whole machine's busy CPU, % of one
 	// core, per pair.
 	BusyBase, BusyTraced []float64
+	// Attribution splits the extra CPU by what deptrace runs (attribute.go),
+	// when Paired was asked for it.
+	Attribution Attribution
 }
 
 // Median of the extra CPU per round trip, µs.
@@ -64,13 +67,45 @@ func quantile(v []float64, q float64) float64 {
 // measures the busy CPU of the whole machine from /proc/stat (idle,
 // iowait and steal excluded) during each run. It needs no bpf_stats: it is
 // the cost as a user feels it, both ends of every connection included.
-func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int, phase time.Duration, progress io.Writer) ([]PairedResult, error) {
+// With attribute, perf samples the machine during every run as well
+// (attribute.go).
+func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int, phase time.Duration, attribute bool, progress io.Writer) ([]PairedResult, error) {
 	var out []PairedResult
+	perfDir := ""
+	if attribute {
+		if err := checkPerf(); err != nil {
+			return nil, err
+		}
+		d, err := os.MkdirTemp("", "deptrace-perf-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		perfDir = d
+	}
+	runs := 0
+	// measure runs the load once, under perf when attributing.
+	measure := func(l PairedLoad) (loadgen.Result, time.Duration, SampleCounts, error) {
+		var res loadgen.Result
+		var busy time.Duration
+		run := func() (int64, error) {
+			var err error
+			res, busy, err = busyDuring(ctx, loadCmd, l, phase)
+			return int64(res.RoundTrips), err
+		}
+		if !attribute {
+			_, err := run()
+			return res, busy, SampleCounts{}, err
+		}
+		runs++
+		c, _, err := attributeRun(perfDir, runs, run)
+		return res, busy, c, err
+	}
 	for _, l := range loads {
 		r := PairedResult{Load: l}
 		for i := 0; i < pairs; i++ {
 			fmt.Fprintf(progress, "bench: paired %s: pair %d/%d\n", l.Name, i+1, pairs)
-			base, baseBusy, err := busyDuring(ctx, loadCmd, l, phase)
+			base, baseBusy, baseSamples, err := measure(l)
 			if err != nil {
 				return out, err
 			}
@@ -84,7 +119,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 				sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
 				done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows, iv.Listeners) })
 			}()
-			traced, tracedBusy, err := busyDuring(ctx, loadCmd, l, phase)
+			traced, tracedBusy, tracedSamples, err := measure(l)
 			stop()
 			<-done
 			t.Close()
@@ -93,6 +128,9 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 			}
 			extra := (tracedBusy - baseBusy).Seconds() / float64(max(traced.RoundTrips, 1)) * 1e6
 			r.ExtraUs = append(r.ExtraUs, extra)
+			if attribute {
+				r.Attribution.addPair(baseSamples, tracedSamples, int64(base.RoundTrips), int64(traced.RoundTrips))
+			}
 			r.BaseRates = append(r.BaseRates, base.Rate)
 			r.TracedRates = append(r.TracedRates, traced.Rate)
 			r.BusyBase = append(r.BusyBase, baseBusy.Seconds()/base.Elapsed.Seconds()*100)

@@ -1,0 +1,79 @@
+package bench
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestSampleCategory(t *testing.T) {
+	for sym, want := range map[string]string{
+		"bpf_prog_6deef7357e7b4530_on_tcp_state":      "program on_tcp_state",
+		"bpf_prog_0123456789abcdef_on_tcp_state_last": "program on_tcp_state_last",
+		"bpf_trace_run3":                     "tracepoint dispatch",
+		"__traceiter_inet_sock_set_state":    "tracepoint dispatch",
+		"__bpf_trace_inet_sock_set_state":    "tracepoint dispatch",
+		"call_trace_sock_recv_length":        "tracepoint dispatch",
+		"__cgroup_bpf_run_filter_getsockopt": "cgroup hook dispatch",
+		"sockopt_alloc_buf":                  "cgroup hook dispatch",
+		"bpf_skc_to_tcp_sock":                "helpers and maps",
+		"lookup_nulls_elem_raw":              "helpers and maps",
+		"__htab_map_lookup_elem":             "helpers and maps",
+		"tcp_v4_rcv":                         "",
+		"[unknown]":                          "",
+		"bpf_prog_short_name":                "helpers and maps", // not a JIT image name: a kernel function
+	} {
+		if got := sampleCategory(sym); got != want {
+			t.Errorf("sampleCategory(%q) = %q, want %q", sym, got, want)
+		}
+	}
+}
+
+func TestCountSamples(t *testing.T) {
+	out := `  4148 ffffffff82027094 tcp_sync_mss
+  4148 ffffffffa0001234 bpf_prog_6deef7357e7b4530_on_tcp_state
+   812 ffffffff814ba6f8 bpf_trace_run3
+   812 ffffffff814ba6f8 bpf_trace_run3
+   777 00000000004a1b2c runtime.mallocgc
+   777 ffffffff814ba6f8 bpf_trace_run3
+     0 ffffffff81e0d3a5 pv_native_safe_halt
+`
+	c, err := countSamples(strings.NewReader(out), 777)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Agent != 2 || c.ByCategory["tracepoint dispatch"] != 2 || c.ByCategory["program on_tcp_state"] != 1 || len(c.ByCategory) != 2 {
+		t.Errorf("counted %+v; want agent 2, dispatch 2 (the agent's own excluded), on_tcp_state 1", c)
+	}
+	if _, err := countSamples(strings.NewReader("cpu-clock: garbage\n"), 1); err == nil {
+		t.Error("a line without a pid was accepted")
+	}
+}
+
+func TestAttributionPairs(t *testing.T) {
+	var a Attribution
+	perRT := 1e9 / perfFreq / 1000 // one sample over 1,000 round trips, ns
+	// Pair 1: the program appears only traced; pair 2 adds a category the
+	// first pair lacked, which counts 0 there.
+	a.addPair(SampleCounts{ByCategory: map[string]int{"helpers and maps": 1}}, SampleCounts{ByCategory: map[string]int{"program p": 10, "helpers and maps": 3}, Agent: 4}, 1000, 1000)
+	a.addPair(SampleCounts{ByCategory: map[string]int{}}, SampleCounts{ByCategory: map[string]int{"program p": 20, "tracepoint dispatch": 5}}, 1000, 2000)
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
+	want := map[string][]float64{
+		"program p":           {10 * perRT, 10 * perRT}, // 20 samples over twice the round trips
+		"helpers and maps":    {2 * perRT, 0},
+		"tracepoint dispatch": {0, 2.5 * perRT},
+		agentCategory:         {4 * perRT, 0},
+	}
+	if a.Pairs != 2 || len(a.PerPair) != len(want) {
+		t.Fatalf("%d pairs, categories %v", a.Pairs, a.PerPair)
+	}
+	for k, w := range want {
+		got := a.PerPair[k]
+		if len(got) != 2 || !near(got[0], w[0]) || !near(got[1], w[1]) {
+			t.Errorf("%s: %v, want %v", k, got, w)
+		}
+	}
+	if tot := a.Total(); !near(tot[0], 16*perRT) || !near(tot[1], 12.5*perRT) {
+		t.Errorf("totals %v, want %v and %v", tot, 16*perRT, 12.5*perRT)
+	}
+}
