@@ -210,19 +210,34 @@ func Endpoint(addr string, port string) string {
 // Sorted returns flows in a stable, readable order: namespace, protocol,
 // server port, direction, addresses.
 func Sorted(flows []tracer.Flow) []tracer.Flow {
-	out := slices.Clone(flows)
-	slices.SortFunc(out, func(a, b tracer.Flow) int {
+	// Addresses are parsed once per flow, not once per comparison: with
+	// thousands of flows per interval (1,000 client hosts), parsing in the
+	// comparison was a tenth of the agent's CPU.
+	type sortKey struct {
+		local, remote netip.Addr
+		f             *tracer.Flow
+	}
+	keys := make([]sortKey, len(flows))
+	for i := range flows {
+		keys[i] = sortKey{flows[i].LocalIP(), flows[i].RemoteIP(), &flows[i]}
+	}
+	slices.SortFunc(keys, func(x, y sortKey) int {
+		a, b := x.f, y.f
 		return cmp.Or(
 			cmp.Compare(a.NetNS, b.NetNS),
 			cmp.Compare(a.Proto, b.Proto),
 			cmp.Compare(a.Port, b.Port),
 			cmp.Compare(a.Direction, b.Direction),
-			a.LocalIP().Compare(b.LocalIP()),
-			a.RemoteIP().Compare(b.RemoteIP()),
+			x.local.Compare(y.local),
+			x.remote.Compare(y.remote),
 			cmp.Compare(a.LocalAddr, b.LocalAddr),
 			cmp.Compare(a.RemoteAddr, b.RemoteAddr),
 		)
 	})
+	out := make([]tracer.Flow, len(flows))
+	for i, k := range keys {
+		out[i] = *k.f
+	}
 	return out
 }
 
