@@ -165,6 +165,10 @@ kernel's dispatch to them, helpers, the agent). It prints Markdown tables for
 docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Interrupted, the runs stop and clean up: the load, the
+			// tracer, perf and its files.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
 			if err := kernel.CheckCapabilities(); err != nil {
 				return err
 			}
@@ -193,14 +197,14 @@ docs/performance.md.`,
 				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
 			}
 			if workloads != "" {
-				ms, err := bench.Overhead(cmd.Context(), cfg, os.Stderr)
+				ms, err := bench.Overhead(ctx, cfg, os.Stderr)
 				if err != nil {
 					return err
 				}
 				bench.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				rs, err := bench.Paired(cmd.Context(), cfg.LoadCommand, pairedLoads, pairs, pairPhase, attribute, os.Stderr)
+				rs, err := bench.Paired(ctx, cfg.LoadCommand, pairedLoads, pairs, pairPhase, attribute, os.Stderr)
 				if err != nil {
 					return err
 				}

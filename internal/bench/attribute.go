@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The whole-machine attribution: perf samples every CPU at a fixed
@@ -53,9 +55,15 @@ func checkPerf() error {
 	return nil
 }
 
-func startPerf(dir string, n int) (*perfRun, error) {
+// startPerf samples every CPU until stop, or for at most limit: a bench
+// killed without stopping it leaves no perf recording the machine. The
+// event is cpu-clock, so that every sample is the same time of CPU (a
+// hardware cycles event would vary its period), and times are on
+// CLOCK_MONOTONIC, so that the samples can be cut to the load's run.
+func startPerf(dir string, n int, limit time.Duration) (*perfRun, error) {
 	p := &perfRun{file: filepath.Join(dir, fmt.Sprintf("run%d.data", n))}
-	p.cmd = exec.Command("perf", "record", "-a", "-F", strconv.Itoa(perfFreq), "-o", p.file)
+	p.cmd = exec.Command("perf", "record", "-a", "-e", "cpu-clock", "-F", strconv.Itoa(perfFreq), "-k", "CLOCK_MONOTONIC",
+		"-o", p.file, "--", "sleep", strconv.Itoa(int(limit.Seconds())+1))
 	p.cmd.Stderr = &p.errb
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start perf record: %w", err)
@@ -64,25 +72,49 @@ func startPerf(dir string, n int) (*perfRun, error) {
 	return p, nil
 }
 
-// stop ends the recording and counts its samples; agentPID is the
-// process whose samples are the agent's.
-func (p *perfRun) stop(agentPID int) (SampleCounts, error) {
+// monotonicNow is CLOCK_MONOTONIC, the clock of perf's sample times.
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
+}
+
+// stop ends the recording; with count, it counts the samples taken from
+// start to end (CLOCK_MONOTONIC); agentPID is the process whose samples
+// are the agent's.
+func (p *perfRun) stop(count bool, agentPID int, start, end time.Duration) (SampleCounts, error) {
+	defer os.Remove(p.file)
 	p.cmd.Process.Signal(syscall.SIGINT)
 	// perf writes its file and then dies of the SIGINT it was sent.
 	if err := p.cmd.Wait(); err != nil && !stoppedBySIGINT(p.cmd) {
 		return SampleCounts{}, fmt.Errorf("perf record: %v: %s", err, lastLine(p.errb.String()))
 	}
-	defer os.Remove(p.file)
-	out, err := exec.Command("perf", "script", "-i", p.file, "-F", "pid,ip,sym").Output()
-	if err != nil {
-		return SampleCounts{}, fmt.Errorf("perf script: %w", err)
+	if !count {
+		return SampleCounts{}, nil
 	}
-	return countSamples(bytes.NewReader(out), agentPID)
+	var errb bytes.Buffer
+	script := exec.Command("perf", "script", "-i", p.file, "-F", "pid,time,ip,sym")
+	script.Stderr = &errb
+	out, err := script.Output()
+	if err != nil {
+		return SampleCounts{}, fmt.Errorf("perf script: %v: %s", err, lastLine(errb.String()))
+	}
+	return countSamples(bytes.NewReader(out), sampleFilter{agentPID: agentPID, perfPID: p.cmd.Process.Pid, start: start, end: end})
 }
 
+// stoppedBySIGINT says whether perf ended as a SIGINT ends it: it stops
+// its command (sleep) with SIGTERM and ends as that command did.
 func stoppedBySIGINT(cmd *exec.Cmd) bool {
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	return ok && ((ws.Signaled() && ws.Signal() == syscall.SIGINT) || ws.ExitStatus() == 128+int(syscall.SIGINT))
+	if !ok {
+		return false
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		if (ws.Signaled() && ws.Signal() == sig) || ws.ExitStatus() == 128+int(sig) {
+			return true
+		}
+	}
+	return false
 }
 
 func lastLine(s string) string {
@@ -93,27 +125,38 @@ func lastLine(s string) string {
 	return s
 }
 
-// countSamples reads `perf script -F pid,ip,sym` lines ("pid ip symbol").
-func countSamples(r io.Reader, agentPID int) (SampleCounts, error) {
+// sampleFilter says which samples count, and whose are the agent's.
+type sampleFilter struct {
+	agentPID, perfPID int
+	start, end        time.Duration // CLOCK_MONOTONIC
+}
+
+// countSamples reads `perf script -F pid,time,ip,sym` lines
+// ("pid seconds.micros: ip symbol").
+func countSamples(r io.Reader, flt sampleFilter) (SampleCounts, error) {
 	c := SampleCounts{ByCategory: map[string]int{}}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) < 2 {
+		if len(f) < 3 {
 			continue
 		}
 		pid, err := strconv.Atoi(f[0])
-		if err != nil {
+		secs, err2 := strconv.ParseFloat(strings.TrimSuffix(f[1], ":"), 64)
+		if err != nil || err2 != nil {
 			return c, fmt.Errorf("perf script: unexpected line %q", sc.Text())
 		}
-		if pid == agentPID {
+		if at := time.Duration(secs * 1e9); at < flt.start || at > flt.end || pid == flt.perfPID {
+			continue
+		}
+		if pid == flt.agentPID {
 			c.Agent++
 			continue
 		}
 		sym := ""
-		if len(f) >= 3 {
-			sym = f[2]
+		if len(f) >= 4 {
+			sym = f[3]
 		}
 		if cat := sampleCategory(sym); cat != "" {
 			c.ByCategory[cat]++
@@ -123,10 +166,12 @@ func countSamples(r io.Reader, agentPID int) (SampleCounts, error) {
 }
 
 var (
-	// bpf_prog_<tag>_<name>: a JIT-compiled program, named by its function.
-	progSym = regexp.MustCompile(`^bpf_prog_[0-9a-f]{16}_(\w+)$`)
-	// The kernel's call of tracing programs from a tracepoint.
-	dispatchSym = regexp.MustCompile(`^(bpf_trace_run\d+|__traceiter_\w+|__bpf_trace_\w+|call_trace_\w+)$`)
+	// bpf_prog_<tag>[_<name>]: a JIT-compiled program, named by its
+	// function where it has one.
+	progSym = regexp.MustCompile(`^bpf_prog_[0-9a-f]{16}(?:_(\w+))?$`)
+	// The kernel's call of tracing programs: from a tracepoint, or
+	// through a trampoline (fexit, where the kernel has it).
+	dispatchSym = regexp.MustCompile(`^(bpf_trace_run\d+|__traceiter_\w+|__bpf_trace_\w+|call_trace_\w+|bpf_trampoline_\w+|__bpf_prog_enter\w*|__bpf_prog_exit\w*|__bpf_tramp_\w+)$`)
 	// The kernel's run of cgroup programs, with its buffers for socket options.
 	cgroupSym = regexp.MustCompile(`^(__cgroup_bpf_run_filter_\w+|sockopt_alloc_buf|sockopt_free_buf|bpf_prog_run_array_cg)$`)
 	// Helpers and map operations the programs call (kernel functions
@@ -138,9 +183,14 @@ var (
 // rest of the machine.
 func sampleCategory(sym string) string {
 	if m := progSym.FindStringSubmatch(sym); m != nil {
+		if m[1] == "" {
+			return "program (unnamed)"
+		}
 		return "program " + m[1]
 	}
 	switch {
+	case strings.HasPrefix(sym, "bpf_lsm_"):
+		return "" // the LSM hooks' empty stubs run with or without BPF
 	case dispatchSym.MatchString(sym):
 		return "tracepoint dispatch"
 	case cgroupSym.MatchString(sym):
@@ -233,14 +283,17 @@ func WriteAttributionMarkdown(w io.Writer, rs []PairedResult) {
 	}
 }
 
-// attributeRun runs fn with perf sampling the machine around it.
-func attributeRun(dir string, n int, fn func() (int64, error)) (SampleCounts, int64, error) {
-	p, err := startPerf(dir, n)
+// attributeRun runs fn, which lasts about phase, with perf sampling the
+// machine, and counts the samples taken while fn ran.
+func attributeRun(dir string, n int, phase time.Duration, fn func() (int64, error)) (SampleCounts, int64, error) {
+	p, err := startPerf(dir, n, phase+time.Minute)
 	if err != nil {
 		return SampleCounts{}, 0, err
 	}
+	start := monotonicNow()
 	rt, err := fn()
-	c, perr := p.stop(os.Getpid())
+	end := monotonicNow()
+	c, perr := p.stop(err == nil, os.Getpid(), start, end)
 	if err == nil {
 		err = perr
 	}

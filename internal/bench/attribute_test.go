@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSampleCategory(t *testing.T) {
@@ -30,22 +31,28 @@ func TestSampleCategory(t *testing.T) {
 }
 
 func TestCountSamples(t *testing.T) {
-	out := `  4148 ffffffff82027094 tcp_sync_mss
-  4148 ffffffffa0001234 bpf_prog_6deef7357e7b4530_on_tcp_state
-   812 ffffffff814ba6f8 bpf_trace_run3
-   812 ffffffff814ba6f8 bpf_trace_run3
-   777 00000000004a1b2c runtime.mallocgc
-   777 ffffffff814ba6f8 bpf_trace_run3
-     0 ffffffff81e0d3a5 pv_native_safe_halt
+	out := `   4148 100.000100: ffffffff82027094 tcp_sync_mss
+   4148 100.000200: ffffffffa0001234 bpf_prog_6deef7357e7b4530_on_tcp_state
+    812 100.000300: ffffffff814ba6f8 bpf_trace_run3
+    812 100.000400: ffffffff814ba6f8 bpf_trace_run3
+    777 100.000500: 00000000004a1b2c runtime.mallocgc
+    777 100.000600: ffffffff814ba6f8 bpf_trace_run3
+    900 100.000700: ffffffff814ba6f8 bpf_trace_run3
+      0 100.000800: ffffffff81e0d3a5 pv_native_safe_halt
+    812 99.999000: ffffffff814ba6f8 bpf_trace_run3
+    812 101.500000: ffffffff814ba6f8 bpf_trace_run3
 `
-	c, err := countSamples(strings.NewReader(out), 777)
+	// Agent 777, perf 900, the load from 100 s to 101 s: the samples
+	// before and after it, and perf's own, are left out.
+	flt := sampleFilter{agentPID: 777, perfPID: 900, start: 100 * time.Second, end: 101 * time.Second}
+	c, err := countSamples(strings.NewReader(out), flt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Agent != 2 || c.ByCategory["tracepoint dispatch"] != 2 || c.ByCategory["program on_tcp_state"] != 1 || len(c.ByCategory) != 2 {
-		t.Errorf("counted %+v; want agent 2, dispatch 2 (the agent's own excluded), on_tcp_state 1", c)
+		t.Errorf("counted %+v; want agent 2, dispatch 2 (the agent's, perf's and those outside the load excluded), on_tcp_state 1", c)
 	}
-	if _, err := countSamples(strings.NewReader("cpu-clock: garbage\n"), 1); err == nil {
+	if _, err := countSamples(strings.NewReader("cpu-clock: garbage here\n"), flt); err == nil {
 		t.Error("a line without a pid was accepted")
 	}
 }

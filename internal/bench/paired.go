@@ -98,7 +98,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 			return res, busy, SampleCounts{}, err
 		}
 		runs++
-		c, _, err := attributeRun(perfDir, runs, run)
+		c, _, err := attributeRun(perfDir, runs, phase, run)
 		return res, busy, c, err
 	}
 	for _, l := range loads {

@@ -1,6 +1,9 @@
 package bundler
 
-import "unsafe"
+import (
+	"encoding"
+	"unsafe"
+)
 
 // MarshalBinary gives the value's bytes as the kernel lays them out.
 // cilium/ebpf writes per-CPU batches (the reset of every drained flow)
@@ -11,3 +14,6 @@ import "unsafe"
 func (v bundlerFlowValue) MarshalBinary() ([]byte, error) {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v)), unsafe.Sizeof(v)), nil
 }
+
+// cilium/ebpf uses the method only through this interface.
+var _ encoding.BinaryMarshaler = bundlerFlowValue{}
