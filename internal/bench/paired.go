@@ -83,22 +83,17 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 		defer os.RemoveAll(d)
 		perfDir = d
 	}
-	runs := 0
 	// measure runs the load once, under perf when attributing.
-	measure := func(l PairedLoad) (loadgen.Result, time.Duration, SampleCounts, error) {
-		var res loadgen.Result
-		var busy time.Duration
-		run := func() (int64, error) {
-			var err error
+	measure := func(l PairedLoad) (res loadgen.Result, busy time.Duration, c SampleCounts, err error) {
+		run := func() error {
 			res, busy, err = busyDuring(ctx, loadCmd, l, phase)
-			return int64(res.RoundTrips), err
+			return err
 		}
 		if !attribute {
-			_, err := run()
-			return res, busy, SampleCounts{}, err
+			err = run()
+			return res, busy, c, err
 		}
-		runs++
-		c, _, err := attributeRun(perfDir, runs, phase, run)
+		c, err = attributeRun(perfDir, phase, run)
 		return res, busy, c, err
 	}
 	for _, l := range loads {
