@@ -50,7 +50,7 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			if got.Connections != workers*each || got.LatencyCount != workers*each {
+			if !countedOnce(t, bu, workers*each, got.Connections, got.LatencyCount) {
 				t.Fatalf("connections %d, latencies %d, want %d of each (%s)", got.Connections, got.LatencyCount, workers*each, lossReport(bu))
 			}
 			if got.LatencySumUs == 0 || got.LatencyMaxUs == 0 {
@@ -61,6 +61,29 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countedOnce reports whether each count in got is want, or short of it
+// by no more than the calls the bundler reports lost for recursion, and
+// logs a loss that was reported. Where tracepoint programs are preemptible
+// (6.19+), a call the kernel skipped in every copy (another task preempted
+// inside each, on that CPU) is lost and counted (recmarks.h): the copies
+// promise each call once or reported lost, never twice and never silently.
+func countedOnce(t *testing.T, bu *Bundler, want uint64, got ...uint64) bool {
+	t.Helper()
+	s, err := bu.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range got {
+		if g > want || want-g > s.RecursionMisses {
+			return false
+		}
+		if g < want {
+			t.Logf("%d of %d lost for recursion, within the %d reported", want-g, want, s.RecursionMisses)
+		}
+	}
+	return true
 }
 
 // lossReport says what the kernel side lost, for a failure message: the loss
