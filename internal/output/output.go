@@ -4,7 +4,6 @@ package output
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -29,27 +28,9 @@ func New(format string, w io.Writer, netnsNames map[uint32]string) (Writer, erro
 	case "table":
 		return &Table{w: w, names: netnsNames}, nil
 	case "jsonl":
-		return &JSONL{enc: json.NewEncoder(w)}, nil
+		return &JSONL{w: w}, nil
 	}
 	return nil, fmt.Errorf("invalid --output %q: allowed %s", format, strings.Join(Formats, ", "))
-}
-
-// JSONL writes one JSON object per flow (kind "flow") and per listener
-// (kind "listener") per line.
-type JSONL struct{ enc *json.Encoder }
-
-func (j *JSONL) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
-	for _, f := range Sorted(flows) {
-		if err := j.enc.Encode(f); err != nil {
-			return err
-		}
-	}
-	for _, l := range listeners {
-		if err := j.enc.Encode(l); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Table is the compact, netstat-like view: the local end on the left, the
@@ -221,18 +202,32 @@ func Sorted(flows []tracer.Flow) []tracer.Flow {
 	for i := range flows {
 		keys[i] = sortKey{flows[i].LocalIP(), flows[i].RemoteIP(), &flows[i]}
 	}
+	// One comparison after another, not cmp.Or, which would make all
+	// eight (string ones included) for every pair.
 	slices.SortFunc(keys, func(x, y sortKey) int {
 		a, b := x.f, y.f
-		return cmp.Or(
-			cmp.Compare(a.NetNS, b.NetNS),
-			cmp.Compare(a.Proto, b.Proto),
-			cmp.Compare(a.Port, b.Port),
-			cmp.Compare(a.Direction, b.Direction),
-			x.local.Compare(y.local),
-			x.remote.Compare(y.remote),
-			cmp.Compare(a.LocalAddr, b.LocalAddr),
-			cmp.Compare(a.RemoteAddr, b.RemoteAddr),
-		)
+		if c := cmp.Compare(a.NetNS, b.NetNS); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Proto, b.Proto); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Port, b.Port); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Direction, b.Direction); c != 0 {
+			return c
+		}
+		if c := x.local.Compare(y.local); c != 0 {
+			return c
+		}
+		if c := x.remote.Compare(y.remote); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.LocalAddr, b.LocalAddr); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.RemoteAddr, b.RemoteAddr)
 	})
 	out := make([]tracer.Flow, len(flows))
 	for i, k := range keys {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -227,5 +228,30 @@ func TestUnixRowsNameThePathAndBothProcesses(t *testing.T) {
 	in := flow(tracer.Inbound, "unix", "/run/app.sock", "", 0)
 	if row := TableRow(in, nil); row[2] != "/run/app.sock" || row[3] != "<--" {
 		t.Errorf("inbound unix row %q", row)
+	}
+}
+
+// Writing one interval of 1,000 client hosts seen from both ends as jsonl:
+//
+//	go test -run '^$' -bench JSONL -benchmem ./internal/output
+func BenchmarkJSONL2000Flows(b *testing.B) {
+	flows := make([]tracer.Flow, 0, 2000)
+	seen := time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC)
+	for i := 0; i < 1000; i++ {
+		client := fmt.Sprintf("127.1.%d.%d", i/250, i%250+1)
+		for _, f := range []tracer.Flow{flow(tracer.Outbound, "tcp", client, "127.0.0.1", 7000), flow(tracer.Inbound, "tcp", "127.0.0.1", client, 7000)} {
+			f.FirstSeen, f.LastSeen = seen, seen.Add(time.Second)
+			flows = append(flows, f)
+		}
+	}
+	w, err := New("jsonl", io.Discard, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := w.Write(flows, nil); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -1,0 +1,84 @@
+package output
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// The hand-written flow encoder writes what encoding/json's Encoder writes,
+// byte for byte, for random flows: strings with every kind of character
+// encoding/json escapes, numbers up to the top of each type, times in
+// other zones and at their zero, peer fields set and empty.
+func TestJSONLWritesWhatEncodingJSONWrites(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	pieces := []string{"", "nginx", "10.0.0.1", "2001:db8::1", "/run/app.sock", "@abstract", `q"uote`, `back\slash`,
+		"<html>", "a>b", "x&y", "tab\there", "nl\n", "\x00\x01\x1f\x7f", "\b\f", "héllo", "\u2028\u2029", "\xff\xfe bad utf8", "日本"}
+	str := func() string {
+		var sb strings.Builder
+		for range rng.IntN(3) {
+			sb.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		return sb.String()
+	}
+	u64 := func() uint64 {
+		switch rng.IntN(3) {
+		case 0:
+			return 0
+		case 1:
+			return rng.Uint64()
+		}
+		return uint64(rng.IntN(100000))
+	}
+	zones := []*time.Location{time.UTC, time.FixedZone("", 5*3600+30*60), time.FixedZone("X", -8*3600)}
+	when := func() time.Time {
+		if rng.IntN(5) == 0 {
+			return time.Time{}
+		}
+		return time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)).In(zones[rng.IntN(len(zones))])
+	}
+	for i := range 2000 {
+		f := tracer.Flow{
+			Kind: str(), Time: when(), NetNS: rng.Uint32(), Proto: str(), Direction: str(),
+			LocalAddr: str(), RemoteAddr: str(), Port: uint16(rng.Uint32()), PID: uint32(u64()), Comm: str(),
+			CgroupID: u64(), FirstSeen: when(), LastSeen: when(),
+		}
+		if rng.IntN(2) == 0 {
+			f.PeerPID, f.PeerComm = rng.Uint32(), str()
+		}
+		c := &f.Counters
+		for _, p := range []*uint64{&c.Connections, &c.FailedConnections, &c.FailedRefused, &c.FailedTimeout, &c.FailedReset,
+			&c.FailedUnreachable, &c.BytesSent, &c.BytesReceived, &c.DatagramsSent, &c.DatagramsReceived,
+			&c.ConnectLatencyCount, &c.ConnectLatencySumUs, &c.ConnectLatencyMaxUs, &c.ResetsSent, &c.ResetsReceived, &c.Retransmits} {
+			*p = u64()
+		}
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(f); err != nil {
+			t.Fatal(err)
+		}
+		var got bytes.Buffer
+		if err := (&JSONL{w: &got}).Write([]tracer.Flow{f}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() {
+			t.Fatalf("flow %d:\n got %s\nwant %s", i, got.String(), want.String())
+		}
+	}
+}
+
+// A time encoding/json refuses (a year past 9999) is refused here too,
+// with its error, rather than written as a JSON consumer cannot parse.
+func TestJSONLRefusesWhatEncodingJSONRefuses(t *testing.T) {
+	f := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 80)
+	f.LastSeen = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, want := json.Marshal(f)
+	err := (&JSONL{w: &bytes.Buffer{}}).Write([]tracer.Flow{f}, nil)
+	if want == nil || err == nil || !strings.Contains(err.Error(), "year outside of range") {
+		t.Fatalf("error %v, want one like encoding/json's %v", err, want)
+	}
+}
