@@ -1,11 +1,11 @@
 package graph
 
 import (
-	"encoding/json"
 	"io"
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/deptrace/deptrace/internal/jsonenc"
 )
 
 // layout is the whitespace of the JSON: indented like encoding/json's
@@ -101,7 +101,7 @@ func (e *jsonEncoder) key(k string) {
 
 func (e *jsonEncoder) str(k, v string) {
 	e.key(k)
-	e.b = appendString(e.b, v)
+	e.b = jsonenc.AppendString(e.b, v)
 }
 
 func (e *jsonEncoder) uint(k string, v uint64) {
@@ -116,15 +116,9 @@ func (e *jsonEncoder) bool(k string, v bool) {
 
 func (e *jsonEncoder) time(k string, t time.Time) {
 	e.key(k)
-	if y := t.Year(); y < 0 || y > 9999 {
-		// encoding/json's rules for such years (an error): let it decide.
-		m, _ := json.Marshal(t)
-		e.b = append(e.b, m...)
-		return
-	}
-	e.b = append(e.b, '"')
-	e.b = t.AppendFormat(e.b, time.RFC3339Nano)
-	e.b = append(e.b, '"')
+	// A year encoding/json refuses appends nothing, as its encoder would
+	// have failed: times come from the store, within range.
+	e.b, _ = jsonenc.AppendTime(e.b, t)
 }
 
 func (e *jsonEncoder) reasons(rs []string) {
@@ -138,7 +132,7 @@ func (e *jsonEncoder) reasons(rs []string) {
 			e.b = append(e.b, ',')
 		}
 		e.b = append(e.b, e.lay.inner...)
-		e.b = appendString(e.b, r)
+		e.b = jsonenc.AppendString(e.b, r)
 	}
 	e.b = append(e.b, e.lay.innerEnd...)
 	e.b = append(e.b, ']')
@@ -211,20 +205,4 @@ func (e *jsonEncoder) edge(x *Edge) {
 	e.reasons(x.Reasons)
 	e.b = append(e.b, e.lay.fieldEnd...)
 	e.b = append(e.b, '}')
-}
-
-// appendString quotes s; a string with anything encoding/json escapes
-// (control characters, quotes, backslashes, <, >, &, non-ASCII that may
-// be invalid UTF-8 or U+2028/U+2029) goes through encoding/json.
-func appendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {
-			m, _ := json.Marshal(s)
-			return append(b, m...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
 }

@@ -4,9 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"strconv"
-	"time"
-	"unicode/utf8"
 
+	"github.com/deptrace/deptrace/internal/jsonenc"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -45,32 +44,32 @@ func (j *JSONL) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 // order, Counters inlined, peer fields omitted when empty.
 func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	b = append(b, `{"kind":`...)
-	b = appendString(b, f.Kind)
+	b = jsonenc.AppendString(b, f.Kind)
 	b = append(b, `,"time":`...)
-	b, err := appendTime(b, f.Time)
+	b, err := jsonenc.AppendTime(b, f.Time)
 	if err != nil {
 		return b, err
 	}
 	b = appendUint(b, `,"netns":`, uint64(f.NetNS))
 	b = append(b, `,"proto":`...)
-	b = appendString(b, f.Proto)
+	b = jsonenc.AppendString(b, f.Proto)
 	b = append(b, `,"direction":`...)
-	b = appendString(b, f.Direction)
+	b = jsonenc.AppendString(b, f.Direction)
 	b = append(b, `,"local_addr":`...)
-	b = appendString(b, f.LocalAddr)
+	b = jsonenc.AppendString(b, f.LocalAddr)
 	b = append(b, `,"remote_addr":`...)
-	b = appendString(b, f.RemoteAddr)
+	b = jsonenc.AppendString(b, f.RemoteAddr)
 	b = appendUint(b, `,"port":`, uint64(f.Port))
 	b = appendUint(b, `,"pid":`, uint64(f.PID))
 	b = append(b, `,"comm":`...)
-	b = appendString(b, f.Comm)
+	b = jsonenc.AppendString(b, f.Comm)
 	b = appendUint(b, `,"cgroup_id":`, f.CgroupID)
 	if f.PeerPID != 0 {
 		b = appendUint(b, `,"peer_pid":`, uint64(f.PeerPID))
 	}
 	if f.PeerComm != "" {
 		b = append(b, `,"peer_comm":`...)
-		b = appendString(b, f.PeerComm)
+		b = jsonenc.AppendString(b, f.PeerComm)
 	}
 	c := f.Counters
 	b = appendUint(b, `,"connections":`, c.Connections)
@@ -90,11 +89,11 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	b = appendUint(b, `,"resets_received":`, c.ResetsReceived)
 	b = appendUint(b, `,"retransmits":`, c.Retransmits)
 	b = append(b, `,"first_seen":`...)
-	if b, err = appendTime(b, f.FirstSeen); err != nil {
+	if b, err = jsonenc.AppendTime(b, f.FirstSeen); err != nil {
 		return b, err
 	}
 	b = append(b, `,"last_seen":`...)
-	if b, err = appendTime(b, f.LastSeen); err != nil {
+	if b, err = jsonenc.AppendTime(b, f.LastSeen); err != nil {
 		return b, err
 	}
 	return append(b, '}'), nil
@@ -102,31 +101,4 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 
 func appendUint(b []byte, key string, v uint64) []byte {
 	return strconv.AppendUint(append(b, key...), v, 10)
-}
-
-// appendTime is time.Time's MarshalJSON without its allocation; a year
-// MarshalJSON refuses is handed to it for its error.
-func appendTime(b []byte, t time.Time) ([]byte, error) {
-	if y := t.Year(); y < 0 || y > 9999 {
-		_, err := t.MarshalJSON()
-		return b, err
-	}
-	b = append(b, '"')
-	b = t.AppendFormat(b, time.RFC3339Nano)
-	return append(b, '"'), nil
-}
-
-// appendString quotes s as encoding/json does. Names and addresses are
-// plain ASCII; anything else (control characters, HTML's <>&, non-ASCII)
-// goes through encoding/json for its exact escaping.
-func appendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			q, _ := json.Marshal(s) // a string always marshals
-			return append(b, q...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
 }
