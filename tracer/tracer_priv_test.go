@@ -199,6 +199,20 @@ func (l *ledger) add(iv tracer.Interval) {
 	l.lost.RecursionMisses += iv.Lost.RecursionMisses
 }
 
+// counted reports whether a count (connections, datagrams, resets...) is
+// what the traffic did, or short of it by no more than the calls the
+// kernel side reported lost for recursion while this ledger collected:
+// from 6.19 tracepoint programs are preemptible, and a call every copy of
+// a program skipped is lost and counted (bpf/recmarks.h). Never more than
+// the traffic, and never short with nothing reported.
+func (l *ledger) counted(got, want uint64) bool { return l.countedBytes(got, want, 1) }
+
+// countedBytes is counted for bytes, of which one lost call (a close
+// folding a connection's counters, a datagram) loses at most per.
+func (l *ledger) countedBytes(got, want, per uint64) bool {
+	return got == want || got < want && want-got <= l.lost.RecursionMisses*per
+}
+
 // of returns the flows of host h.
 func (l *ledger) of(h *testnet.Host) []tracer.Flow {
 	var out []tracer.Flow
@@ -231,6 +245,12 @@ func settle(t *testing.T, tr *tracer.Tracer, l *ledger, done func(*ledger) bool)
 	deadline := time.Now().Add(20 * time.Second)
 	for !done(l) {
 		if time.Now().After(deadline) {
+			if l.lost.RecursionMisses > 0 {
+				// Calls lost and counted: the test's checks decide
+				// whether the shortfall is within them (counted).
+				t.Logf("counts short of the traffic after 20 s, with %d calls lost for recursion", l.lost.RecursionMisses)
+				return
+			}
 			st, _ := tr.Stats()
 			t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v", l, st.Lost)
 		}
@@ -269,15 +289,15 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	})
 	out := l.one(t, a)
 	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 8080)
-	if out.Connections != n || out.FailedConnections != 0 || out.BytesSent != n*req || out.BytesReceived != n*resp {
+	if !l.counted(out.Connections, n) || out.FailedConnections != 0 || !l.countedBytes(out.BytesSent, n*req, req) || !l.countedBytes(out.BytesReceived, n*resp, resp) {
 		t.Errorf("client flow: %+v; want %d connections, %d sent, %d received", out.Counters, n, n*req, n*resp)
 	}
-	if out.ConnectLatencyCount != n || out.ConnectLatencyMaxUs == 0 || out.ConnectLatencySumUs < out.ConnectLatencyMaxUs {
+	if !l.counted(out.ConnectLatencyCount, n) || out.ConnectLatencyMaxUs == 0 || out.ConnectLatencySumUs < out.ConnectLatencyMaxUs {
 		t.Errorf("client connect latency: %+v", out.Counters)
 	}
 	in := l.one(t, b)
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 8080)
-	if in.Connections != n || in.FailedConnections != 0 || in.BytesReceived != n*req || in.BytesSent != n*resp {
+	if !l.counted(in.Connections, n) || in.FailedConnections != 0 || !l.countedBytes(in.BytesReceived, n*req, req) || !l.countedBytes(in.BytesSent, n*resp, resp) {
 		t.Errorf("server flow: %+v; want %d connections, %d received, %d sent", in.Counters, n, n*req, n*resp)
 	}
 	if out.Comm != testComm() || out.PID != uint32(os.Getpid()) || in.PID != uint32(os.Getpid()) {
@@ -288,9 +308,10 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	}
 	// The tracer sees the whole machine, where any daemon may read a
 	// datagram without asking its sender (udp_peer_unknown): no TCP
-	// count depends on that.
+	// count depends on that. Recursion losses are checked above
+	// (counted).
 	lost := l.lost
-	lost.UDPPeerUnknown = 0
+	lost.UDPPeerUnknown, lost.RecursionMisses = 0, 0
 	if lost.Total() != 0 {
 		t.Errorf("lost events: %+v", l.lost)
 	}
@@ -349,7 +370,7 @@ func TestNoLossAcrossDrains(t *testing.T) {
 		if h == b {
 			sent, recv = recv, sent
 		}
-		if f.Connections != n || f.BytesSent != sent || f.BytesReceived != recv {
+		if !l.counted(f.Connections, n) || !l.countedBytes(f.BytesSent, sent, req) || !l.countedBytes(f.BytesReceived, recv, resp) {
 			t.Errorf("%s: %+v; want %d connections, %d sent, %d received", h.Name, f.Counters, n, sent, recv)
 		}
 	}
@@ -425,7 +446,7 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 	})
 	for _, h := range []*testnet.Host{a, b} {
 		f := l.one(t, h)
-		if f.Connections != 1 || f.BytesSent != total || f.BytesReceived != total {
+		if !l.counted(f.Connections, 1) || !l.countedBytes(f.BytesSent, total, total) || !l.countedBytes(f.BytesReceived, total, total) {
 			t.Errorf("%s: %+v; want 1 open (the one before start is not an open seen), %d bytes each way", h.Name, f.Counters, total)
 		}
 	}
@@ -522,10 +543,10 @@ func TestSpliceAndSendfileExactBytes(t *testing.T) {
 	}
 	l := newLedger()
 	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesSent >= size && l.one(t, b).BytesReceived >= size })
-	if o := l.one(t, a); o.BytesSent != size || o.Connections != 1 {
+	if o := l.one(t, a); !l.countedBytes(o.BytesSent, size, size) || !l.counted(o.Connections, 1) {
 		t.Errorf("sendfile client: %+v; want %d bytes sent", o.Counters, size)
 	}
-	if i := l.one(t, b); i.BytesReceived != size || i.Connections != 1 {
+	if i := l.one(t, b); !l.countedBytes(i.BytesReceived, size, size) || !l.counted(i.Connections, 1) {
 		t.Errorf("splicing server: %+v; want %d bytes received", i.Counters, size)
 	}
 }
@@ -604,12 +625,12 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 	})
 	out := l.one(t, a)
 	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5353)
-	if out.BytesSent != rounds*40 || out.BytesReceived != rounds*20 || out.DatagramsSent != rounds || out.DatagramsReceived != rounds {
+	if !l.countedBytes(out.BytesSent, rounds*40, 40) || !l.countedBytes(out.BytesReceived, rounds*20, 20) || !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds) {
 		t.Errorf("connected client: %+v", out.Counters)
 	}
 	in := l.one(t, b)
 	checkFlow(t, in, "udp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5353)
-	if in.BytesReceived != rounds*40 || in.BytesSent != rounds*20 || in.DatagramsReceived != rounds {
+	if !l.countedBytes(in.BytesReceived, rounds*40, 40) || !l.countedBytes(in.BytesSent, rounds*20, 20) || !l.counted(in.DatagramsReceived, rounds) {
 		t.Errorf("server: %+v", in.Counters)
 	}
 
@@ -635,12 +656,12 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 	// machine-wide, where other processes add to it.)
 	out = l.one(t, a)
 	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5353)
-	if out.BytesSent != rounds*30 || out.BytesReceived != rounds*15 || out.DatagramsSent != rounds || out.DatagramsReceived != rounds {
+	if !l.countedBytes(out.BytesSent, rounds*30, 30) || !l.countedBytes(out.BytesReceived, rounds*15, 15) || !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds) {
 		t.Errorf("unconnected client: %+v", out.Counters)
 	}
 	in = l.one(t, b)
 	checkFlow(t, in, "udp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5353)
-	if in.BytesReceived != rounds*30 || in.BytesSent != rounds*15 || in.DatagramsReceived != rounds || in.DatagramsSent != rounds {
+	if !l.countedBytes(in.BytesReceived, rounds*30, 30) || !l.countedBytes(in.BytesSent, rounds*15, 15) || !l.counted(in.DatagramsReceived, rounds) || !l.counted(in.DatagramsSent, rounds) {
 		t.Errorf("unconnected server: %+v", in.Counters)
 	}
 }
@@ -685,7 +706,7 @@ func TestUDPErrorQueueIsNotTraffic(t *testing.T) {
 	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).DatagramsSent >= rounds })
 	out := l.one(t, a)
 	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 9)
-	if out.DatagramsSent != rounds || out.BytesSent != rounds*size || out.DatagramsReceived != 0 || out.BytesReceived != 0 {
+	if !l.counted(out.DatagramsSent, rounds) || !l.countedBytes(out.BytesSent, rounds*size, size) || out.DatagramsReceived != 0 || out.BytesReceived != 0 {
 		t.Errorf("client: %+v; want %d datagrams (%d bytes) sent and nothing received", out.Counters, rounds, rounds*size)
 	}
 }
@@ -707,10 +728,10 @@ func TestIPv6AndFailureCauses(t *testing.T) {
 	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesReceived >= n*13 && l.one(t, b).BytesReceived >= n*11 })
 	out := l.one(t, a)
 	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv6), addr(b.IPv6), 443)
-	if out.Connections != n || out.BytesSent != n*11 || out.BytesReceived != n*13 {
+	if !l.counted(out.Connections, n) || !l.countedBytes(out.BytesSent, n*11, 11) || !l.countedBytes(out.BytesReceived, n*13, 13) {
 		t.Errorf("ipv6 client: %+v", out.Counters)
 	}
-	if in := l.one(t, b); in.Connections != n {
+	if in := l.one(t, b); !l.counted(in.Connections, n) {
 		t.Errorf("ipv6 server: %+v", in.Counters)
 	}
 
@@ -726,7 +747,7 @@ func TestIPv6AndFailureCauses(t *testing.T) {
 	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).FailedConnections >= refused })
 	f := l.one(t, a)
 	checkFlow(t, f, "tcp", tracer.Outbound, addr(a.IPv6), addr(b.IPv6), 9)
-	if f.FailedConnections != refused || f.FailedRefused != refused || f.Connections != 0 || f.BytesSent != 0 {
+	if !l.counted(f.FailedConnections, refused) || !l.counted(f.FailedRefused, refused) || f.Connections != 0 || f.BytesSent != 0 {
 		t.Errorf("refused: %+v; want %d failed, all refused, 0 connections", f.Counters, refused)
 	}
 	if got := l.of(b); len(got) != 0 {
@@ -768,10 +789,10 @@ func TestResetsBothEnds(t *testing.T) {
 	}
 	l := newLedger()
 	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).ResetsReceived >= n && l.one(t, b).ResetsSent >= n })
-	if o := l.one(t, a); o.ResetsReceived != n || o.Connections != n {
+	if o := l.one(t, a); !l.counted(o.ResetsReceived, n) || !l.counted(o.Connections, n) {
 		t.Errorf("client: %+v; want %d resets received", o.Counters, n)
 	}
-	if i := l.one(t, b); i.ResetsSent != n || i.BytesReceived != n*5 {
+	if i := l.one(t, b); !l.counted(i.ResetsSent, n) || !l.countedBytes(i.BytesReceived, n*5, 5) {
 		t.Errorf("server: %+v; want %d resets sent, %d bytes received", i.Counters, n, n*5)
 	}
 }
@@ -967,7 +988,7 @@ func TestNetnsFilter(t *testing.T) {
 			t.Errorf("flow from netns %d traced with --netns %d: %+v", f.NetNS, b.Inode, f)
 		}
 	}
-	if f := l.one(t, b); f.Connections != 2 {
+	if f := l.one(t, b); !l.counted(f.Connections, 2) {
 		t.Errorf("server: %+v", f.Counters)
 	}
 }
@@ -1046,12 +1067,12 @@ func TestListenerWithZeroBacklog(t *testing.T) {
 	})
 	in := l.one(t, b)
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7100)
-	if in.Connections != n || in.BytesReceived != n*req || in.BytesSent != n*resp {
+	if !l.counted(in.Connections, n) || !l.countedBytes(in.BytesReceived, n*req, req) || !l.countedBytes(in.BytesSent, n*resp, resp) {
 		t.Errorf("server with backlog 0: %+v; want %d connections, %d received, %d sent", in.Counters, n, n*req, n*resp)
 	}
 	out := l.one(t, a)
 	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 7100)
-	if out.Connections != n || out.BytesSent != n*req || out.BytesReceived != n*resp {
+	if !l.counted(out.Connections, n) || !l.countedBytes(out.BytesSent, n*req, req) || !l.countedBytes(out.BytesReceived, n*resp, resp) {
 		t.Errorf("client: %+v", out.Counters)
 	}
 }
@@ -1157,7 +1178,7 @@ func TestResetsFromAListenerAreNoFlow(t *testing.T) {
 	})
 	in := l.one(t, b) // fails if the listener's resets made a second flow
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7400)
-	if in.Connections != n {
+	if !l.counted(in.Connections, n) {
 		t.Errorf("server: %+v; want %d connections", in.Counters, n)
 	}
 }
