@@ -113,7 +113,7 @@ func TestSpillCountsEveryConnection(t *testing.T) {
 		}
 		drain()
 		drain()
-		if !countedOnce(t, bu, want, got, latencies) {
+		if !countedWithLatency(t, bu, want, got, latencies) {
 			t.Fatalf("round %d: connections %d, latencies %d, want %d of each (%s)", r, got, latencies, want, lossReport(bu))
 		}
 	}

@@ -1,6 +1,7 @@
 package graph
 
 import (
+	"fmt"
 	"io"
 	"strconv"
 	"time"
@@ -56,6 +57,7 @@ type jsonEncoder struct {
 	lay   layout
 	b     []byte
 	first bool
+	err   error // the first value encoding/json would have refused
 }
 
 // list writes the elements of an array, flushing now and then.
@@ -75,6 +77,9 @@ func list[T any](e *jsonEncoder, w io.Writer, xs []T, elem func(*jsonEncoder, *T
 		}
 		e.b = append(e.b, e.lay.elem...)
 		elem(e, &xs[i])
+		if e.err != nil {
+			return e.err
+		}
 		if len(e.b) > 48<<10 {
 			if _, err := w.Write(e.b); err != nil {
 				return err
@@ -116,9 +121,10 @@ func (e *jsonEncoder) bool(k string, v bool) {
 
 func (e *jsonEncoder) time(k string, t time.Time) {
 	e.key(k)
-	// A year encoding/json refuses appends nothing, as its encoder would
-	// have failed: times come from the store, within range.
-	e.b, _ = jsonenc.AppendTime(e.b, t)
+	var err error
+	if e.b, err = jsonenc.AppendTime(e.b, t); err != nil && e.err == nil {
+		e.err = fmt.Errorf("graph JSON: %s: %w", k, err)
+	}
 }
 
 func (e *jsonEncoder) reasons(rs []string) {

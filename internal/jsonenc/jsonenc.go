@@ -27,10 +27,11 @@ func AppendString(b []byte, s string) []byte {
 }
 
 // AppendTime appends t as time.Time's MarshalJSON does, without its
-// allocation; a year it refuses (outside 0-9999) returns its error and b
-// unchanged.
+// allocation; a time it refuses (a year outside 0-9999, a zone 24 hours or
+// more from UTC) returns its error and b unchanged.
 func AppendTime(b []byte, t time.Time) ([]byte, error) {
-	if y := t.Year(); y < 0 || y > 9999 {
+	_, offset := t.Zone()
+	if y := t.Year(); y < 0 || y > 9999 || offset <= -24*3600 || offset >= 24*3600 {
 		_, err := t.MarshalJSON()
 		return b, err
 	}

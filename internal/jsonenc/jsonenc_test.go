@@ -2,7 +2,6 @@ package jsonenc
 
 import (
 	"encoding/json"
-	"strings"
 	"testing"
 	"time"
 )
@@ -22,8 +21,8 @@ func TestAppendStringAsEncodingJSON(t *testing.T) {
 }
 
 // Times in other zones, with and without fractions, and the zero time come
-// out as time.Time's MarshalJSON writes them; a year it refuses is
-// refused with its error.
+// out as time.Time's MarshalJSON writes them; a time it refuses (year,
+// zone) is refused with its error.
 func TestAppendTimeAsEncodingJSON(t *testing.T) {
 	for _, tm := range []time.Time{{}, time.Unix(1e9, 0).UTC(), time.Unix(1e9, 120).In(time.FixedZone("", 5*3600+30*60)),
 		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.FixedZone("X", -8*3600))} {
@@ -33,8 +32,20 @@ func TestAppendTimeAsEncodingJSON(t *testing.T) {
 			t.Errorf("AppendTime(%v) = %s, %v; want %s", tm, got, err, want)
 		}
 	}
-	got, err := AppendTime([]byte("x"), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC))
-	if err == nil || !strings.Contains(err.Error(), "year outside of range") || string(got) != "x" {
-		t.Errorf("year 10000: %q, %v; want encoding/json's error and nothing appended", got, err)
+	for _, tm := range []time.Time{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Unix(1e9, 0).In(time.FixedZone("", 24*3600)), time.Unix(1e9, 0).In(time.FixedZone("", -25*3600))} {
+		_, want := tm.MarshalJSON()
+		got, err := AppendTime([]byte("x"), tm)
+		if want == nil || err == nil || err.Error() != want.Error() || string(got) != "x" {
+			t.Errorf("%v: %q, %v; want MarshalJSON's error (%v) and nothing appended", tm, got, err, want)
+		}
+	}
+	// Just inside the zone limits: written.
+	for _, off := range []int{24*3600 - 60, -24*3600 + 60} {
+		tm := time.Unix(1e9, 0).In(time.FixedZone("", off))
+		want, _ := json.Marshal(tm)
+		if got, err := AppendTime(nil, tm); err != nil || string(got) != string(want) {
+			t.Errorf("zone %+d s: %s, %v; want %s", off, got, err, want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package output
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"strconv"
 
@@ -19,25 +20,34 @@ type JSONL struct {
 	buf []byte
 }
 
+// Write writes the interval's flows, sorted, then its listeners. A record
+// encoding/json would refuse (a time out of its range) stops the interval
+// there: the lines before it are written, and the error names the record.
 func (j *JSONL) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
-	buf := j.buf[:0]
+	buf, err := j.appendInterval(j.buf[:0], flows, listeners)
+	j.buf = buf
+	if _, werr := j.w.Write(buf); werr != nil {
+		return werr
+	}
+	return err
+}
+
+func (j *JSONL) appendInterval(buf []byte, flows []tracer.Flow, listeners []tracer.Listener) ([]byte, error) {
 	for _, f := range Sorted(flows) {
-		var err error
-		if buf, err = appendFlowJSON(buf, f); err != nil {
-			return err
+		line, err := appendFlowJSON(buf, f)
+		if err != nil {
+			return buf, fmt.Errorf("jsonl: flow %s %s %s -> %s port %d: %w", f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port, err)
 		}
-		buf = append(buf, '\n')
+		buf = append(line, '\n')
 	}
 	for _, l := range listeners { // a few per interval
 		b, err := json.Marshal(l)
 		if err != nil {
-			return err
+			return buf, fmt.Errorf("jsonl: listener %s %s port %d: %w", l.Proto, l.LocalAddr, l.Port, err)
 		}
 		buf = append(append(buf, b...), '\n')
 	}
-	j.buf = buf
-	_, err := j.w.Write(buf)
-	return err
+	return buf, nil
 }
 
 // appendFlowJSON appends f as json.Marshal would: tracer.Flow's fields in

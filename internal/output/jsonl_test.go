@@ -72,13 +72,44 @@ func TestJSONLWritesWhatEncodingJSONWrites(t *testing.T) {
 }
 
 // A time encoding/json refuses (a year past 9999) is refused here too,
-// with its error, rather than written as a JSON consumer cannot parse.
+// with its error and the flow named; the flows before it in the interval
+// are written, each on its line, and nothing of the bad one.
 func TestJSONLRefusesWhatEncodingJSONRefuses(t *testing.T) {
-	f := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 80)
-	f.LastSeen = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, want := json.Marshal(f)
-	err := (&JSONL{w: &bytes.Buffer{}}).Write([]tracer.Flow{f}, nil)
-	if want == nil || err == nil || !strings.Contains(err.Error(), "year outside of range") {
-		t.Fatalf("error %v, want one like encoding/json's %v", err, want)
+	good := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 80)
+	bad := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 443) // sorts after good (port)
+	bad.LastSeen = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, want := json.Marshal(bad)
+	var out bytes.Buffer
+	err := (&JSONL{w: &out}).Write([]tracer.Flow{bad, good}, nil)
+	if want == nil || err == nil || !strings.Contains(err.Error(), "year outside of range") || !strings.Contains(err.Error(), "10.0.0.2 port 443") {
+		t.Fatalf("error %v, want one naming the flow and like encoding/json's %v", err, want)
+	}
+	line, _ := json.Marshal(good)
+	if out.String() != string(line)+"\n" {
+		t.Errorf("written %q, want only the good flow's line %q", out.String(), line)
+	}
+}
+
+// Intervals written one after another through one writer (its buffer
+// reused) come out as encoding/json's Encoder writes them, listeners after
+// the flows.
+func TestJSONLSeveralIntervals(t *testing.T) {
+	var got, want bytes.Buffer
+	w := &JSONL{w: &got}
+	enc := json.NewEncoder(&want)
+	for i := range 3 {
+		flows := []tracer.Flow{flow(tracer.Inbound, "tcp", "10.0.0.1", "10.0.0.3", 80), flow(tracer.Outbound, "udp", "10.0.0.1", "10.0.0.2", 53)}
+		flows[0].Connections = uint64(i)
+		ls := []tracer.Listener{{Kind: tracer.KindListener, Proto: "tcp", LocalAddr: "10.0.0.1", Port: 80, Drops: uint64(i)}}
+		if err := w.Write(flows, ls); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range Sorted(flows) {
+			enc.Encode(f)
+		}
+		enc.Encode(ls[0])
+	}
+	if got.String() != want.String() {
+		t.Errorf("got\n%s\nwant\n%s", got.String(), want.String())
 	}
 }
