@@ -217,22 +217,11 @@ func (l *ledger) countedBytes(got, want, per uint64) bool {
 
 // lossBudget is the calls this ledger's counts may be short by.
 func (l *ledger) lossBudget() uint64 {
-	if !preemptibleTracepoints {
+	if !bundler.TaskMarks() {
 		return 0
 	}
 	return l.lost.RecursionMisses
 }
-
-// preemptibleTracepoints: the running kernel is 6.19 or later.
-var preemptibleTracepoints = func() bool {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return false
-	}
-	var major, minor int
-	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor)
-	return major > 6 || major == 6 && minor >= 19
-}()
 
 // of returns the flows of host h.
 func (l *ledger) of(h *testnet.Host) []tracer.Flow {
@@ -333,7 +322,7 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	// are checked above (counted).
 	lost := l.lost
 	lost.UDPPeerUnknown = 0
-	if preemptibleTracepoints {
+	if bundler.TaskMarks() {
 		lost.RecursionMisses = 0
 	}
 	if lost.Total() != 0 {

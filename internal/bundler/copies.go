@@ -57,6 +57,12 @@ func recTaskMarks() bool {
 	return forceRecMarks || kernelAtLeast(6, 19)
 }
 
+// TaskMarks reports whether the kernel side decides by task marks on this
+// kernel (recTaskMarks): there a call every copy of a program skipped is
+// lost, and counted in Stats().RecursionMisses; with the per-CPU flag no
+// call of a process can be lost that way.
+func TaskMarks() bool { return recTaskMarks() }
+
 // kernelAtLeast compares the running kernel's release with major.minor;
 // a release it cannot read counts as new (marks are right on any kernel,
 // the flag only on older ones).

@@ -26,8 +26,10 @@ type JSONL struct {
 func (j *JSONL) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 	buf, err := j.appendInterval(j.buf[:0], flows, listeners)
 	j.buf = buf
-	if _, werr := j.w.Write(buf); werr != nil {
-		return werr
+	if len(buf) > 0 { // an idle interval writes nothing, as before
+		if _, werr := j.w.Write(buf); werr != nil {
+			return werr
+		}
 	}
 	return err
 }
