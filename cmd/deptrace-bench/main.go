@@ -151,7 +151,7 @@ func newBenchOverheadCmd() *cobra.Command {
 	var workloads string
 	var pairs int
 	var pairPhase time.Duration
-	var attribute bool
+	var attribute, hollow bool
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -161,17 +161,16 @@ of every kernel program), and without deptrace again (the noise floor). Then
 the whole-machine pairs: each load at a fixed rate, alternately without and
 with deptrace, busy CPU from /proc/stat; with --attribute, perf samples every
 run and the extra CPU is split by what deptrace runs (its programs, the
-kernel's dispatch to them, helpers, the agent). It prints Markdown tables for
-docs/performance.md.`,
+kernel's dispatch to them, helpers, the agent). With --hollow, the pairs'
+traced runs have one empty program on each hook deptrace runs on this kernel
+in place of deptrace: the floor any program there costs. It prints Markdown
+tables for docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the runs stop and clean up: the load, the
 			// tracer, perf and its files.
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := kernel.CheckCapabilities(); err != nil {
-				return err
-			}
 			if cfg.Duration < time.Second || cfg.Duration > time.Hour {
 				return fmt.Errorf("invalid --duration %s: allowed 1s to 1h", cfg.Duration)
 			}
@@ -193,8 +192,18 @@ docs/performance.md.`,
 			if pairs < 0 || pairs > 1000 {
 				return fmt.Errorf("invalid --pairs %d: allowed 0 (skip the whole-machine measurement) to 1000", pairs)
 			}
+			if pairs > 0 && (pairPhase < time.Second || pairPhase > time.Hour) {
+				return fmt.Errorf("invalid --pair-phase %s: allowed 1s to 1h", pairPhase)
+			}
 			if attribute && pairs == 0 {
 				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
+			}
+			if hollow && pairs == 0 {
+				return fmt.Errorf("--hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more")
+			}
+			// Flags first, so a mistyped command says what is wrong with it.
+			if err := kernel.CheckCapabilities(); err != nil {
+				return err
 			}
 			if workloads != "" {
 				ms, err := bench.Overhead(ctx, cfg, os.Stderr)
@@ -204,12 +213,13 @@ docs/performance.md.`,
 				bench.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				rs, err := bench.Paired(ctx, cfg.LoadCommand, pairedLoads, pairs, pairPhase, attribute, os.Stderr)
+				pc := bench.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow}
+				rs, err := bench.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
 				if err != nil {
 					return err
 				}
 				fmt.Println()
-				bench.WritePairedMarkdown(os.Stdout, rs, pairs, pairPhase)
+				bench.WritePairedMarkdown(os.Stdout, rs, pc)
 				if attribute {
 					fmt.Println()
 					bench.WriteAttributionMarkdown(os.Stdout, rs)
@@ -226,6 +236,7 @@ docs/performance.md.`,
 	cmd.Flags().IntVar(&pairs, "pairs", 10, "interleaved untraced/traced pairs per load of the whole-machine measurement (0 skips it)")
 	cmd.Flags().DurationVar(&pairPhase, "pair-phase", 3*time.Second, "length of each run of a pair")
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
+	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }
 

@@ -69,6 +69,9 @@ func TestSubcommandsAndBadInput(t *testing.T) {
 		{[]string{"load", "--serve", "127.0.0.1:0", "--output", "xml"}, `deptrace-bench: invalid --output "xml": allowed table, json`},
 		{[]string{"load"}, "deptrace-bench: missing --addr"},
 		{[]string{"report", "/nonexistent-dir"}, "deptrace-bench: read results:"},
+		{[]string{"overhead", "--hollow", "--pairs", "0"}, "deptrace-bench: --hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more"},
+		{[]string{"overhead", "--pair-phase", "10ms"}, "deptrace-bench: invalid --pair-phase 10ms: allowed 1s to 1h"},
+		{[]string{"overhead", "--pairs", "-1"}, "deptrace-bench: invalid --pairs -1: allowed 0 (skip the whole-machine measurement) to 1000"},
 		{[]string{"load", "--log-level", "loud"}, `deptrace-bench: invalid --log-level "loud": allowed debug, info, warn, error`},
 	}
 	for _, c := range cases {

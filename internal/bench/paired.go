@@ -62,15 +62,25 @@ func quantile(v []float64, q float64) float64 {
 	return s[lo] + (pos-float64(lo))*(s[lo+1]-s[lo])
 }
 
-// Paired runs each load pairs times without and with deptrace (tracer
+// PairedConfig says how the paired runs are made.
+type PairedConfig struct {
+	Pairs int
+	Phase time.Duration // length of each run
+	// Attribute samples every run with perf as well (attribute.go).
+	Attribute bool
+	// Hollow measures the kernel's floor in place of deptrace: one empty
+	// program on each hook deptrace runs on this kernel (hollow.go).
+	Hollow bool
+}
+
+// Paired runs each load cfg.Pairs times without and with deptrace (tracer
 // loaded and drained every second as the agent does), alternating, and
 // measures the busy CPU of the whole machine from /proc/stat (idle,
 // iowait and steal excluded) during each run. It needs no bpf_stats: it is
 // the cost as a user feels it, both ends of every connection included.
-// With attribute, perf samples the machine during every run as well
-// (attribute.go).
-func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int, phase time.Duration, attribute bool, progress io.Writer) ([]PairedResult, error) {
+func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg PairedConfig, progress io.Writer) ([]PairedResult, error) {
 	var out []PairedResult
+	pairs, phase, attribute := cfg.Pairs, cfg.Phase, cfg.Attribute
 	perfDir := ""
 	if attribute {
 		if err := checkPerf(); err != nil {
@@ -82,6 +92,15 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 		}
 		defer os.RemoveAll(d)
 		perfDir = d
+	}
+	var hollowHooks []string
+	if cfg.Hollow {
+		hooks, err := perEventHooks()
+		if err != nil {
+			return nil, err
+		}
+		hollowHooks = hooks
+		fmt.Fprintf(progress, "bench: empty programs in place of deptrace, on %s\n", strings.Join(hooks, ", "))
 	}
 	// measure runs the load once, under perf when attributing.
 	measure := func(l PairedLoad) (res loadgen.Result, busy time.Duration, c SampleCounts, err error) {
@@ -96,6 +115,28 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 		c, err = attributeRun(perfDir, phase, run)
 		return res, busy, c, err
 	}
+	// start puts the traced side in place: deptrace draining every second
+	// and formatting its flows, or the empty programs alone.
+	start := func() (stop func(), err error) {
+		if cfg.Hollow {
+			h, err := AttachHollow(hollowHooks)
+			if err != nil {
+				return nil, err
+			}
+			return h.Close, nil
+		}
+		t, err := tracer.New(tracer.DefaultConfig())
+		if err != nil {
+			return nil, fmt.Errorf("load tracer: %w", err)
+		}
+		agentCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
+			done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows, iv.Listeners) })
+		}()
+		return func() { cancel(); <-done; t.Close() }, nil
+	}
 	for _, l := range loads {
 		r := PairedResult{Load: l}
 		for i := 0; i < pairs; i++ {
@@ -104,20 +145,12 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, pairs int
 			if err != nil {
 				return out, err
 			}
-			t, err := tracer.New(tracer.DefaultConfig())
+			stop, err := start()
 			if err != nil {
-				return out, fmt.Errorf("load tracer: %w", err)
+				return out, err
 			}
-			agentCtx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() {
-				sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
-				done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows, iv.Listeners) })
-			}()
 			traced, tracedBusy, tracedSamples, err := measure(l)
 			stop()
-			<-done
-			t.Close()
 			if err != nil {
 				return out, err
 			}
@@ -182,8 +215,12 @@ func machineBusy() (time.Duration, error) {
 }
 
 // WritePairedMarkdown renders the paired measurement.
-func WritePairedMarkdown(w io.Writer, rs []PairedResult, pairs int, phase time.Duration) {
-	fmt.Fprintf(w, "Whole machine, %d interleaved pairs of %s runs per load (untraced, then traced with the tracer draining every second); busy CPU from /proc/stat, idle, iowait and steal excluded. Extra CPU per round trip = (busy traced - busy untraced) / round trips.\n\n", pairs, phase)
+func WritePairedMarkdown(w io.Writer, rs []PairedResult, cfg PairedConfig) {
+	traced := "traced with the tracer draining every second"
+	if cfg.Hollow {
+		traced = "traced by empty programs alone, one on each hook deptrace runs on this kernel: the floor of any program there"
+	}
+	fmt.Fprintf(w, "Whole machine, %d interleaved pairs of %s runs per load (untraced, then %s); busy CPU from /proc/stat, idle, iowait and steal excluded. Extra CPU per round trip = (busy traced - busy untraced) / round trips.\n\n", cfg.Pairs, cfg.Phase, traced)
 	fmt.Fprintln(w, "| load | target rate/s | rate untraced (median) | rate traced (median) | busy untraced | busy traced | extra CPU per round trip, median | 25th-75th percentile |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
