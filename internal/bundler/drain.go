@@ -461,13 +461,13 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 		sp.complete = true
 		return sp, nil
 	}
-	m := b.shared.Maps["spill"]
 	n := b.spillSlots()
-	var s bundlerSpillSlot
-	for i := uint32(h) * n; i < uint32(h+1)*n; i++ {
-		if err := m.Lookup(i, &s); err != nil {
-			return sp, fmt.Errorf("read the flow spill: %w", err)
-		}
+	slots, err := readHalf[bundlerSpillSlot](b.shared.Maps["spill"], h, n, 1)
+	if err != nil {
+		return sp, fmt.Errorf("read the flow spill: %w", err)
+	}
+	for j, s := range slots {
+		i := uint32(h)*n + uint32(j)
 		if s.State == uint32(bundlerSpillStateSPILL_FREE) {
 			continue
 		}
@@ -481,19 +481,43 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 	return sp, nil
 }
 
+// readHalf reads half h of an array map of 2n slots, perSlot values each
+// (the CPUs of a per-CPU array), with batch lookups: one system call where
+// a lookup per slot took n.
+func readHalf[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error) {
+	keys := make([]uint32, n)
+	vals := make([]V, int(n)*perSlot)
+	var cursor ebpf.MapBatchCursor
+	// A batch cursor starts at slot 0: half 1 takes a second batch.
+	for range h + 1 {
+		got, err := m.BatchLookup(&cursor, keys, vals, nil)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, err
+		}
+		if got != int(n) {
+			return nil, fmt.Errorf("a batch read %d of %d slots", got, n)
+		}
+	}
+	if keys[0] != uint32(h)*n {
+		return nil, fmt.Errorf("the batch read slots from %d, want %d", keys[0], uint32(h)*n)
+	}
+	return vals, nil
+}
+
 // cacheSlots is the slots of one half of a CPU's flow cache.
 func (b *Bundler) cacheSlots() uint32 { return b.shared.Maps["flow_cache"].MaxEntries() / 2 }
 
 // readCache adds to sp the flows in half h of every CPU's flow cache,
 // which no program writes any more (see Collect), and the slots to free.
 func (b *Bundler) readCache(h int, sp *spillRead) error {
-	m := b.shared.Maps["flow_cache"]
 	n := b.cacheSlots()
-	var cpus []bundlerSpillSlot
-	for i := uint32(h) * n; i < uint32(h+1)*n; i++ {
-		if err := m.Lookup(i, &cpus); err != nil {
-			return fmt.Errorf("read the flow cache: %w", err)
-		}
+	all, err := readHalf[bundlerSpillSlot](b.shared.Maps["flow_cache"], h, n, b.ncpu)
+	if err != nil {
+		return fmt.Errorf("read the flow cache: %w", err)
+	}
+	for j := range int(n) {
+		i := uint32(h)*n + uint32(j)
+		cpus := all[j*b.ncpu : (j+1)*b.ncpu]
 		claimed := false
 		for _, s := range cpus {
 			if s.State == uint32(bundlerSpillStateSPILL_FREE) {
@@ -507,7 +531,7 @@ func (b *Bundler) readCache(h int, sp *spillRead) error {
 		}
 		if claimed {
 			sp.cacheSlots = append(sp.cacheSlots, i)
-			sp.cacheCPUs = append(sp.cacheCPUs, append([]bundlerSpillSlot(nil), cpus...))
+			sp.cacheCPUs = append(sp.cacheCPUs, cpus)
 		}
 	}
 	return nil
@@ -539,8 +563,12 @@ func cacheReset(cpus []bundlerSpillSlot) []bundlerSpillSlot {
 // resets what it read of the map; the rest stays counted as used and is
 // read with the half's next drain.)
 func (b *Bundler) freeSpill(h int, sp spillRead) error {
-	for j, i := range sp.cacheSlots {
-		if err := b.shared.Maps["flow_cache"].Update(i, cacheReset(sp.cacheCPUs[j]), ebpf.UpdateExist); err != nil {
+	if len(sp.cacheSlots) > 0 {
+		next := make([]bundlerSpillSlot, 0, len(sp.cacheSlots)*b.ncpu)
+		for _, cpus := range sp.cacheCPUs {
+			next = append(next, cacheReset(cpus)...)
+		}
+		if _, err := b.shared.Maps["flow_cache"].BatchUpdate(sp.cacheSlots, next, nil); err != nil {
 			return fmt.Errorf("free the flow cache: %w", err)
 		}
 	}
