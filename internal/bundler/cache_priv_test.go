@@ -29,7 +29,18 @@ func cacheClaimed(t *testing.T, b *Bundler, h int, port uint16) (claimed, holdin
 // Connections counted in the cache come out exact, interval after
 // interval; every drained half is left free.
 func TestFlowCacheCountsEveryConnection(t *testing.T) {
-	const port = 7410
+	flowCacheCountsEveryConnection(t, 7410)
+}
+
+// Kernels before 5.13 have no batch operations on per-CPU arrays: the
+// drain reads and frees the cache one slot per call, with the same counts.
+func TestFlowCacheCountsEveryConnectionSlotBySlot(t *testing.T) {
+	forceNoArrayBatch = true
+	defer func() { forceNoArrayBatch = false }()
+	flowCacheCountsEveryConnection(t, 7413)
+}
+
+func flowCacheCountsEveryConnection(t *testing.T, port int) {
 	w := newCommitWorld(t, port)
 	cfg := testConfig()
 	cfg.NetNS = w.client.Inode
@@ -45,7 +56,7 @@ func TestFlowCacheCountsEveryConnection(t *testing.T) {
 		}
 		n := 0
 		for _, e := range entries {
-			if e.NetNS == w.client.Inode && e.Direction == DirOutbound && e.Port == port {
+			if e.NetNS == w.client.Inode && e.Direction == DirOutbound && e.Port == uint16(port) {
 				n++
 				got += e.Connections
 				latencies += e.LatencyCount
@@ -62,7 +73,7 @@ func TestFlowCacheCountsEveryConnection(t *testing.T) {
 		}
 		w.connectConcurrently(4, 10, nil)
 		// A client's connection is counted before its connect returns.
-		if _, holding := cacheClaimed(t, bu, r%2, port); holding == 0 {
+		if _, holding := cacheClaimed(t, bu, r%2, uint16(port)); holding == 0 {
 			t.Fatalf("round %d: no CPU's cache half %d holds the client's flow", r, r%2)
 		}
 		want := uint64((r + 1) * 40)
@@ -78,7 +89,7 @@ func TestFlowCacheCountsEveryConnection(t *testing.T) {
 		}
 	}
 	for h := 0; h < 2; h++ {
-		if claimed, _ := cacheClaimed(t, bu, h, port); claimed != 0 {
+		if claimed, _ := cacheClaimed(t, bu, h, uint16(port)); claimed != 0 {
 			t.Errorf("cache half %d still has %d claimed slots after its drain", h, claimed)
 		}
 	}

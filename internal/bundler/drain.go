@@ -481,10 +481,50 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 	return sp, nil
 }
 
+// forceNoArrayBatch makes the drain read and free the flow cache and the
+// spill one slot per call, as it does on kernels without batch operations
+// on per-CPU arrays (before 5.13; tests).
+var forceNoArrayBatch bool
+
+// errnoENOTSUPP is the kernel's own "not supported" (524), which it returns
+// for a batch operation a map type lacks; user-space headers do not name it.
+const errnoENOTSUPP = unix.Errno(524)
+
+// batchUnsupported reports an error of a batch operation the kernel does
+// not have for this map type.
+func batchUnsupported(err error) bool {
+	return errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, errnoENOTSUPP) || errors.Is(err, unix.EOPNOTSUPP)
+}
+
 // readHalf reads half h of an array map of 2n slots, perSlot values each
-// (the CPUs of a per-CPU array), with batch lookups: one system call where
-// a lookup per slot took n.
+// (the CPUs of a per-CPU array): one batch lookup where a lookup per slot
+// took n system calls, or a lookup per slot where the kernel has no batch
+// for the map's type.
 func readHalf[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error) {
+	if !forceNoArrayBatch {
+		vals, err := readHalfBatch[V](m, h, n, perSlot)
+		if !batchUnsupported(err) {
+			return vals, err
+		}
+	}
+	vals := make([]V, int(n)*perSlot)
+	var cpus []V
+	for j := range int(n) {
+		i := uint32(h)*n + uint32(j)
+		var err error
+		if perSlot == 1 {
+			err = m.Lookup(i, &vals[j])
+		} else if err = m.Lookup(i, &cpus); err == nil {
+			copy(vals[j*perSlot:(j+1)*perSlot], cpus)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("slot %d: %w", i, err)
+		}
+	}
+	return vals, nil
+}
+
+func readHalfBatch[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error) {
 	keys := make([]uint32, n)
 	vals := make([]V, int(n)*perSlot)
 	var cursor ebpf.MapBatchCursor
@@ -495,13 +535,37 @@ func readHalf[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error) {
 			return nil, err
 		}
 		if got != int(n) {
-			return nil, fmt.Errorf("a batch read %d of %d slots", got, n)
+			return nil, fmt.Errorf("batch lookup of half %d returned %d slots, want %d", h, got, n)
 		}
 	}
 	if keys[0] != uint32(h)*n {
-		return nil, fmt.Errorf("the batch read slots from %d, want %d", keys[0], uint32(h)*n)
+		return nil, fmt.Errorf("batch lookup of half %d started at slot %d, want %d", h, keys[0], uint32(h)*n)
 	}
 	return vals, nil
+}
+
+// writeSlots writes vals (perSlot values each) to the slots keys of an
+// array map: one batch update, or an update per slot where the kernel has
+// no batch for the map's type.
+func writeSlots[V any](m *ebpf.Map, keys []uint32, vals []V, perSlot int) error {
+	if !forceNoArrayBatch {
+		_, err := m.BatchUpdate(keys, vals, nil)
+		if !batchUnsupported(err) {
+			return err
+		}
+	}
+	for j, k := range keys {
+		var err error
+		if perSlot == 1 {
+			err = m.Update(k, vals[j], ebpf.UpdateExist)
+		} else {
+			err = m.Update(k, vals[j*perSlot:(j+1)*perSlot], ebpf.UpdateExist)
+		}
+		if err != nil {
+			return fmt.Errorf("slot %d: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // cacheSlots is the slots of one half of a CPU's flow cache.
@@ -568,13 +632,13 @@ func (b *Bundler) freeSpill(h int, sp spillRead) error {
 		for _, cpus := range sp.cacheCPUs {
 			next = append(next, cacheReset(cpus)...)
 		}
-		if _, err := b.shared.Maps["flow_cache"].BatchUpdate(sp.cacheSlots, next, nil); err != nil {
+		if err := writeSlots(b.shared.Maps["flow_cache"], sp.cacheSlots, next, b.ncpu); err != nil {
 			return fmt.Errorf("free the flow cache: %w", err)
 		}
 	}
 	if len(sp.slots) > 0 {
 		zero := make([]bundlerSpillSlot, len(sp.slots))
-		if _, err := b.shared.Maps["spill"].BatchUpdate(sp.slots, zero, nil); err != nil {
+		if err := writeSlots(b.shared.Maps["spill"], sp.slots, zero, 1); err != nil {
 			return fmt.Errorf("free the flow spill: %w", err)
 		}
 	}
