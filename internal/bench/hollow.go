@@ -3,6 +3,8 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -47,12 +49,25 @@ var cgroupHooks = map[string]struct {
 	"sock_release": {ebpf.CGroupSock, ebpf.AttachCgroupInetSockRelease},
 }
 
+// getsockoptGuard is the least a getsockopt program must do: kernels
+// before 6.5 fail a getsockopt whose value exceeds a page unless the
+// program hands the buffer back (optlen 0), as deptrace's connect_error
+// does first thing. (bpf_sockopt.optlen is at offset 32.)
+var getsockoptGuard = asm.Instructions{
+	asm.LoadMem(asm.R2, asm.R1, 32, asm.Word),
+	asm.JSLE.Imm(asm.R2, 4096, "allow"),
+	asm.Mov.Imm(asm.R3, 0),
+	asm.StoreMem(asm.R1, 32, asm.R3, asm.Word),
+	asm.Mov.Imm(asm.R0, 1).WithSymbol("allow"),
+	asm.Return(),
+}
+
 // hollowSpec is the empty program for one of deptrace's hooks, as doctor
 // names it ("tp_btf/sock_send_length", "cgroup/sendmsg4", ...).
 func hollowSpec(hook string) (*ebpf.ProgramSpec, error) {
 	kind, target, ok := strings.Cut(hook, "/")
 	if !ok || target == "" {
-		return nil, fmt.Errorf("hook %q: want kind/target", hook)
+		return nil, fmt.Errorf("hook %q: want kind/target (tp_btf, fexit, tracepoint, iter or cgroup)", hook)
 	}
 	spec := &ebpf.ProgramSpec{
 		Name:    "hollow",
@@ -75,11 +90,14 @@ func hollowSpec(hook string) (*ebpf.ProgramSpec, error) {
 		spec.Instructions = allow
 		t, ok := cgroupHooks[target]
 		if !ok {
-			return nil, fmt.Errorf("hook %q: no empty program for this cgroup hook", hook)
+			return nil, fmt.Errorf("hook %q: no empty program for this cgroup hook (allowed: %s)", hook, strings.Join(slices.Sorted(maps.Keys(cgroupHooks)), ", "))
 		}
 		spec.Type, spec.AttachType = t.prog, t.attach
+		if target == "getsockopt" {
+			spec.Instructions = getsockoptGuard
+		}
 	default:
-		return nil, fmt.Errorf("hook %q: no empty program for hooks of kind %q", hook, kind)
+		return nil, fmt.Errorf("hook %q: no empty program for hooks of kind %q (allowed: tp_btf, fexit, tracepoint, iter, cgroup)", hook, kind)
 	}
 	return spec, nil
 }

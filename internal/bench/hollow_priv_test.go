@@ -2,6 +2,7 @@ package bench
 
 import (
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -74,8 +75,10 @@ func TestHollowRunsWhereDeptraceRuns(t *testing.T) {
 	}
 
 	for _, hook := range h.Hooks {
-		perConn := strings.Contains(hook, "inet_sock_set_state") || strings.HasSuffix(hook, "sock_release") ||
-			strings.HasSuffix(hook, "sock_send_length") || strings.HasSuffix(hook, "sock_recv_length")
+		// The hooks a TCP exchange must reach, tracepoints or (before
+		// 6.3) their fexit fallbacks.
+		perConn := slices.Contains([]string{"tp_btf/inet_sock_set_state", "cgroup/sock_release",
+			"tp_btf/sock_send_length", "tp_btf/sock_recv_length", "fexit/inet_sendmsg", "fexit/sock_recvmsg"}, hook)
 		if !perConn {
 			continue
 		}
