@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
 )
@@ -37,29 +38,14 @@ func parseDays(v string) (time.Duration, error) {
 	return time.ParseDuration(v)
 }
 
-// parseTime reads --since/--until: RFC 3339, "2006-01-02 15:04",
-// "15:04" (today), "now", or a duration meaning that long ago (1h, 2d).
+// parseTime reads --since/--until and friends with the parser the web API
+// shares (cli.ParseTime), naming the flag in its error.
 func parseTime(flag, v string, now time.Time) (time.Time, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return time.Time{}, nil
+	t, err := cli.ParseTime(v, now)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("invalid --%s %q: %v", flag, v, err)
 	}
-	if v == "now" {
-		return now, nil
-	}
-	if d, err := parseDays(strings.TrimPrefix(v, "-")); err == nil {
-		return now.Add(-d), nil
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02"} {
-		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
-			return t, nil
-		}
-	}
-	if t, err := time.ParseInLocation("15:04", v, time.Local); err == nil {
-		y, m, d := now.Date()
-		return time.Date(y, m, d, t.Hour(), t.Minute(), 0, 0, time.Local), nil
-	}
-	return time.Time{}, fmt.Errorf("invalid --%s %q: allowed RFC 3339, \"2006-01-02 15:04\", \"15:04\", now, or an age such as 1h or 2d", flag, v)
+	return t, nil
 }
 
 // queryFlags are shared by look, graph and diff.

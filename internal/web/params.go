@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/cli"
 )
 
 // paramError is a bad query parameter: HTTP 400 with a message that names
@@ -40,42 +42,14 @@ func (q query) str(name string) string { return strings.TrimSpace(q.v.Get(name))
 
 func (q query) has(name string) bool { return q.v.Has(name) }
 
-// time reads since/until the way the CLI does: RFC 3339,
-// "2006-01-02 15:04[:05]", "2006-01-02", "15:04" (today), "now", or an age
-// such as 15m, 1h or 2d.
+// time reads since/until with the CLI's parser (cli.ParseTime).
 func (q query) time(name string) (time.Time, error) {
 	v := q.str(name)
-	if v == "" {
-		return time.Time{}, nil
+	t, err := cli.ParseTime(v, q.now)
+	if err != nil {
+		return time.Time{}, badParam("invalid %s %q: %v", name, v, err)
 	}
-	if v == "now" {
-		return q.now, nil
-	}
-	if d, err := parseAge(strings.TrimPrefix(v, "-")); err == nil && d >= 0 {
-		return q.now.Add(-d), nil
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02T15:04", "2006-01-02"} {
-		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
-			return t, nil
-		}
-	}
-	if t, err := time.ParseInLocation("15:04", v, time.Local); err == nil {
-		y, m, d := q.now.Date()
-		return time.Date(y, m, d, t.Hour(), t.Minute(), 0, 0, time.Local), nil
-	}
-	return time.Time{}, badParam("invalid %s %q: allowed RFC 3339, \"2006-01-02 15:04\", \"15:04\", now, or an age such as 15m, 1h or 2d", name, v)
-}
-
-// parseAge accepts Go durations plus a "d" (day) suffix.
-func parseAge(v string) (time.Duration, error) {
-	if n, ok := strings.CutSuffix(v, "d"); ok {
-		days, err := strconv.ParseFloat(n, 64)
-		if err != nil || days < 0 || days > 100000 {
-			return 0, fmt.Errorf("bad days %q", v)
-		}
-		return time.Duration(days * float64(24*time.Hour)), nil
-	}
-	return time.ParseDuration(v)
+	return t, nil
 }
 
 // window reads since and until and checks that they form a range.

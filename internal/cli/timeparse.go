@@ -1,0 +1,66 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TimeForms names what ParseTime accepts, for error messages.
+const TimeForms = `allowed RFC 3339, "2006-01-02 15:04[:05]", "2006-01-02T15:04", "2006-01-02", "15:04" (today), now, or an age such as 15m, 1h or 2d`
+
+// ParseTime reads a point in time the way every deptrace command and the
+// web API take it (--since, --until, ?since=): RFC 3339, "2006-01-02
+// 15:04[:05]", "2006-01-02T15:04", "2006-01-02", "15:04" (today), "now",
+// or an age meaning that long before now (1h, 90m, 2d; a leading "-" is
+// allowed: "-1h" is also an hour ago). Local time where no zone is given.
+// "" gives the zero time (no bound). The error says what is allowed; the
+// caller names the flag or parameter.
+func ParseTime(v string, now time.Time) (time.Time, error) {
+	v = strings.TrimSpace(v)
+	switch v {
+	case "":
+		return time.Time{}, nil
+	case "now":
+		return now, nil
+	}
+	if d, err := ParseAge(strings.TrimPrefix(v, "-")); err == nil {
+		return now.Add(-d), nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
+			return t, nil
+		}
+	}
+	if t, err := time.ParseInLocation("15:04", v, time.Local); err == nil {
+		y, m, d := now.Date()
+		return time.Date(y, m, d, t.Hour(), t.Minute(), 0, 0, time.Local), nil
+	}
+	return time.Time{}, errors.New(TimeForms)
+}
+
+// maxAgeDays bounds a "d" age so that it fits a time.Duration (about 292
+// years) with room to spare.
+const maxAgeDays = 100000
+
+// ParseAge reads a non-negative duration: a Go duration (90s, 15m, 1h30m)
+// or a number of days with a "d" suffix (2d, 0.5d).
+func ParseAge(v string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(v, "d"); ok {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days < 0 || days > maxAgeDays {
+			return 0, fmt.Errorf("invalid age %q: allowed a number of days from 0 to %d, e.g. 2d", v, maxAgeDays)
+		}
+		return time.Duration(days * float64(24*time.Hour)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("invalid age %q: allowed a duration such as 90s, 15m, 1h or 2d", v)
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("invalid age %q: an age cannot be negative", v)
+	}
+	return d, nil
+}
