@@ -1,5 +1,6 @@
 # Run by the guest's /init (busybox sh) with CI=true as root; output goes to
-# the results serial port. MODE and TEST_TIMEOUT are set in the lines above
+# the results serial port. MODE, TEST_TIMEOUT and testrun (the -test.run
+# pattern of a test binary, empty for all) are set in the lines above
 # (written by the host). Each step is framed by @@KM BEGIN/END lines.
 step() {
   name=$1; shift
@@ -13,6 +14,6 @@ if [ "$MODE" = full ]; then
   for t in /opt/km/*.test; do
     [ -f "$t" ] || continue
     n=$(basename "$t" .test)
-    step "$n" "$t" -test.v -test.count=1 -test.timeout="${TEST_TIMEOUT}s"
+    step "$n" "$t" -test.v -test.count=1 -test.timeout="${TEST_TIMEOUT}s" -test.run="$(testrun "$n")"
   done
 fi
