@@ -107,6 +107,11 @@ type Flow struct {
 	PID      uint32 `json:"pid"`
 	Comm     string `json:"comm"`
 	CgroupID uint64 `json:"cgroup_id"`
+	// Identity names the local end the way operators do (systemd unit,
+	// container, Kubernetes pod and workload). Every field is omitted for
+	// a plain host process; it is filled by deptrace's identity resolver,
+	// not by the Tracer itself.
+	Identity
 	// PeerPID and PeerComm name the process at the other end when the
 	// kernel knows it (unix sockets); 0 and "" otherwise.
 	PeerPID  uint32 `json:"peer_pid,omitempty"`
@@ -115,6 +120,58 @@ type Flow struct {
 	// FirstSeen and LastSeen bound the events of this interval.
 	FirstSeen time.Time `json:"first_seen"`
 	LastSeen  time.Time `json:"last_seen"`
+}
+
+// Identity is what the local end of a flow is, beyond its process: the
+// systemd unit, the container and the Kubernetes pod and workload it runs
+// in, found from its cgroup and the container runtimes' own APIs. Fields
+// are empty (and absent in JSON) where they do not apply: all of them for
+// a plain host process.
+type Identity struct {
+	// Unit is the systemd unit of a process outside containers
+	// ("nginx.service", "session-3.scope").
+	Unit string `json:"unit,omitempty"`
+	// ContainerID is the full container id (64 hex digits for Docker,
+	// containerd, CRI-O and podman).
+	ContainerID string `json:"container_id,omitempty"`
+	// ContainerName is the runtime's name of the container (Docker's
+	// name without the leading slash; the CRI container's name).
+	ContainerName string `json:"container_name,omitempty"`
+	// ContainerImage is the image the container was started from, as
+	// the user named it.
+	ContainerImage string `json:"container_image,omitempty"`
+	// ContainerRuntime is "docker", "containerd", "cri-o" or "podman".
+	ContainerRuntime string `json:"container_runtime,omitempty"`
+	// PodNamespace, PodName, PodUID and K8sContainer come from the labels
+	// kubelet sets on every CRI container.
+	PodNamespace string `json:"pod_namespace,omitempty"`
+	PodName      string `json:"pod_name,omitempty"`
+	PodUID       string `json:"pod_uid,omitempty"`
+	K8sContainer string `json:"k8s_container,omitempty"`
+	// Workload is "kind/name" of what runs the container:
+	// "compose/<project>/<service>" for Docker Compose, "Deployment/x",
+	// "StatefulSet/x", "DaemonSet/x", "Job/x" or "Pod/x" for Kubernetes.
+	Workload string `json:"workload,omitempty"`
+}
+
+// Empty reports whether nothing is known beyond the process.
+func (id Identity) Empty() bool { return id == Identity{} }
+
+// Label is a short name for people: the Kubernetes pod and container
+// ("checkout-7d4b9-x2x4k:app"), else the container's name, else the
+// systemd unit; "" for a plain host process.
+func (id Identity) Label() string {
+	switch {
+	case id.PodName != "" && id.K8sContainer != "":
+		return id.PodName + ":" + id.K8sContainer
+	case id.PodName != "":
+		return id.PodName
+	case id.ContainerName != "":
+		return id.ContainerName
+	case id.ContainerID != "":
+		return id.ContainerID[:min(12, len(id.ContainerID))]
+	}
+	return id.Unit
 }
 
 // IsUnix reports whether the flow is between unix-domain sockets.

@@ -53,7 +53,7 @@ func (j *JSONL) appendInterval(buf []byte, flows []tracer.Flow, listeners []trac
 }
 
 // appendFlowJSON appends f as json.Marshal would: tracer.Flow's fields in
-// order, Counters inlined, peer fields omitted when empty.
+// order, Counters inlined, identity and peer fields omitted when empty.
 func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	b = append(b, `{"kind":`...)
 	b = jsonenc.AppendString(b, f.Kind)
@@ -76,6 +76,9 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	b = append(b, `,"comm":`...)
 	b = jsonenc.AppendString(b, f.Comm)
 	b = appendUint(b, `,"cgroup_id":`, f.CgroupID)
+	if !f.Identity.Empty() {
+		b = appendIdentity(b, &f.Identity)
+	}
 	if f.PeerPID != 0 {
 		b = appendUint(b, `,"peer_pid":`, uint64(f.PeerPID))
 	}
@@ -109,6 +112,22 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 		return b, err
 	}
 	return append(b, '}'), nil
+}
+
+// appendIdentity appends the identity fields that are set, in
+// tracer.Identity's order (each is omitempty).
+func appendIdentity(b []byte, id *tracer.Identity) []byte {
+	for _, kv := range [...]struct{ key, v string }{
+		{`,"unit":`, id.Unit}, {`,"container_id":`, id.ContainerID}, {`,"container_name":`, id.ContainerName},
+		{`,"container_image":`, id.ContainerImage}, {`,"container_runtime":`, id.ContainerRuntime},
+		{`,"pod_namespace":`, id.PodNamespace}, {`,"pod_name":`, id.PodName}, {`,"pod_uid":`, id.PodUID},
+		{`,"k8s_container":`, id.K8sContainer}, {`,"workload":`, id.Workload},
+	} {
+		if kv.v != "" {
+			b = jsonenc.AppendString(append(b, kv.key...), kv.v)
+		}
+	}
+	return b
 }
 
 func appendUint(b []byte, key string, v uint64) []byte {

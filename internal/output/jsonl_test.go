@@ -14,7 +14,7 @@ import (
 // The hand-written flow encoder writes what encoding/json's Encoder writes,
 // byte for byte, for random flows: strings with every kind of character
 // encoding/json escapes, numbers up to the top of each type, times in
-// other zones and at their zero, peer fields set and empty.
+// other zones and at their zero, peer and identity fields set and empty.
 func TestJSONLWritesWhatEncodingJSONWrites(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	pieces := []string{"", "nginx", "10.0.0.1", "2001:db8::1", "/run/app.sock", "@abstract", `q"uote`, `back\slash`,
@@ -50,6 +50,13 @@ func TestJSONLWritesWhatEncodingJSONWrites(t *testing.T) {
 		}
 		if rng.IntN(2) == 0 {
 			f.PeerPID, f.PeerComm = rng.Uint32(), str()
+		}
+		if rng.IntN(2) == 0 {
+			id := &f.Identity
+			for _, p := range []*string{&id.Unit, &id.ContainerID, &id.ContainerName, &id.ContainerImage, &id.ContainerRuntime,
+				&id.PodNamespace, &id.PodName, &id.PodUID, &id.K8sContainer, &id.Workload} {
+				*p = str()
+			}
 		}
 		c := &f.Counters
 		for _, p := range []*uint64{&c.Connections, &c.FailedConnections, &c.FailedRefused, &c.FailedTimeout, &c.FailedReset,

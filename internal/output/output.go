@@ -106,10 +106,7 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 			local, peer = f.LocalAddr, other
 		}
 	}
-	process := "-"
-	if f.PID != 0 {
-		process = fmt.Sprintf("%s/%d", f.Comm, f.PID)
-	}
+	process := Process(f)
 	conns := strconv.FormatUint(f.Connections, 10)
 	if f.Proto == tracer.ProtoUDP || (f.Proto == tracer.ProtoUnix && f.Connections == 0 && f.DatagramsSent+f.DatagramsReceived > 0) {
 		// Datagrams have no connections: count datagrams.
@@ -121,6 +118,23 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 		strconv.FormatUint(f.BytesSent, 10), strconv.FormatUint(f.BytesReceived, 10),
 		Latency(f.Counters), Health(f.Counters), netnsName(f.NetNS, names),
 	}
+}
+
+// Process names the local end in the table: "comm/pid" for a host
+// process, the container, pod or unit first where there is one, e.g.
+// "web(nginx)/880", "checkout-7d4b9-x2x4k:app(java)/4411",
+// "nginx.service(nginx)/880"; "-" when nothing is known.
+func Process(f tracer.Flow) string {
+	label := f.Identity.Label()
+	switch {
+	case f.PID != 0 && label != "":
+		return fmt.Sprintf("%s(%s)/%d", label, f.Comm, f.PID)
+	case f.PID != 0:
+		return fmt.Sprintf("%s/%d", f.Comm, f.PID)
+	case label != "":
+		return label
+	}
+	return "-"
 }
 
 // ListenerRow renders a listener that dropped connections.
