@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/output"
 	"github.com/deptrace/deptrace/tracer"
@@ -25,6 +26,7 @@ func newTraceCmd() *cobra.Command {
 		format   string
 		proto    string
 		ports    []string
+		idf      identityFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "trace",
@@ -32,7 +34,9 @@ func newTraceCmd() *cobra.Command {
 		Long: `trace loads the flow bundler and prints, every interval, one line per
 dependency seen in that interval: local end, direction arrow (--> the local end
 is the client, <-- it is the server), peer, process, connections, failed
-connection attempts and bytes each way. Ctrl-C or SIGTERM prints the last
+connection attempts and bytes each way. Local ends in a systemd unit, a
+container or a Kubernetes pod are named by it (from the cgroup and the
+runtime's own API; --no-identity turns this off). Ctrl-C or SIGTERM prints the last
 partial interval before exiting.`,
 		Example: `  deptrace trace
   deptrace trace --output jsonl --duration 10s
@@ -63,7 +67,11 @@ partial interval before exiting.`,
 			if err != nil {
 				return err
 			}
-			return runTrace(cmd.Context(), cfg, duration, filter, w)
+			idCfg, err := idf.config()
+			if err != nil {
+				return err
+			}
+			return runTrace(cmd.Context(), cfg, duration, filter, w, idCfg)
 		},
 	}
 	tf.register(cmd)
@@ -72,10 +80,43 @@ partial interval before exiting.`,
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: "+strings.Join(output.Formats, ", "))
 	cmd.Flags().StringVar(&proto, "proto", "all", "protocols to show: tcp, udp, unix, all (comma list)")
 	cmd.Flags().StringSliceVar(&ports, "port", nil, "server ports to show (comma list); default all")
+	idf.register(cmd)
 	return cmd
 }
 
-func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration, filter output.Filter, w output.Writer) error {
+// identityFlags turn naming of local ends (systemd unit, container,
+// Kubernetes pod and workload) on or off and say where the runtimes listen.
+type identityFlags struct {
+	off                              bool
+	docker, podman, containerd, crio string
+	retain                           time.Duration
+}
+
+func (f *identityFlags) register(cmd *cobra.Command) {
+	def := identity.DefaultConfig()
+	cmd.Flags().BoolVar(&f.off, "no-identity", false, "do not name local ends by systemd unit, container and Kubernetes pod (no cgroup watch, no runtime API calls)")
+	cmd.Flags().StringVar(&f.docker, "docker-socket", def.DockerSocket, "Docker Engine API socket for container names, images and Compose labels; empty turns Docker lookups off")
+	cmd.Flags().StringVar(&f.podman, "podman-socket", def.PodmanSocket, "podman's Docker-compatible API socket; empty turns podman lookups off")
+	cmd.Flags().StringVar(&f.containerd, "containerd-socket", def.ContainerdSocket, "containerd's socket for CRI lookups (Kubernetes pods); empty turns them off")
+	cmd.Flags().StringVar(&f.crio, "crio-socket", def.CRIOSocket, "CRI-O's socket for CRI lookups (Kubernetes pods); empty turns them off")
+	cmd.Flags().DurationVar(&f.retain, "identity-retain", def.Retain, "how long exited containers and removed cgroups stay named (1s to 24h)")
+}
+
+// config returns nil when identity is off.
+func (f *identityFlags) config() (*identity.Config, error) {
+	if f.off {
+		return nil, nil
+	}
+	if f.retain < time.Second || f.retain > 24*time.Hour {
+		return nil, fmt.Errorf("invalid --identity-retain %s: allowed 1s to 24h", f.retain)
+	}
+	cfg := identity.DefaultConfig()
+	cfg.DockerSocket, cfg.PodmanSocket, cfg.ContainerdSocket, cfg.CRIOSocket = f.docker, f.podman, f.containerd, f.crio
+	cfg.Retain = f.retain
+	return &cfg, nil
+}
+
+func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration, filter output.Filter, w output.Writer, idCfg *identity.Config) error {
 	log := slog.With("component", "trace")
 	// Signals first: a SIGTERM at any time after start must end with the
 	// last interval printed, never kill the process mid-load.
@@ -84,6 +125,17 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	}
 	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The resolver starts first: it learns cgroups and containers as they
+	// appear, so that one gone by the first drain is still named.
+	var names *identity.Resolver
+	if idCfg != nil {
+		var err error
+		if names, err = identity.New(*idCfg); err != nil {
+			log.Warn("local ends will not be named by unit or container", "err", err)
+		} else {
+			defer names.Close()
+		}
+	}
 	t, err := tracer.New(cfg)
 	if err != nil {
 		return err
@@ -106,6 +158,9 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	err = t.Run(ctx, func(iv tracer.Interval) error {
 		shown := filter.Apply(iv.Flows)
 		flows += uint64(len(shown))
+		if names != nil {
+			names.Annotate(shown)
+		}
 		if l := iv.Lost; l.Total() > 0 {
 			lost += l.Total()
 			log.Warn("events lost this interval", lossAttrs(l, cfg)...)

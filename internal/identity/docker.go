@@ -1,0 +1,255 @@
+package identity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// dockerClient speaks Docker's Engine API (also served by podman's
+// Docker-compatible socket) over its unix socket: container inspection and
+// the event stream, which is all naming needs. Plain net/http: the
+// official client module's dependency tree is far larger than these two
+// endpoints.
+type dockerClient struct {
+	runtime string // RuntimeDocker or RuntimePodman
+	socket  string
+	http    *http.Client
+	retain  time.Duration
+	timeout time.Duration
+	// onStart is told the main process of each container that starts, so
+	// its cgroup is learnt while it exists.
+	onStart func(pid int)
+
+	mu         sync.Mutex
+	containers map[string]*container // full id -> what the runtime said
+	connected  bool                  // the event stream is up
+}
+
+type container struct {
+	id, name, image string
+	labels          map[string]string
+	gone            time.Time // destroyed at; zero while it exists
+}
+
+func newDockerClient(runtime, socket string, retain, timeout time.Duration) *dockerClient {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns: 2,
+	}
+	return &dockerClient{runtime: runtime, socket: socket, http: &http.Client{Transport: tr},
+		retain: retain, timeout: timeout, containers: map[string]*container{}}
+}
+
+func (d *dockerClient) get(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.runtime+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return &apiError{status: resp.StatusCode, msg: strings.TrimSpace(string(b))}
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("status %d: %s", e.status, e.msg) }
+
+type inspectResponse struct {
+	ID     string `json:"Id"`
+	Name   string `json:"Name"`
+	Config struct {
+		Image  string            `json:"Image"`
+		Labels map[string]string `json:"Labels"`
+	} `json:"Config"`
+	State struct {
+		Pid int `json:"Pid"`
+	} `json:"State"`
+}
+
+// inspect asks the runtime about one container and caches the answer.
+func (d *dockerClient) inspect(ctx context.Context, id string) (*container, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	var r inspectResponse
+	if err := d.get(ctx, "/containers/"+url.PathEscape(id)+"/json", &r); err != nil {
+		return nil, 0, fmt.Errorf("%s inspect %s: %w", d.runtime, id, err)
+	}
+	c := &container{id: r.ID, name: strings.TrimPrefix(r.Name, "/"), image: r.Config.Image, labels: r.Config.Labels}
+	d.mu.Lock()
+	d.containers[c.id] = c
+	d.mu.Unlock()
+	return c, r.State.Pid, nil
+}
+
+// lookup returns what is known of a container: learnt from its events, or
+// asked now. A container destroyed within retain is still known.
+func (d *dockerClient) lookup(ctx context.Context, id string) (*container, error) {
+	d.mu.Lock()
+	c, ok := d.containers[id]
+	d.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	c, _, err := d.inspect(ctx, id)
+	return c, err
+}
+
+type dockerEvent struct {
+	Type   string `json:"Type"`
+	Action string `json:"Action"`
+	Actor  struct {
+		ID         string            `json:"ID"`
+		Attributes map[string]string `json:"Attributes"`
+	} `json:"Actor"`
+}
+
+// run follows the event stream until ctx ends, reconnecting (every few
+// seconds while the runtime is down). Containers already running are
+// listed at each connection.
+func (d *dockerClient) run(ctx context.Context) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := d.follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			backoff = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+func (d *dockerClient) follow(ctx context.Context) error {
+	filters := url.QueryEscape(`{"type":["container"]}`)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.runtime+"/events?filters="+filters, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return &apiError{status: resp.StatusCode}
+	}
+	d.setConnected(true)
+	defer d.setConnected(false)
+	// Events from now on are in the stream; list what runs already.
+	var list []struct {
+		ID string `json:"Id"`
+	}
+	lctx, cancel := context.WithTimeout(ctx, d.timeout)
+	if err := d.get(lctx, "/containers/json", &list); err == nil {
+		for _, c := range list {
+			d.learn(ctx, c.ID, nil)
+		}
+	}
+	cancel()
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev dockerEvent
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if ev.Type != "" && ev.Type != "container" {
+			continue
+		}
+		switch ev.Action {
+		case "create", "start":
+			d.learn(ctx, ev.Actor.ID, ev.Actor.Attributes)
+		case "destroy":
+			d.mu.Lock()
+			if c, ok := d.containers[ev.Actor.ID]; ok && c.gone.IsZero() {
+				c.gone = time.Now()
+			}
+			d.mu.Unlock()
+		}
+	}
+}
+
+func (d *dockerClient) setConnected(v bool) {
+	d.mu.Lock()
+	d.connected = v
+	d.mu.Unlock()
+}
+
+// learn records a container that was created or started: its metadata and,
+// while its main process runs, its cgroup. The event's attributes (name,
+// image and every label) stand in if it is already gone.
+func (d *dockerClient) learn(ctx context.Context, id string, attrs map[string]string) {
+	c, pid, err := d.inspect(ctx, id)
+	if err == nil {
+		if pid > 0 && d.onStart != nil {
+			d.onStart(pid)
+		}
+		return
+	}
+	if attrs == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.containers[id]; ok {
+		return
+	}
+	c = &container{id: id, name: attrs["name"], image: attrs["image"], labels: map[string]string{}}
+	for k, v := range attrs {
+		if k != "name" && k != "image" {
+			c.labels[k] = v
+		}
+	}
+	d.containers[id] = c
+}
+
+// prune forgets containers destroyed more than retain ago.
+func (d *dockerClient) prune(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, c := range d.containers {
+		if !c.gone.IsZero() && now.Sub(c.gone) > d.retain {
+			delete(d.containers, id)
+		}
+	}
+}
+
+// composeWorkload is "compose/<project>/<service>" from Docker Compose's
+// labels, "" for a container Compose did not make.
+func composeWorkload(labels map[string]string) string {
+	p, s := labels["com.docker.compose.project"], labels["com.docker.compose.service"]
+	if p == "" || s == "" {
+		return ""
+	}
+	return "compose/" + p + "/" + s
+}

@@ -1,0 +1,241 @@
+package identity
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/kernel"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// Default runtime sockets.
+const (
+	DefaultDockerSocket     = "/var/run/docker.sock"
+	DefaultPodmanSocket     = "/run/podman/podman.sock"
+	DefaultContainerdSocket = "/run/containerd/containerd.sock"
+	DefaultCRIOSocket       = "/var/run/crio/crio.sock"
+)
+
+// Config says where the runtimes listen. An empty socket turns that
+// runtime's lookups off; a socket that does not exist is retried.
+type Config struct {
+	// CgroupRoot is the cgroup v2 mount; "" finds it in mountinfo.
+	CgroupRoot       string
+	DockerSocket     string
+	PodmanSocket     string
+	ContainerdSocket string
+	CRIOSocket       string
+	// Retain is how long an exited container (and a removed cgroup) stays
+	// known, and how long an identity unused by any flow stays cached.
+	Retain time.Duration
+	// Timeout bounds one runtime API call.
+	Timeout time.Duration
+}
+
+// DefaultConfig uses every runtime at its usual socket.
+func DefaultConfig() Config {
+	return Config{DockerSocket: DefaultDockerSocket, PodmanSocket: DefaultPodmanSocket,
+		ContainerdSocket: DefaultContainerdSocket, CRIOSocket: DefaultCRIOSocket,
+		Retain: 10 * time.Minute, Timeout: 2 * time.Second}
+}
+
+// retryAfter is how long an identity that could not be completed (the
+// runtime was unreachable, the cgroup unknown) is kept before asking again.
+const retryAfter = 10 * time.Second
+
+// Resolver maps cgroup ids to identities, caching each. It is safe for
+// concurrent use.
+type Resolver struct {
+	cfg    Config
+	tree   *cgroupTree
+	docker *dockerClient // nil when off
+	podman *dockerClient
+	cris   []*criClient // containerd, CRI-O
+	byRT   map[string]*criClient
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	cache     map[uint64]*cached
+	lastPrune time.Time
+}
+
+type cached struct {
+	id       tracer.Identity
+	complete bool
+	at, used time.Time
+}
+
+// New starts a resolver: it walks and watches the cgroup tree and follows
+// the Docker and podman event streams. Runtimes that are not running are
+// not an error: their lookups fail until they appear.
+func New(cfg Config) (*Resolver, error) {
+	if cfg.Retain <= 0 || cfg.Timeout <= 0 {
+		return nil, fmt.Errorf("identity: retain %s and timeout %s must be positive", cfg.Retain, cfg.Timeout)
+	}
+	root := cfg.CgroupRoot
+	if root == "" {
+		var err error
+		if root, err = kernel.CgroupV2Root(); err != nil {
+			return nil, fmt.Errorf("identity: %w", err)
+		}
+	}
+	tree, err := newCgroupTree(root, cfg.Retain)
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Resolver{cfg: cfg, tree: tree, cancel: cancel, cache: map[uint64]*cached{}, byRT: map[string]*criClient{}, lastPrune: time.Now()}
+	onStart := func(pid int) {
+		if p, ok := PIDCgroupV2(pid); ok {
+			tree.learn(p)
+		}
+	}
+	for _, d := range []struct {
+		rt, socket string
+		dst        **dockerClient
+	}{{RuntimeDocker, cfg.DockerSocket, &r.docker}, {RuntimePodman, cfg.PodmanSocket, &r.podman}} {
+		if d.socket == "" {
+			continue
+		}
+		c := newDockerClient(d.rt, d.socket, cfg.Retain, cfg.Timeout)
+		c.onStart = onStart
+		*d.dst = c
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); c.run(ctx) }()
+	}
+	for _, s := range []struct{ rt, socket string }{{RuntimeContainerd, cfg.ContainerdSocket}, {RuntimeCRIO, cfg.CRIOSocket}} {
+		if s.socket == "" {
+			continue
+		}
+		c := newCRIClient(s.socket, cfg.Timeout)
+		r.cris = append(r.cris, c)
+		r.byRT[s.rt] = c
+	}
+	return r, nil
+}
+
+// Close stops watching and following the runtimes.
+func (r *Resolver) Close() error {
+	r.cancel()
+	r.wg.Wait()
+	r.tree.Close()
+	for _, c := range r.cris {
+		c.close()
+	}
+	return nil
+}
+
+// Annotate fills in the identity of every flow's local end from its
+// cgroup id; each id is looked up once and then cached.
+func (r *Resolver) Annotate(flows []tracer.Flow) {
+	for i := range flows {
+		flows[i].Identity = r.Resolve(flows[i].CgroupID)
+	}
+	r.maybePrune()
+}
+
+// Resolve returns the identity of the processes of a cgroup: empty for a
+// plain host process or an unknown cgroup.
+func (r *Resolver) Resolve(cgroupID uint64) tracer.Identity {
+	if cgroupID == 0 {
+		return tracer.Identity{}
+	}
+	now := time.Now()
+	r.mu.Lock()
+	c, ok := r.cache[cgroupID]
+	if ok && (c.complete || now.Sub(c.at) < retryAfter) {
+		c.used = now
+		r.mu.Unlock()
+		return c.id
+	}
+	r.mu.Unlock()
+	// Not under the lock: runtime calls can take up to the timeout, and
+	// two lookups of one new id at once only ask twice.
+	id, complete := r.lookup(cgroupID)
+	r.mu.Lock()
+	r.cache[cgroupID] = &cached{id: id, complete: complete, at: now, used: now}
+	r.mu.Unlock()
+	return id
+}
+
+func (r *Resolver) lookup(cgroupID uint64) (tracer.Identity, bool) {
+	path, ok := r.tree.Path(cgroupID)
+	if !ok {
+		return tracer.Identity{}, false
+	}
+	p := ParsePath(path)
+	if p.ContainerID == "" {
+		return tracer.Identity{Unit: p.Unit}, true
+	}
+	ctx := context.Background()
+	base := tracer.Identity{ContainerID: p.ContainerID, ContainerRuntime: p.Runtime, PodUID: p.PodUID}
+	if p.Runtime == runtimeCRI {
+		base.ContainerRuntime = ""
+	}
+	var docker *dockerClient
+	switch p.Runtime {
+	case RuntimeDocker:
+		docker = r.docker
+	case RuntimePodman:
+		docker = r.podman
+	}
+	if docker != nil {
+		c, err := docker.lookup(ctx, p.ContainerID)
+		if err != nil {
+			return base, false
+		}
+		base.ContainerName, base.ContainerImage = c.name, c.image
+		base.Workload = composeWorkload(c.labels)
+		// A Docker container kubelet made (dockershim, cri-dockerd)
+		// carries the same pod labels as a CRI one.
+		if pod := c.labels[labelPodName]; pod != "" {
+			base.PodName, base.PodNamespace = pod, c.labels[labelPodNamespace]
+			base.PodUID, base.K8sContainer = cmpOr(c.labels[labelPodUID], base.PodUID), c.labels[labelContainerName]
+		}
+		return base, true
+	}
+	clients := r.cris
+	if c, ok := r.byRT[p.Runtime]; ok {
+		clients = []*criClient{c}
+	} else if p.Runtime != runtimeCRI {
+		return base, true // a runtime with no API configured: the path is all there is
+	}
+	for _, c := range clients {
+		id, err := c.container(ctx, p.ContainerID)
+		if err == nil {
+			if id.PodUID == "" {
+				id.PodUID = p.PodUID
+			}
+			return id, true
+		}
+	}
+	return base, false
+}
+
+// maybePrune forgets, once a minute, identities no flow used for Retain,
+// and containers and cgroups gone for longer than that.
+func (r *Resolver) maybePrune() {
+	now := time.Now()
+	r.mu.Lock()
+	if now.Sub(r.lastPrune) < time.Minute {
+		r.mu.Unlock()
+		return
+	}
+	r.lastPrune = now
+	for id, c := range r.cache {
+		if now.Sub(c.used) > r.cfg.Retain {
+			delete(r.cache, id)
+		}
+	}
+	r.mu.Unlock()
+	r.tree.prune(now)
+	for _, d := range []*dockerClient{r.docker, r.podman} {
+		if d != nil {
+			d.prune(now)
+		}
+	}
+}
