@@ -8,7 +8,7 @@ VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && ec
 BUILDFLAGS = -trimpath -ldflags '-s -w -X main.version=$(VERSION)'
 DIST ?= dist
 
-.PHONY: build build-bench deps generate check-generate vet tidy tidy-check test bench package clean
+.PHONY: build build-bench deps generate check-generate vet tidy tidy-check test test-unit bench package clean
 
 build:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace ./cmd/deptrace
@@ -45,6 +45,12 @@ tidy-check:
 # rather than skip without it.
 test: deps check-generate vet tidy-check
 	$(GO) test -count=1 -timeout 30m ./...
+
+# The unprivileged tests alone: no root, no apt, no kernel side loaded
+# (privileged tests skip, DEPTRACE_TEST_UNIT=1). For a quick loop while
+# editing; CI runs `make test`.
+test-unit:
+	DEPTRACE_TEST_UNIT=1 $(GO) test -count=1 ./...
 
 # Overhead benchmark (root): writes docs/performance.md numbers to stdout.
 bench: build-bench

@@ -50,6 +50,9 @@ var seq atomic.Uint32
 // then, even after a crash).
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if os.Getenv(UnitOnlyEnv) == "1" {
+		t.Skip("privileged test: skipped by " + UnitOnlyEnv + "=1 (make test-unit)")
+	}
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("privileged test: CI must run as root")
@@ -60,6 +63,11 @@ func RequireRoot(t testing.TB) {
 		t.Fatal(err)
 	}
 }
+
+// UnitOnlyEnv set to 1 skips every privileged test, even as root: `make
+// test-unit` runs the unprivileged tests alone, in seconds, with no root and
+// nothing installed. CI never sets it.
+const UnitOnlyEnv = "DEPTRACE_TEST_UNIT"
 
 // LockPath is the file whose exclusive flock serialises privileged test
 // binaries across packages (and across checkouts on one machine).
