@@ -271,12 +271,15 @@ func (c *cache) drop(id pieceID) {
 	}
 }
 
-// observations answers [lo, hi) like Store.observations, from the cache
-// where it can. The caller holds c.mu.
-func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
+// observations answers [klo, hi) like Store.observations, from the cache
+// where it can: old, the segments of the part older than the minutes
+// kept (see retained.old), from the database, the rest, [lo, hi), from
+// the cache where it can. The caller holds c.mu.
+func (c *cache) observations(rd reader, klo, lo, hi int64, old []segment) ([]Observation, error) {
 	if err := c.sync(rd); err != nil {
 		return nil, err
 	}
+	hi0, onlyOld := hi, lo >= hi
 	hour, day := levels[1].width, levels[2].width
 	from := lo
 	if from == math.MinInt64 { // no start: from the oldest minute stored
@@ -316,8 +319,14 @@ func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
 	} else {
 		segs = plan(lo, hi, levels)
 	}
+	if onlyOld {
+		segs, need = nil, nil
+	}
 	sm := newSums()
 	sm.reserve(len(c.keys), c.maxKey)
+	if err := rd.sums(old, klo, hi0, sm); err != nil {
+		return nil, err
+	}
 	if err := rd.sums(segs, lo, hi, sm); err != nil {
 		return nil, err
 	}
@@ -345,7 +354,7 @@ func (c *cache) observations(rd reader, lo, hi int64) ([]Observation, error) {
 		c.maxKey = max(c.maxKey, id)
 	}
 	if len(missing) > 2000 {
-		if err := rd.keys(lo, sm.has, add); err != nil {
+		if err := rd.keys(klo, sm.has, add); err != nil {
 			return nil, err
 		}
 	} else if len(missing) > 0 {

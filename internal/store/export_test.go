@@ -89,10 +89,11 @@ func (s *Store) ReadRollup(ctx context.Context, table string, width int64) (map[
 // PlanRows counts the bucket rows a range reads, per table, and under
 // "flow_pieces" the pieces it reads.
 func (s *Store) PlanRows(ctx context.Context, r Range) (map[string]int64, error) {
-	lo, hi, err := s.bounds(ctx, r)
+	lo, hi, z, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
 	}
+	lo = max(lo, z.minutes)
 	var segs []segment
 	var pieces []pieceID
 	if err := s.read(ctx, func(rd reader) error {
@@ -193,7 +194,8 @@ func (s *Store) PiecesQueued(ctx context.Context) (int, error) {
 // SQL: a reference independent of the Go sums (SQLite) and of sum8
 // (PostgreSQL) that Observations uses.
 func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, error) {
-	lo, hi, err := s.bounds(ctx, r)
+	lo, hi, z, err := s.bounds(ctx, r)
+	lo = max(lo, z.minutes) // from minute rows: only where they are kept
 	if err != nil || lo >= hi {
 		return nil, err
 	}

@@ -557,25 +557,13 @@ func segmentSQL(sg segment, cols string, lo, hi int64, args *[]any) string {
 	return q
 }
 
-// retainedFrom is the start of the oldest minute bucket retention kept
-// (math.MinInt64 when nothing was ever deleted).
-func (s *Store) retainedFrom(ctx context.Context) (int64, error) {
-	var from int64
-	if err := s.db.QueryRowContext(ctx, `SELECT retained_from FROM retention_state WHERE id = 1`).Scan(&from); err != nil {
-		return 0, fmt.Errorf("read retention state: %w", err)
-	}
-	if from == 0 {
-		return math.MinInt64, nil
-	}
-	return from, nil
-}
-
 // bounds are r's ends in nanoseconds, the start no earlier than what
-// retention kept.
-func (s *Store) bounds(ctx context.Context, r Range) (lo, hi int64, err error) {
+// retention kept at any level, and where each level's kept history
+// starts.
+func (s *Store) bounds(ctx context.Context, r Range) (lo, hi int64, z retained, err error) {
 	lo, hi = r.bounds()
-	from, err := s.retainedFrom(ctx)
-	return max(lo, from), hi, err
+	z, err = s.retained(ctx)
+	return max(lo, z.days), hi, z, err
 }
 
 // flowSum is one flow's counters summed over the rows of a range, in the
@@ -689,13 +677,17 @@ func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error
 // observations answers r from the levels lvls, and from pieces if
 // usePieces (and lvls are all the levels).
 func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePieces bool) ([]Observation, error) {
-	lo, hi, err := s.bounds(ctx, r)
+	lo, hi, z, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
 	}
 	if lo >= hi {
 		return nil, nil
 	}
+	// The part older than the minutes kept comes from coarser rows; the
+	// rest (from mlo) is planned as if nothing were older.
+	old := z.old(lo, hi)
+	mlo := max(lo, z.minutes)
 	if c := s.cache; c != nil && len(lvls) == len(levels) && usePieces {
 		// One query at a time fills and reads the cache: see cache.sync.
 		c.mu.Lock()
@@ -703,23 +695,29 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePiec
 		var out []Observation
 		err := s.read(ctx, func(rd reader) error {
 			var err error
-			out, err = c.observations(rd, lo, hi)
+			out, err = c.observations(rd, lo, mlo, hi, old)
 			return err
 		})
 		return out, err
 	}
 	var out []Observation
 	err = s.read(ctx, func(rd reader) error {
-		segs := plan(lo, hi, lvls)
+		var segs []segment
 		var pieces []pieceID
-		if len(lvls) == len(levels) && usePieces {
-			var err error
-			if segs, pieces, err = coldPlan(rd, lo, hi); err != nil {
-				return err
+		if mlo < hi {
+			segs = plan(mlo, hi, lvls)
+			if len(lvls) == len(levels) && usePieces {
+				var err error
+				if segs, pieces, err = coldPlan(rd, mlo, hi); err != nil {
+					return err
+				}
 			}
 		}
 		sm := newSums()
-		if err := rd.sums(segs, lo, hi, sm); err != nil {
+		if err := rd.sums(old, lo, hi, sm); err != nil {
+			return err
+		}
+		if err := rd.sums(segs, mlo, hi, sm); err != nil {
 			return err
 		}
 		if err := addPieces(rd, pieces, sm); err != nil {

@@ -118,7 +118,7 @@ func (s *Store) Listeners(ctx context.Context, r Range) ([]Listener, error) {
 }
 
 func (s *Store) listeners(ctx context.Context, r Range, lvls []level) ([]Listener, error) {
-	lo, hi, err := s.bounds(ctx, r)
+	lo, hi, z, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +128,11 @@ func (s *Store) listeners(ctx context.Context, r Range, lvls []level) ([]Listene
 	var args []any
 	var parts []string
 	cols := "host_id, proto, local_addr, port, comm, pid, backlog_limit, queue_max, drops, first_seen, last_seen"
-	for _, sg := range plan(lo, hi, lvls) {
+	segs := z.old(lo, hi)
+	if mlo := max(lo, z.minutes); mlo < hi {
+		segs = append(segs, plan(mlo, hi, lvls)...)
+	}
+	for _, sg := range segs {
 		sg.level.table = listenerTables[slices.Index(levels, sg.level)]
 		parts = append(parts, segmentSQL(sg, cols, lo, hi, &args))
 	}

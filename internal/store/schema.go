@@ -218,6 +218,16 @@ var migrations = []string{
 		data {{blob}} NOT NULL
 	);
 	{{key_pack_storage}}`,
+
+	// 9: retention per level (retention.go): hours_from and days_from
+	// are the starts of the oldest hour and day buckets queries read (0:
+	// all), as retained_from is for minutes; ceiling_size is the store's
+	// size when the size ceiling last deleted buckets. A store retention
+	// trimmed before keeps one cutoff for every level.
+	`ALTER TABLE retention_state ADD COLUMN hours_from BIGINT NOT NULL DEFAULT 0;
+	ALTER TABLE retention_state ADD COLUMN days_from BIGINT NOT NULL DEFAULT 0;
+	ALTER TABLE retention_state ADD COLUMN ceiling_size BIGINT NOT NULL DEFAULT 0;
+	UPDATE retention_state SET hours_from = retained_from, days_from = retained_from`,
 }
 
 // rollupFrom fills a rollup table from the minute rows.

@@ -386,6 +386,7 @@ func seenWhere(r Range, args *[]any) string {
 }
 
 // Retain deletes every bucket that ended before cutoff, at every level
+// (one window for every level: see RetainLevels for one per level)
 // (minute rows and rollups), and returns how many minute rows went. A
 // bucket that ends after cutoff is never touched, however little of it is
 // recent. bucket is the width of the finest level (DefaultBucket).
@@ -397,7 +398,10 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	// retainedFrom), so a rollup bucket that straddles the cutoff is
 	// answered from its remaining minutes and hours, never from its sum.
 	from := floorTo(ns(cutoff), minuteLevel.width)
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET retained_from = ? WHERE id = 1 AND retained_from < ?`), from, from); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
+		retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
+		hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,
+		days_from = CASE WHEN days_from < ? THEN ? ELSE days_from END WHERE id = 1`), from, from, from, from, from, from); err != nil {
 		return 0, fmt.Errorf("record retention cutoff: %w", err)
 	}
 	var n int64

@@ -1,0 +1,207 @@
+package store_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// hourly writes one flow (two, on two hosts) with one connection at :10
+// and :40 of every hour from start for n hours, and returns the times.
+func hourly(t *testing.T, s *store.Store, start time.Time, n int, flows int) []time.Time {
+	t.Helper()
+	var at []time.Time
+	var b store.Batch
+	for h := range n {
+		for _, m := range []time.Duration{10 * time.Minute, 40 * time.Minute} {
+			ts := start.Add(time.Duration(h)*time.Hour + m)
+			at = append(at, ts)
+			for f := range flows {
+				o := obs("a", "outbound", "198.51.100.1", "198.51.100.2", uint16(1000+f), "curl", ts, 1, 10)
+				b.Observations = append(b.Observations, o)
+			}
+			if len(b.Observations) >= 2000 {
+				if err := s.Write(context.Background(), b); err != nil {
+					t.Fatal(err)
+				}
+				b = store.Batch{}
+			}
+		}
+	}
+	b.Listeners = append(b.Listeners, store.Listener{Bucket: start.Truncate(time.Minute), HostID: "a", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 80, Comm: "nginx", Drops: 1, FirstSeen: start, LastSeen: start})
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+func connections(t *testing.T, s *store.Store, r store.Range) uint64 {
+	t.Helper()
+	got, err := s.Observations(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, o := range got {
+		n += o.Connections
+	}
+	return n
+}
+
+// count is how many of at fall in [from, to) (zero ends open).
+func count(at []time.Time, from, to time.Time) uint64 {
+	var n uint64
+	for _, t := range at {
+		if (from.IsZero() || !t.Before(from)) && (to.IsZero() || t.Before(to)) {
+			n++
+		}
+	}
+	return n
+}
+
+func day(d, h, m int) time.Time { return time.Date(2026, 11, d, h, m, 0, 0, time.UTC) }
+
+// With minutes kept a day and hours three, a range older than the
+// minutes is answered from hours, and older than the hours from days:
+// the totals stay whole, a bucket the range's start cuts counts wholly
+// when its events overlap the range (the coarser resolution), and the
+// deleted rows are gone. Through the cache too (deptrace serve).
+func TestRetentionPerLevelAnswersOldRangesFromCoarserLevels(t *testing.T) {
+	ctx := context.Background()
+	now := day(20, 12, 30)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			s.SetAutoCompact(false)
+			at := hourly(t, s, day(15, 0, 0), 5*24+12, 1)
+			if _, err := s.Compact(ctx, now); err != nil { // pieces too must go with their buckets
+				t.Fatal(err)
+			}
+			r := store.Retention{Minutes: 24 * time.Hour, Hours: 72 * time.Hour}
+			for range 2 { // a second pass changes nothing
+				if _, err := s.RetainLevels(ctx, r, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m, h, d, err := s.Oldest(ctx)
+			if err != nil || !m.Equal(day(19, 12, 0)) || !h.Equal(day(17, 0, 0)) || !d.IsZero() {
+				t.Fatalf("oldest kept: minutes %s, hours %s, days %s (%v); want 19 Nov 12:00, 17 Nov 00:00, all", m, h, d, err)
+			}
+			for table, before := range map[string]time.Time{"flow_minutes": day(19, 12, 0), "flow_hours": day(17, 0, 0), "listener_minutes": day(19, 12, 0)} {
+				var n int
+				if err := s.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM `+table+` WHERE bucket < `+itoa(before.UnixNano())).Scan(&n); err != nil || n != 0 {
+					t.Errorf("%s: %d rows before %s (%v), want 0", table, n, before, err)
+				}
+			}
+			var days int
+			if err := s.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM flow_days`).Scan(&days); err != nil || days != 6 {
+				t.Errorf("%d day rows (%v), want 6", days, err)
+			}
+			cases := []struct {
+				name string
+				r    store.Range
+				want uint64
+			}{
+				{"everything", store.Range{}, count(at, time.Time{}, time.Time{})},
+				{"from inside a day-only day: the whole day", store.Range{Since: day(16, 6, 20)}, count(at, day(16, 0, 0), time.Time{})},
+				{"inside the hours: whole hours", store.Range{Since: day(18, 5, 30), Until: day(18, 7, 0)}, count(at, day(18, 5, 0), day(18, 7, 0))},
+				{"an hour whose events end before the range", store.Range{Since: day(18, 5, 45), Until: day(18, 7, 0)}, count(at, day(18, 6, 0), day(18, 7, 0))},
+				{"from the hours into the minutes", store.Range{Since: day(18, 23, 15)}, count(at, day(18, 23, 0), time.Time{})},
+				{"minutes", store.Range{Since: day(20, 9, 30), Until: day(20, 11, 0)}, count(at, day(20, 9, 30), day(20, 11, 0))},
+				{"before everything kept", store.Range{Until: day(15, 0, 0)}, 0},
+			}
+			check := func(s *store.Store, how string) {
+				for _, c := range cases {
+					if got := connections(t, s, c.r); got != c.want {
+						t.Errorf("%s, %s: %d connections, want %d", how, c.name, got, c.want)
+					}
+				}
+			}
+			check(s, "cold")
+			check(s, "cold, again") // nothing in the answers is consumed
+			c := open(t, spec)
+			c.EnableCache(store.CacheConfig{Now: func() time.Time { return now }})
+			check(c, "cached")
+			check(c, "cached, warm")
+			ls, err := s.Listeners(ctx, store.Range{})
+			if err != nil || len(ls) != 1 || ls[0].Drops != 1 {
+				t.Errorf("listeners of the whole history: %+v (%v), want the one from 15 Nov, from its day row", ls, err)
+			}
+		})
+	}
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+func TestRetentionCheck(t *testing.T) {
+	h := time.Hour
+	for _, c := range []struct {
+		r    store.Retention
+		want string
+	}{
+		{store.Retention{Minutes: 72 * h, Hours: 24 * h, Days: 400 * 24 * h}, "retention of minutes (72h0m0s) longer than that of hours (24h0m0s)"},
+		{store.Retention{Minutes: 0, Hours: 24 * h, Days: 0}, "retention of minutes (for ever) longer than that of hours (24h0m0s)"},
+		{store.Retention{Minutes: h, Hours: 24 * h, Days: 2 * h}, "retention of hours (24h0m0s) longer than that of days (2h0m0s)"},
+		{store.Retention{Minutes: -h}, "retention of minutes -1h0m0s: allowed 0 (keep for ever) or a positive duration"},
+	} {
+		if err := c.r.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.r, err, c.want)
+		}
+	}
+	for _, ok := range []store.Retention{store.DefaultRetention, {}, {Minutes: h, Hours: h, Days: h}, {Minutes: h}} {
+		if err := ok.Check(); err != nil {
+			t.Errorf("%+v: %v", ok, err)
+		}
+	}
+}
+
+// Past the size ceiling the oldest days go first, every level alike,
+// down to under the ceiling (SQLite: pages in use), and the newest
+// history stays whole; PostgreSQL, whose files keep the space for new
+// rows, acts once until the store grows again.
+func TestStoreMaxSizeDeletesOldestFirst(t *testing.T) {
+	ctx := context.Background()
+	now := day(20, 12, 30)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			s.SetAutoCompact(false)
+			at := hourly(t, s, day(10, 0, 0), 10*24+12, 40)
+			size, err := s.Size(ctx)
+			if err != nil || size <= 0 {
+				t.Fatalf("size %d, %v", size, err)
+			}
+			if c, err := s.EnforceMaxSize(ctx, size*2, now); err != nil || c.Acted {
+				t.Fatalf("under the ceiling: %+v, %v", c, err)
+			}
+			maxBytes := size / 2
+			c, err := s.EnforceMaxSize(ctx, maxBytes, now)
+			if err != nil || !c.Acted {
+				t.Fatalf("over the ceiling: %+v, %v", c, err)
+			}
+			t.Logf("size %d, ceiling %d: deleted before %s, %d minute rows; now %d bytes", c.Size, maxBytes, c.From, c.MinuteRows, c.After)
+			if !c.From.After(day(10, 0, 0)) || c.From.After(day(20, 0, 0)) || c.From.UnixNano()%int64(24*time.Hour) != 0 {
+				t.Errorf("deleted before %s: want a day boundary after the oldest and before the newest day", c.From)
+			}
+			if name == "sqlite" && c.After > maxBytes {
+				t.Errorf("%d bytes after, over the ceiling %d", c.After, maxBytes)
+			}
+			if got, want := connections(t, s, store.Range{}), 40*count(at, c.From, time.Time{}); got != want {
+				t.Errorf("%d connections kept, want %d: every one since %s", got, want, c.From)
+			}
+			if got := connections(t, s, store.Range{Until: c.From}); got != 0 {
+				t.Errorf("%d connections before %s", got, c.From)
+			}
+			if name == "postgres" {
+				again, err := s.EnforceMaxSize(ctx, maxBytes, now)
+				if err != nil || again.Acted {
+					t.Errorf("acted again before the store grew: %+v, %v", again, err)
+				}
+			}
+		})
+	}
+}
