@@ -55,3 +55,25 @@ if [ ${#real_need[@]} -gt 0 ]; then
     systemctl disable --now nginx >/dev/null 2>&1 || true
   fi
 fi
+
+# --- identity (internal/identity): the privileged Docker test starts its own
+# dockerd (Debian's docker.io, data and socket in a temp dir, no iptables
+# changes) and builds its image from busybox-static; it fails under CI=true
+# without them. A docker service that this install starts (where services
+# start on install) is stopped and disabled again: a running dockerd sets the
+# FORWARD policy to DROP, which breaks the suite's bridged namespaces.
+id_need=()
+command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || id_need+=(docker.io)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || id_need+=(busybox-static)
+if [ ${#id_need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps: missing ${id_need[*]}; run as root or: sudo apt-get install ${id_need[*]}" >&2
+    exit 1
+  fi
+  echo "deps: installing ${id_need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${id_need[@]}" >/dev/null
+  if [[ " ${id_need[*]} " == *" docker.io "* ]] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    systemctl disable --now docker.service docker.socket containerd.service >/dev/null 2>&1 || true
+  fi
+fi
