@@ -7,12 +7,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/deptrace/deptrace/internal/agent"
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
@@ -24,6 +27,9 @@ func newAgentCmd() *cobra.Command {
 		cfg       agent.Config
 		interval  time.Duration
 		retention string
+		perLevel  [3]string // --retention-minutes, -hours, -days
+		maxSize   string
+		bufferMax string
 		spoolMax  int64
 		pinPath   string
 	)
@@ -34,7 +40,15 @@ func newAgentCmd() *cobra.Command {
 by default an SQLite file at ` + store.DefaultPath + `, created on first run;
 with --store postgres://... a PostgreSQL database that many agents on many hosts
 share. While the store is unreachable the agent keeps tracing and spools
-batches to disk (bounded by --spool-max), retrying every 5 s.
+batches to disk (bounded by --spool-max), retrying every 5 s; while neither
+the store nor the spool can be written (a full disk) it keeps the newest
+batches in memory (bounded by --buffer-max) and writes them once it can.
+
+History is bounded by resolution: minute buckets are kept for
+--retention-minutes, hour buckets for --retention-hours, day buckets for
+--retention-days (0 keeps a level for ever); queries over older ranges are
+answered from the coarser levels. Past --store-max-size the oldest buckets
+are deleted first. See docs/operations.md, "Disk use and retention".
 
 It serves Prometheus metrics at http://` + metrics.DefaultListen + `/metrics
 (--metrics-listen; "" turns them off): one counter per dependency, listener
@@ -48,7 +62,8 @@ under the same batch id, which the store applies once. A clean stop
 (SIGTERM) detaches it unless --keep-tracing; deptrace cleanup removes one a
 killed agent left.`,
 		Example: `  deptrace agent
-  deptrace agent --store postgres://deptrace@db.example/deptrace --netns self --retention 30d`,
+  deptrace agent --store postgres://deptrace@db.example/deptrace --netns self \
+      --retention-minutes 24h --retention-hours 14d --retention-days 400d --store-max-size 50GiB`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tcfg, err := tf.config()
@@ -67,7 +82,13 @@ killed agent left.`,
 			}
 			tcfg.PinPath = pinPath
 			cfg.Tracer = tcfg
-			if cfg.Retention, err = parseRetention(retention); err != nil {
+			if cfg.Retention, err = agentRetention(cmd, retention, perLevel); err != nil {
+				return err
+			}
+			if cfg.StoreMaxSize, err = parseBytes("--store-max-size", maxSize, 16<<20, 1<<50, "0 (no ceiling) or"); err != nil {
+				return err
+			}
+			if cfg.BufferMax, err = parseBytes("--buffer-max", bufferMax, 0, 64<<30, ""); err != nil {
 				return err
 			}
 			if spoolMax < 1<<20 {
@@ -88,7 +109,13 @@ killed agent left.`,
 	tf.register(cmd)
 	cmd.Flags().StringVar(&cfg.Store, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between two drains and store writes (1s to 1h)")
-	cmd.Flags().StringVar(&retention, "retention", "0", "delete buckets older than this (e.g. 30d, 12h); 0 keeps everything")
+	def := store.DefaultRetention
+	for i, l := range retentionLevels {
+		cmd.Flags().StringVar(&perLevel[i], "retention-"+l.name, formatAge(l.of(def)), fmt.Sprintf("keep %s buckets this long (e.g. %s); 0 keeps them for ever; no longer than a coarser level's", l.bucket, l.example))
+	}
+	cmd.Flags().StringVar(&retention, "retention", "", "one window for every level instead of --retention-minutes, --retention-hours and --retention-days (e.g. 30d); 0 keeps everything")
+	cmd.Flags().StringVar(&maxSize, "store-max-size", formatBytes(agent.DefaultStoreMaxSize), "past this size (e.g. 500MiB, 20GB) the store's oldest buckets are deleted first; 0: no ceiling")
+	cmd.Flags().StringVar(&bufferMax, "buffer-max", formatBytes(agent.DefaultBufferMax), "most memory (estimated) for the newest batches while neither the store nor the spool can be written; 0 keeps none")
 	cmd.Flags().StringVar(&cfg.SpoolPath, "spool", agent.DefaultSpoolPath, "where batches wait while the store is unreachable")
 	cmd.Flags().Int64Var(&spoolMax, "spool-max", 256<<20, "most bytes the spool may hold")
 	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
@@ -98,4 +125,118 @@ killed agent left.`,
 	cmd.Flags().BoolVar(&cfg.KeepTracing, "keep-tracing", false, "on a clean stop, leave the pinned kernel side attached and counting for the next agent")
 	cmd.Flags().BoolVar(&cfg.Metrics.ClientAddr, "metrics-client-addr", false, "label inbound series with the client address (unbounded: only for few clients)")
 	return cmd
+}
+
+// retentionLevels are the agent's per-level retention flags, finest first.
+var retentionLevels = []struct {
+	name, bucket, example string
+	of                    func(store.Retention) time.Duration
+}{
+	{"minutes", "minute", "48h, 2d", func(r store.Retention) time.Duration { return r.Minutes }},
+	{"hours", "hour", "30d", func(r store.Retention) time.Duration { return r.Hours }},
+	{"days", "day", "400d", func(r store.Retention) time.Duration { return r.Days }},
+}
+
+// agentRetention reads --retention-minutes, --retention-hours and
+// --retention-days, or the older --retention (one window for every level).
+func agentRetention(cmd *cobra.Command, legacy string, perLevel [3]string) (store.Retention, error) {
+	if legacy != "" {
+		for _, l := range retentionLevels {
+			if cmd.Flags().Changed("retention-" + l.name) {
+				return store.Retention{}, fmt.Errorf("invalid --retention with --retention-%s: --retention sets every level at once; give either it or --retention-minutes, --retention-hours and --retention-days", l.name)
+			}
+		}
+		d, err := parseRetention(legacy)
+		if err != nil {
+			return store.Retention{}, fmt.Errorf("%w; or one per level: --retention-minutes, --retention-hours, --retention-days", err)
+		}
+		return store.Retention{Minutes: d, Hours: d, Days: d}, nil
+	}
+	var ds [3]time.Duration
+	for i, l := range retentionLevels {
+		d, err := cli.ParseAge(perLevel[i])
+		if err != nil || d != 0 && d < time.Hour {
+			return store.Retention{}, fmt.Errorf("invalid --retention-%s %q: allowed 0 (keep for ever) or at least 1h, e.g. %s", l.name, perLevel[i], l.example)
+		}
+		ds[i] = d
+	}
+	r := store.Retention{Minutes: ds[0], Hours: ds[1], Days: ds[2]}
+	for i := range 2 {
+		for j := i + 1; j < 3; j++ {
+			if ds[i] == 0 && ds[j] != 0 || ds[i] != 0 && ds[j] != 0 && ds[j] < ds[i] {
+				return r, fmt.Errorf("invalid --retention-%s %s: longer than --retention-%s %s; allowed at most each coarser level's window (0, for ever, only if the coarser levels are 0 too)",
+					retentionLevels[i].name, ageText(perLevel[i], ds[i]), retentionLevels[j].name, ageText(perLevel[j], ds[j]))
+			}
+		}
+	}
+	return r, r.Check()
+}
+
+func ageText(v string, d time.Duration) string {
+	if d == 0 {
+		return v + " (for ever)"
+	}
+	return v
+}
+
+// formatAge writes a duration as the flags read it: whole days as "Nd".
+func formatAge(d time.Duration) string {
+	if d != 0 && d%(24*time.Hour) == 0 && d >= 72*time.Hour {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	if d%time.Hour == 0 {
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
+	}
+	return d.String()
+}
+
+// byteUnits are the units parseBytes reads: powers of 1024 and of 1000.
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"kB", 1e3}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}}
+
+// parseBytes reads a size: a number of bytes, or a number with one of
+// byteUnits (4GiB, 500MB, 1.5GiB); 0, or from lo to hi. zero names what
+// 0 means (empty: 0 is simply the lower bound).
+func parseBytes(flag, v string, lo, hi int64, zero string) (int64, error) {
+	bad := func() error {
+		allowed := fmt.Sprintf("%s from %s to %s", zero, formatBytes(lo), formatBytes(hi))
+		if zero == "" {
+			allowed = fmt.Sprintf("from %s to %s", formatBytes(lo), formatBytes(hi))
+		}
+		return fmt.Errorf("invalid %s %q: allowed %s, as bytes or with a unit (KiB, MiB, GiB, TiB, kB, MB, GB, TB), e.g. 4GiB", flag, v, strings.TrimSpace(allowed))
+	}
+	num, mult := strings.TrimSpace(v), int64(1)
+	for _, u := range byteUnits {
+		if n, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(n), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || f < 0 || f*float64(mult) > float64(hi) {
+		return 0, bad()
+	}
+	n := int64(f * float64(mult))
+	if n == 0 && zero != "" {
+		return 0, nil
+	}
+	if n < lo {
+		return 0, bad()
+	}
+	return n, nil
+}
+
+// formatBytes writes n in the largest binary unit that divides it.
+func formatBytes(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }

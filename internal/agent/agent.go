@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/netns"
@@ -23,11 +24,21 @@ import (
 
 // Config configures an agent.
 type Config struct {
-	Tracer    tracer.Config
-	Store     string        // see store.Open
-	Retention time.Duration // 0 keeps everything
-	SpoolPath string
-	SpoolMax  int64  // bytes
+	Tracer tracer.Config
+	Store  string // see store.Open
+	// Retention bounds the history per level (a zero window keeps that
+	// level for ever); StoreMaxSize (bytes, 0: none) is the store's size
+	// ceiling, past which the oldest buckets go first. Both are applied
+	// at most once a minute, after a write.
+	Retention    store.Retention
+	StoreMaxSize int64
+	SpoolPath    string
+	SpoolMax     int64 // bytes
+	// BufferMax bounds the batches kept in memory (estimated bytes)
+	// while neither the store nor the spool can be written (a full
+	// disk): the newest are kept, the oldest dropped and counted. 0 keeps
+	// none.
+	BufferMax int64
 	HostID    string // id of this machine's root namespace; default hostname
 	// MetricsListen is where /metrics is served; "" disables metrics.
 	MetricsListen string
@@ -39,6 +50,12 @@ type Config struct {
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
 const DefaultSpoolPath = "/var/lib/deptrace/spool.jsonl"
+
+// Defaults of the bounds on what the agent keeps.
+const (
+	DefaultStoreMaxSize = 4 << 30  // 4 GiB
+	DefaultBufferMax    = 64 << 20 // 64 MiB
+)
 
 // Run traces and stores until ctx is done, then flushes the last interval.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -100,7 +117,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil, metrics: m, halt: halt}
+	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil, failLogged: storeErr != nil, storeErr: storeErr, metrics: m, halt: halt}
 	log.Info("agent started", "store", cfg.Store, "store_reachable", storeErr == nil, "interval", cfg.Tracer.Interval, "host", ids.rootID)
 
 	// The writer stores one interval at a time and commits it in the
@@ -198,6 +215,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	close(jobs)
 	wg.Wait()
+	if n := len(w.held); n > 0 {
+		log.Error("batches kept in memory could not be written before stopping: lost", "batches", n, "store", cfg.Store, "spool", cfg.SpoolPath)
+	}
 	if w.store != nil {
 		w.store.Close()
 	}
@@ -296,10 +316,22 @@ type writer struct {
 	store      *store.Store
 	compactErr string // the store's last background compaction error, as logged
 	spool      *spool
-	failing    bool
-	lastRetain time.Time
-	metrics    *metrics.Metrics
-	halt       string // see testHaltEnv
+	failing    bool // the store's last write failed
+	failLogged bool // and that was logged (while the spool took the batches)
+	// held are the newest batches neither the store nor the spool could
+	// take, oldest first, heldBytes their estimated size; holding is set
+	// (and logged, once) from the first such batch until held is written.
+	held        []heldBatch
+	heldBytes   int64
+	holding     bool
+	heldWritten int    // batches written from memory since holding began
+	heldDropped int    // batches dropped since holding began
+	dropped     uint64 // batches dropped for good, ever
+	storeErr    error  // the store's last write error
+	spoolErr    error  // the spool's last error
+	lastRetain  time.Time
+	metrics     *metrics.Metrics
+	halt        string // see testHaltEnv
 	// uncommitted: the last interval is neither stored nor spooled, or
 	// its commit failed; a pinned kernel side still holds it.
 	uncommitted bool
@@ -321,15 +353,16 @@ func (w *writer) loop(jobs <-chan job, idle chan<- struct{}) {
 		select {
 		case j, ok := <-jobs:
 			if !ok {
-				w.drainSpool()
+				w.flush()
 				return
 			}
 			w.store1(j)
 			idle <- struct{}{}
 		case <-retry.C:
-			w.drainSpool()
+			w.flush()
 		}
 		w.metrics.SetSpool(w.spool.size(), w.spool.dropped)
+		w.metrics.SetBuffer(len(w.held), w.heldBytes, w.dropped)
 	}
 }
 
@@ -374,23 +407,32 @@ func (w *writer) connect() bool {
 	return true
 }
 
-// write stores b, or spools it; durable is false when it is in neither.
+// write stores b, or spools it, or keeps it in memory; durable is false
+// when it is in none of them. What waits (the spool, then memory) is
+// written first, so that batches reach the store in order.
 func (w *writer) write(b store.Batch) (durable bool) {
-	if w.spool.pending() || !w.connect() {
-		durable = w.spoolBatch(b) // keep order: older spooled batches go first
-		w.drainSpool()
-		return durable
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := w.store.Write(ctx, b); err != nil {
+	w.flush()
+	if !w.spool.pending() && len(w.held) == 0 && w.connect() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := w.store.Write(ctx, b)
+		cancel()
+		if err == nil {
+			w.recovered()
+			w.retain()
+			w.logCompaction()
+			return true
+		}
 		w.fail(err)
-		return w.spoolBatch(b)
 	}
-	w.recovered()
-	w.retain()
-	w.logCompaction()
-	return true
+	if len(w.held) == 0 {
+		err := w.spool.add(b)
+		if err == nil {
+			w.spooling()
+			return true
+		}
+		w.spoolErr = err
+	}
+	return w.hold(b)
 }
 
 // logCompaction logs a new error of the store's background compaction,
@@ -413,17 +455,109 @@ func (w *writer) logCompaction() {
 	w.compactErr = msg
 }
 
-func (w *writer) spoolBatch(b store.Batch) bool {
-	err := w.spool.add(b)
+// hold keeps b in memory, behind the batches already there, dropping
+// the oldest past cfg.BufferMax; false when b itself is dropped.
+func (w *writer) hold(b store.Batch) bool {
+	if !w.holding {
+		w.holding = true
+		w.log.Error("store and spool cannot be written: keeping the newest batches in memory until they can",
+			"store", w.cfg.Store, "store_err", errString(w.storeErr), "spool", w.spool.path, "spool_err", errString(w.spoolErr), "buffer_max_bytes", w.cfg.BufferMax)
+	}
+	n := batchBytes(b)
+	for len(w.held) > 0 && w.heldBytes+n > w.cfg.BufferMax {
+		w.heldBytes -= w.held[0].bytes
+		w.held = w.held[1:]
+		w.heldDropped++
+		w.dropped++
+	}
+	if n > w.cfg.BufferMax {
+		w.heldDropped++
+		w.dropped++
+		return false
+	}
+	w.held = append(w.held, heldBatch{b, n})
+	w.heldBytes += n
+	return true
+}
+
+// heldBatch is a batch kept in memory and its estimated size.
+type heldBatch struct {
+	batch store.Batch
+	bytes int64
+}
+
+// batchBytes estimates what b takes in memory: its structs and strings.
+func batchBytes(b store.Batch) int64 {
+	n := int64(unsafe.Sizeof(b)) + int64(len(b.ID))
+	for _, h := range b.Hosts {
+		n += int64(unsafe.Sizeof(h)) + int64(len(h.ID)+len(h.Name))
+		for _, a := range h.Addrs {
+			n += int64(unsafe.Sizeof(a)) + int64(len(a))
+		}
+	}
+	for _, sv := range b.Services {
+		n += int64(unsafe.Sizeof(sv)) + int64(len(sv.HostID)+len(sv.Proto)+len(sv.Comm))
+	}
+	for _, o := range b.Observations {
+		n += int64(unsafe.Sizeof(o)) + int64(len(o.HostID)+len(o.Direction)+len(o.Proto)+len(o.LocalAddr)+len(o.RemoteAddr)+len(o.Comm)+len(o.PeerComm))
+	}
+	for _, l := range b.Listeners {
+		n += int64(unsafe.Sizeof(l)) + int64(len(l.HostID)+len(l.Proto)+len(l.LocalAddr)+len(l.Comm))
+	}
+	return n
+}
+
+func errString(err error) string {
 	if err == nil {
-		return true
+		return ""
 	}
-	if w.cfg.Tracer.PinPath != "" {
-		w.log.Error("spool full or unwritable: the pinned kernel side keeps the interval, collected again at the next drain", "path", w.spool.path, "refused_batches", w.spool.dropped, "err", err)
+	return err.Error()
+}
+
+// flush writes what waits, oldest first: the spool into the store, then
+// the batches held in memory into the store or, while it fails, the
+// spool. Once memory is empty again it logs one line with what was
+// written and dropped meanwhile.
+func (w *writer) flush() {
+	w.drainSpool()
+	if len(w.held) == 0 {
+		return
+	}
+	storeOK := !w.spool.pending() && w.connect()
+	for len(w.held) > 0 {
+		b := w.held[0]
+		written := false
+		if storeOK {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := w.store.Write(ctx, b.batch)
+			cancel()
+			if err == nil {
+				written = true
+			} else {
+				w.fail(err)
+				storeOK = false
+			}
+		}
+		if !written {
+			if err := w.spool.add(b.batch); err != nil {
+				w.spoolErr = err
+				return
+			}
+		}
+		w.held = w.held[1:]
+		w.heldBytes -= b.bytes
+		w.heldWritten++
+	}
+	w.log.Info("writing recovered: the batches kept in memory are written",
+		"batches_written", w.heldWritten, "batches_dropped", w.heldDropped, "into", map[bool]string{true: "store", false: "spool"}[storeOK])
+	w.holding, w.heldWritten, w.heldDropped = false, 0, 0
+	w.held = nil
+	if storeOK {
+		w.recovered()
+		w.retain()
 	} else {
-		w.log.Error("spool full or unwritable: batch dropped", "path", w.spool.path, "dropped_batches", w.spool.dropped, "err", err)
+		w.spooling()
 	}
-	return false
 }
 
 func (w *writer) drainSpool() {
@@ -443,37 +577,60 @@ func (w *writer) drainSpool() {
 	w.recovered()
 }
 
+// fail counts a failed store write; what is logged depends on where the
+// batch goes (spooling, or hold).
 func (w *writer) fail(err error) {
 	w.metrics.StoreWriteError()
-	if !w.failing {
-		w.log.Warn("store write failed; spooling and retrying every 5s", "store", w.cfg.Store, "spool", w.spool.path, "err", err)
-	}
 	w.failing = true
+	w.storeErr = err
+}
+
+// spooling logs, once, that the store fails and batches are spooled.
+func (w *writer) spooling() {
+	if w.failing && !w.failLogged && !w.holding {
+		w.log.Warn("store write failed; spooling and retrying every 5s", "store", w.cfg.Store, "spool", w.spool.path, "err", w.storeErr)
+		w.failLogged = true
+	}
 }
 
 func (w *writer) recovered() {
-	if w.failing {
+	if w.failLogged {
 		w.log.Info("store writes recovered")
 	}
-	w.failing = false
+	w.failing, w.failLogged = false, false
 }
 
-// retain deletes old buckets at most once a minute.
+// retain applies retention and the size ceiling, at most once a minute.
 func (w *writer) retain() {
-	if w.cfg.Retention <= 0 || time.Since(w.lastRetain) < time.Minute {
+	r := w.cfg.Retention
+	if (r == store.Retention{} && w.cfg.StoreMaxSize <= 0) || time.Since(w.lastRetain) < time.Minute {
 		return
 	}
 	w.lastRetain = time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	n, err := w.store.Retain(ctx, time.Now().Add(-w.cfg.Retention), store.DefaultBucket)
-	if err != nil {
-		w.log.Warn("retention failed", "err", err)
+	if r != (store.Retention{}) {
+		n, err := w.store.RetainLevels(ctx, r, time.Now())
+		if err != nil {
+			w.log.Warn("retention failed", "err", err)
+		} else if n > 0 {
+			w.log.Debug("retention", "deleted_minute_rows", n)
+		}
+	}
+	if w.cfg.StoreMaxSize <= 0 {
 		return
 	}
-	if n > 0 {
-		w.log.Info("retention", "deleted_rows", n, "older_than", w.cfg.Retention)
+	c, err := w.store.EnforceMaxSize(ctx, w.cfg.StoreMaxSize, time.Now())
+	if c.Acted {
+		w.metrics.CeilingActed()
+		w.log.Warn("store over --store-max-size: deleted the oldest buckets", "size_bytes", c.Size, "max_bytes", w.cfg.StoreMaxSize,
+			"size_after_bytes", c.After, "history_from", c.From.Format(time.RFC3339), "deleted_minute_rows", c.MinuteRows)
 	}
+	if err != nil {
+		w.log.Warn("applying the store's size ceiling failed", "err", err)
+		return
+	}
+	w.metrics.SetStoreSize(c.After, w.cfg.StoreMaxSize)
 }
 
 // hostIDs names hosts: the root namespace is the machine (its hostname or

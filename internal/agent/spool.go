@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -68,7 +70,16 @@ func (s *spool) add(b store.Batch) error {
 		s.dropped++
 		return err
 	}
+	// A write cut short by a full disk leaves part of a line: cut it off,
+	// or the next batch would be appended to it and both be unreadable.
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		f.Close()
+		s.dropped++
+		return err
+	}
 	if _, err := f.Write(line); err != nil {
+		err = errors.Join(err, f.Truncate(end))
 		f.Close()
 		s.dropped++
 		return err
@@ -76,6 +87,7 @@ func (s *spool) add(b store.Batch) error {
 	// The batch's counts are reset in a pinned kernel side once it is
 	// here: on disk, not only in the page cache.
 	if err := f.Sync(); err != nil {
+		err = errors.Join(err, f.Truncate(end))
 		f.Close()
 		s.dropped++
 		return err
@@ -117,8 +129,13 @@ func (s *spool) replay(write func(store.Batch) error) (int, error) {
 // replaceFile gives path new contents atomically: a process killed
 // meanwhile leaves either the old contents or the new, never a truncated
 // spool.
-func replaceFile(path string, data []byte) error {
+func replaceFile(path string, data []byte) (err error) {
 	tmp := path + ".tmp"
+	defer func() {
+		if err != nil {
+			os.Remove(tmp) // a full disk: leave it the space
+		}
+	}()
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
 	if err != nil {
 		return err

@@ -67,6 +67,14 @@ type Metrics struct {
 	storeErrs  prometheus.Counter
 	spoolBytes atomic.Int64
 	spoolDrops atomic.Uint64
+	// The memory buffer (batches neither the store nor the spool could
+	// take) and the store's size ceiling.
+	bufBatches   atomic.Int64
+	bufBytes     atomic.Int64
+	bufDrops     atomic.Uint64
+	storeSize    atomic.Int64
+	storeMaxSize atomic.Int64
+	ceilingActs  prometheus.Counter
 }
 
 // lossFields are tracer.Losses' counters, named after their json tags
@@ -135,6 +143,10 @@ func New(o Options) *Metrics {
 			Help: "Failed writes to the store (the batch is spooled and retried).",
 		}),
 	}
+	m.ceilingActs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "deptrace_store_ceiling_deletions_total",
+		Help: "Times the store was over --store-max-size and its oldest buckets were deleted.",
+	})
 	for _, f := range lossFields {
 		m.lost.WithLabelValues(f.reason) // every reason exists from the start, at 0
 	}
@@ -150,8 +162,29 @@ func New(o Options) *Metrics {
 		}, func() float64 { return float64(m.spoolBytes.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "deptrace_spool_dropped_batches_total",
-			Help: "Batches dropped because the spool was full or unwritable.",
+			Help: "Batches the spool refused because it was full or unwritable (kept in memory instead: deptrace_buffered_batches).",
 		}, func() float64 { return float64(m.spoolDrops.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "deptrace_buffered_batches",
+			Help: "Batches kept in memory because neither the store nor the spool could be written (a full disk).",
+		}, func() float64 { return float64(m.bufBatches.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "deptrace_buffered_bytes",
+			Help: "Estimated memory of the batches kept in memory (bounded by --buffer-max).",
+		}, func() float64 { return float64(m.bufBytes.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "deptrace_dropped_batches_total",
+			Help: "Batches lost: neither the store nor the spool could take them and the memory buffer was full (its oldest go first).",
+		}, func() float64 { return float64(m.bufDrops.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "deptrace_store_size_bytes",
+			Help: "Bytes the store takes (SQLite: pages in use; PostgreSQL: deptrace's tables and indexes), as of the last check (once a minute).",
+		}, func() float64 { return float64(m.storeSize.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "deptrace_store_max_size_bytes",
+			Help: "The store's size ceiling (--store-max-size); 0: none.",
+		}, func() float64 { return float64(m.storeMaxSize.Load()) }),
+		m.ceilingActs,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -208,6 +241,31 @@ func (m *Metrics) SetSpool(bytes int64, droppedBatches uint64) {
 	if m != nil {
 		m.spoolBytes.Store(bytes)
 		m.spoolDrops.Store(droppedBatches)
+	}
+}
+
+// SetBuffer reports the batches kept in memory, their estimated bytes,
+// and how many batches were dropped so far (cumulative).
+func (m *Metrics) SetBuffer(batches int, bytes int64, dropped uint64) {
+	if m != nil {
+		m.bufBatches.Store(int64(batches))
+		m.bufBytes.Store(bytes)
+		m.bufDrops.Store(dropped)
+	}
+}
+
+// SetStoreSize reports the store's size and its ceiling (0: none).
+func (m *Metrics) SetStoreSize(bytes, maxBytes int64) {
+	if m != nil {
+		m.storeSize.Store(bytes)
+		m.storeMaxSize.Store(maxBytes)
+	}
+}
+
+// CeilingActed counts one deletion of old buckets by the size ceiling.
+func (m *Metrics) CeilingActed() {
+	if m != nil {
+		m.ceilingActs.Inc()
 	}
 }
 
