@@ -272,7 +272,16 @@ struct sock_state {
 	/* listeners: the drop counter already reported (32-bit, as the
 	 * kernel's counter is, so a wrap is followed) */
 	__u32 rep_drops;
-	__u32 _pad_drops;
+	/* unconnected UDP bound to a port the kernel chose: enum udp_role */
+	__u32 udp_role;
+};
+
+/* Which end an unconnected UDP socket bound to a port the kernel chose is
+ * (see udp_count_unconnected). */
+enum udp_role {
+	UDP_ROLE_UNDECIDED = 0, /* one peer so far: counted in storage, as a client */
+	UDP_ROLE_CLIENT = 1,    /* sent first to its second peer */
+	UDP_ROLE_SERVER = 2,    /* heard first from its second peer: it answers */
 };
 
 struct {
@@ -1493,12 +1502,17 @@ static __always_inline __u8 udp_direction(const struct sock *sk)
 	return bound_direction(sk);
 }
 
-static __always_inline void udp_key(const struct sock *sk, struct flow_key *k, __u16 rport)
+static __always_inline void udp_key_dir(const struct sock *sk, struct flow_key *k, __u16 rport, __u8 dir)
 {
 	k->netns = sk_netns(sk);
 	k->proto = IPPROTO_UDP;
-	k->direction = udp_direction(sk);
-	k->port = k->direction == DIR_INBOUND ? sk->__sk_common.skc_num : rport;
+	k->direction = dir;
+	k->port = dir == DIR_INBOUND ? sk->__sk_common.skc_num : rport;
+}
+
+static __always_inline void udp_key(const struct sock *sk, struct flow_key *k, __u16 rport)
+{
+	udp_key_dir(sk, k, rport, udp_direction(sk));
 }
 
 /* Fold a connected UDP socket's counters into its flow. */
@@ -1631,6 +1645,73 @@ static __always_inline void udp_count_connected(struct sock *sk, struct sock_sta
 	}
 }
 
+/* Whether the datagram in flight on an unconnected socket has the peer
+ * its storage counts for. */
+static __always_inline bool first_peer(const struct sock_state *st)
+{
+	const __u32 *a = (const __u32 *)st->udp_daddr, *b = (const __u32 *)st->peer;
+	return st->peer_port == st->udp_dport && a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* An unconnected socket bound to a port the kernel chose, before it has
+ * a role: a client (sendto from an ephemeral port) or a server bound to
+ * port 0 behind a NAT rule (Docker's embedded DNS, whose NAT rule sends
+ * 127.0.0.11:53 to the port dockerd's socket got). Who spoke first tells,
+ * but only for a conversation that started while deptrace watched: the
+ * first datagram deptrace sees may be the reply of one already under way
+ * (a socket older than deptrace: a QUIC client's, a forwarder's answer to
+ * a query received before the start). So the first peer's datagrams are
+ * counted in the socket's storage (as a connected socket's, no hash
+ * lookup; folded by the harvest and at release) under the client's key,
+ * and the first datagram with another peer, which starts a conversation,
+ * decides: received, the socket answers its peers and is the server, and
+ * the first peer's counts move to the server's flow; sent, a client.
+ * Returns whether the datagram was counted. */
+static __always_inline bool udp_undecided(struct sock *sk, struct sock_state *st, int bytes, bool send)
+{
+	if (st->kind != SK_UDP || !st->udp_dport) {
+		if (st->kind == SK_UDP)
+			udp_fold(st); /* counts of an earlier connect() */
+		st->kind = SK_UDP;
+		st->udp_bytes_sent = 0;
+		st->udp_bytes_received = 0;
+		st->udp_dgrams_sent = 0;
+		st->udp_dgrams_received = 0;
+		udp_key_dir(sk, &st->key, bpf_ntohs(st->peer_port), DIR_OUTBOUND);
+		fill_addrs(sk, &st->key);
+		__builtin_memcpy(st->key.remote_addr, st->peer, sizeof(st->key.remote_addr));
+		__builtin_memcpy(st->udp_daddr, st->peer, sizeof(st->udp_daddr));
+		st->udp_dport = st->peer_port;
+	} else if (!first_peer(st)) {
+		if (send) {
+			st->udp_role = UDP_ROLE_CLIENT;
+			return false;
+		}
+		/* The key's port and direction share its first 8 bytes with
+		 * netns and proto: one store changes them together, so a
+		 * harvest folding meanwhile adds to one flow or the other. */
+		struct flow_key head = {};
+		head.netns = st->key.netns;
+		head.port = sk->__sk_common.skc_num;
+		head.proto = IPPROTO_UDP;
+		head.direction = DIR_INBOUND;
+		*(volatile __u64 *)&st->key = *(__u64 *)&head;
+		st->udp_role = UDP_ROLE_SERVER;
+		return false;
+	}
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (st->pid != tgid)
+		current_process(&st->pid, st->comm, &st->cgroup_id);
+	if (send) {
+		__sync_fetch_and_add(&st->udp_bytes_sent, bytes);
+		__sync_fetch_and_add(&st->udp_dgrams_sent, 1);
+	} else {
+		__sync_fetch_and_add(&st->udp_bytes_received, bytes);
+		__sync_fetch_and_add(&st->udp_dgrams_received, 1);
+	}
+	return true;
+}
+
 /* An unconnected socket: every datagram may have another peer, which the
  * cgroup hook of this same syscall saw. */
 static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_state *st, int bytes, bool send)
@@ -1641,8 +1722,15 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 		return;
 	}
 	st->tid = 0;
+	__u8 dir = udp_direction(sk);
+	if (dir == DIR_OUTBOUND) {
+		if (st->udp_role == UDP_ROLE_UNDECIDED && udp_undecided(sk, st, bytes, send))
+			return;
+		if (st->udp_role == UDP_ROLE_SERVER)
+			dir = DIR_INBOUND;
+	}
 	struct flow_key k = {};
-	udp_key(sk, &k, bpf_ntohs(st->peer_port));
+	udp_key_dir(sk, &k, bpf_ntohs(st->peer_port), dir);
 	fill_addrs(sk, &k);
 	__builtin_memcpy(k.remote_addr, st->peer, sizeof(k.remote_addr));
 	struct flow_value *v = flow_entry(&k);

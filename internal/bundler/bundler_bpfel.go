@@ -160,7 +160,7 @@ type bundlerSockState struct {
 	Peer              [16]uint8
 	UnixDest          uint64
 	RepDrops          uint32
-	PadDrops          uint32
+	UdpRole           uint32
 }
 
 type bundlerSpillSlot struct {
