@@ -34,7 +34,7 @@ func unixConnect(t *testing.T, typ int, path string) error {
 // Unix connects that fail in connect() itself are failed connections of
 // the client's flow to that path, by cause; none is a connection.
 func TestFailedUnixConnects(t *testing.T) {
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	dir := t.TempDir()
 
 	// No socket at the path.
@@ -138,7 +138,7 @@ func TestTCPConnectsFailingBeforeAnySYN(t *testing.T) {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	const tries = 2
 	want := map[string]syscall.Errno{"203.0.113.1": syscall.EHOSTUNREACH, "203.0.113.129": syscall.EACCES}
 	for ip, errno := range want {

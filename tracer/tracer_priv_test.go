@@ -283,7 +283,7 @@ func (l *ledger) String() string {
 func TestShortLivedTCPExactCounts(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	const n, req, resp = 200, 100, 37
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":8080")
@@ -342,7 +342,7 @@ func testComm() string {
 func TestNoLossAcrossDrains(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	const n, req, resp = 300, 10, 10
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":8081")
@@ -487,7 +487,7 @@ func rawConn(t *testing.T, c net.Conn, read bool, fn func(fd int) (done bool)) {
 func TestSpliceAndSendfileExactBytes(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	const size = 900_000
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":9000")
@@ -569,7 +569,7 @@ func TestSpliceAndSendfileExactBytes(t *testing.T) {
 func TestProcessNameNotThreadName(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":11211")
 	wait := echoServer(ln, 1, 3, 3)
@@ -605,7 +605,7 @@ func TestProcessNameNotThreadName(t *testing.T) {
 func TestUDPConnectedAndUnconnected(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	srv := b.ListenPacket(t, "udp4", b.IPv4.String()+":5353")
 	go func() {
@@ -648,34 +648,53 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 	}
 
 	// Unconnected client socket (sendto/recvfrom) bound to the wildcard
-	// address: the local address is the one the kernel sends from.
-	uc := a.ListenPacket(t, "udp4", ":0")
-	buf := make([]byte, 100)
-	for i := 0; i < rounds; i++ {
-		if _, err := uc.WriteTo(make([]byte, 30), &net.UDPAddr{IP: b.IPv4, Port: 5353}); err != nil {
-			t.Fatal(err)
+	// address: the local address is the one the kernel sends from. Over
+	// IPv4 and IPv6, whose sendmsg and recvmsg hooks are programs apart.
+	srv6 := b.ListenPacket(t, "udp6", net.JoinHostPort(b.IPv6.String(), "5353"))
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := srv6.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			srv6.WriteTo(buf[:n/2], from)
 		}
-		uc.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, _, err := uc.ReadFrom(buf); err != nil {
-			t.Fatal(err)
+	}()
+	for _, fam := range []struct {
+		network string
+		client  net.IP
+		server  net.IP
+	}{{"udp4", a.IPv4, b.IPv4}, {"udp6", a.IPv6, b.IPv6}} {
+		uc := a.ListenPacket(t, fam.network, ":0")
+		buf := make([]byte, 100)
+		for i := 0; i < rounds; i++ {
+			if _, err := uc.WriteTo(make([]byte, 30), &net.UDPAddr{IP: fam.server, Port: 5353}); err != nil {
+				t.Fatal(err)
+			}
+			uc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, _, err := uc.ReadFrom(buf); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	l = newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		return l.one(t, a).DatagramsReceived >= rounds && l.one(t, b).DatagramsSent >= rounds
-	})
-	// Exact counts on both unconnected ends: a datagram whose peer was
-	// missed would be missing here. (udp_peer_unknown itself is counted
-	// machine-wide, where other processes add to it.)
-	out = l.one(t, a)
-	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5353)
-	if !l.countedBytes(out.BytesSent, rounds*30, 30) || !l.countedBytes(out.BytesReceived, rounds*15, 15) || !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds) {
-		t.Errorf("unconnected client: %+v", out.Counters)
-	}
-	in = l.one(t, b)
-	checkFlow(t, in, "udp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5353)
-	if !l.countedBytes(in.BytesReceived, rounds*30, 30) || !l.countedBytes(in.BytesSent, rounds*15, 15) || !l.counted(in.DatagramsReceived, rounds) || !l.counted(in.DatagramsSent, rounds) {
-		t.Errorf("unconnected server: %+v", in.Counters)
+		uc.Close()
+		l = newLedger()
+		settle(t, tr, l, func(l *ledger) bool {
+			return l.one(t, a).DatagramsReceived >= rounds && l.one(t, b).DatagramsSent >= rounds
+		})
+		// Exact counts on both unconnected ends: a datagram whose peer was
+		// missed would be missing here. (udp_peer_unknown itself is counted
+		// machine-wide, where other processes add to it.)
+		out = l.one(t, a)
+		checkFlow(t, out, "udp", tracer.Outbound, addr(fam.client), addr(fam.server), 5353)
+		if !l.countedBytes(out.BytesSent, rounds*30, 30) || !l.countedBytes(out.BytesReceived, rounds*15, 15) || !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds) {
+			t.Errorf("%s unconnected client: %+v", fam.network, out.Counters)
+		}
+		in = l.one(t, b)
+		checkFlow(t, in, "udp", tracer.Inbound, addr(fam.server), addr(fam.client), 5353)
+		if !l.countedBytes(in.BytesReceived, rounds*30, 30) || !l.countedBytes(in.BytesSent, rounds*15, 15) || !l.counted(in.DatagramsReceived, rounds) || !l.counted(in.DatagramsSent, rounds) {
+			t.Errorf("%s unconnected server: %+v", fam.network, in.Counters)
+		}
 	}
 }
 
@@ -685,7 +704,7 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 func TestUDPErrorQueueIsNotTraffic(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	c, err := a.Dial("udp4", b.IPv4.String()+":9") // nothing listens: port unreachable
 	if err != nil {
@@ -727,7 +746,7 @@ func TestUDPErrorQueueIsNotTraffic(t *testing.T) {
 func TestIPv6AndFailureCauses(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	server := net.JoinHostPort(b.IPv6.String(), "443")
 	ln := b.Listen(t, "tcp6", server)
@@ -772,7 +791,7 @@ func TestIPv6AndFailureCauses(t *testing.T) {
 func TestResetsBothEnds(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7001")
 	const n = 4
@@ -815,7 +834,7 @@ func TestResetsBothEnds(t *testing.T) {
 func TestListenQueueDrops(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 
 	var lfd int
 	b.Do(t, func() error {
@@ -872,7 +891,7 @@ func TestListenQueueDrops(t *testing.T) {
 func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7003")
 	collect(t, tr) // the listener's earlier interval
 	const waiting = 5
@@ -1161,7 +1180,7 @@ func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 func TestResetsFromAListenerAreNoFlow(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7400")
 	go func() {
 		for {

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(unixServerEnv); path != "" {
 		os.Exit(serveUnix(path))
 	}
-	os.Exit(m.Run())
+	os.Exit(runShared(m))
 }
 
 // serveUnix echoes every connection on a unix stream socket until stdin
@@ -108,7 +108,7 @@ func unixFlows(l *ledger, path string) (out, in tracer.Flow) {
 // Both ends of a unix stream dependency, each process named, and each
 // naming the process at the other end.
 func TestUnixStreamBothEndsNamed(t *testing.T) {
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	for _, path := range []string{filepath.Join(t.TempDir(), "app.sock"), fmt.Sprintf("@deptrace-test-%d", os.Getpid())} {
 		t.Run(path[:1], func(t *testing.T) {
 			startUnixServer(t, "uxserver", path)
@@ -148,7 +148,7 @@ func TestUnixStreamBothEndsNamed(t *testing.T) {
 // Datagrams to a named socket (as syslog() sends to /dev/log) are unix
 // flows too, counted in datagrams.
 func TestUnixDatagramsToANamedSocket(t *testing.T) {
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	path := filepath.Join(t.TempDir(), "log")
 	srv, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
 	if err != nil {
@@ -188,7 +188,7 @@ func TestUnixDatagramsToANamedSocket(t *testing.T) {
 // journald clients send), bound to a name of its own or not, are flows to
 // that path, counted on the sender as on the receiver.
 func TestUnixDatagramsSentToAPath(t *testing.T) {
-	tr := startTracer(t, nil)
+	tr := startSharedTracer(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "journal")
 	srv, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
