@@ -58,12 +58,14 @@ fi
 
 # --- identity (internal/identity): the privileged Docker test starts its own
 # dockerd (Debian's docker.io, data and socket in a temp dir, no iptables
-# changes) and builds its image from busybox-static; it fails under CI=true
-# without them. A docker service that this install starts (where services
+# changes), the CRI test its own containerd, and both build their images from
+# busybox-static; they fail under CI=true without them. A docker service that this install starts (where services
 # start on install) is stopped and disabled again: a running dockerd sets the
 # FORWARD policy to DROP, which breaks the suite's bridged namespaces.
 id_need=()
 command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || id_need+=(docker.io)
+command -v containerd >/dev/null || id_need+=(containerd)  # the CRI test runs its own, with the CRI plugin
+command -v runc >/dev/null || [ -x /usr/sbin/runc ] || id_need+=(runc)
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || id_need+=(busybox-static)
 if [ ${#id_need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -197,7 +197,11 @@ func startDockerd(t *testing.T) *dockerd {
 
 // absentDockerCgroups lists the "docker" parent cgroups dockerd will make
 // (in the v2 and every v1 hierarchy) that do not exist yet.
-func absentDockerCgroups() []string {
+func absentDockerCgroups() []string { return absentCgroups("docker") }
+
+// absentCgroups lists name's directories at the top of every cgroup
+// hierarchy that do not exist yet, to remove what a test made.
+func absentCgroups(name string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
@@ -209,7 +213,7 @@ func absentDockerCgroups() []string {
 		fields := strings.Fields(s.Text())
 		for i, fld := range fields {
 			if fld == "-" && i+1 < len(fields) && (fields[i+1] == "cgroup" || fields[i+1] == "cgroup2") {
-				p := filepath.Join(fields[4], "docker")
+				p := filepath.Join(fields[4], name)
 				if _, err := os.Stat(p); os.IsNotExist(err) {
 					out = append(out, p)
 				}
