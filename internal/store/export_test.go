@@ -253,3 +253,48 @@ func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, er
 func (s *Store) PruneWriteLog(ctx context.Context, cutoff int64) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error { return s.pruneWriteLog(ctx, tx, cutoff) })
 }
+
+// TableBytes is the space each of deptrace's tables takes with its
+// indexes (SQLite: its pages, as dbstat counts them; PostgreSQL:
+// pg_total_relation_size).
+func (s *Store) TableBytes(ctx context.Context) (map[string]int64, error) {
+	q := `SELECT m.tbl_name, SUM(d.pgsize) FROM dbstat d JOIN sqlite_schema m ON m.name = d.name GROUP BY m.tbl_name`
+	var args []any
+	if s.d.name == postgres.name {
+		q, args = `SELECT t, pg_total_relation_size(to_regclass(t)) FROM unnest($1::text[]) t`, []any{storeTables}
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var t string
+		var n int64
+		if err := rows.Scan(&t, &n); err != nil {
+			return nil, err
+		}
+		out[t] = n
+	}
+	return out, rows.Err()
+}
+
+// PieceBytes is the length of the pieces' data per level.
+func (s *Store) PieceBytes(ctx context.Context) (map[int]int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT level, SUM(LENGTH(data)) FROM flow_pieces GROUP BY level`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[int]int64{}
+	for rows.Next() {
+		var l int
+		var n int64
+		if err := rows.Scan(&l, &n); err != nil {
+			return nil, err
+		}
+		out[l] = n
+	}
+	return out, rows.Err()
+}
