@@ -24,6 +24,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/deptrace/deptrace/internal/identity"
+	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -255,7 +256,8 @@ func writeDockerArchive(t *testing.T, path, root, name string, cmd []string) {
 
 // A pod run through the CRI API the way kubelet runs one (sandbox and
 // container with kubelet's labels, a Deployment's pod-template-hash) is
-// named with its namespace, pod, uid, container and workload.
+// named with its namespace, pod, uid, container and workload; so is a
+// container of it that made one request and was removed before the drain.
 func TestContainerdCRIPodNamed(t *testing.T) {
 	testnet.RequireRoot(t)
 	cd := startContainerd(t)
@@ -366,6 +368,91 @@ func TestContainerdCRIPodNamed(t *testing.T) {
 	if got.Identity != want {
 		t.Errorf("pod's flow identity\n got %+v\nwant %+v", got.Identity, want)
 	}
+
+	// A container that makes one request and is removed, cgroup and CRI
+	// record, before the drain: named from what was learnt when its
+	// cgroup was made. Its own server port keeps its flow apart from
+	// app's (both are on the host network).
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := &http.Server{Handler: srv.Handler}
+	go srv2.Serve(ln2)
+	defer srv2.Close()
+	port2 := uint16(ln2.Addr().(*net.TCPAddr).Port)
+	once, err := rs.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
+		PodSandboxId:  sb.PodSandboxId,
+		SandboxConfig: sbConfig,
+		Config: &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "oneshot"},
+			Image:    &runtimeapi.ImageSpec{Image: criTestImage},
+			Command:  []string{"/bin/wget", "-q", "-O", "/dev/null", fmt.Sprintf("http://127.0.0.1:%d/", port2)},
+			Labels: map[string]string{
+				"io.kubernetes.pod.name": pod, "io.kubernetes.pod.namespace": ns, "io.kubernetes.pod.uid": uid,
+				"io.kubernetes.container.name": "oneshot",
+			},
+			Linux: &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{
+				NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE, Pid: runtimeapi.NamespaceMode_CONTAINER},
+			}},
+		},
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer oneshot: %v", err)
+	}
+	if _, err := rs.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: once.ContainerId}); err != nil {
+		t.Fatalf("StartContainer oneshot: %v", err)
+	}
+	for {
+		st, err := rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: once.ContainerId})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status.State == runtimeapi.ContainerState_CONTAINER_EXITED {
+			if st.Status.ExitCode != 0 {
+				t.Fatalf("oneshot exited %d: %s", st.Status.ExitCode, st.Status.Message)
+			}
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := rs.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: once.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cgroupRoot(t), parent, once.ContainerId)); !os.IsNotExist(err) {
+		t.Fatalf("oneshot's cgroup still there after RemoveContainer (%v): the test would not test a gone container", err)
+	}
+	got = nil
+	deadline = time.Now().Add(10 * time.Second)
+	for got == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no flow to port %d from the oneshot container", port2)
+		}
+		iv, err := tr.Collect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Annotate(iv.Flows)
+		for i := range iv.Flows {
+			if f := &iv.Flows[i]; f.Proto == tracer.ProtoTCP && f.Direction == tracer.Outbound && f.Port == port2 {
+				got = f
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	want.ContainerID, want.ContainerName, want.K8sContainer = once.ContainerId, "oneshot", "oneshot"
+	if got.Identity != want {
+		t.Errorf("oneshot's flow identity\n got %+v\nwant %+v", got.Identity, want)
+	}
+}
+
+func cgroupRoot(t *testing.T) string {
+	t.Helper()
+	root, err := kernel.CgroupV2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
 }
 
 // removeCgroupTrees removes the (empty) cgroup trees, deepest first.

@@ -55,13 +55,25 @@ type Resolver struct {
 	cris   []*criClient // containerd, CRI-O
 	byRT   map[string]*criClient
 
+	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
 	mu        sync.Mutex
 	cache     map[uint64]*cached
 	lastPrune time.Time
+
+	prefetching chan struct{} // bounds concurrent prefetches
 }
+
+// maxPrefetch bounds the runtime lookups running at once for new
+// containers' cgroups; beyond it, a container is looked up at its first
+// flow instead.
+const maxPrefetch = 4
+
+// prefetchDelays are the waits before each lookup of a new container's
+// cgroup: its runtime may not answer for it until its creation is done.
+var prefetchDelays = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, time.Second, 3 * time.Second}
 
 type cached struct {
 	id       tracer.Identity
@@ -83,12 +95,15 @@ func New(cfg Config) (*Resolver, error) {
 			return nil, fmt.Errorf("identity: %w", err)
 		}
 	}
-	tree, err := newCgroupTree(root, cfg.Retain)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Resolver{cfg: cfg, ctx: ctx, cancel: cancel, cache: map[uint64]*cached{}, byRT: map[string]*criClient{}, lastPrune: time.Now(),
+		prefetching: make(chan struct{}, maxPrefetch)}
+	tree, err := newCgroupTree(root, cfg.Retain, r.prefetch)
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("identity: %w", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &Resolver{cfg: cfg, tree: tree, cancel: cancel, cache: map[uint64]*cached{}, byRT: map[string]*criClient{}, lastPrune: time.Now()}
+	r.tree = tree
 	onStart := func(pid int) {
 		if p, ok := PIDCgroupV2(pid); ok {
 			tree.learn(p)
@@ -118,11 +133,46 @@ func New(cfg Config) (*Resolver, error) {
 	return r, nil
 }
 
+// prefetch names a container as soon as its cgroup is made, while the
+// runtime still knows it: a container that lives for one request and is
+// removed before the drain (a CRI one, which has no event stream to learn
+// it from) is named all the same.
+func (r *Resolver) prefetch(cgroupID uint64, path string) {
+	if ParsePath(path).ContainerID == "" {
+		return
+	}
+	select {
+	case r.prefetching <- struct{}{}:
+	default:
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer func() { <-r.prefetching; r.wg.Done() }()
+		for _, d := range prefetchDelays {
+			select {
+			case <-r.closed():
+				return
+			case <-time.After(d):
+			}
+			if id, complete := r.lookup(cgroupID); complete {
+				now := time.Now()
+				r.mu.Lock()
+				r.cache[cgroupID] = &cached{id: id, complete: true, at: now, used: now}
+				r.mu.Unlock()
+				return
+			}
+		}
+	}()
+}
+
+func (r *Resolver) closed() <-chan struct{} { return r.ctx.Done() }
+
 // Close stops watching and following the runtimes.
 func (r *Resolver) Close() error {
 	r.cancel()
+	r.tree.Close() // no new prefetches
 	r.wg.Wait()
-	r.tree.Close()
 	for _, c := range r.cris {
 		c.close()
 	}
@@ -157,8 +207,12 @@ func (r *Resolver) Resolve(cgroupID uint64) tracer.Identity {
 	// two lookups of one new id at once only ask twice.
 	id, complete := r.lookup(cgroupID)
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.cache[cgroupID]; ok && c.complete && !complete {
+		c.used = now // a prefetch completed it meanwhile
+		return c.id
+	}
 	r.cache[cgroupID] = &cached{id: id, complete: complete, at: now, used: now}
-	r.mu.Unlock()
 	return id
 }
 

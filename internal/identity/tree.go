@@ -33,6 +33,17 @@ type cgroupTree struct {
 
 	file *os.File // inotify, nil without it
 	done chan struct{}
+
+	// onNew, if set, is told of each cgroup made while watching (outside
+	// the lock), so what runs in it can be named while it exists.
+	onNew   func(id uint64, path string)
+	pending []treeNew // made in this batch of events, for onNew
+	notify  bool      // addLocked records into pending
+}
+
+type treeNew struct {
+	id   uint64
+	path string
 }
 
 type treeEntry struct {
@@ -43,9 +54,9 @@ type treeEntry struct {
 // rescanEvery bounds walks of the tree on a lookup miss.
 const rescanEvery = 2 * time.Second
 
-func newCgroupTree(root string, retain time.Duration) (*cgroupTree, error) {
+func newCgroupTree(root string, retain time.Duration, onNew func(id uint64, path string)) (*cgroupTree, error) {
 	t := &cgroupTree{root: filepath.Clean(root), retain: retain, byID: map[uint64]*treeEntry{},
-		byPath: map[string]uint64{}, byWatch: map[int]string{}, done: make(chan struct{})}
+		byPath: map[string]uint64{}, byWatch: map[int]string{}, done: make(chan struct{}), onNew: onNew}
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		// Without inotify, walks on misses still find live cgroups.
@@ -111,6 +122,9 @@ func (t *cgroupTree) addLocked(abs string) {
 	}
 	t.byID[st.Ino] = &treeEntry{path: rel}
 	t.byPath[rel] = st.Ino
+	if t.notify {
+		t.pending = append(t.pending, treeNew{st.Ino, rel})
+	}
 	if t.file != nil && !t.noWatch {
 		wd, err := unix.InotifyAddWatch(int(t.file.Fd()), abs, unix.IN_CREATE|unix.IN_DELETE|unix.IN_ONLYDIR)
 		switch {
@@ -166,12 +180,19 @@ func (t *cgroupTree) watch() {
 			case ev.Mask&unix.IN_CREATE != 0:
 				// Subdirectories made before the watch was added are
 				// found by walking the new directory.
+				t.notify = t.onNew != nil
 				_ = t.scanLocked(abs)
+				t.notify = false
 			case ev.Mask&unix.IN_DELETE != 0:
 				t.removedLocked(abs, now)
 			}
 		}
+		made := t.pending
+		t.pending = nil
 		t.mu.Unlock()
+		for _, n := range made {
+			t.onNew(n.id, n.path)
+		}
 	}
 }
 
