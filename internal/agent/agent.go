@@ -136,8 +136,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
 	tick := time.NewTicker(cfg.Tracer.Interval)
 	defer tick.Stop()
-	servicesDue := 0 // intervals until listening services are written again
-	observed := ""   // the last interval counted in the metrics
+	servicesDue := 0     // intervals until listening services are written again
+	observed := ""       // the last interval counted in the metrics
+	againBefore := false // the last drain collected an interval again
 	failed := 0
 	stopping := false
 	for {
@@ -163,8 +164,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		iv, err := t.Collect()
 		if iv.Recovered {
-			log.Info("collected again an interval that was not stored and committed", "batch", iv.BatchID, "flows", len(iv.Flows))
+			// While the disk is full this repeats every drain: logged once.
+			lvl := slog.LevelInfo
+			if againBefore {
+				lvl = slog.LevelDebug
+			}
+			log.Log(context.Background(), lvl, "collected again an interval that was not stored and committed", "batch", iv.BatchID, "flows", len(iv.Flows))
 		}
+		againBefore = iv.Recovered
 		log.Debug("interval drained", "flows", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain, "batch", iv.BatchID)
 		if iv.BatchID == "" || iv.BatchID != observed {
 			observed = iv.BatchID
@@ -326,6 +333,7 @@ type writer struct {
 	holding     bool
 	heldWritten int    // batches written from memory since holding began
 	heldDropped int    // batches dropped since holding began
+	heldRetries int    // drains the kernel kept the interval for (pinned)
 	dropped     uint64 // batches dropped for good, ever
 	storeErr    error  // the store's last write error
 	spoolErr    error  // the spool's last error
@@ -417,6 +425,7 @@ func (w *writer) write(b store.Batch) (durable bool) {
 		err := w.store.Write(ctx, b)
 		cancel()
 		if err == nil {
+			w.resumed("store")
 			w.recovered()
 			w.retain()
 			w.logCompaction()
@@ -427,12 +436,41 @@ func (w *writer) write(b store.Batch) (durable bool) {
 	if len(w.held) == 0 {
 		err := w.spool.add(b)
 		if err == nil {
+			w.resumed("spool")
 			w.spooling()
 			return true
 		}
 		w.spoolErr = err
 	}
+	if w.cfg.Tracer.PinPath != "" {
+		return w.keepInKernel()
+	}
 	return w.hold(b)
+}
+
+// keepInKernel leaves an interval neither the store nor the spool took
+// in a pinned kernel side: not committed, it is collected again (the
+// same batch) at the next drain while the kernel adds what it counts
+// meanwhile to the next interval; nothing is dropped, and a crash loses
+// nothing either. Memory is then not needed.
+func (w *writer) keepInKernel() bool {
+	if !w.holding {
+		w.holding = true
+		w.log.Error("store and spool cannot be written: the pinned kernel side keeps the interval and counts on; retrying every drain",
+			"store", w.cfg.Store, "store_err", errString(w.storeErr), "spool", w.spool.path, "spool_err", errString(w.spoolErr), "pin_path", w.cfg.Tracer.PinPath)
+	}
+	w.heldRetries++
+	return false
+}
+
+// resumed logs, once, that a write went through after the kernel kept
+// the interval (keepInKernel). Batches held in memory are logged by flush.
+func (w *writer) resumed(into string) {
+	if !w.holding || len(w.held) > 0 {
+		return
+	}
+	w.log.Info("writing recovered: the interval the kernel kept is written", "into", into, "drains_retried", w.heldRetries, "batches_dropped", 0)
+	w.holding, w.heldRetries = false, 0
 }
 
 // logCompaction logs a new error of the store's background compaction,
