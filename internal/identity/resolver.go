@@ -181,12 +181,43 @@ func (r *Resolver) Close() error {
 
 // Annotate fills in the identity of every flow's local end from its
 // cgroup id; each id is looked up once and then cached.
+// Ids not cached yet are looked up concurrently (a few at a time), so an
+// interval with many new containers waits about one runtime round trip.
 func (r *Resolver) Annotate(flows []tracer.Flow) {
+	now := time.Now()
+	var fresh []uint64
+	seen := map[uint64]bool{}
+	r.mu.Lock()
+	for i := range flows {
+		id := flows[i].CgroupID
+		if c, ok := r.cache[id]; id == 0 || seen[id] || ok && (c.complete || now.Sub(c.at) < retryAfter) {
+			continue
+		}
+		seen[id] = true
+		fresh = append(fresh, id)
+	}
+	r.mu.Unlock()
+	if len(fresh) > 1 {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, maxConcurrentLookups)
+		for _, id := range fresh {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				r.Resolve(id)
+			}()
+		}
+		wg.Wait()
+	}
 	for i := range flows {
 		flows[i].Identity = r.Resolve(flows[i].CgroupID)
 	}
 	r.maybePrune()
 }
+
+// maxConcurrentLookups bounds Annotate's lookups running at once.
+const maxConcurrentLookups = 8
 
 // Resolve returns the identity of the processes of a cgroup: empty for a
 // plain host process or an unknown cgroup.
