@@ -381,7 +381,9 @@ func TestDockerContainersNamed(t *testing.T) {
 			id.Workload != "compose/shop/"+name || !hex64.MatchString(id.ContainerID) || id.Unit != "" || id.PodName != "" {
 			t.Errorf("%s: %s flow, identity %+v", name, f.Direction, id)
 		}
-		proc := output.TableRow(f, nil)[5]
+		row := output.TableRow(f, nil)
+		t.Logf("%s", strings.Join(row, "  "))
+		proc := row[5]
 		if !strings.HasPrefix(proc, name+"(") {
 			t.Errorf("%s: PROCESS column %q", name, proc)
 		}
