@@ -134,18 +134,24 @@ func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows in
 
 // forgetBefore deletes flow keys, services and addresses not seen since
 // a day before t (a key's last event can precede its bucket's start by
-// up to an interval), and tells caches to start over, in the transaction
-// that deletes keys: SQLite may hand a deleted key's id to a new key.
+// up to an interval), and, when keys went, tells caches to start over in
+// the transaction that deletes them: SQLite may hand a deleted key's id
+// to a new key.
 func (s *Store) forgetBefore(ctx context.Context, t int64) error {
 	if err := s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, s.d.rebind(`DELETE FROM flow_keys WHERE last_seen < ?`), t-levels[2].width)
 		if err != nil {
 			return fmt.Errorf("delete old flow keys: %w", err)
 		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM key_pack`); err != nil {
-				return fmt.Errorf("delete the key pack: %w", err)
-			}
+		// Only deleted keys make a cache wrong (their ids may be handed
+		// out again); deleted buckets lie before what queries read. The
+		// agents retain once a minute each: a reset every time would
+		// leave deptrace serve's cache empty.
+		if n, _ := res.RowsAffected(); n == 0 {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM key_pack`); err != nil {
+			return fmt.Errorf("delete the key pack: %w", err)
 		}
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO write_log (at, bucket) VALUES (?, ?)`), time.Now().UnixNano(), logEverything); err != nil {
 			return fmt.Errorf("append to the write log: %w", err)

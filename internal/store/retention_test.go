@@ -81,6 +81,15 @@ func TestRetentionPerLevelAnswersOldRangesFromCoarserLevels(t *testing.T) {
 			if _, err := s.Compact(ctx, now); err != nil { // pieces too must go with their buckets
 				t.Fatal(err)
 			}
+			// A cache (deptrace serve) warmed before retention, which
+			// deletes no key here: it must not answer from what went.
+			c := open(t, spec)
+			c.EnableCache(store.CacheConfig{Now: func() time.Time { return now }})
+			for _, r := range []store.Range{{}, {Since: day(18, 5, 30), Until: day(18, 7, 0)}, {Since: day(19, 11, 30)}, {Since: day(20, 9, 30), Until: day(20, 11, 0)}} {
+				if got, want := connections(t, c, r), count(at, r.Since, r.Until); got != want {
+					t.Fatalf("before retention, %+v: %d connections, want %d", r, got, want)
+				}
+			}
 			r := store.Retention{Minutes: 24 * time.Hour, Hours: 72 * time.Hour}
 			for range 2 { // a second pass changes nothing
 				if _, err := s.RetainLevels(ctx, r, now); err != nil {
@@ -112,6 +121,7 @@ func TestRetentionPerLevelAnswersOldRangesFromCoarserLevels(t *testing.T) {
 				{"an hour whose events end before the range", store.Range{Since: day(18, 5, 45), Until: day(18, 7, 0)}, count(at, day(18, 6, 0), day(18, 7, 0))},
 				{"from the hours into the minutes", store.Range{Since: day(18, 23, 15)}, count(at, day(18, 23, 0), time.Time{})},
 				{"minutes", store.Range{Since: day(20, 9, 30), Until: day(20, 11, 0)}, count(at, day(20, 9, 30), day(20, 11, 0))},
+				{"minutes just kept", store.Range{Since: day(19, 11, 30)}, count(at, day(19, 11, 0), time.Time{})},
 				{"before everything kept", store.Range{Until: day(15, 0, 0)}, 0},
 			}
 			check := func(s *store.Store, how string) {
@@ -123,8 +133,6 @@ func TestRetentionPerLevelAnswersOldRangesFromCoarserLevels(t *testing.T) {
 			}
 			check(s, "cold")
 			check(s, "cold, again") // nothing in the answers is consumed
-			c := open(t, spec)
-			c.EnableCache(store.CacheConfig{Now: func() time.Time { return now }})
 			check(c, "cached")
 			check(c, "cached, warm")
 			ls, err := s.Listeners(ctx, store.Range{})
