@@ -40,9 +40,11 @@ func newAgentCmd() *cobra.Command {
 by default an SQLite file at ` + store.DefaultPath + `, created on first run;
 with --store postgres://... a PostgreSQL database that many agents on many hosts
 share. While the store is unreachable the agent keeps tracing and spools
-batches to disk (bounded by --spool-max), retrying every 5 s; while neither
-the store nor the spool can be written (a full disk) it keeps the newest
-batches in memory (bounded by --buffer-max) and writes them once it can.
+batches to disk (bounded by --spool-max), retrying every 5 s. While neither
+the store nor the spool can be written (a full disk), a pinned kernel side
+keeps the interval and counts on; without one (--pin-path "") the newest
+batches wait in memory (bounded by --buffer-max). Both are written once
+space returns.
 
 History is bounded by resolution: minute buckets are kept for
 --retention-minutes, hour buckets for --retention-hours, day buckets for
@@ -115,7 +117,7 @@ killed agent left.`,
 	}
 	cmd.Flags().StringVar(&retention, "retention", "", "one window for every level instead of --retention-minutes, --retention-hours and --retention-days (e.g. 30d); 0 keeps everything")
 	cmd.Flags().StringVar(&maxSize, "store-max-size", formatBytes(agent.DefaultStoreMaxSize), "past this size (e.g. 500MiB, 20GB) the store's oldest buckets are deleted first; 0: no ceiling")
-	cmd.Flags().StringVar(&bufferMax, "buffer-max", formatBytes(agent.DefaultBufferMax), "most memory (estimated) for the newest batches while neither the store nor the spool can be written; 0 keeps none")
+	cmd.Flags().StringVar(&bufferMax, "buffer-max", formatBytes(agent.DefaultBufferMax), "without a pinned kernel side, most memory (estimated) for the newest batches while neither the store nor the spool can be written; 0 keeps none")
 	cmd.Flags().StringVar(&cfg.SpoolPath, "spool", agent.DefaultSpoolPath, "where batches wait while the store is unreachable")
 	cmd.Flags().Int64Var(&spoolMax, "spool-max", 256<<20, "most bytes the spool may hold")
 	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
