@@ -118,7 +118,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	w := &writer{cfg: cfg, log: log, store: st, spool: &spool{path: cfg.SpoolPath, max: cfg.SpoolMax}, failing: storeErr != nil, failLogged: storeErr != nil, storeErr: storeErr, metrics: m, halt: halt}
-	log.Info("agent started", "store", cfg.Store, "store_reachable", storeErr == nil, "interval", cfg.Tracer.Interval, "host", ids.rootID)
+	log.Info("agent started", "store", cfg.Store, "store_reachable", storeErr == nil, "interval", cfg.Tracer.Interval, "host", ids.rootID,
+		"retention_minutes", keptFor(cfg.Retention.Minutes), "retention_hours", keptFor(cfg.Retention.Hours), "retention_days", keptFor(cfg.Retention.Days),
+		"store_max_size_bytes", cfg.StoreMaxSize)
 
 	// The writer stores one interval at a time and commits it in the
 	// kernel once it is in the store or the spool; until then the next
@@ -233,6 +235,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		runErr = errors.New("the last interval could not be stored: the kernel side stays pinned for the next agent")
 	}
 	return runErr
+}
+
+// keptFor names a retention window for the log: 0 keeps for ever.
+func keptFor(d time.Duration) string {
+	if d == 0 {
+		return "forever"
+	}
+	return d.String()
 }
 
 // maxDrainErrors is how many failed drains in a row stop the agent.
