@@ -324,7 +324,7 @@ func (c *cache) observations(rd reader, klo, lo, hi int64, old []segment) ([]Obs
 	}
 	sm := newSums()
 	sm.reserve(len(c.keys), c.maxKey)
-	if err := rd.sums(old, klo, hi0, sm); err != nil {
+	if err := sumOld(rd, old, klo, hi0, sm); err != nil {
 		return nil, err
 	}
 	if err := rd.sums(segs, lo, hi, sm); err != nil {

@@ -714,7 +714,11 @@ func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePiec
 			}
 		}
 		sm := newSums()
-		if err := rd.sums(old, lo, hi, sm); err != nil {
+		if usePieces {
+			if err := sumOld(rd, old, lo, hi, sm); err != nil {
+				return err
+			}
+		} else if err := rd.sums(old, lo, hi, sm); err != nil {
 			return err
 		}
 		if err := rd.sums(segs, mlo, hi, sm); err != nil {

@@ -356,3 +356,37 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 	}
 	return c, nil
 }
+
+// sumOld adds the segments of the part of a range older than the minutes
+// kept (retained.old) to sm: each whole hour or day from its piece where
+// compaction built one, the rest from rows, as coldPlan does for the
+// newer part. lo and hi are the range's ends (for the event filter of a
+// bucket its start cuts).
+func sumOld(rd reader, old []segment, lo, hi int64, sm *sums) error {
+	var rows []segment
+	var pieces []pieceID
+	for _, sg := range old {
+		i := slices.Index(levels, sg.level)
+		if sg.events || i < 1 {
+			rows = append(rows, sg)
+			continue
+		}
+		cur := sg.lo
+		if err := rd.pieceDir(i, sg.lo, sg.hi, func(id pieceID) {
+			if id.bucket > cur {
+				rows = append(rows, segment{sg.level, cur, id.bucket, false})
+			}
+			pieces = append(pieces, id)
+			cur = id.bucket + sg.level.width
+		}); err != nil {
+			return err
+		}
+		if cur < sg.hi {
+			rows = append(rows, segment{sg.level, cur, sg.hi, false})
+		}
+	}
+	if err := rd.sums(rows, lo, hi, sm); err != nil {
+		return err
+	}
+	return addPieces(rd, pieces, sm)
+}

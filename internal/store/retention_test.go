@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,6 +133,19 @@ func TestRetentionPerLevelAnswersOldRangesFromCoarserLevels(t *testing.T) {
 				}
 			}
 			check(s, "cold")
+			for _, c := range cases { // whole old hours and days from their pieces: the same as from rows
+				a, err := s.Observations(ctx, c.r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := s.ObservationsWithoutPieces(ctx, c.r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(a, b) {
+					t.Errorf("%s: with pieces %+v\nfrom rows %+v", c.name, a, b)
+				}
+			}
 			check(s, "cold, again") // nothing in the answers is consumed
 			check(c, "cached")
 			check(c, "cached, warm")
