@@ -34,6 +34,7 @@ import (
 func startTracer(t *testing.T, mutate func(*tracer.Config)) *tracer.Tracer {
 	t.Helper()
 	testnet.RequireRoot(t)
+	closeShared() // one deptrace loaded at a time
 	cfg := tracer.DefaultConfig()
 	cfg.SyscallTracepoints = true // the fallback CI's kernel needs for connect failures
 	if mutate != nil {
