@@ -14,7 +14,7 @@ build:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace ./cmd/deptrace
 
 build-bench:
-	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace-bench ./cmd/deptrace-bench
+	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace-bench ./bench/cmd/deptrace-bench
 
 deps:
 	scripts/deps.sh

@@ -13,7 +13,7 @@ import (
 
 	"github.com/cilium/ebpf/ringbuf"
 
-	"github.com/deptrace/deptrace/internal/baseline/perevent"
+	"github.com/deptrace/deptrace/bench/internal/baseline/perevent"
 	"github.com/deptrace/deptrace/tracer"
 )
 

@@ -1,7 +1,7 @@
-// Package bench measures deptrace's own cost: the run time of each kernel
+// Package measure measures deptrace's own cost: the run time of each kernel
 // program per invocation, the agent's CPU, and what tracing does to the
 // throughput of a load.
-package bench
+package measure
 
 import (
 	"bytes"

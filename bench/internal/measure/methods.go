@@ -1,4 +1,4 @@
-package bench
+package measure
 
 import (
 	"fmt"
@@ -6,10 +6,10 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/deptrace/deptrace/internal/baseline/fivetuple"
-	"github.com/deptrace/deptrace/internal/baseline/perevent"
-	"github.com/deptrace/deptrace/internal/baseline/poll"
-	"github.com/deptrace/deptrace/internal/baseline/stream"
+	"github.com/deptrace/deptrace/bench/internal/baseline/fivetuple"
+	"github.com/deptrace/deptrace/bench/internal/baseline/perevent"
+	"github.com/deptrace/deptrace/bench/internal/baseline/poll"
+	"github.com/deptrace/deptrace/bench/internal/baseline/stream"
 	"github.com/deptrace/deptrace/tracer"
 )
 

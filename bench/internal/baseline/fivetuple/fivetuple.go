@@ -1,5 +1,5 @@
 // Package fivetuple is the per-5-tuple baseline of deptrace bench compare:
-// the per-call kernel side (internal/baseline/perevent) aggregating in the
+// the per-call kernel side (bench/internal/baseline/perevent) aggregating in the
 // kernel with the client's ephemeral port in the key, so every connection
 // is an entry of its own, as per-5-tuple tracers do.
 package fivetuple
@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/deptrace/deptrace/internal/baseline/perevent"
+	"github.com/deptrace/deptrace/bench/internal/baseline/perevent"
 	"github.com/deptrace/deptrace/tracer"
 )
 

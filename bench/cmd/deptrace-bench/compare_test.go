@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/deptrace/deptrace/internal/bench"
+	"github.com/deptrace/deptrace/bench/internal/measure"
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
@@ -23,12 +23,12 @@ func TestCompareSmoke(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("compare failed:\n%s", stderr)
 	}
-	rows, err := bench.ReadResults(filepath.Join(out, "results.json"))
+	rows, err := measure.ReadResults(filepath.Join(out, "results.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 3*len(bench.Methods) {
-		t.Fatalf("%d rows, want %d", len(rows), 3*len(bench.Methods))
+	if len(rows) != 3*len(measure.Methods) {
+		t.Fatalf("%d rows, want %d", len(rows), 3*len(measure.Methods))
 	}
 	for _, r := range rows {
 		if r.TrueEdges == 0 || r.Rate < 150 {
@@ -37,7 +37,7 @@ func TestCompareSmoke(t *testing.T) {
 		if r.Workload == "tcp-persistent" && (r.Records == 0 || r.Recall != 1) {
 			t.Errorf("%s on persistent connections: %d records, recall %.2f; every method should see them", r.Method, r.Records, r.Recall)
 		}
-		if r.Method != bench.Polling {
+		if r.Method != measure.Polling {
 			if r.Recall != 1 {
 				t.Errorf("%s %s: recall %.3f (%d of %d edges), want 1", r.Workload, r.Method, r.Recall, r.FoundEdges, r.TrueEdges)
 			}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/deptrace/deptrace/internal/bench"
+	"github.com/deptrace/deptrace/bench/internal/measure"
 	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/loadgen"
@@ -147,7 +147,7 @@ func newBenchServeCmd() *cobra.Command {
 }
 
 func newBenchOverheadCmd() *cobra.Command {
-	cfg := bench.OverheadConfig{}
+	cfg := measure.OverheadConfig{}
 	var workloads string
 	var pairs int
 	var pairPhase time.Duration
@@ -206,23 +206,23 @@ tables for docs/performance.md.`,
 				return err
 			}
 			if workloads != "" {
-				ms, err := bench.Overhead(ctx, cfg, os.Stderr)
+				ms, err := measure.Overhead(ctx, cfg, os.Stderr)
 				if err != nil {
 					return err
 				}
-				bench.WriteMarkdown(os.Stdout, ms, cfg)
+				measure.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				pc := bench.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow}
-				rs, err := bench.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow}
+				rs, err := measure.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
 				if err != nil {
 					return err
 				}
 				fmt.Println()
-				bench.WritePairedMarkdown(os.Stdout, rs, pc)
+				measure.WritePairedMarkdown(os.Stdout, rs, pc)
 				if attribute {
 					fmt.Println()
-					bench.WriteAttributionMarkdown(os.Stdout, rs)
+					measure.WriteAttributionMarkdown(os.Stdout, rs)
 				}
 			}
 			return nil
@@ -241,7 +241,7 @@ tables for docs/performance.md.`,
 }
 
 // pairedLoads are the fixed-rate loads of the whole-machine measurement.
-var pairedLoads = []bench.PairedLoad{
+var pairedLoads = []measure.PairedLoad{
 	{Name: "short-lived TCP", Workload: loadgen.TCPShort, Rate: 5000},
 	{Name: "persistent TCP", Workload: loadgen.TCPPersistent, Rate: 40000},
 	{Name: "UDP, new socket per round trip", Workload: loadgen.UDP, Rate: 5000},
@@ -249,7 +249,7 @@ var pairedLoads = []bench.PairedLoad{
 }
 
 func newBenchCompareCmd() *cobra.Command {
-	cfg := bench.CompareConfig{}
+	cfg := measure.CompareConfig{}
 	var (
 		workloads, methods, rates, peers string
 		out                              string
@@ -274,7 +274,7 @@ results.json and PNG plots go to --out.`,
 			if cfg.Workloads, err = listOf("workloads", workloads, loadgen.Workloads); err != nil {
 				return err
 			}
-			if cfg.Methods, err = listOf("methods", methods, bench.Methods); err != nil {
+			if cfg.Methods, err = listOf("methods", methods, measure.Methods); err != nil {
 				return err
 			}
 			if cfg.Rates, err = floats("rates", rates); err != nil {
@@ -304,28 +304,28 @@ results.json and PNG plots go to --out.`,
 			if err := os.MkdirAll(out, 0o755); err != nil {
 				return fmt.Errorf("create --out %s: %w", out, err)
 			}
-			var partial []bench.Row
-			rows, err := bench.Compare(cmd.Context(), cfg, os.Stderr, func(r bench.Row) {
+			var partial []measure.Row
+			rows, err := measure.Compare(cmd.Context(), cfg, os.Stderr, func(r measure.Row) {
 				partial = append(partial, r)
-				_ = bench.WriteResults(out, partial) // keep what is done if the sweep stops
+				_ = measure.WriteResults(out, partial) // keep what is done if the sweep stops
 			})
 			if err != nil {
 				return err
 			}
-			if err := bench.WriteResults(out, rows); err != nil {
+			if err := measure.WriteResults(out, rows); err != nil {
 				return err
 			}
-			files, err := bench.WritePlots(out, rows)
+			files, err := measure.WritePlots(out, rows)
 			if err != nil {
 				return err
 			}
-			bench.WriteCompareMarkdown(os.Stdout, rows, cfg)
+			measure.WriteCompareMarkdown(os.Stdout, rows, cfg)
 			fmt.Fprintf(os.Stderr, "bench: wrote %s, %s and %d plots\n", filepath.Join(out, "results.csv"), filepath.Join(out, "results.json"), len(files))
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&workloads, "workloads", strings.Join(loadgen.Workloads, ","), "workloads to sweep")
-	cmd.Flags().StringVar(&methods, "methods", strings.Join(bench.Methods, ","), "methods to compare")
+	cmd.Flags().StringVar(&methods, "methods", strings.Join(measure.Methods, ","), "methods to compare")
 	cmd.Flags().StringVar(&rates, "rates", "2500,5000,7500,10000,12500", "target rates per second to sweep")
 	cmd.Flags().StringVar(&peers, "peers", "200,400,600,800,1000", "emulated client hosts for the many-peers sweep (empty: skip it)")
 	cmd.Flags().Float64Var(&cfg.PeersRate, "peers-rate", 5000, "rate of the many-peers sweep")
@@ -378,14 +378,14 @@ func newBenchReportCmd() *cobra.Command {
 		Short: "Print the tables of a finished (or interrupted) bench compare and redraw its plots",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			rows, err := bench.ReadResults(filepath.Join(args[0], "results.json"))
+			rows, err := measure.ReadResults(filepath.Join(args[0], "results.json"))
 			if err != nil {
 				return fmt.Errorf("read results: %w", err)
 			}
-			if _, err := bench.WritePlots(args[0], rows); err != nil {
+			if _, err := measure.WritePlots(args[0], rows); err != nil {
 				return err
 			}
-			bench.WriteCompareMarkdown(os.Stdout, rows, bench.CompareConfig{})
+			measure.WriteCompareMarkdown(os.Stdout, rows, measure.CompareConfig{})
 			return nil
 		},
 	}

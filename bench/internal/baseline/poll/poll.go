@@ -10,7 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/deptrace/deptrace/internal/baseline/sockdiag"
+	"github.com/deptrace/deptrace/bench/internal/baseline/sockdiag"
 	"github.com/deptrace/deptrace/tracer"
 )
 
