@@ -93,17 +93,6 @@ type hookDef struct {
 	copies copyPolicy
 }
 
-// forceTableHarvest makes every kernel take the table harvest (tests).
-var forceTableHarvest bool
-
-// forceConnectHash sends every connect() to the kernel side's connecting
-// hash, which otherwise serves only connects whose slot is taken (tests).
-var forceConnectHash bool
-
-// forceNoCache sends every flow to the flow map, which otherwise serves
-// only flows whose slot in the per-CPU flow cache is taken (tests).
-var forceNoCache bool
-
 // FlowCacheSlots is the kernel side's flow cache, in flows per CPU and
 // interval: what an interval holds beyond the flow map and the spill
 // (bpf/bundler.bpf.c, CACHE_SLOTS; Load checks the two agree).
@@ -116,7 +105,7 @@ const FlowCacheSlots = 64
 // Debian's 7.3 (docs/install.md). The rework that brought it also gave
 // bpf_local_storage_elem its "state" member, by which it is recognised.
 func storageIterUnsafe() string {
-	if forceTableHarvest || kernel.HasMember("bpf_local_storage_elem", "state") {
+	if testHooks.tableHarvest || kernel.HasMember("bpf_local_storage_elem", "state") {
 		return "unsafe on this kernel: its socket-storage map iterator can oops while sockets are freed (Linux 7.0+); harvest_tcp/harvest_udp stand in"
 	}
 	return ""
@@ -263,12 +252,12 @@ func Load(cfg Config) (*Bundler, error) {
 	if err := spec.Variables["rec_task_marks"].Set(boolU32(recTaskMarks())); err != nil {
 		return nil, fmt.Errorf("set rec_task_marks: %w", err)
 	}
-	if forceConnectHash {
+	if testHooks.connectHash {
 		if err := spec.Variables["connect_slots_off"].Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set connect_slots_off: %w", err)
 		}
 	}
-	if forceNoCache {
+	if testHooks.noCache {
 		if err := spec.Variables["cache_off"].Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set cache_off: %w", err)
 		}

@@ -35,8 +35,8 @@ func TestFlowCacheCountsEveryConnection(t *testing.T) {
 // Kernels before 5.13 have no batch operations on per-CPU arrays: the
 // drain reads and frees the cache one slot per call, with the same counts.
 func TestFlowCacheCountsEveryConnectionSlotBySlot(t *testing.T) {
-	forceNoArrayBatch = true
-	defer func() { forceNoArrayBatch = false }()
+	testHooks.noArrayBatch = true
+	defer func() { testHooks.noArrayBatch = false }()
 	flowCacheCountsEveryConnection(t, 7413)
 }
 
@@ -99,8 +99,8 @@ func flowCacheCountsEveryConnection(t *testing.T, port int) {
 // exact counts there too (the path flows take when their slot is taken).
 func TestFlowCacheOffCountsInTheMap(t *testing.T) {
 	const port = 7411
-	forceNoCache = true
-	defer func() { forceNoCache = false }()
+	testHooks.noCache = true
+	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, port)
 	cfg := testConfig()
 	cfg.NetNS = w.client.Inode

@@ -19,8 +19,8 @@ func TestConnectsRememberedInSlotsAndHash(t *testing.T) {
 			name = "hash"
 		}
 		t.Run(name, func(t *testing.T) {
-			forceConnectHash = hash
-			defer func() { forceConnectHash = false }()
+			testHooks.connectHash = hash
+			defer func() { testHooks.connectHash = false }()
 			world := newCommitWorld(t, 7300)
 
 			bu := mustLoad(t, testConfig())

@@ -45,16 +45,13 @@ var copyDeferred = map[string]bundlerStatIndex{
 // copy costs a program run on every call (docs/install.md).
 const recMidCopies = 1
 
-// forceRecMarks makes any kernel take the task marks (tests).
-var forceRecMarks bool
-
 // recTaskMarks says whether the copies decide by task-local marks, where
 // tracepoint programs are preemptible (6.19+: a task can be preempted
 // inside a program, or between two copies, and move to another CPU), or
 // by the first copy's per-CPU flag, exact where a tracepoint call runs its
 // programs with preemption off.
 func recTaskMarks() bool {
-	return forceRecMarks || kernelAtLeast(6, 19)
+	return testHooks.recMarks || kernelAtLeast(6, 19)
 }
 
 // TaskMarks reports whether the kernel side decides by task marks on this

@@ -23,8 +23,8 @@ func TestCopiesCountEachStateChangeOnce(t *testing.T) {
 			want = []string{"on_tcp_state_mid1", "on_tcp_state_last"}
 		}
 		t.Run(name, func(t *testing.T) {
-			forceRecMarks = force
-			defer func() { forceRecMarks = false }()
+			testHooks.recMarks = force
+			defer func() { testHooks.recMarks = false }()
 			world := newCommitWorld(t, 7400)
 			bu := mustLoad(t, testConfig())
 			defer bu.Close()

@@ -408,13 +408,9 @@ func (b *Bundler) entry(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
 	return e
 }
 
-// forceSpill makes the kernel side put every new flow in the spill
-// (spill_only), the path that otherwise only a failed insert takes: tests.
-var forceSpill bool
-
-// setSpillOnly applies forceSpill to spec.
+// setSpillOnly applies testHooks.spill to spec.
 func setSpillOnly(spec *ebpf.CollectionSpec) error {
-	if !forceSpill {
+	if !testHooks.spill {
 		return nil
 	}
 	if err := spec.Variables["spill_only"].Set(uint32(1)); err != nil {
@@ -481,11 +477,6 @@ func (b *Bundler) readSpill(h int) (spillRead, error) {
 	return sp, nil
 }
 
-// forceNoArrayBatch makes the drain read and free the flow cache and the
-// spill one slot per call, as it does on kernels without batch operations
-// on per-CPU arrays (before 5.13; tests).
-var forceNoArrayBatch bool
-
 // errnoENOTSUPP is the kernel's own "not supported" (524), which it returns
 // for a batch operation a map type lacks; user-space headers do not name it.
 const errnoENOTSUPP = unix.Errno(524)
@@ -501,7 +492,7 @@ func batchUnsupported(err error) bool {
 // took n system calls, or a lookup per slot where the kernel has no batch
 // for the map's type.
 func readHalf[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error) {
-	if !forceNoArrayBatch {
+	if !testHooks.noArrayBatch {
 		vals, err := readHalfBatch[V](m, h, n, perSlot)
 		if !batchUnsupported(err) {
 			return vals, err
@@ -548,7 +539,7 @@ func readHalfBatch[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error
 // array map: one batch update, or an update per slot where the kernel has
 // no batch for the map's type.
 func writeSlots[V any](m *ebpf.Map, keys []uint32, vals []V, perSlot int) error {
-	if !forceNoArrayBatch {
+	if !testHooks.noArrayBatch {
 		_, err := m.BatchUpdate(keys, vals, nil)
 		if !batchUnsupported(err) {
 			return err

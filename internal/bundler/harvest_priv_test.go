@@ -12,8 +12,8 @@ import (
 // while it is open, a connected UDP socket's datagrams, and listeners.
 func TestTableHarvestReportsLiveSockets(t *testing.T) {
 	testnet.RequireRoot(t)
-	forceTableHarvest = true
-	defer func() { forceTableHarvest = false }()
+	testHooks.tableHarvest = true
+	defer func() { testHooks.tableHarvest = false }()
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
 

@@ -15,10 +15,10 @@ import (
 // spill_only, which sends every new flow there, and trace only the test's
 // client namespace, so that nothing else on the machine fills the spill.
 
-// forceSpillFor sets forceSpill for the rest of the test.
+// forceSpillFor sets testHooks.spill for the rest of the test.
 func forceSpillFor(t *testing.T) {
-	forceSpill = true
-	t.Cleanup(func() { forceSpill = false })
+	testHooks.spill = true
+	t.Cleanup(func() { testHooks.spill = false })
 }
 
 // spillUsed is the kernel side's count of slots claimed in half h.
@@ -134,8 +134,8 @@ func TestSpillCountsEveryConnection(t *testing.T) {
 // claim one key take two slots) comes out as one entry, summed; the
 // slots are freed by the drain.
 func TestSpillMergesDuplicateKeys(t *testing.T) {
-	forceNoCache = true // the flow in the map, not the cache in front of it
-	defer func() { forceNoCache = false }()
+	testHooks.noCache = true // the flow in the map, not the cache in front of it
+	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, 7401)
 	cfg := testConfig()
 	cfg.NetNS = w.client.Inode
