@@ -64,6 +64,17 @@ package: build
 	VERSION='$(VERSION)' GOARCH='$(GOARCH)' $(GO) tool nfpm package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
 	packaging/tarball.sh $(DIST) '$(VERSION)' '$(GOARCH)'
 
+# $(DIST)/deptrace_$(VERSION)_$(GOARCH).oci.tar: the container image (FROM
+# scratch, the static binary at /usr/bin/deptrace), an OCI image layout that
+# is also a Docker archive: `docker load -i` or `ctr images import` it. Built
+# by packaging/mkimage (standard library only): no daemon, registry or
+# network. docs/operations.md, "Run as a container".
+.PHONY: image
+image: build
+	$(GO) run ./packaging/mkimage -binary deptrace -version '$(VERSION)' -arch '$(GOARCH)' \
+	  -revision "$$(git rev-parse HEAD 2>/dev/null)" -created "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
+	  -out $(DIST)/deptrace_$(VERSION)_$(GOARCH).oci.tar
+
 clean:
 	rm -rf deptrace deptrace-bench $(DIST)
 

@@ -1,0 +1,95 @@
+// Command mkimage writes deptrace's OCI image tarball from the static binary
+// `make build` produced: `make image` runs it. The tarball is both an OCI
+// image layout and a Docker image archive, so `docker load -i` and
+// `ctr images import` both take it; building it needs no daemon, registry or
+// network. See docs/operations.md, "Run as a container".
+package main
+
+import (
+	"bytes"
+	"debug/elf"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/deptrace/deptrace/packaging/ociimage"
+)
+
+func main() {
+	var (
+		img     ociimage.Image
+		binary  = flag.String("binary", "deptrace", "the static deptrace binary")
+		out     = flag.String("out", "", "the image tarball to write (required)")
+		created = flag.String("created", "", "image creation time, Unix seconds (the commit's time; default SOURCE_DATE_EPOCH, else 0)")
+	)
+	flag.StringVar(&img.Name, "name", "deptrace/deptrace", "image repository")
+	flag.StringVar(&img.Version, "version", "", "version (org.opencontainers.image.version; the tag is made from it)")
+	flag.StringVar(&img.Arch, "arch", "", "GOARCH of the binary (the image's architecture)")
+	flag.StringVar(&img.Revision, "revision", "", "source commit (org.opencontainers.image.revision)")
+	flag.StringVar(&img.Source, "source", "https://github.com/deptrace/deptrace", "source repository (org.opencontainers.image.source)")
+	flag.Parse()
+	if err := run(&img, *binary, *out, *created); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(img *ociimage.Image, binary, out, created string) error {
+	if out == "" || img.Version == "" || img.Arch == "" {
+		return fmt.Errorf("-out, -version and -arch are required")
+	}
+	if created == "" {
+		created = os.Getenv("SOURCE_DATE_EPOCH")
+	}
+	if created != "" {
+		sec, err := strconv.ParseInt(created, 10, 64)
+		if err != nil {
+			return fmt.Errorf("invalid -created %q: Unix seconds expected", created)
+		}
+		img.Created = time.Unix(sec, 0)
+	} else {
+		img.Created = time.Unix(0, 0)
+	}
+	b, err := os.ReadFile(binary)
+	if err != nil {
+		return err
+	}
+	// FROM scratch: a dynamically linked binary would find no loader.
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return fmt.Errorf("%s: not an ELF executable: %w", binary, err)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked: build it with CGO_ENABLED=0 (make build)", binary)
+		}
+	}
+	img.Binary = b
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(out), ".image-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := ociimage.Write(tmp, *img); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return err
+	}
+	st, _ := os.Stat(out)
+	fmt.Printf("image: %s (%s, %.1f MB)\n", out, img.Ref(), float64(st.Size())/1e6)
+	return nil
+}
