@@ -34,6 +34,12 @@ type Node struct {
 	Port    uint16 `json:"port"`
 	Proto   string `json:"proto"`
 	Process string `json:"process"`
+	// Identity names the process of a process or service node the way
+	// operators do (systemd unit, container, Kubernetes pod and
+	// workload), as its agent saw it in the range; every field is absent
+	// for a plain host process, an external node, or a store written
+	// without identities.
+	tracer.Identity
 	// Listen queue of a TCP service whose agent reports listener state:
 	// the listen backlog, the deepest accept queue seen in the range, and
 	// connections dropped because the queue was full. Nil otherwise.
@@ -131,12 +137,25 @@ func ExternalID(addr string, port uint16) string {
 // unspecified addresses belong to whichever host observed them.
 type owners map[string]string
 
+// An address several hosts held (a container's address given to
+// another once it was gone) belongs to the one that held it last.
 func newOwners(hosts []store.Host) owners {
 	o := owners{}
+	var seen map[string]time.Time
 	for _, h := range hosts {
-		for _, a := range h.Addrs {
+		for i, a := range h.Addrs {
 			if ip, err := netip.ParseAddr(a); err == nil && !ip.IsLoopback() && !ip.IsUnspecified() && !ip.IsLinkLocalUnicast() {
-				o[a] = h.ID
+				var at time.Time
+				if i < len(h.AddrsSeen) {
+					at = h.AddrsSeen[i]
+				}
+				if _, ok := o[a]; ok && at.Before(seen[a]) {
+					continue
+				}
+				if seen == nil {
+					seen = map[string]time.Time{}
+				}
+				o[a], seen[a] = h.ID, at
 			}
 		}
 	}
@@ -486,4 +505,32 @@ func (b *builder) graph() Graph {
 		g.Edges = append(g.Edges, e)
 	}
 	return g
+}
+
+// Name puts on each process and service node the identity of its
+// process on its host (store.Identities of the graph's range). When one
+// process name on a host was several things in the range (two
+// host-network containers running the same command, a container
+// replaced), the one seen last names it.
+func Name(g *Graph, ids []store.EndIdentity) {
+	if len(ids) == 0 {
+		return
+	}
+	type hc struct{ host, comm string }
+	latest := make(map[hc]*store.EndIdentity, len(ids))
+	for i := range ids {
+		k := hc{ids[i].HostID, ids[i].Comm}
+		if e := latest[k]; e == nil || !ids[i].LastSeen.Before(e.LastSeen) {
+			latest[k] = &ids[i]
+		}
+	}
+	for i := range g.Nodes {
+		n := &g.Nodes[i]
+		if n.Kind == KindExternal || n.Process == "" {
+			continue
+		}
+		if e := latest[hc{n.Host, n.Process}]; e != nil {
+			n.Identity = e.Identity
+		}
+	}
 }

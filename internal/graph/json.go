@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/jsonenc"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // layout is the whitespace of the JSON: indented like encoding/json's
@@ -154,6 +155,7 @@ func (e *jsonEncoder) node(n *Node) {
 	e.uint("port", uint64(n.Port))
 	e.str("proto", n.Proto)
 	e.str("process", n.Process)
+	e.identity(&n.Identity)
 	if l := n.Listener; l != nil {
 		e.key("listener")
 		e.b = append(e.b, '{')
@@ -211,4 +213,19 @@ func (e *jsonEncoder) edge(x *Edge) {
 	e.reasons(x.Reasons)
 	e.b = append(e.b, e.lay.fieldEnd...)
 	e.b = append(e.b, '}')
+}
+
+// identity writes the identity fields that are set, as encoding/json
+// writes an embedded tracer.Identity (omitempty).
+func (e *jsonEncoder) identity(id *tracer.Identity) {
+	for _, f := range [...]struct{ k, v string }{
+		{"unit", id.Unit}, {"container_id", id.ContainerID}, {"container_name", id.ContainerName},
+		{"container_image", id.ContainerImage}, {"container_runtime", id.ContainerRuntime},
+		{"pod_namespace", id.PodNamespace}, {"pod_name", id.PodName}, {"pod_uid", id.PodUID},
+		{"k8s_container", id.K8sContainer}, {"workload", id.Workload},
+	} {
+		if f.v != "" {
+			e.str(f.k, f.v)
+		}
+	}
 }

@@ -22,6 +22,11 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 				{ID: "service:h2/tcp/5432", Kind: KindService, Host: "h2", Addr: "10.0.0.2", Port: 5432, Proto: "tcp", Process: "postgres",
 					Listener: &ListenerState{BacklogLimit: 4096, QueueMax: 129, Drops: 7}, Unhealthy: true, Reasons: []string{"7 connections dropped"}},
 				{ID: "service:h2/unix:/run/a<b>&\"c\\\n", Kind: KindService, Host: "h2", Addr: "/run/é\u2028\xff", Proto: "unix", Process: "ünïcode"},
+				{ID: "process:h3/nginx", Kind: KindProcess, Host: "h3", Process: "nginx", Identity: tracer.Identity{Unit: "nginx.service"}},
+				{ID: "service:h4/tcp/80", Kind: KindService, Host: "h4", Port: 80, Proto: "tcp", Process: "app", Identity: tracer.Identity{
+					ContainerID: "4f1c", ContainerName: "app<\"1\">", ContainerImage: "registry.local/checkout:1.4", ContainerRuntime: "containerd",
+					PodNamespace: "shop", PodName: "checkout-7d4b9c-x2x4k", PodUID: "0e6b", K8sContainer: "app", Workload: "Deployment/checkout"},
+					Listener: &ListenerState{BacklogLimit: 1}},
 				{ID: "external:[2001:db8::1]:443", Kind: KindExternal, Addr: "2001:db8::1", Port: 443, Proto: "tcp", Listener: &ListenerState{}},
 			},
 			Edges: []Edge{

@@ -22,5 +22,11 @@ func Load(ctx context.Context, st *store.Store, r store.Range) (Graph, []store.H
 	if err != nil {
 		return Graph{}, nil, err
 	}
-	return Build(obs, hosts, listeners), hosts, nil
+	ids, err := st.Identities(ctx, r)
+	if err != nil {
+		return Graph{}, nil, err
+	}
+	g := Build(obs, hosts, listeners)
+	Name(&g, ids)
+	return g, hosts, nil
 }

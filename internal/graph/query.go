@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // index gives the adjacency the queries walk.
@@ -38,7 +39,7 @@ func newIndex(g Graph) *index {
 	for _, n := range g.Nodes {
 		if p := ProcessID(n.Host, n.Process); n.Kind == KindService && n.Process != "" {
 			if _, ok := ix.nodes[p]; !ok {
-				ix.nodes[p] = Node{ID: p, Kind: KindProcess, Host: n.Host, Addr: n.Addr, Process: n.Process}
+				ix.nodes[p] = Node{ID: p, Kind: KindProcess, Host: n.Host, Addr: n.Addr, Process: n.Process, Identity: n.Identity}
 			}
 		}
 	}
@@ -71,7 +72,8 @@ func (ix *index) incoming(id string) []Edge {
 
 // Resolve finds what a user means by target: "addr:port" (one service or
 // external endpoint), a unix socket path ("/run/app.sock", "@name"), an address (everything on the host that holds it, or
-// the external endpoint), a host id or name (everything on it), or a
+// the external endpoint), a host id or name (everything on it), a
+// workload, pod, container or systemd unit (see IdentityMatches), or a
 // process name. Except for addr:port, results are entities: a process on a
 // host, with all its services (see ProcessID).
 func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
@@ -122,6 +124,13 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			if h.ID == target || h.Name == target {
 				entities(func(n Node) bool { return n.Host == h.ID })
 			}
+		}
+		if len(ids) == 0 {
+			// What operators call it: a workload, pod, container or unit;
+			// and a process of that exact name too.
+			entities(func(n Node) bool {
+				return n.Kind != KindExternal && (IdentityMatches(n.Identity, target) || n.Process == target)
+			})
 		}
 		if len(ids) == 0 {
 			name, err := MatchProcess(g, target)
@@ -337,4 +346,32 @@ func MatchProcess(g Graph, typed string) (string, error) {
 		return "", fmt.Errorf("%q matches several processes %s: %s; give the full name", typed, step.how, list)
 	}
 	return "", nil
+}
+
+// IdentityMatches reports whether typed names id the way an operator
+// would: its workload ("Deployment/checkout", or its name "checkout";
+// "compose/shop/web" or "web"), its pod ("checkout-7d4b9-x2x4k" or
+// "shop/checkout-7d4b9-x2x4k"), its container's name, its container id
+// (12 characters or more of it), or its systemd unit ("nginx.service"
+// or "nginx").
+func IdentityMatches(id tracer.Identity, typed string) bool {
+	if typed == "" || id.Empty() {
+		return false
+	}
+	if w := id.Workload; w != "" && (w == typed || w[strings.LastIndexByte(w, '/')+1:] == typed) {
+		return true
+	}
+	if id.PodName != "" && (id.PodName == typed || id.PodNamespace+"/"+id.PodName == typed) {
+		return true
+	}
+	if id.ContainerName != "" && id.ContainerName == typed {
+		return true
+	}
+	if len(typed) >= 12 && strings.HasPrefix(id.ContainerID, typed) {
+		return true
+	}
+	if u := id.Unit; u != "" && (u == typed || strings.TrimSuffix(u, ".service") == typed) {
+		return true
+	}
+	return false
 }

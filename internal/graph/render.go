@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // Formats accepted by `deptrace graph --format`.
@@ -38,6 +40,7 @@ func Label(n Node) string {
 		if proc == "" {
 			proc = "?"
 		}
+		proc += Who(n.Identity)
 		if n.Proto == "unix" {
 			return fmt.Sprintf("unix %s %s on %s", n.Addr, proc, n.Host)
 		}
@@ -47,11 +50,28 @@ func Label(n Node) string {
 		if proc == "" {
 			proc = "?"
 		}
+		proc += Who(n.Identity)
 		if n.Addr != "" {
 			return fmt.Sprintf("%s on %s (%s)", proc, n.Host, n.Addr)
 		}
 		return fmt.Sprintf("%s on %s", proc, n.Host)
 	}
+}
+
+// Who is how a label names a process's identity, after the process:
+// " [Deployment/checkout checkout-7d4b9-x2x4k:app]", " [web-1]",
+// " [nginx.service]"; "" for a plain host process.
+func Who(id tracer.Identity) string {
+	name := id.Label()
+	switch {
+	case id.Workload != "" && name != "" && name != id.Workload:
+		return " [" + id.Workload + " " + name + "]"
+	case id.Workload != "":
+		return " [" + id.Workload + "]"
+	case name != "":
+		return " [" + name + "]"
+	}
+	return ""
 }
 
 func endpoint(addr string, port uint16) string {

@@ -166,6 +166,9 @@ func (s *Store) forgetBefore(ctx context.Context, t int64) error {
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM host_addrs WHERE last_seen < ?`), t); err != nil {
 		return fmt.Errorf("delete old host addresses: %w", err)
 	}
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM end_identities WHERE last_seen < ?`), t); err != nil {
+		return fmt.Errorf("delete old identities: %w", err)
+	}
 	return nil
 }
 
@@ -209,7 +212,7 @@ func (s *Store) Oldest(ctx context.Context) (minutes, hours, days time.Time, err
 // storeTables are every table deptrace creates, for Size on PostgreSQL.
 var storeTables = []string{"hosts", "host_addrs", "services", "flow_keys", "flow_minutes", "flow_hours", "flow_days",
 	"listener_minutes", "listener_hours", "listener_days", "retention_state", "applied_batches", "write_log",
-	"write_log_state", "flow_pieces", "piece_state", "piece_todo", "key_pack", "schema_version"}
+	"write_log_state", "flow_pieces", "piece_state", "piece_todo", "key_pack", "end_identities", "schema_version"}
 
 // Size is how many bytes the store takes: on SQLite the pages in use (a
 // file does not shrink when rows are deleted, but its free pages are

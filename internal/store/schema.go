@@ -228,6 +228,31 @@ var migrations = []string{
 	ALTER TABLE retention_state ADD COLUMN days_from BIGINT NOT NULL DEFAULT 0;
 	ALTER TABLE retention_state ADD COLUMN ceiling_size BIGINT NOT NULL DEFAULT 0;
 	UPDATE retention_state SET hours_from = retained_from, days_from = retained_from`,
+
+	// 10: the identity of local ends (identity.go): per host and process,
+	// the systemd unit, container and Kubernetes pod and workload it ran
+	// in, and when. A new table: the flows already stored keep no
+	// identity (nothing knew it), and nothing else changes. host_addrs
+	// keeps the addresses learnt from flows (a local end's address) as
+	// well as those the agent read from the namespace.
+	`CREATE TABLE end_identities (
+		host_id TEXT NOT NULL,
+		comm TEXT NOT NULL,
+		container_id TEXT NOT NULL,
+		unit TEXT NOT NULL,
+		pod_uid TEXT NOT NULL,
+		container_name TEXT NOT NULL,
+		container_image TEXT NOT NULL,
+		container_runtime TEXT NOT NULL,
+		pod_namespace TEXT NOT NULL,
+		pod_name TEXT NOT NULL,
+		k8s_container TEXT NOT NULL,
+		workload TEXT NOT NULL,
+		first_seen BIGINT NOT NULL,
+		last_seen BIGINT NOT NULL,
+		PRIMARY KEY (host_id, comm, container_id, unit, pod_uid)
+	);
+	CREATE INDEX end_identities_last_seen ON end_identities (last_seen)`,
 }
 
 // rollupFrom fills a rollup table from the minute rows.

@@ -51,6 +51,10 @@ type Observation struct {
 	PID        uint32
 	PeerPID    uint32
 	PeerComm   string
+	// Identity names the local end (unit, container, pod, workload).
+	// It is stored per host and process (see Identities), not per flow:
+	// Observations read back leave it empty.
+	tracer.Identity
 	tracer.Counters
 	FirstSeen time.Time
 	LastSeen  time.Time
@@ -64,6 +68,9 @@ type Host struct {
 	NetNS    uint32
 	Addrs    []string
 	LastSeen time.Time
+	// AddrsSeen, read back by Hosts, is when each of Addrs was last
+	// seen there (the same order); ignored by Write.
+	AddrsSeen []time.Time `json:",omitempty"`
 }
 
 // Service is a listening socket: (host, proto, port) and its process.
@@ -281,6 +288,9 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 	if err := s.writeFlows(ctx, tx, b.Observations); err != nil {
 		return err
 	}
+	if err := s.writeEnds(ctx, tx, b.Observations); err != nil {
+		return err
+	}
 	if err := s.writeListeners(ctx, tx, b.Listeners); err != nil {
 		return err
 	}
@@ -295,7 +305,7 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 
 // Hosts returns every known host with its addresses.
 func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT h.id, h.name, h.netns, h.last_seen, COALESCE(a.addr, '')
+	rows, err := s.db.QueryContext(ctx, `SELECT h.id, h.name, h.netns, h.last_seen, COALESCE(a.addr, ''), COALESCE(a.last_seen, 0)
 		FROM hosts h LEFT JOIN host_addrs a ON a.host_id = h.id ORDER BY h.id, a.addr`)
 	if err != nil {
 		return nil, fmt.Errorf("query hosts: %w", err)
@@ -304,20 +314,22 @@ func (s *Store) Hosts(ctx context.Context) ([]Host, error) {
 	var out []Host
 	for rows.Next() {
 		var h Host
-		var netns, last int64
+		var netns, last, addrSeen int64
 		var addr string
-		if err := rows.Scan(&h.ID, &h.Name, &netns, &last, &addr); err != nil {
+		if err := rows.Scan(&h.ID, &h.Name, &netns, &last, &addr, &addrSeen); err != nil {
 			return nil, fmt.Errorf("read host: %w", err)
 		}
 		if n := len(out); n > 0 && out[n-1].ID == h.ID {
 			if addr != "" {
 				out[n-1].Addrs = append(out[n-1].Addrs, addr)
+				out[n-1].AddrsSeen = append(out[n-1].AddrsSeen, fromNs(addrSeen))
 			}
 			continue
 		}
 		h.NetNS, h.LastSeen = uint32(netns), fromNs(last)
 		if addr != "" {
 			h.Addrs = []string{addr}
+			h.AddrsSeen = []time.Time{fromNs(addrSeen)}
 		}
 		out = append(out, h)
 	}
@@ -452,6 +464,9 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM host_addrs WHERE last_seen < ?`), ns(cutoff)); err != nil {
 		return n, fmt.Errorf("delete old host addresses: %w", err)
+	}
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM end_identities WHERE last_seen < ?`), ns(cutoff)); err != nil {
+		return n, fmt.Errorf("delete old identities: %w", err)
 	}
 	return n, nil
 }

@@ -1,0 +1,156 @@
+package store_test
+
+import (
+	"context"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+var (
+	checkoutID = tracer.Identity{ContainerID: "4f1c0ffee0000000000000000000000000000000000000000000000000000001", ContainerName: "app",
+		ContainerImage: "registry.local/checkout:1.4", ContainerRuntime: "containerd", PodNamespace: "shop",
+		PodName: "checkout-7d4b9c-x2x4k", PodUID: "0e6b1c2d-0000-4000-8000-000000000001", K8sContainer: "app", Workload: "Deployment/checkout"}
+	nginxUnit = tracer.Identity{Unit: "nginx.service"}
+)
+
+// identityBatch is fleet's dataset with identities: the client is a
+// Kubernetes pod's container, web's nginx a systemd unit, db a plain
+// process; and a short-lived client namespace whose address nobody read
+// (its host has none) but its flow shows.
+func identityBatch(at time.Time) store.Batch {
+	b := fleet(at)
+	b.Observations[0].Identity = checkoutID
+	b.Observations[1].Identity = nginxUnit
+	b.Observations[2].Identity = nginxUnit
+	b.Hosts = append(b.Hosts, store.Host{ID: "job", Name: "job", NetNS: 4, LastSeen: at})
+	b.Observations = append(b.Observations, obs("job", "outbound", "198.51.100.9", "198.51.100.2", 80, "wget", at, 1, 10),
+		obs("web", "inbound", "198.51.100.2", "198.51.100.9", 80, "nginx", at, 1, 90))
+	b.Observations[5].Identity = tracer.Identity{ContainerID: "0b5e", ContainerName: "oneshot", ContainerImage: "busybox", ContainerRuntime: "docker"}
+	b.Observations[6].Identity = nginxUnit
+	return b
+}
+
+// Identities are written per host and process on ingest and read back
+// for the range they were seen in; local addresses are learnt from the
+// flows, for the hosts that had none.
+func TestIdentitiesRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			if err := s.Write(ctx, identityBatch(t0)); err != nil {
+				t.Fatal(err)
+			}
+			later := t0.Add(10 * time.Minute)
+			moved := checkoutID
+			moved.ContainerName = "app-renamed"
+			if err := s.Write(ctx, store.Batch{Hosts: []store.Host{{ID: "client", Name: "client", NetNS: 1, LastSeen: later}},
+				Observations: []store.Observation{func() store.Observation {
+					o := obs("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", later, 1, 1)
+					o.Identity = moved
+					return o
+				}()}}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Identities(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []store.EndIdentity{
+				{HostID: "client", Comm: "curl", Identity: moved, FirstSeen: t0, LastSeen: later.Add(time.Second)},
+				{HostID: "job", Comm: "wget", Identity: identityBatch(t0).Observations[5].Identity, FirstSeen: t0, LastSeen: t0.Add(time.Second)},
+				{HostID: "web", Comm: "nginx", Identity: nginxUnit, FirstSeen: t0, LastSeen: t0.Add(time.Second)},
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("identities:\n got %+v\nwant %+v", got, want)
+			}
+			// A range after the first write sees only what was seen in it.
+			got, err = s.Identities(ctx, store.Range{Since: t0.Add(5 * time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].Comm != "curl" || got[0].ContainerName != "app-renamed" {
+				t.Errorf("identities since t0+5m: %+v", got)
+			}
+			hosts, err := s.Hosts(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(hosts, func(h store.Host) bool { return h.ID == "job" })
+			if i < 0 || !reflect.DeepEqual(hosts[i].Addrs, []string{"198.51.100.9"}) {
+				t.Fatalf("the job host's addresses learnt from its flow: %+v", hosts)
+			}
+			// Observations read back carry no identity (it is per end).
+			os, err := s.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range os {
+				if !o.Identity.Empty() {
+					t.Errorf("observation carries an identity: %+v", o)
+				}
+			}
+			// Retention forgets identities with the rest.
+			if _, err := s.Retain(ctx, t0.Add(48*time.Hour), store.DefaultBucket); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.Identities(ctx, store.Range{}); err != nil || len(got) != 0 {
+				t.Errorf("after retention: %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// A store of schema 9 (before identities) opens, migrates and keeps its
+// flows; identities written after the upgrade are read back.
+func TestUpgradeToIdentities(t *testing.T) {
+	ctx := context.Background()
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := quiet(t, spec)
+			if err := s.Write(ctx, fleet(t0)); err != nil {
+				t.Fatal(err)
+			}
+			want, err := s.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range []string{`DROP TABLE end_identities`, `DELETE FROM schema_version WHERE version >= 10`} {
+				if _, err := s.DB().ExecContext(ctx, q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			if v, err := s.Version(ctx); err != nil || v != 9 {
+				t.Fatalf("made schema %d (%v), want 9", v, err)
+			}
+			s.Close()
+
+			u := quiet(t, spec)
+			if v, err := u.Version(ctx); err != nil || v != store.SchemaVersion || v < 10 {
+				t.Fatalf("after upgrade: schema %d (%v), want %d", v, err, store.SchemaVersion)
+			}
+			got, err := u.Observations(ctx, store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("after the upgrade %d flows, before %d, or different counters", len(got), len(want))
+			}
+			if ids, err := u.Identities(ctx, store.Range{}); err != nil || len(ids) != 0 {
+				t.Errorf("identities of flows stored before the upgrade: %+v, %v", ids, err)
+			}
+			if err := u.Write(ctx, identityBatch(t0.Add(time.Hour))); err != nil {
+				t.Fatal(err)
+			}
+			ids, err := u.Identities(ctx, store.Range{})
+			if err != nil || len(ids) != 3 || ids[0].Workload != "Deployment/checkout" {
+				t.Errorf("identities written after the upgrade: %+v, %v", ids, err)
+			}
+		})
+	}
+}
