@@ -23,6 +23,8 @@ type depKey struct {
 	client    string // inbound with Options.ClientAddr only
 	port      string // "" for unix
 	proto     string
+	// workload and container: with Options.Identity only (see identityOf).
+	workload, container string
 }
 
 type depSeries struct {
@@ -90,6 +92,12 @@ type depCollector struct {
 	listeners map[listenerKey]*listenerSeries
 	nDropped  uint64
 	nExpired  uint64
+	// idValues are the distinct (workload, container) label pairs held,
+	// and when each was last used; nCapped counts flows labelled
+	// OtherIdentity because MaxIdentityValues was reached.
+	idValues map[[2]string]time.Time
+	nCapped  uint64
+	capped   *prometheus.Desc
 }
 
 func newDepCollector(o Options) *depCollector {
@@ -99,6 +107,7 @@ func newDepCollector(o Options) *depCollector {
 		causeDesc: map[string]*prometheus.Desc{},
 		deps:      map[depKey]*depSeries{},
 		listeners: map[listenerKey]*listenerSeries{},
+		idValues:  map[[2]string]time.Time{},
 	}
 	for _, dir := range []string{tracer.Outbound, tracer.Inbound} {
 		labels := c.labelNames(dir)
@@ -117,27 +126,69 @@ func newDepCollector(o Options) *depCollector {
 	c.series = prometheus.NewDesc("deptrace_metrics_series", "Dependency and listener series held (each is several metrics).", nil, nil)
 	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Series not created because the series limit was reached.", nil, nil)
 	c.expired = prometheus.NewDesc("deptrace_metrics_series_expired_total", "Series dropped after being idle longer than the TTL (--metrics-ttl).", nil, nil)
+	c.capped = prometheus.NewDesc("deptrace_metrics_identity_capped_total", "Flows labelled workload=\""+OtherIdentity+"\" because the cap on distinct workload and container values was reached.", nil, nil)
 	return c
 }
 
+// OtherIdentity is the workload and container label of a flow whose
+// identity would have exceeded Options.MaxIdentityValues.
+const OtherIdentity = "_other"
+
+// identityOf gives the workload and container labels of a flow: the
+// workload ("Deployment/checkout", "compose/shop/web") and the
+// container's name within its pod (Kubernetes) or its runtime name;
+// never an id, a pod name or an image. Past MaxIdentityValues distinct
+// pairs, new ones are OtherIdentity. c.mu is held.
+func (c *depCollector) identityOf(id tracer.Identity, now time.Time) (workload, container string) {
+	if id.Empty() {
+		return "", ""
+	}
+	container = id.K8sContainer
+	if id.PodName == "" {
+		container = id.ContainerName
+	}
+	v := [2]string{utf8(id.Workload), utf8(container)}
+	if v == ([2]string{}) {
+		return "", "" // a systemd unit only: the process names it
+	}
+	if _, ok := c.idValues[v]; !ok && len(c.idValues) >= c.opt.MaxIdentityValues {
+		c.nCapped++
+		return OtherIdentity, OtherIdentity
+	}
+	c.idValues[v] = now
+	return v[0], v[1]
+}
+
 func (c *depCollector) labelNames(dir string) []string {
-	if dir == tracer.Outbound {
-		return []string{"host", "process", "remote", "port", "proto"}
+	var l []string
+	switch {
+	case dir == tracer.Outbound:
+		l = []string{"host", "process", "remote", "port", "proto"}
+	case c.opt.ClientAddr:
+		l = []string{"host", "process", "port", "proto", "client"}
+	default:
+		l = []string{"host", "process", "port", "proto"}
 	}
-	if c.opt.ClientAddr {
-		return []string{"host", "process", "port", "proto", "client"}
+	if c.opt.Identity {
+		l = append(l, "workload", "container")
 	}
-	return []string{"host", "process", "port", "proto"}
+	return l
 }
 
 func (c *depCollector) labelValues(k depKey) []string {
-	if k.direction == tracer.Outbound {
-		return []string{k.host, k.process, k.remote, k.port, k.proto}
+	var v []string
+	switch {
+	case k.direction == tracer.Outbound:
+		v = []string{k.host, k.process, k.remote, k.port, k.proto}
+	case c.opt.ClientAddr:
+		v = []string{k.host, k.process, k.port, k.proto, k.client}
+	default:
+		v = []string{k.host, k.process, k.port, k.proto}
 	}
-	if c.opt.ClientAddr {
-		return []string{k.host, k.process, k.port, k.proto, k.client}
+	if c.opt.Identity {
+		v = append(v, k.workload, k.container)
 	}
-	return []string{k.host, k.process, k.port, k.proto}
+	return v
 }
 
 // keyOf maps a flow to its series.
@@ -165,6 +216,9 @@ func (c *depCollector) addFlows(flows []tracer.Flow, host func(uint32) string) {
 			continue
 		}
 		k := c.keyOf(f, host(f.NetNS))
+		if c.opt.Identity {
+			k.workload, k.container = c.identityOf(f.Identity, now)
+		}
 		s := c.deps[k]
 		if s == nil {
 			if c.full() {
@@ -216,6 +270,11 @@ func (c *depCollector) expire(now time.Time) {
 			c.nExpired++
 		}
 	}
+	for v, seen := range c.idValues {
+		if now.Sub(seen) > c.opt.TTL {
+			delete(c.idValues, v)
+		}
+	}
 }
 
 // Describe implements prometheus.Collector.
@@ -228,7 +287,7 @@ func (c *depCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.causeDesc {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.latency, c.lDrops, c.lQueue, c.lLimit, c.series, c.dropped, c.expired} {
+	for _, d := range []*prometheus.Desc{c.latency, c.lDrops, c.lQueue, c.lLimit, c.series, c.dropped, c.expired, c.capped} {
 		ch <- d
 	}
 }
@@ -270,6 +329,7 @@ func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.series, prometheus.GaugeValue, float64(len(c.deps)+len(c.listeners)))
 	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(c.nDropped))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(c.nExpired))
+	ch <- prometheus.MustNewConstMetric(c.capped, prometheus.CounterValue, float64(c.nCapped))
 }
 
 // utf8 keeps a label value valid: command names and socket paths are

@@ -34,7 +34,10 @@ const (
 	DefaultListen    = "127.0.0.1:9477"
 	DefaultTTL       = 10 * time.Minute
 	DefaultMaxSeries = 100000
-	MinTTL           = time.Second
+	// DefaultMaxIdentityValues bounds the distinct (workload,
+	// container) label pairs with Options.Identity.
+	DefaultMaxIdentityValues = 1000
+	MinTTL                   = time.Second
 )
 
 // Options configure Metrics. The zero value is usable: defaults apply.
@@ -47,6 +50,14 @@ type Options struct {
 	// MaxSeries bounds the dependency and listener series held; past it
 	// new series are dropped and counted (default 100000).
 	MaxSeries int
+	// Identity adds workload and container labels to the dependency
+	// series (the local end's workload, and its container's name: never
+	// an id). Off by default: it changes every series' labels, and
+	// one-off containers' names churn; MaxIdentityValues bounds the
+	// distinct pairs held (default 1000), past which new ones read
+	// OtherIdentity.
+	Identity          bool
+	MaxIdentityValues int
 	// FlowMapSize is the kernel flow map's capacity, exported so that
 	// flows per drain can be read as a fill ratio.
 	FlowMapSize uint32
@@ -109,6 +120,9 @@ func New(o Options) *Metrics {
 	}
 	if o.MaxSeries <= 0 {
 		o.MaxSeries = DefaultMaxSeries
+	}
+	if o.MaxIdentityValues <= 0 {
+		o.MaxIdentityValues = DefaultMaxIdentityValues
 	}
 	if o.Now == nil {
 		o.Now = time.Now
