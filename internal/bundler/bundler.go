@@ -3,6 +3,7 @@ package bundler
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -205,10 +206,18 @@ func (e *RequiredHookError) Error() string {
 	return fmt.Sprintf("required hook %s is unavailable: %s", e.Hook.Hook, e.Hook.Reason)
 }
 
+// sharedObjects is what bpf2go generates for the shared collection: every
+// map and variable of the object, by its C name.
+type sharedObjects struct {
+	bundlerMaps
+	bundlerVariables
+}
+
 // Bundler owns the kernel objects. It is not safe for concurrent use.
 type Bundler struct {
 	cfg      Config
 	shared   *ebpf.Collection // maps only
+	objs     sharedObjects    // shared's maps and variables, typed
 	flows    *ebpf.Map        // outer array: slot 0 holds the active map
 	inner    [2]*ebpf.Map
 	active   int
@@ -246,30 +255,34 @@ func Load(cfg Config) (*Bundler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse bundler object: %w", err)
 	}
-	if err := spec.Variables["target_netns"].Set(cfg.NetNS); err != nil {
+	var specs bundlerSpecs
+	if err := spec.Assign(&specs); err != nil {
+		return nil, fmt.Errorf("parse bundler object: %w", err)
+	}
+	if err := specs.TargetNetns.Set(cfg.NetNS); err != nil {
 		return nil, fmt.Errorf("set target_netns: %w", err)
 	}
-	if err := spec.Variables["rec_task_marks"].Set(boolU32(recTaskMarks())); err != nil {
+	if err := specs.RecTaskMarks.Set(boolU32(recTaskMarks())); err != nil {
 		return nil, fmt.Errorf("set rec_task_marks: %w", err)
 	}
 	if testHooks.connectHash {
-		if err := spec.Variables["connect_slots_off"].Set(uint32(1)); err != nil {
+		if err := specs.ConnectSlotsOff.Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set connect_slots_off: %w", err)
 		}
 	}
 	if testHooks.noCache {
-		if err := spec.Variables["cache_off"].Set(uint32(1)); err != nil {
+		if err := specs.CacheOff.Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set cache_off: %w", err)
 		}
 	}
-	if got := spec.Maps["flow_cache"].MaxEntries; got != 2*FlowCacheSlots {
+	if got := specs.FlowCache.MaxEntries; got != 2*FlowCacheSlots {
 		return nil, fmt.Errorf("flow cache: the object has %d slots, FlowCacheSlots says %d per half", got, FlowCacheSlots)
 	}
-	if err := setSpillOnly(spec); err != nil {
+	if err := setSpillOnly(&specs); err != nil {
 		return nil, err
 	}
-	spec.Maps["ports"].MaxEntries = cfg.PortMapSize
-	innerSpec := spec.Maps["flows"].InnerMap
+	specs.Ports.MaxEntries = cfg.PortMapSize
+	innerSpec := specs.Flows.InnerMap
 	innerSpec.MaxEntries = cfg.FlowMapSize
 
 	ncpu, err := ebpf.PossibleCPU()
@@ -290,7 +303,7 @@ func Load(cfg Config) (*Bundler, error) {
 		var found bool
 		old, found, err = loadPinned(cfg.PinPath)
 		if found && err == nil {
-			if why := old.compatible(spec, cfg); why != "" {
+			if why := old.compatible(spec, specs.Flows, cfg); why != "" {
 				b.adopt.Replaced = why
 				b.adopt.Salvaged, b.adopt.Unreadable = old.salvage(ncpu)
 				if err := removePinned(cfg.PinPath, old); err != nil {
@@ -336,7 +349,15 @@ func Load(cfg Config) (*Bundler, error) {
 			}
 		}
 	}
-	b.flows = b.shared.Maps["flows"]
+	// The typed view of shared: shared keeps ownership (Release closes it,
+	// pinning finds its maps by name), so the view is assigned from a copy
+	// of its indexes, which Assign empties.
+	view := &ebpf.Collection{Maps: maps.Clone(b.shared.Maps), Variables: maps.Clone(b.shared.Variables)}
+	if err := view.Assign(&b.objs); err != nil {
+		b.Release()
+		return nil, fmt.Errorf("create maps: %w", err)
+	}
+	b.flows = b.objs.Flows
 	if old != nil {
 		if err := b.findActive(); err != nil {
 			b.Release()
@@ -466,7 +487,7 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 	case kindTracepoint, kindFexit:
 		if def.program == "on_unix_dgram_send_fexit" && b.HookActive("on_send") {
 			// Only the datagrams sent to a path: sock_send_length counts the rest.
-			if err := b.shared.Variables["send_tracepoint_on"].Set(uint32(1)); err != nil {
+			if err := b.objs.SendTracepointOn.Set(uint32(1)); err != nil {
 				return fmt.Sprintf("set send_tracepoint_on: %v", err), ""
 			}
 		}
@@ -511,7 +532,7 @@ func (b *Bundler) loadAndAttach(spec *ebpf.CollectionSpec, def hookDef, cgroupRo
 		}
 		b.iters[def.program] = it
 	case kindStorageIter:
-		it, err := link.AttachIter(link.IterOptions{Program: prog, Map: b.shared.Maps["socks"]})
+		it, err := link.AttachIter(link.IterOptions{Program: prog, Map: b.objs.Socks})
 		if err != nil {
 			return fmt.Sprintf("attach: %v", err), ""
 		}
@@ -584,7 +605,7 @@ var connectFexitBits = map[string]uint32{
 }
 
 func (b *Bundler) markConnectFexit(bit uint32) error {
-	v := b.shared.Variables["connect_fexits"]
+	v := b.objs.ConnectFexits
 	var cur uint32
 	if err := v.Get(&cur); err != nil {
 		return fmt.Errorf("read connect_fexits: %w", err)
@@ -656,6 +677,7 @@ func (b *Bundler) Release() {
 	if b.shared != nil {
 		b.shared.Close()
 		b.shared = nil
+		b.objs = sharedObjects{}
 	}
 	if b.lock != nil {
 		b.lock.Close()

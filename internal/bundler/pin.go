@@ -240,7 +240,7 @@ func loadPinned(path string) (p *pinnedSide, ok bool, err error) {
 }
 
 // compatible reports why the pinned side cannot be adopted, or "".
-func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, cfg Config) string {
+func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, flows *ebpf.MapSpec, cfg Config) string {
 	if h := objectHash(cfg); string(p.hash) != string(h[:]) {
 		return "it was loaded by another deptrace build or with other --netns or map sizes (another --flow-map-size?)"
 	}
@@ -257,7 +257,7 @@ func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, cfg Config) string {
 			return fmt.Sprintf("map %s differs: %v", name, err)
 		}
 	}
-	inner := spec.Maps["flows"].InnerMap.Copy()
+	inner := flows.InnerMap.Copy()
 	inner.MaxEntries = cfg.FlowMapSize
 	for _, m := range p.inner {
 		if m == nil {
@@ -382,7 +382,7 @@ func (b *Bundler) loadDrainState() error {
 // half when it is read. What they spilled there comes with that interval.
 func (b *Bundler) alignSpillHalf() error {
 	var half uint32
-	if err := b.shared.Maps["spill_half"].Lookup(uint32(0), &half); err != nil {
+	if err := b.objs.SpillHalf.Lookup(uint32(0), &half); err != nil {
 		return fmt.Errorf("read the adopted flow spill's half: %w", err)
 	}
 	if int(half) == b.active {

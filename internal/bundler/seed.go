@@ -63,7 +63,7 @@ func (b *Bundler) Seed() (SeedReport, error) {
 		}
 	}
 	owners := socketOwners(inodes)
-	ports := b.shared.Maps["ports"]
+	ports := b.objs.Ports
 	for k, n := range counts {
 		var v bundlerPortValue
 		_ = ports.Lookup(&k, &v) // keep the process a tracepoint recorded

@@ -25,7 +25,7 @@ func forceSpillFor(t *testing.T) {
 func spillUsed(t *testing.T, b *Bundler, h int) uint64 {
 	t.Helper()
 	var used uint64
-	if err := b.shared.Maps["spill_used"].Lookup(uint32(h), &used); err != nil {
+	if err := b.objs.SpillUsed.Lookup(uint32(h), &used); err != nil {
 		t.Fatal(err)
 	}
 	return used
@@ -163,7 +163,7 @@ func TestSpillMergesDuplicateKeys(t *testing.T) {
 
 	h := bu.active
 	base := uint32(h) * bu.spillSlots()
-	spill := bu.shared.Maps["spill"]
+	spill := bu.objs.Spill
 	for i, s := range []struct {
 		key   bundlerFlowKey
 		conns uint64
@@ -174,7 +174,7 @@ func TestSpillMergesDuplicateKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := bu.shared.Maps["spill_used"].Put(uint32(h), uint64(4)); err != nil {
+	if err := bu.objs.SpillUsed.Put(uint32(h), uint64(4)); err != nil {
 		t.Fatal(err)
 	}
 

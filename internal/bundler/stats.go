@@ -33,7 +33,7 @@ type ProgramStats struct {
 // Stats reads the loss counters and every program's statistics.
 func (b *Bundler) Stats() (Stats, error) {
 	var s Stats
-	m := b.shared.Maps["stats"]
+	m := b.objs.Stats
 	vals := make([]uint64, b.ncpu)
 	for _, c := range []struct {
 		idx bundlerStatIndex
@@ -135,7 +135,7 @@ func (b *Bundler) Ports() ([]Port, error) {
 	var out []Port
 	var k bundlerPortKey
 	var v bundlerPortValue
-	it := b.shared.Maps["ports"].Iterate()
+	it := b.objs.Ports.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, Port{NetNS: k.Netns, Proto: k.Proto, Port: k.Port, Refs: v.Refs, PID: v.Pid, Comm: commString(v.Comm)})
 	}

@@ -1,0 +1,181 @@
+// What the drain reads, decoded: Entry and its Counts from the flow map's
+// per-CPU values and the spill's slots, unix paths from their hashes.
+
+package bundler
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+)
+
+// Counts are one flow's counters, CPUs summed (see struct flow_value).
+type Counts struct {
+	Connections       uint64
+	FailedConnections uint64
+	FailedRefused     uint64
+	FailedTimeout     uint64
+	FailedReset       uint64
+	FailedUnreachable uint64
+	BytesSent         uint64
+	BytesReceived     uint64
+	DatagramsSent     uint64
+	DatagramsReceived uint64
+	LatencyCount      uint64
+	LatencySumUs      uint64
+	LatencyMaxUs      uint64
+	ResetsSent        uint64
+	ResetsReceived    uint64
+	Retransmits       uint64
+}
+
+// Entry is one bundled flow drained from the kernel.
+type Entry struct {
+	NetNS         uint32
+	Proto         uint8
+	Direction     uint8
+	Port          uint16
+	Local, Remote netip.Addr // IPv4 unmapped
+	Counts
+	FirstSeenBootNs uint64 // CLOCK_BOOTTIME
+	LastSeenBootNs  uint64
+	PID             uint32
+	Comm            string
+	CgroupID        uint64
+	// Unix flows: the server's socket path ("@name" for an abstract one)
+	// and the process at the other end, when known.
+	Path     string
+	PeerPID  uint32
+	PeerComm string
+}
+
+// ProtoUnix is Entry.Proto of unix-domain flows.
+const ProtoUnix = uint8(bundlerFlowProtoPROTO_UNIX)
+
+// decode turns raw entries into Entries: the map's, in order, each with
+// the spilled values of its key summed in, then the keys only the spill
+// holds (one entry per key, however many slots it took).
+func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spillRead) []Entry {
+	spilled := make(map[bundlerFlowKey][]bundlerFlowValue, len(sp.keys))
+	var spillOnly []bundlerFlowKey
+	for i, k := range sp.keys {
+		if _, ok := spilled[k]; !ok {
+			spillOnly = append(spillOnly, k)
+		}
+		spilled[k] = append(spilled[k], sp.vals[i])
+	}
+	out := make([]Entry, 0, len(keys)+len(spillOnly))
+	for i, k := range keys {
+		cpus := vals[i*b.ncpu : (i+1)*b.ncpu]
+		if s, ok := spilled[k]; ok {
+			cpus = append(append([]bundlerFlowValue(nil), cpus...), s...)
+			delete(spilled, k)
+		}
+		out = append(out, b.entry(k, cpus))
+	}
+	for _, k := range spillOnly {
+		if s, ok := spilled[k]; ok {
+			out = append(out, b.entry(k, s))
+		}
+	}
+	return out
+}
+
+// entry is one flow's Entry from its values (CPUs and spill slots).
+func (b *Bundler) entry(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
+	e := merge(k, vals)
+	if k.Proto == ProtoUnix {
+		e.Path = b.unixPath(binary.NativeEndian.Uint64(k.RemoteAddr[:8]))
+		e.Local, e.Remote = netip.Addr{}, netip.Addr{}
+	}
+	return e
+}
+
+// merge sums one flow's per-CPU slots. The process is taken from the slot
+// that saw it last.
+func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
+	e := Entry{
+		NetNS:     k.Netns,
+		Proto:     k.Proto,
+		Direction: k.Direction,
+		Port:      k.Port,
+		Local:     netip.AddrFrom16(k.LocalAddr).Unmap(),
+		Remote:    netip.AddrFrom16(k.RemoteAddr).Unmap(),
+	}
+	var procSeen uint64
+	for _, v := range cpus {
+		c := &e.Counts
+		c.Connections += v.Connections
+		c.FailedConnections += v.FailedConnections
+		c.FailedRefused += v.FailedRefused
+		c.FailedTimeout += v.FailedTimeout
+		c.FailedReset += v.FailedReset
+		c.FailedUnreachable += v.FailedUnreachable
+		c.BytesSent += v.BytesSent
+		c.BytesReceived += v.BytesReceived
+		c.DatagramsSent += v.DatagramsSent
+		c.DatagramsReceived += v.DatagramsReceived
+		c.LatencyCount += v.LatencyCount
+		c.LatencySumUs += v.LatencySumUs
+		c.LatencyMaxUs = max(c.LatencyMaxUs, v.LatencyMaxUs)
+		c.ResetsSent += v.ResetsSent
+		c.ResetsReceived += v.ResetsReceived
+		c.Retransmits += v.Retransmits
+		if v.FirstSeenNs != 0 && (e.FirstSeenBootNs == 0 || v.FirstSeenNs < e.FirstSeenBootNs) {
+			e.FirstSeenBootNs = v.FirstSeenNs
+		}
+		if v.LastSeenNs > e.LastSeenBootNs {
+			e.LastSeenBootNs = v.LastSeenNs
+		}
+		if v.Pid != 0 && v.LastSeenNs >= procSeen {
+			procSeen = v.LastSeenNs
+			e.PID = v.Pid
+			e.Comm = commString(v.Comm)
+			e.CgroupID = v.CgroupId
+			if v.PeerPid != 0 {
+				e.PeerPID, e.PeerComm = v.PeerPid, commString(v.PeerComm)
+			}
+		}
+	}
+	return e
+}
+
+// unixPath resolves a path hash from the kernel's table, remembering
+// every answer: a path never changes its hash.
+func (b *Bundler) unixPath(h uint64) string {
+	if p, ok := b.drain.paths[h]; ok {
+		return p
+	}
+	var v bundlerUnixPath
+	if err := b.objs.UnixPaths.Lookup(h, &v); err != nil {
+		return fmt.Sprintf("unix:%016x", h) // evicted before the drain: still one stable name
+	}
+	n := min(int(v.Len), len(v.Path))
+	raw := make([]byte, n)
+	for i := range raw {
+		raw[i] = byte(v.Path[i])
+	}
+	p := string(raw)
+	if n > 0 && raw[0] == 0 {
+		p = "@" + string(raw[1:]) // abstract name, as ss shows it
+	} else if i := bytes.IndexByte(raw, 0); i >= 0 {
+		p = string(raw[:i])
+	}
+	if len(b.drain.paths) > 1<<16 {
+		clear(b.drain.paths)
+	}
+	b.drain.paths[h] = p
+	return p
+}
+
+func commString(c [16]int8) string {
+	b := make([]byte, 0, len(c))
+	for _, ch := range c {
+		if ch == 0 {
+			break
+		}
+		b = append(b, byte(ch))
+	}
+	return string(b)
+}

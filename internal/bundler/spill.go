@@ -1,0 +1,106 @@
+// The spill: flows whose insert into the flow map failed, in one half per
+// inner map, read with that map and freed where it is reset.
+
+package bundler
+
+import "fmt"
+
+// setSpillOnly applies testHooks.spill to spec.
+func setSpillOnly(specs *bundlerSpecs) error {
+	if !testHooks.spill {
+		return nil
+	}
+	if err := specs.SpillOnly.Set(uint32(1)); err != nil {
+		return fmt.Errorf("set spill_only: %w", err)
+	}
+	return nil
+}
+
+// spillRead is what a spill half and the same half of every CPU's flow
+// cache held: the claimed slots, and the key and value of every one that
+// was ready.
+type spillRead struct {
+	used       uint64 // spill slots claimed, as the kernel side counted them
+	complete   bool   // every slot of the spill half was read
+	slots      []uint32
+	cacheSlots []uint32             // flow cache slots claimed on at least one CPU
+	cacheCPUs  [][]bundlerSpillSlot // each one's slot on every CPU, as read
+	keys       []bundlerFlowKey
+	vals       []bundlerFlowValue
+}
+
+// spillSlots is the slots of one spill half.
+func (b *Bundler) spillSlots() uint32 { return b.objs.Spill.MaxEntries() / 2 }
+
+// setSpillHalf makes programs spill into half h from now on.
+func (b *Bundler) setSpillHalf(h int) error {
+	if err := b.objs.SpillHalf.Put(uint32(0), uint32(h)); err != nil {
+		return fmt.Errorf("switch the flow spill to half %d: %w", h, err)
+	}
+	return nil
+}
+
+// readSpill reads spill half h, which no program writes any more (see
+// Collect). A half no slot of which was claimed is not read.
+func (b *Bundler) readSpill(h int) (spillRead, error) {
+	var sp spillRead
+	if err := b.readCache(h, &sp); err != nil {
+		return sp, err
+	}
+	if err := b.objs.SpillUsed.Lookup(uint32(h), &sp.used); err != nil {
+		return sp, fmt.Errorf("read the flow spill's use: %w", err)
+	}
+	if sp.used == 0 {
+		sp.complete = true
+		return sp, nil
+	}
+	n := b.spillSlots()
+	slots, err := readHalf[bundlerSpillSlot](b.objs.Spill, h, n, 1)
+	if err != nil {
+		return sp, fmt.Errorf("read the flow spill: %w", err)
+	}
+	for j, s := range slots {
+		i := uint32(h)*n + uint32(j)
+		if s.State == uint32(bundlerSpillStateSPILL_FREE) {
+			continue
+		}
+		sp.slots = append(sp.slots, i)
+		if s.State == uint32(bundlerSpillStateSPILL_READY) {
+			sp.keys = append(sp.keys, s.Key)
+			sp.vals = append(sp.vals, bundlerFlowValue(s.Value))
+		}
+	}
+	sp.complete = true
+	return sp, nil
+}
+
+// freeSpill frees the slots of spill half h that sp read, then, if it
+// read them all, the half's use count: a process killed in between leaves
+// a count and no slot, which costs the next drain of the half one
+// needless read. (An unpinned side frees what a failed read got, as it
+// resets what it read of the map; the rest stays counted as used and is
+// read with the half's next drain.)
+func (b *Bundler) freeSpill(h int, sp spillRead) error {
+	if len(sp.cacheSlots) > 0 {
+		next := make([]bundlerSpillSlot, 0, len(sp.cacheSlots)*b.ncpu)
+		for _, cpus := range sp.cacheCPUs {
+			next = append(next, cacheReset(cpus)...)
+		}
+		if err := writeSlots(b.objs.FlowCache, sp.cacheSlots, next, b.ncpu); err != nil {
+			return fmt.Errorf("free the flow cache: %w", err)
+		}
+	}
+	if len(sp.slots) > 0 {
+		zero := make([]bundlerSpillSlot, len(sp.slots))
+		if err := writeSlots(b.objs.Spill, sp.slots, zero, 1); err != nil {
+			return fmt.Errorf("free the flow spill: %w", err)
+		}
+	}
+	if sp.used == 0 || !sp.complete {
+		return nil
+	}
+	if err := b.objs.SpillUsed.Put(uint32(h), uint64(0)); err != nil {
+		return fmt.Errorf("reset the flow spill's use: %w", err)
+	}
+	return nil
+}
