@@ -207,7 +207,7 @@ func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f.target == "" {
-		s.fail(w, r, badParam("missing target: allowed a host (id or name), an address, address:port or a process name"))
+		s.fail(w, r, badParam("missing target: allowed a host (id or name), an address, address:port, a workload, pod, container or unit, or a process name"))
 		return
 	}
 	g, hosts, err := s.loadGraph(r.Context(), f.rng())

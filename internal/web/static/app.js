@@ -61,15 +61,36 @@
     if (!n) return '?';
     if (n.kind === 'group') return n.name + ' (' + n.count + ' nodes, collapsed)';
     if (n.kind === 'external') return n.port ? n.proto + ' ' + endpoint(n.addr, n.port) + ' (external)' : n.addr + ' (external)';
-    const proc = n.process || '?';
+    const proc = (n.process || '?') + who(n);
     if (n.kind === 'service') return n.proto + ' ' + endpoint(n.addr || n.host, n.port) + ' ' + proc + ' on ' + n.host;
     return proc + ' on ' + n.host + (n.addr ? ' (' + n.addr + ')' : '');
+  }
+  // idLabel and who name a process's identity as `deptrace graph` does
+  // (graph.Who): the pod and its container, else the container, else
+  // the systemd unit; with the workload first.
+  function idLabel(n) {
+    if (n.pod_name) return n.k8s_container ? n.pod_name + ':' + n.k8s_container : n.pod_name;
+    if (n.container_name) return n.container_name;
+    if (n.container_id) return n.container_id.slice(0, 12);
+    return n.unit || '';
+  }
+  function who(n) {
+    const name = idLabel(n);
+    if (n.workload && name && name !== n.workload) return ' [' + n.workload + ' ' + name + ']';
+    if (n.workload || name) return ' [' + (n.workload || name) + ']';
+    return '';
+  }
+  // shortName is what the map writes on a node: the workload's name, the
+  // container's or the process's.
+  function shortName(n) {
+    if (n.workload) return n.workload.slice(n.workload.lastIndexOf('/') + 1);
+    return n.container_name || n.process || '?';
   }
   function shortLabel(n) {
     if (n.kind === 'group') return n.name + ' ×' + n.count;
     if (n.kind === 'external') return n.port ? endpoint(n.addr, n.port) : n.addr;
-    if (n.kind === 'service') return (n.process || '?') + ' :' + n.port;
-    return n.process || '?';
+    if (n.kind === 'service') return shortName(n) + ' :' + n.port;
+    return shortName(n);
   }
   const num = (v) => (v || 0).toLocaleString('en');
   function bytes(v) {
@@ -394,7 +415,22 @@
   }
   function processesOf(e) {
     const f = data.nodes.get(e.from), t = data.nodes.get(e.to);
-    return ((f && f.process) || '?') + ' → ' + ((t && t.process) || '?');
+    const name = (n) => (n ? (n.process || '?') + who(n) : '?');
+    return name(f) + ' → ' + name(t);
+  }
+
+  // identityPairs are the identity fields a node has (docs/graph.md).
+  function identityPairs(n) {
+    const pairs = [];
+    if (n.workload) pairs.push(['workload', n.workload]);
+    if (n.pod_name) pairs.push(['pod', (n.pod_namespace ? n.pod_namespace + '/' : '') + n.pod_name]);
+    if (n.k8s_container) pairs.push(['pod container', n.k8s_container]);
+    if (n.container_name) pairs.push(['container', n.container_name]);
+    if (n.container_image) pairs.push(['image', n.container_image]);
+    if (n.container_runtime) pairs.push(['runtime', n.container_runtime]);
+    if (n.container_id) pairs.push(['container id', n.container_id.slice(0, 12)]);
+    if (n.unit) pairs.push(['unit', n.unit]);
+    return pairs;
   }
 
   function showNode(id) {
@@ -418,6 +454,7 @@
     box.append(el('h3', label(n)), dl([
       ['kind', n.kind], ['host', n.host || '—'], ['address', n.addr || '—'],
       ['port', n.port ? n.proto + '/' + n.port : '—'], ['process', n.process || '—'],
+      ...identityPairs(n),
       ['edges', num(es.length)], ['first seen', when(first)], ['last seen', when(last)],
       ...counterPairs(sum),
     ]));
