@@ -46,6 +46,9 @@ type Config struct {
 	// KeepTracing leaves a pinned kernel side (Tracer.PinPath) attached
 	// and counting when the agent stops, for the next agent to adopt.
 	KeepTracing bool
+	// Annotate, when set, fills each interval's flows' Identity (unit,
+	// container, pod) before they are counted and stored.
+	Annotate func([]tracer.Flow)
 }
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
@@ -165,6 +168,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			}
 		}
 		iv, err := t.Collect()
+		if cfg.Annotate != nil {
+			cfg.Annotate(iv.Flows)
+		}
 		if iv.Recovered {
 			// While the disk is full this repeats every drain: logged once.
 			lvl := slog.LevelInfo
@@ -299,7 +305,7 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 	return store.Observation{
 		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: f.Direction, Proto: f.Proto,
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
-		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Counters: f.Counters,
+		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Identity: f.Identity, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
 	}
 }
