@@ -16,6 +16,7 @@ import (
 
 	"github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/cli"
+	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
@@ -32,6 +33,7 @@ func newAgentCmd() *cobra.Command {
 		bufferMax string
 		spoolMax  int64
 		pinPath   string
+		idf       identityFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -51,6 +53,10 @@ History is bounded by resolution: minute buckets are kept for
 --retention-days (0 keeps a level for ever); queries over older ranges are
 answered from the coarser levels. Past --store-max-size the oldest buckets
 are deleted first. See docs/operations.md, "Disk use and retention".
+
+Local ends in a systemd unit, a container or a Kubernetes pod are named by
+it (from the cgroup and the runtime's own API), in the store, the graph and
+the metrics; --no-identity turns this off. See docs/flows.md.
 
 It serves Prometheus metrics at http://` + metrics.DefaultListen + `/metrics
 (--metrics-listen; "" turns them off): one counter per dependency, listener
@@ -100,12 +106,32 @@ killed agent left.`,
 			if err := metrics.CheckListen(cfg.MetricsListen); err != nil {
 				return err
 			}
+			if cfg.Metrics.MaxIdentityValues < 1 {
+				return fmt.Errorf("invalid --metrics-identity-max %d: allowed 1 or more", cfg.Metrics.MaxIdentityValues)
+			}
 			if cfg.Metrics.TTL < metrics.MinTTL {
 				return fmt.Errorf("invalid --metrics-ttl %s: allowed %s or more", cfg.Metrics.TTL, metrics.MinTTL)
 			}
+			idCfg, err := idf.config()
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return agent.Run(ctx, cfg, slog.With("component", "agent"))
+			log := slog.With("component", "agent")
+			// The resolver starts before the tracer, as in trace: it
+			// learns cgroups and containers as they appear, so that one
+			// gone by the first drain is still named.
+			if idCfg != nil {
+				names, err := identity.New(*idCfg)
+				if err != nil {
+					log.Warn("local ends will not be named by unit or container", "err", err)
+				} else {
+					defer names.Close()
+					cfg.Annotate = names.Annotate
+				}
+			}
+			return agent.Run(ctx, cfg, log)
 		},
 	}
 	tf.register(cmd)
@@ -126,6 +152,9 @@ killed agent left.`,
 	cmd.Flags().StringVar(&pinPath, "pin-path", tracer.DefaultPinPath, "bpffs directory where the kernel side is pinned, so it keeps counting if the agent dies; \"\" disables pinning")
 	cmd.Flags().BoolVar(&cfg.KeepTracing, "keep-tracing", false, "on a clean stop, leave the pinned kernel side attached and counting for the next agent")
 	cmd.Flags().BoolVar(&cfg.Metrics.ClientAddr, "metrics-client-addr", false, "label inbound series with the client address (unbounded: only for few clients)")
+	cmd.Flags().BoolVar(&cfg.Metrics.Identity, "metrics-identity", false, "label dependency series with the local end's workload and container name (never ids); off by default: it changes every series' labels")
+	cmd.Flags().IntVar(&cfg.Metrics.MaxIdentityValues, "metrics-identity-max", metrics.DefaultMaxIdentityValues, "with --metrics-identity, most distinct (workload, container) pairs; past it new ones read _other (1 or more)")
+	idf.register(cmd)
 	return cmd
 }
 
