@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -80,8 +81,8 @@ func TestFailedUnixConnects(t *testing.T) {
 		t.Fatalf("datagram connect: %v, want ENOENT", err)
 	}
 
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		for path := range want {
 			if o, _ := unixFlows(l, path); o.FailedConnections < tries {
 				return false
@@ -93,7 +94,7 @@ func TestFailedUnixConnects(t *testing.T) {
 	})
 	for path := range want {
 		o, in := unixFlows(l, path)
-		if !l.counted(o.FailedConnections, tries) || !l.counted(o.FailedRefused, tries) || o.Connections != 0 {
+		if !l.Counted(o.FailedConnections, tries) || !l.Counted(o.FailedRefused, tries) || o.Connections != 0 {
 			t.Errorf("%s: %+v; want %d failed, all refused, no connection", path, o.Counters, tries)
 		}
 		if o.Comm != testComm() || o.PID != uint32(os.Getpid()) {
@@ -103,10 +104,10 @@ func TestFailedUnixConnects(t *testing.T) {
 			t.Errorf("%s: a server side for a failed connect: %+v", path, in.Counters)
 		}
 	}
-	if o, _ := unixFlows(l, full); !l.counted(o.FailedConnections, tries) || !l.counted(o.FailedTimeout, tries) {
+	if o, _ := unixFlows(l, full); !l.Counted(o.FailedConnections, tries) || !l.Counted(o.FailedTimeout, tries) {
 		t.Errorf("full backlog: %+v; want %d failed, all timeout", o.Counters, tries)
 	}
-	if d, _ := unixFlows(l, dgramMissing); !l.counted(d.FailedConnections, 1) || !l.counted(d.FailedRefused, 1) {
+	if d, _ := unixFlows(l, dgramMissing); !l.Counted(d.FailedConnections, 1) || !l.Counted(d.FailedRefused, 1) {
 		t.Errorf("datagram connect: %+v; want 1 failed, refused", d.Counters)
 	}
 }
@@ -170,23 +171,23 @@ func TestTCPConnectsFailingBeforeAnySYN(t *testing.T) {
 			t.Fatalf("blocking connect to an address nobody has: %v, want EHOSTUNREACH", err)
 		}
 	}
-	find := func(l *ledger, ip string, port uint16) tracer.Flow {
-		for _, f := range l.flows {
+	find := func(l *tracertest.Ledger, ip string, port uint16) tracer.Flow {
+		for _, f := range l.Flows {
 			if f.NetNS == a.Inode && f.Proto == "tcp" && f.Direction == tracer.Outbound && f.RemoteAddr == ip && f.Port == port {
 				return *f
 			}
 		}
 		return tracer.Flow{}
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		return find(l, "203.0.113.1", 80).FailedConnections >= tries && find(l, "203.0.113.129", 80).FailedConnections >= tries &&
 			find(l, nobody.String(), 82).FailedConnections >= tries
 	})
 	// Counted twice, the second count would have no local address: a flow
 	// of its own. Sum every flow to that address.
 	var failed, unreachable, flows uint64
-	for _, f := range l.flows {
+	for _, f := range l.Flows {
 		if f.NetNS == a.Inode && f.Proto == "tcp" && f.RemoteAddr == nobody.String() && f.Port == 82 {
 			flows++
 			failed += f.FailedConnections
@@ -198,7 +199,7 @@ func TestTCPConnectsFailingBeforeAnySYN(t *testing.T) {
 	}
 	for ip := range want {
 		f := find(l, ip, 80)
-		if !l.counted(f.FailedConnections, tries) || !l.counted(f.FailedUnreachable, tries) || f.Connections != 0 || f.Retransmits != 0 {
+		if !l.Counted(f.FailedConnections, tries) || !l.Counted(f.FailedUnreachable, tries) || f.Connections != 0 || f.Retransmits != 0 {
 			t.Errorf("%s: %+v; want %d failed, all unreachable", ip, f.Counters, tries)
 		}
 		if f.Comm != testComm() {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -145,9 +146,9 @@ func queryUnconnected(t *testing.T, h *testnet.Host, server *net.UDPAddr) {
 // exactly those two flows (nothing per ephemeral port) and their counts.
 func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, forwarder expectFlow, queries uint64) {
 	t.Helper()
-	l := newLedger()
-	find := func(l *ledger, e expectFlow) (tracer.Flow, bool) {
-		for _, f := range l.of(e.host) {
+	l := tracertest.NewLedger()
+	find := func(l *tracertest.Ledger, e expectFlow) (tracer.Flow, bool) {
+		for _, f := range l.Of(e.host) {
 			if f.Proto == "udp" && f.Direction == e.dir && f.LocalIP() == e.local && f.RemoteIP() == e.remote && f.Port == e.port {
 				return f, true
 			}
@@ -157,14 +158,14 @@ func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, fo
 	// Done when the client received every answer and the forwarder's
 	// namespace counted every answer sent, in whatever flows: the checks
 	// below say which.
-	settle(t, tr, l, func(l *ledger) bool {
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		c, ok := find(l, client)
 		if !ok || c.DatagramsReceived < queries {
 			return false
 		}
 		var answers uint64
-		for _, f := range l.of(forwarder.host) {
-			if flowID(f) != flowID(c) {
+		for _, f := range l.Of(forwarder.host) {
+			if tracertest.FlowID(f) != tracertest.FlowID(c) {
 				answers += f.DatagramsSent
 			}
 		}
@@ -173,7 +174,7 @@ func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, fo
 	for _, e := range []expectFlow{client, forwarder} {
 		f, ok := find(l, e)
 		if !ok {
-			t.Errorf("%s: no flow udp %s %s -> %s port %d; %s has %d flows", e.what, e.dir, e.local, e.remote, e.port, e.host.Name, len(l.of(e.host)))
+			t.Errorf("%s: no flow udp %s %s -> %s port %d; %s has %d flows", e.what, e.dir, e.local, e.remote, e.port, e.host.Name, len(l.Of(e.host)))
 			continue
 		}
 		sent, recv := f.DatagramsSent, f.DatagramsReceived
@@ -182,8 +183,8 @@ func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, fo
 		if e.dir == tracer.Inbound {
 			wantSent, wantRecv = wantRecv, wantSent
 		}
-		if !l.counted(sent, queries) || !l.counted(recv, queries) ||
-			!l.countedBytes(bsent, queries*wantSent, wantSent) || !l.countedBytes(brecv, queries*wantRecv, wantRecv) {
+		if !l.Counted(sent, queries) || !l.Counted(recv, queries) ||
+			!l.CountedBytes(bsent, queries*wantSent, wantSent) || !l.CountedBytes(brecv, queries*wantRecv, wantRecv) {
 			t.Errorf("%s: %+v; want %d datagrams each way, %d bytes sent, %d received",
 				e.what, f.Counters, queries, queries*wantSent, queries*wantRecv)
 		}
@@ -193,7 +194,7 @@ func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, fo
 	want := map[string]bool{}
 	for _, e := range []expectFlow{client, forwarder} {
 		if f, ok := find(l, e); ok {
-			want[flowID(f)] = true
+			want[tracertest.FlowID(f)] = true
 		}
 	}
 	hosts := []*testnet.Host{client.host}
@@ -201,8 +202,8 @@ func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, fo
 		hosts = append(hosts, forwarder.host)
 	}
 	for _, host := range hosts {
-		for _, f := range l.of(host) {
-			if !want[flowID(f)] {
+		for _, f := range l.Of(host) {
+			if !want[tracertest.FlowID(f)] {
 				t.Errorf("%s: unexpected flow udp %s %s -> %s port %d (pid %d %s): %+v",
 					host.Name, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port, f.PID, f.Comm, f.Counters)
 			}
@@ -313,10 +314,10 @@ func TestDNSForwarderAnswerInFlightAtStart(t *testing.T) {
 	client := queryConnected(t, h, dockerDNS.String()+":53")
 	// The query in flight was sent before the start: one datagram fewer
 	// each way is counted on the side that sent or received it then.
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		var in, out uint64
-		for _, f := range l.of(h) {
+		for _, f := range l.Of(h) {
 			if f.Direction == tracer.Inbound {
 				in += f.DatagramsSent
 			} else {
@@ -325,7 +326,7 @@ func TestDNSForwarderAnswerInFlightAtStart(t *testing.T) {
 		}
 		return in >= dnsRounds+1 && out >= dnsRounds+1
 	})
-	flows := l.of(h)
+	flows := l.Of(h)
 	if len(flows) != 2 {
 		t.Fatalf("want the client's and the forwarder's flows, have %d: %+v", len(flows), flows)
 	}
@@ -333,12 +334,12 @@ func TestDNSForwarderAnswerInFlightAtStart(t *testing.T) {
 		switch f.Direction {
 		case tracer.Outbound:
 			checkFlow(t, f, "udp", tracer.Outbound, client, dockerDNS, 53)
-			if !l.counted(f.DatagramsSent, dnsRounds) || !l.counted(f.DatagramsReceived, dnsRounds+1) {
+			if !l.Counted(f.DatagramsSent, dnsRounds) || !l.Counted(f.DatagramsReceived, dnsRounds+1) {
 				t.Errorf("client: %+v; want %d datagrams sent, %d received", f.Counters, dnsRounds, dnsRounds+1)
 			}
 		default:
 			checkFlow(t, f, "udp", tracer.Inbound, dockerDNS, client, uint16(port))
-			if !l.counted(f.DatagramsReceived, dnsRounds) || !l.counted(f.DatagramsSent, dnsRounds+1) {
+			if !l.Counted(f.DatagramsReceived, dnsRounds) || !l.Counted(f.DatagramsSent, dnsRounds+1) {
 				t.Errorf("forwarder: %+v; want %d datagrams received, %d sent", f.Counters, dnsRounds, dnsRounds+1)
 			}
 		}
@@ -390,18 +391,18 @@ func TestUDPUnconnectedClientOlderThanTracer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		var got uint64
-		for _, f := range l.of(a) {
+		for _, f := range l.Of(a) {
 			got += f.DatagramsReceived
 		}
 		return got >= rounds+1
 	})
-	out := l.one(t, a)
+	out := l.One(t, a)
 	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5354)
-	if !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds+1) ||
-		!l.countedBytes(out.BytesReceived, (rounds+1)*25, 25) {
+	if !l.Counted(out.DatagramsSent, rounds) || !l.Counted(out.DatagramsReceived, rounds+1) ||
+		!l.CountedBytes(out.BytesReceived, (rounds+1)*25, 25) {
 		t.Errorf("client: %+v; want %d datagrams sent, %d (%d bytes) received", out.Counters, rounds, rounds+1, (rounds+1)*25)
 	}
 }

@@ -73,3 +73,39 @@ func ExampleInterval_Commit() {
 		}
 	}
 }
+
+// A process that stores intervals on another goroutine (a slow database)
+// hands each over and commits it once stored, or abandons it if it cannot
+// be: the next drain waits meanwhile, and an abandoned interval stays in
+// the pinned kernel side, collected again under the same BatchID.
+func ExampleTracer_RunWith() {
+	cfg := tracer.DefaultConfig()
+	cfg.PinPath = tracer.DefaultPinPath
+	t, err := tracer.New(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer t.Close()
+
+	store := func(iv tracer.Interval) error { return nil } // a real store writes iv durably, applying each BatchID once
+	work := make(chan tracer.Interval, 1)
+	go func() {
+		for iv := range work {
+			if err := store(iv); err != nil {
+				iv.Abandon()
+				continue
+			}
+			if err := iv.Commit(); err != nil {
+				log.Print(err)
+			}
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = t.RunWith(ctx, tracer.RunOptions{AsyncCommit: true, DrainFailed: func(err error) { log.Print(err) }},
+		func(iv tracer.Interval) error { work <- iv; return nil })
+	close(work)
+	if err != nil {
+		log.Fatal(err)
+	}
+}

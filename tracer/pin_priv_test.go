@@ -6,9 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -33,11 +33,13 @@ func newPinned(t *testing.T, path string) *tracer.Tracer {
 // batchStore keeps intervals as deptrace's store does: each BatchID is
 // applied once, however often it is written.
 type batchStore struct {
-	*ledger
+	*tracertest.Ledger
 	applied map[string]bool
 }
 
-func newBatchStore() *batchStore { return &batchStore{ledger: newLedger(), applied: map[string]bool{}} }
+func newBatchStore() *batchStore {
+	return &batchStore{Ledger: tracertest.NewLedger(), applied: map[string]bool{}}
+}
 
 // apply adds iv's counts unless its BatchID was applied before; it
 // reports whether it did.
@@ -50,14 +52,14 @@ func (s *batchStore) apply(t *testing.T, iv tracer.Interval) bool {
 		return false
 	}
 	s.applied[iv.BatchID] = true
-	s.add(iv)
+	s.Add(iv)
 	return true
 }
 
 // store collects one interval, applies it and commits it.
 func (s *batchStore) store(t *testing.T, tr *tracer.Tracer) tracer.Interval {
 	t.Helper()
-	iv := collect(t, tr)
+	iv := tracertest.Collect(t, tr)
 	s.apply(t, iv)
 	if err := iv.Commit(); err != nil {
 		t.Fatalf("commit %s: %v", iv.BatchID, err)
@@ -66,21 +68,10 @@ func (s *batchStore) store(t *testing.T, tr *tracer.Tracer) tracer.Interval {
 }
 
 // settle stores intervals until done holds, then twice more to catch
-// anything counted twice; it fails after 20 s (a stalled machine, not a
-// slow one).
-func (s *batchStore) settle(t *testing.T, tr *tracer.Tracer, done func(*ledger) bool) {
+// anything counted twice (tracertest.SettleWith).
+func (s *batchStore) settle(t *testing.T, tr *tracer.Tracer, done func(*tracertest.Ledger) bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !done(s.ledger) {
-		if time.Now().After(deadline) {
-			t.Fatalf("counts never reached what the traffic did; have %s", s.ledger)
-		}
-		time.Sleep(20 * time.Millisecond)
-		s.store(t, tr)
-	}
-	s.store(t, tr)
-	time.Sleep(50 * time.Millisecond)
-	s.store(t, tr)
+	tracertest.SettleWith(t, tr, s.Ledger, done, func() { s.store(t, tr) })
 }
 
 // A process that dies leaves the kernel side counting; the next one adopts
@@ -108,7 +99,7 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	connectN(t, a, "tcp4", server, 20, 4, 4)
 	st.store(t, first) // stored and committed
 	connectN(t, a, "tcp4", server, 10, 4, 4)
-	stored := collect(t, first)
+	stored := tracertest.Collect(t, first)
 	if !st.apply(t, stored) || stored.Recovered {
 		t.Fatalf("a new interval was not new: %s recovered=%v", stored.BatchID, stored.Recovered)
 	}
@@ -121,7 +112,7 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	if ad := second.Adoption(); !ad.Adopted || ad.Replaced != "" {
 		t.Fatalf("adoption: %+v", ad)
 	}
-	again := collect(t, second)
+	again := tracertest.Collect(t, second)
 	if !again.Recovered || again.BatchID != stored.BatchID || len(again.Listeners) != 0 {
 		t.Fatalf("the adopting process's first interval: batch %s recovered=%v listeners=%d; want the uncommitted %s again, without listeners",
 			again.BatchID, again.Recovered, len(again.Listeners), stored.BatchID)
@@ -139,9 +130,11 @@ func TestPinnedKernelSideSurvivesItsProcess(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	st.settle(t, second, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 60*4 && l.one(t, b).BytesReceived >= 60*4 })
+	st.settle(t, second, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesReceived >= 60*4 && l.One(t, b).BytesReceived >= 60*4
+	})
 	for _, h := range []*testnet.Host{a, b} {
-		if f := st.one(t, h); !st.counted(f.Connections, 60) || !st.countedBytes(f.BytesSent, 60*4, 4) || !st.countedBytes(f.BytesReceived, 60*4, 4) {
+		if f := st.One(t, h); !st.Counted(f.Connections, 60) || !st.CountedBytes(f.BytesSent, 60*4, 4) || !st.CountedBytes(f.BytesReceived, 60*4, 4) {
 			t.Errorf("%s: %+v; want 60 connections and 240 bytes each way", h.Name, f.Counters)
 		}
 	}
@@ -197,8 +190,8 @@ func TestIncompatiblePinnedSideIsReplaced(t *testing.T) {
 		t.Fatalf("adoption: %+v; want the old side replaced and its flows salvaged", ad)
 	}
 	st := newBatchStore()
-	st.settle(t, tr, func(l *ledger) bool { return l.one(t, a).Connections >= 5 })
-	if f := st.one(t, a); !st.counted(f.Connections, 5) {
+	st.settle(t, tr, func(l *tracertest.Ledger) bool { return l.One(t, a).Connections >= 5 })
+	if f := st.One(t, a); !st.Counted(f.Connections, 5) {
 		t.Errorf("salvaged client flow: %+v", f.Counters)
 	}
 }
@@ -216,7 +209,7 @@ func TestPinnedIntervalReadButNotStoredIsCollectedAgain(t *testing.T) {
 
 	first := newPinned(t, path)
 	connectN(t, a, "tcp4", server, 15, 5, 5)
-	read := collect(t, first) // read, never stored: the process dies
+	read := tracertest.Collect(t, first) // read, never stored: the process dies
 	first.Release()
 	connectN(t, a, "tcp4", server, 10, 5, 5)
 
@@ -233,9 +226,11 @@ func TestPinnedIntervalReadButNotStoredIsCollectedAgain(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	st.settle(t, second, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 25*5 && l.one(t, b).BytesReceived >= 25*5 })
+	st.settle(t, second, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesReceived >= 25*5 && l.One(t, b).BytesReceived >= 25*5
+	})
 	for _, h := range []*testnet.Host{a, b} {
-		if f := st.one(t, h); !st.counted(f.Connections, 25) || !st.countedBytes(f.BytesSent, 25*5, 5) || !st.countedBytes(f.BytesReceived, 25*5, 5) {
+		if f := st.One(t, h); !st.Counted(f.Connections, 25) || !st.CountedBytes(f.BytesSent, 25*5, 5) || !st.CountedBytes(f.BytesReceived, 25*5, 5) {
 			t.Errorf("%s: %+v; want 25 connections and 125 bytes each way", h.Name, f.Counters)
 		}
 	}
@@ -255,9 +250,9 @@ func TestPinnedCollectRepeatsUntilCommit(t *testing.T) {
 	defer tr.Close()
 
 	connectN(t, a, "tcp4", server, 8, 2, 2)
-	iv1 := collect(t, tr)
+	iv1 := tracertest.Collect(t, tr)
 	connectN(t, a, "tcp4", server, 4, 2, 2) // counted in the active map
-	iv2 := collect(t, tr)
+	iv2 := tracertest.Collect(t, tr)
 	if !iv2.Recovered || iv2.BatchID != iv1.BatchID || iv1.Recovered {
 		t.Fatalf("uncommitted interval collected again: %s recovered=%v, first %s recovered=%v", iv2.BatchID, iv2.Recovered, iv1.BatchID, iv1.Recovered)
 	}
@@ -279,9 +274,11 @@ func TestPinnedCollectRepeatsUntilCommit(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	st.settle(t, tr, func(l *ledger) bool { return l.one(t, a).BytesReceived >= 12*2 && l.one(t, b).BytesReceived >= 12*2 })
+	st.settle(t, tr, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesReceived >= 12*2 && l.One(t, b).BytesReceived >= 12*2
+	})
 	for _, h := range []*testnet.Host{a, b} {
-		if f := st.one(t, h); !st.counted(f.Connections, 12) || !st.countedBytes(f.BytesSent, 12*2, 2) || !st.countedBytes(f.BytesReceived, 12*2, 2) {
+		if f := st.One(t, h); !st.Counted(f.Connections, 12) || !st.CountedBytes(f.BytesSent, 12*2, 2) || !st.CountedBytes(f.BytesReceived, 12*2, 2) {
 			t.Errorf("%s: %+v; want 12 connections and 24 bytes each way", h.Name, f.Counters)
 		}
 	}
@@ -293,7 +290,7 @@ func TestUnpinnedCollectCommitsAtOnce(t *testing.T) {
 	tr := startTracer(t, nil)
 	ids := map[string]bool{}
 	for i := 0; i < 3; i++ {
-		iv := collect(t, tr) // never committed
+		iv := tracertest.Collect(t, tr) // never committed
 		if iv.Recovered || iv.BatchID == "" || ids[iv.BatchID] {
 			t.Fatalf("interval %d: batch %q recovered=%v; want a new batch id each time (seen %v)", i, iv.BatchID, iv.Recovered, ids)
 		}

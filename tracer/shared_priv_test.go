@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -95,22 +96,13 @@ func closeShared() {
 
 // loadShared loads the tracer with startTracer's configuration and checks.
 func loadShared() (*tracer.Tracer, error) {
-	cfg := tracer.DefaultConfig()
-	cfg.SyscallTracepoints = true
-	tr, err := tracer.New(cfg)
+	tr, err := tracer.New(tracertest.Config(nil))
 	if err != nil {
 		return nil, fmt.Errorf("load tracer: %w", err)
 	}
-	hooks := tr.Hooks()
-	for _, h := range hooks {
-		if !tracer.Covered(h, hooks) {
-			tr.Close()
-			return nil, fmt.Errorf("hook %s inactive and not replaced on this kernel: %s", h.Hook, h.Reason)
-		}
-	}
-	if _, _, err := tr.Seeded(); err != nil {
+	if err := tracertest.Check(tr); err != nil {
 		tr.Close()
-		return nil, fmt.Errorf("seed: %w", err)
+		return nil, err
 	}
 	return tr, nil
 }

@@ -18,12 +18,8 @@
 package tracer
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -106,7 +102,8 @@ type Interval struct {
 	// Its Listeners are empty (they belong to the next interval).
 	Recovered bool
 
-	commit func() error
+	commit  func() error
+	abandon func()
 }
 
 // Commit tells the tracer that the interval is stored durably. With
@@ -121,6 +118,16 @@ func (iv Interval) Commit() error {
 		return nil
 	}
 	return iv.commit()
+}
+
+// Abandon tells RunWith (in AsyncCommit mode) that the interval could
+// not be stored: it stays uncommitted, so with Config.PinPath the kernel
+// side keeps it and the next drain collects it again (Recovered, same
+// BatchID). Outside AsyncCommit mode it does nothing.
+func (iv Interval) Abandon() {
+	if iv.abandon != nil {
+		iv.abandon()
+	}
 }
 
 // Losses are counts the kernel side could not record, by cause. The same
@@ -267,56 +274,6 @@ type Hook struct {
 	// why a program that should have them runs alone.
 	Copies        []string
 	CopiesMissing string
-}
-
-// LogUncovered logs each capability this kernel side lacks: at warning
-// level when the kernel cannot give it, at info level when the
-// configuration leaves its hook off.
-func LogUncovered(log *slog.Logger, hooks []Hook) {
-	for _, h := range hooks {
-		if h.Active && h.CopiesMissing != "" {
-			log.Warn("copies not attached: runs the kernel skips for recursion are lost (counted as recursion_misses)", "hook", h.Hook, "reason", h.CopiesMissing)
-		}
-		if Covered(h, hooks) {
-			continue
-		}
-		if off, why := OffByConfig(h, hooks); off {
-			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", why)
-		} else {
-			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
-		}
-	}
-}
-
-// OffByConfig reports whether what h provides is missing only because the
-// configuration leaves a hook off: h itself, or the fallback that would
-// stand in for it on this kernel. Its Reason, or that fallback's, names the
-// option.
-func OffByConfig(h Hook, all []Hook) (bool, string) {
-	if h.Off {
-		return true, h.Reason
-	}
-	for _, f := range all {
-		if f.Off && slices.Contains(strings.Split(f.Replaces, ","), h.Program) {
-			return true, f.Reason
-		}
-	}
-	return false, ""
-}
-
-// Covered reports whether what h provides works on this kernel: h runs,
-// or a fallback that replaces it runs, or h is itself a fallback that is
-// not needed.
-func Covered(h Hook, all []Hook) bool {
-	if h.Active || h.Standby {
-		return true
-	}
-	for _, f := range all {
-		if f.Active && slices.Contains(strings.Split(f.Replaces, ","), h.Program) {
-			return true
-		}
-	}
-	return false
 }
 
 // RequiredHookError is returned by New when a hook deptrace cannot run
@@ -508,55 +465,6 @@ func countersOf(c bundler.Counts) Counters {
 		Retransmits:         c.Retransmits,
 	}
 }
-
-// Run drains every interval and calls emit with the result until ctx is
-// done; then it drains once more so the last partial interval is not lost.
-// A drain that fails still emits what it read (counts it drained are in the
-// interval, never dropped); Run gives up after maxDrainErrors failed drains
-// in a row. Run commits each interval when emit returns nil, so an emit
-// that must not lose counts (with Config.PinPath) stores the interval
-// before returning; an emit that stores asynchronously uses Collect and
-// Commit instead. An interval whose commit failed is emitted again, with
-// the same BatchID.
-func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
-	tick := time.NewTicker(t.cfg.Interval)
-	defer tick.Stop()
-	failed := 0
-	last := false
-	for {
-		if !last {
-			select {
-			case <-ctx.Done():
-				last = true
-			case <-tick.C:
-			}
-		}
-		iv, err := t.Collect()
-		emitErr := emit(iv)
-		if emitErr == nil {
-			err = errors.Join(err, iv.Commit())
-		}
-		if last {
-			if iv.Recovered && err == nil && emitErr == nil {
-				continue // a previous process's interval came first: now the last one
-			}
-			return errors.Join(err, emitErr)
-		}
-		if emitErr != nil {
-			return emitErr
-		}
-		if err == nil {
-			failed = 0
-			continue
-		}
-		if failed++; failed >= maxDrainErrors {
-			return fmt.Errorf("%d drains in a row failed, the last: %w", failed, err)
-		}
-	}
-}
-
-// maxDrainErrors is how many failed drains in a row end Run.
-const maxDrainErrors = 3
 
 // bootToWall returns wall-clock ns minus CLOCK_BOOTTIME ns, the offset that
 // turns kernel timestamps (bpf_ktime_get_boot_ns) into wall-clock time.

@@ -8,7 +8,6 @@ package tracer_test
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -28,45 +27,17 @@ import (
 	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/internal/loadgen"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
+// startTracer loads this test's own tracer (tracertest.Start), after
+// unloading the shared one: one deptrace loaded at a time.
 func startTracer(t *testing.T, mutate func(*tracer.Config)) *tracer.Tracer {
 	t.Helper()
 	testnet.RequireRoot(t)
-	closeShared() // one deptrace loaded at a time
-	cfg := tracer.DefaultConfig()
-	cfg.SyscallTracepoints = true // the fallback CI's kernel needs for connect failures
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	tr, err := tracer.New(cfg)
-	if err != nil {
-		t.Fatalf("load tracer: %v", err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	// Every capability must work on every tested kernel, through its
-	// primary hook or a fallback (fexit where a tracepoint is missing): a
-	// test never passes because a hook is missing.
-	hooks := tr.Hooks()
-	for _, h := range hooks {
-		if !tracer.Covered(h, hooks) {
-			t.Fatalf("hook %s inactive and not replaced on this kernel: %s", h.Hook, h.Reason)
-		}
-	}
-	if _, _, err := tr.Seeded(); err != nil {
-		t.Fatalf("seed: %v", err)
-	}
-	return tr
-}
-
-func collect(t *testing.T, tr *tracer.Tracer) tracer.Interval {
-	t.Helper()
-	iv, err := tr.Collect()
-	if err != nil {
-		t.Fatalf("collect: %v", err)
-	}
-	return iv
+	closeShared()
+	return tracertest.Start(t, mutate)
 }
 
 func inNetns(flows []tracer.Flow, ino uint32) []tracer.Flow {
@@ -164,123 +135,6 @@ func connectN(t *testing.T, h *testnet.Host, network, addr string, n, req, resp 
 	}
 }
 
-// ledger sums flows over many intervals, per host and flow identity. The
-// kernel reports a connection's bytes when the socket counted them (sent
-// bytes once acknowledged) and whatever is left at close, so exact totals
-// are asserted over intervals, never what one interval holds: that would
-// depend on how fast the machine is.
-type ledger struct {
-	flows map[string]*tracer.Flow
-	lost  tracer.Losses
-}
-
-func newLedger() *ledger { return &ledger{flows: map[string]*tracer.Flow{}} }
-
-func flowID(f tracer.Flow) string {
-	return fmt.Sprint(f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port)
-}
-
-func (l *ledger) add(iv tracer.Interval) {
-	for _, f := range iv.Flows {
-		id := flowID(f)
-		if have, ok := l.flows[id]; ok {
-			have.Counters.Add(f.Counters)
-			if f.PID != 0 {
-				have.PID, have.Comm = f.PID, f.Comm
-			}
-			continue
-		}
-		cp := f
-		l.flows[id] = &cp
-	}
-	l.lost.FlowMapFull += iv.Lost.FlowMapFull
-	l.lost.FlowAllocFailed += iv.Lost.FlowAllocFailed
-	l.lost.UDPPeerUnknown += iv.Lost.UDPPeerUnknown
-	l.lost.SockStorageFailed += iv.Lost.SockStorageFailed
-	l.lost.RecursionMisses += iv.Lost.RecursionMisses
-}
-
-// counted reports whether a count (connections, datagrams, resets...) is
-// what the traffic did. From 6.19 tracepoint programs are preemptible and
-// a call every copy of a program skipped is lost and counted
-// (bpf/recmarks.h): on those kernels a count may fall short of the traffic
-// by no more than the calls reported lost while this ledger collected
-// (an upper bound: it counts calls of any socket of the machine). Never
-// more than the traffic; before 6.19 (the per-CPU flag, whose losses
-// cannot happen in these tests) exactly the traffic.
-func (l *ledger) counted(got, want uint64) bool { return l.countedBytes(got, want, 1) }
-
-// countedBytes is counted for bytes, of which one lost call (a close
-// folding a connection's counters, a datagram) loses at most per.
-func (l *ledger) countedBytes(got, want, per uint64) bool {
-	return got == want || got < want && want-got <= l.lossBudget()*per
-}
-
-// lossBudget is the calls this ledger's counts may be short by.
-func (l *ledger) lossBudget() uint64 {
-	if !bundler.TaskMarks() {
-		return 0
-	}
-	return l.lost.RecursionMisses
-}
-
-// of returns the flows of host h.
-func (l *ledger) of(h *testnet.Host) []tracer.Flow {
-	var out []tracer.Flow
-	for _, f := range l.flows {
-		if f.NetNS == h.Inode {
-			out = append(out, *f)
-		}
-	}
-	return out
-}
-
-// one returns host h's single flow, or a zero flow if it has none yet.
-func (l *ledger) one(t *testing.T, h *testnet.Host) tracer.Flow {
-	t.Helper()
-	got := l.of(h)
-	if len(got) > 1 {
-		t.Fatalf("host %s: want one flow, got %d: %+v", h.Name, len(got), got)
-	}
-	if len(got) == 0 {
-		return tracer.Flow{}
-	}
-	return got[0]
-}
-
-// settle collects until done holds for the ledger, then twice more to
-// catch anything counted twice; it fails after 20 s (a stalled machine,
-// not a slow one).
-func settle(t *testing.T, tr *tracer.Tracer, l *ledger, done func(*ledger) bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !done(l) {
-		if time.Now().After(deadline) {
-			if l.lossBudget() > 0 {
-				// Calls lost and counted: the test's checks decide
-				// whether the shortfall is within them (counted).
-				t.Logf("counts short of the traffic after 20 s, with %d calls lost for recursion", l.lost.RecursionMisses)
-				break
-			}
-			st, _ := tr.Stats()
-			t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v", l, st.Lost)
-		}
-		time.Sleep(20 * time.Millisecond)
-		l.add(collect(t, tr))
-	}
-	l.add(collect(t, tr))
-	time.Sleep(50 * time.Millisecond)
-	l.add(collect(t, tr))
-}
-
-func (l *ledger) String() string {
-	var b strings.Builder
-	for id, f := range l.flows {
-		fmt.Fprintf(&b, "\n  %s: %+v", id, f.Counters)
-	}
-	return b.String()
-}
-
 func TestShortLivedTCPExactCounts(t *testing.T) {
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
@@ -293,22 +147,22 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		o, i := l.one(t, a), l.one(t, b)
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		o, i := l.One(t, a), l.One(t, b)
 		return o.BytesReceived >= n*resp && i.BytesReceived >= n*req && o.BytesSent >= n*req && i.BytesSent >= n*resp
 	})
-	out := l.one(t, a)
+	out := l.One(t, a)
 	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 8080)
-	if !l.counted(out.Connections, n) || out.FailedConnections != 0 || !l.countedBytes(out.BytesSent, n*req, req) || !l.countedBytes(out.BytesReceived, n*resp, resp) {
+	if !l.Counted(out.Connections, n) || out.FailedConnections != 0 || !l.CountedBytes(out.BytesSent, n*req, req) || !l.CountedBytes(out.BytesReceived, n*resp, resp) {
 		t.Errorf("client flow: %+v; want %d connections, %d sent, %d received", out.Counters, n, n*req, n*resp)
 	}
-	if !l.counted(out.ConnectLatencyCount, n) || out.ConnectLatencyMaxUs == 0 || out.ConnectLatencySumUs < out.ConnectLatencyMaxUs {
+	if !l.Counted(out.ConnectLatencyCount, n) || out.ConnectLatencyMaxUs == 0 || out.ConnectLatencySumUs < out.ConnectLatencyMaxUs {
 		t.Errorf("client connect latency: %+v", out.Counters)
 	}
-	in := l.one(t, b)
+	in := l.One(t, b)
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 8080)
-	if !l.counted(in.Connections, n) || in.FailedConnections != 0 || !l.countedBytes(in.BytesReceived, n*req, req) || !l.countedBytes(in.BytesSent, n*resp, resp) {
+	if !l.Counted(in.Connections, n) || in.FailedConnections != 0 || !l.CountedBytes(in.BytesReceived, n*req, req) || !l.CountedBytes(in.BytesSent, n*resp, resp) {
 		t.Errorf("server flow: %+v; want %d connections, %d received, %d sent", in.Counters, n, n*req, n*resp)
 	}
 	if out.Comm != testComm() || out.PID != uint32(os.Getpid()) || in.PID != uint32(os.Getpid()) {
@@ -321,13 +175,13 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	// datagram without asking its sender (udp_peer_unknown): no TCP
 	// count depends on that. Recursion losses, where they can happen,
 	// are checked above (counted).
-	lost := l.lost
+	lost := l.Lost
 	lost.UDPPeerUnknown = 0
 	if bundler.TaskMarks() {
 		lost.RecursionMisses = 0
 	}
 	if lost.Total() != 0 {
-		t.Errorf("lost events: %+v", l.lost)
+		t.Errorf("lost events: %+v", l.Lost)
 	}
 }
 
@@ -349,7 +203,7 @@ func TestNoLossAcrossDrains(t *testing.T) {
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":8081")
 	wait := echoServer(ln, n, req, resp)
 	stop := make(chan struct{})
-	l := newLedger()
+	l := tracertest.NewLedger()
 	drained := make(chan struct{})
 	go func() { // drain every millisecond, far faster than any real interval
 		defer close(drained)
@@ -363,7 +217,7 @@ func TestNoLossAcrossDrains(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				l.add(iv)
+				l.Add(iv)
 			}
 		}
 	}()
@@ -373,18 +227,18 @@ func TestNoLossAcrossDrains(t *testing.T) {
 	}
 	close(stop)
 	<-drained
-	want := func(l *ledger) bool {
-		o, i := l.one(t, a), l.one(t, b)
+	want := func(l *tracertest.Ledger) bool {
+		o, i := l.One(t, a), l.One(t, b)
 		return o.BytesSent >= n*req && o.BytesReceived >= n*resp && i.BytesSent >= n*resp && i.BytesReceived >= n*req
 	}
-	settle(t, tr, l, want)
+	tracertest.Settle(t, tr, l, want)
 	for _, h := range []*testnet.Host{a, b} {
-		f := l.one(t, h)
+		f := l.One(t, h)
 		sent, recv, perSent, perRecv := uint64(n*req), uint64(n*resp), uint64(req), uint64(resp)
 		if h == b {
 			sent, recv, perSent, perRecv = recv, sent, perRecv, perSent
 		}
-		if !l.counted(f.Connections, n) || !l.countedBytes(f.BytesSent, sent, perSent) || !l.countedBytes(f.BytesReceived, recv, perRecv) {
+		if !l.Counted(f.Connections, n) || !l.CountedBytes(f.BytesSent, sent, perSent) || !l.CountedBytes(f.BytesReceived, recv, perRecv) {
 			t.Errorf("%s: %+v; want %d connections, %d sent, %d received", h.Name, f.Counters, n, sent, recv)
 		}
 	}
@@ -417,18 +271,18 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 	}
 
 	tr := startTracer(t, nil)
-	l := newLedger()
+	l := tracertest.NewLedger()
 	// Its next bytes are reported within one interval, with the right
 	// direction on both ends.
 	if err := roundTrip(old, 64, 64); err != nil {
 		t.Fatal(err)
 	}
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesReceived > 0 && l.one(t, b).BytesReceived > 0 })
-	checkFlow(t, l.one(t, a), "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5432)
-	checkFlow(t, l.one(t, b), "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5432)
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, a).BytesReceived > 0 && l.One(t, b).BytesReceived > 0 })
+	checkFlow(t, l.One(t, a), "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5432)
+	checkFlow(t, l.One(t, b), "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5432)
 	// The server listened before deptrace started: its process is found
 	// from the socket at start-up, not left unnamed.
-	if f := l.one(t, b); f.PID != uint32(os.Getpid()) || f.Comm != testComm() {
+	if f := l.One(t, b); f.PID != uint32(os.Getpid()) || f.Comm != testComm() {
 		t.Errorf("server listening since before start named %d/%q; want %d/%q", f.PID, f.Comm, os.Getpid(), testComm())
 	}
 
@@ -444,23 +298,23 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		l.add(collect(t, tr))
+		l.Add(tracertest.Collect(t, tr))
 	}
 	// Its bytes are reported while it lives, not only at its close: a
 	// connection that has moved 16 segments is tagged for the drains.
-	settle(t, tr, l, func(l *ledger) bool {
-		return l.one(t, a).BytesSent >= 64+rounds*burst*size && l.one(t, b).BytesSent >= 64+rounds*burst*size
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesSent >= 64+rounds*burst*size && l.One(t, b).BytesSent >= 64+rounds*burst*size
 	})
 	c.Close()
 	old.Close()
 	const total = 64 + rounds*burst*size
-	settle(t, tr, l, func(l *ledger) bool {
-		o, i := l.one(t, a), l.one(t, b)
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		o, i := l.One(t, a), l.One(t, b)
 		return o.BytesSent >= total && o.BytesReceived >= total && i.BytesSent >= total && i.BytesReceived >= total
 	})
 	for _, h := range []*testnet.Host{a, b} {
-		f := l.one(t, h)
-		if !l.counted(f.Connections, 1) || !l.countedBytes(f.BytesSent, total, rounds*burst*size) || !l.countedBytes(f.BytesReceived, total, rounds*burst*size) {
+		f := l.One(t, h)
+		if !l.Counted(f.Connections, 1) || !l.CountedBytes(f.BytesSent, total, rounds*burst*size) || !l.CountedBytes(f.BytesReceived, total, rounds*burst*size) {
 			t.Errorf("%s: %+v; want 1 open (the one before start is not an open seen), %d bytes each way", h.Name, f.Counters, total)
 		}
 	}
@@ -555,12 +409,14 @@ func TestSpliceAndSendfileExactBytes(t *testing.T) {
 	if n := <-got; n != size {
 		t.Fatalf("server spliced %d bytes, want %d", n, size)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesSent >= size && l.one(t, b).BytesReceived >= size })
-	if o := l.one(t, a); !l.countedBytes(o.BytesSent, size, size) || !l.counted(o.Connections, 1) {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesSent >= size && l.One(t, b).BytesReceived >= size
+	})
+	if o := l.One(t, a); !l.CountedBytes(o.BytesSent, size, size) || !l.Counted(o.Connections, 1) {
 		t.Errorf("sendfile client: %+v; want %d bytes sent", o.Counters, size)
 	}
-	if i := l.one(t, b); !l.countedBytes(i.BytesReceived, size, size) || !l.counted(i.Connections, 1) {
+	if i := l.One(t, b); !l.CountedBytes(i.BytesReceived, size, size) || !l.Counted(i.Connections, 1) {
 		t.Errorf("splicing server: %+v; want %d bytes received", i.Counters, size)
 	}
 }
@@ -596,9 +452,9 @@ func TestProcessNameNotThreadName(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).Connections == 1 })
-	if o := l.one(t, a); o.Comm != testComm() || o.PID != uint32(os.Getpid()) {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, a).Connections == 1 })
+	if o := l.One(t, a); o.Comm != testComm() || o.PID != uint32(os.Getpid()) {
 		t.Errorf("client named %d/%q, want the process %d/%q", o.PID, o.Comm, os.Getpid(), testComm())
 	}
 }
@@ -633,18 +489,18 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 		}
 	}
 	cc.Close()
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		return l.one(t, a).DatagramsReceived >= rounds && l.one(t, b).DatagramsSent >= rounds
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).DatagramsReceived >= rounds && l.One(t, b).DatagramsSent >= rounds
 	})
-	out := l.one(t, a)
+	out := l.One(t, a)
 	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 5353)
-	if !l.countedBytes(out.BytesSent, rounds*40, 40) || !l.countedBytes(out.BytesReceived, rounds*20, 20) || !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds) {
+	if !l.CountedBytes(out.BytesSent, rounds*40, 40) || !l.CountedBytes(out.BytesReceived, rounds*20, 20) || !l.Counted(out.DatagramsSent, rounds) || !l.Counted(out.DatagramsReceived, rounds) {
 		t.Errorf("connected client: %+v", out.Counters)
 	}
-	in := l.one(t, b)
+	in := l.One(t, b)
 	checkFlow(t, in, "udp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 5353)
-	if !l.countedBytes(in.BytesReceived, rounds*40, 40) || !l.countedBytes(in.BytesSent, rounds*20, 20) || !l.counted(in.DatagramsReceived, rounds) {
+	if !l.CountedBytes(in.BytesReceived, rounds*40, 40) || !l.CountedBytes(in.BytesSent, rounds*20, 20) || !l.Counted(in.DatagramsReceived, rounds) {
 		t.Errorf("server: %+v", in.Counters)
 	}
 
@@ -679,21 +535,21 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 			}
 		}
 		uc.Close()
-		l = newLedger()
-		settle(t, tr, l, func(l *ledger) bool {
-			return l.one(t, a).DatagramsReceived >= rounds && l.one(t, b).DatagramsSent >= rounds
+		l = tracertest.NewLedger()
+		tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+			return l.One(t, a).DatagramsReceived >= rounds && l.One(t, b).DatagramsSent >= rounds
 		})
 		// Exact counts on both unconnected ends: a datagram whose peer was
 		// missed would be missing here. (udp_peer_unknown itself is counted
 		// machine-wide, where other processes add to it.)
-		out = l.one(t, a)
+		out = l.One(t, a)
 		checkFlow(t, out, "udp", tracer.Outbound, addr(fam.client), addr(fam.server), 5353)
-		if !l.countedBytes(out.BytesSent, rounds*30, 30) || !l.countedBytes(out.BytesReceived, rounds*15, 15) || !l.counted(out.DatagramsSent, rounds) || !l.counted(out.DatagramsReceived, rounds) {
+		if !l.CountedBytes(out.BytesSent, rounds*30, 30) || !l.CountedBytes(out.BytesReceived, rounds*15, 15) || !l.Counted(out.DatagramsSent, rounds) || !l.Counted(out.DatagramsReceived, rounds) {
 			t.Errorf("%s unconnected client: %+v", fam.network, out.Counters)
 		}
-		in = l.one(t, b)
+		in = l.One(t, b)
 		checkFlow(t, in, "udp", tracer.Inbound, addr(fam.server), addr(fam.client), 5353)
-		if !l.countedBytes(in.BytesReceived, rounds*30, 30) || !l.countedBytes(in.BytesSent, rounds*15, 15) || !l.counted(in.DatagramsReceived, rounds) || !l.counted(in.DatagramsSent, rounds) {
+		if !l.CountedBytes(in.BytesReceived, rounds*30, 30) || !l.CountedBytes(in.BytesSent, rounds*15, 15) || !l.Counted(in.DatagramsReceived, rounds) || !l.Counted(in.DatagramsSent, rounds) {
 			t.Errorf("%s unconnected server: %+v", fam.network, in.Counters)
 		}
 	}
@@ -735,11 +591,11 @@ func TestUDPErrorQueueIsNotTraffic(t *testing.T) {
 			return true
 		})
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).DatagramsSent >= rounds })
-	out := l.one(t, a)
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, a).DatagramsSent >= rounds })
+	out := l.One(t, a)
 	checkFlow(t, out, "udp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 9)
-	if !l.counted(out.DatagramsSent, rounds) || !l.countedBytes(out.BytesSent, rounds*size, size) || out.DatagramsReceived != 0 || out.BytesReceived != 0 {
+	if !l.Counted(out.DatagramsSent, rounds) || !l.CountedBytes(out.BytesSent, rounds*size, size) || out.DatagramsReceived != 0 || out.BytesReceived != 0 {
 		t.Errorf("client: %+v; want %d datagrams (%d bytes) sent and nothing received", out.Counters, rounds, rounds*size)
 	}
 }
@@ -757,14 +613,16 @@ func TestIPv6AndFailureCauses(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesReceived >= n*13 && l.one(t, b).BytesReceived >= n*11 })
-	out := l.one(t, a)
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesReceived >= n*13 && l.One(t, b).BytesReceived >= n*11
+	})
+	out := l.One(t, a)
 	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv6), addr(b.IPv6), 443)
-	if !l.counted(out.Connections, n) || !l.countedBytes(out.BytesSent, n*11, 11) || !l.countedBytes(out.BytesReceived, n*13, 13) {
+	if !l.Counted(out.Connections, n) || !l.CountedBytes(out.BytesSent, n*11, 11) || !l.CountedBytes(out.BytesReceived, n*13, 13) {
 		t.Errorf("ipv6 client: %+v", out.Counters)
 	}
-	if in := l.one(t, b); !l.counted(in.Connections, n) {
+	if in := l.One(t, b); !l.Counted(in.Connections, n) {
 		t.Errorf("ipv6 server: %+v", in.Counters)
 	}
 
@@ -776,14 +634,14 @@ func TestIPv6AndFailureCauses(t *testing.T) {
 			t.Fatal("connection to a closed port succeeded")
 		}
 	}
-	l = newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).FailedConnections >= refused })
-	f := l.one(t, a)
+	l = tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, a).FailedConnections >= refused })
+	f := l.One(t, a)
 	checkFlow(t, f, "tcp", tracer.Outbound, addr(a.IPv6), addr(b.IPv6), 9)
-	if !l.counted(f.FailedConnections, refused) || !l.counted(f.FailedRefused, refused) || f.Connections != 0 || f.BytesSent != 0 {
+	if !l.Counted(f.FailedConnections, refused) || !l.Counted(f.FailedRefused, refused) || f.Connections != 0 || f.BytesSent != 0 {
 		t.Errorf("refused: %+v; want %d failed, all refused, 0 connections", f.Counters, refused)
 	}
-	if got := l.of(b); len(got) != 0 {
+	if got := l.Of(b); len(got) != 0 {
 		t.Errorf("refused connections created server flows: %+v", got)
 	}
 }
@@ -820,12 +678,12 @@ func TestResetsBothEnds(t *testing.T) {
 		}
 		c.Close()
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).ResetsReceived >= n && l.one(t, b).ResetsSent >= n })
-	if o := l.one(t, a); !l.counted(o.ResetsReceived, n) || !l.counted(o.Connections, n) {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, a).ResetsReceived >= n && l.One(t, b).ResetsSent >= n })
+	if o := l.One(t, a); !l.Counted(o.ResetsReceived, n) || !l.Counted(o.Connections, n) {
 		t.Errorf("client: %+v; want %d resets received", o.Counters, n)
 	}
-	if i := l.one(t, b); !l.counted(i.ResetsSent, n) || !l.countedBytes(i.BytesReceived, n*5, 5) {
+	if i := l.One(t, b); !l.Counted(i.ResetsSent, n) || !l.CountedBytes(i.BytesReceived, n*5, 5) {
 		t.Errorf("server: %+v; want %d resets sent, %d bytes received", i.Counters, n, n*5)
 	}
 }
@@ -873,7 +731,7 @@ func TestListenQueueDrops(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for drops == 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		for _, li := range collect(t, tr).Listeners {
+		for _, li := range tracertest.Collect(t, tr).Listeners {
 			if li.NetNS == b.Inode && li.Port == 7002 {
 				drops += li.Drops
 				limit = li.BacklogLimit
@@ -894,7 +752,7 @@ func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	tr := startSharedTracer(t)
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7003")
-	collect(t, tr) // the listener's earlier interval
+	tracertest.Collect(t, tr) // the listener's earlier interval
 	const waiting = 5
 	var conns []net.Conn
 	for i := 0; i < waiting; i++ {
@@ -935,7 +793,7 @@ func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 	}
 	var deepest uint32
 	found := false
-	for _, li := range collect(t, tr).Listeners {
+	for _, li := range tracertest.Collect(t, tr).Listeners {
 		if li.NetNS == b.Inode && li.Port == 7003 {
 			found = true
 			deepest = max(deepest, li.QueueMax)
@@ -945,7 +803,7 @@ func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 		t.Errorf("listener found %v, deepest queue %d; want %d (the queue is empty at the drain)", found, deepest, waiting)
 	}
 	// The next interval saw no connection join: its deepest is 0.
-	for _, li := range collect(t, tr).Listeners {
+	for _, li := range tracertest.Collect(t, tr).Listeners {
 		if li.NetNS == b.Inode && li.Port == 7003 && li.QueueMax != 0 {
 			t.Errorf("next interval: deepest queue %d, want 0", li.QueueMax)
 		}
@@ -965,7 +823,7 @@ func TestTinyMapCountsLosses(t *testing.T) {
 	cached := bundler.FlowCacheSlots * ncpu
 	flows := size + spill + cached + 300
 	tr := startTracer(t, func(c *tracer.Config) { c.FlowMapSize = size })
-	collect(t, tr) // start from an empty map
+	tracertest.Collect(t, tr) // start from an empty map
 
 	// Distinct server ports: more dependencies than the map, the spill
 	// and the cache hold together.
@@ -975,7 +833,7 @@ func TestTinyMapCountsLosses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	iv := collect(t, tr)
+	iv := tracertest.Collect(t, tr)
 	if len(iv.Flows) > size+spill+cached {
 		t.Errorf("%d flows from a map of %d, a spill of %d and a cache of %d", len(iv.Flows), size, spill, cached)
 	}
@@ -1014,14 +872,14 @@ func TestNetnsFilter(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool { return l.one(t, b).Connections >= 2 })
-	for _, f := range l.flows {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, b).Connections >= 2 })
+	for _, f := range l.Flows {
 		if f.NetNS != b.Inode {
 			t.Errorf("flow from netns %d traced with --netns %d: %+v", f.NetNS, b.Inode, f)
 		}
 	}
-	if f := l.one(t, b); !l.counted(f.Connections, 2) {
+	if f := l.One(t, b); !l.Counted(f.Connections, 2) {
 		t.Errorf("server: %+v", f.Counters)
 	}
 }
@@ -1094,18 +952,18 @@ func TestListenerWithZeroBacklog(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		return l.one(t, b).BytesSent >= n*resp && l.one(t, a).BytesReceived >= n*resp
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, b).BytesSent >= n*resp && l.One(t, a).BytesReceived >= n*resp
 	})
-	in := l.one(t, b)
+	in := l.One(t, b)
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7100)
-	if !l.counted(in.Connections, n) || !l.countedBytes(in.BytesReceived, n*req, req) || !l.countedBytes(in.BytesSent, n*resp, resp) {
+	if !l.Counted(in.Connections, n) || !l.CountedBytes(in.BytesReceived, n*req, req) || !l.CountedBytes(in.BytesSent, n*resp, resp) {
 		t.Errorf("server with backlog 0: %+v; want %d connections, %d received, %d sent", in.Counters, n, n*req, n*resp)
 	}
-	out := l.one(t, a)
+	out := l.One(t, a)
 	checkFlow(t, out, "tcp", tracer.Outbound, addr(a.IPv4), addr(b.IPv4), 7100)
-	if !l.counted(out.Connections, n) || !l.countedBytes(out.BytesSent, n*req, req) || !l.countedBytes(out.BytesReceived, n*resp, resp) {
+	if !l.Counted(out.Connections, n) || !l.CountedBytes(out.BytesSent, n*req, req) || !l.CountedBytes(out.BytesReceived, n*resp, resp) {
 		t.Errorf("client: %+v", out.Counters)
 	}
 }
@@ -1153,11 +1011,11 @@ func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 			rounds.Add(1)
 		}
 	}()
-	ledgers := []*ledger{newLedger(), newLedger()}
+	ledgers := []*tracertest.Ledger{tracertest.NewLedger(), tracertest.NewLedger()}
 	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) && (ledgers[0].one(t, a).BytesSent == 0 || ledgers[1].one(t, a).BytesSent == 0) {
-		ledgers[0].add(collect(t, tr1))
-		ledgers[1].add(collect(t, tr2))
+	for time.Now().Before(deadline) && (ledgers[0].One(t, a).BytesSent == 0 || ledgers[1].One(t, a).BytesSent == 0) {
+		ledgers[0].Add(tracertest.Collect(t, tr1))
+		ledgers[1].Add(tracertest.Collect(t, tr2))
 		time.Sleep(20 * time.Millisecond)
 	}
 	close(stop)
@@ -1167,8 +1025,8 @@ func TestTwoTracersBothSeeALiveConnection(t *testing.T) {
 	total := rounds.Load() * size
 	for i, tr := range []*tracer.Tracer{tr1, tr2} {
 		l := ledgers[i]
-		settle(t, tr, l, func(l *ledger) bool { return l.one(t, a).BytesSent >= total })
-		if got := l.one(t, a).BytesSent; got != total {
+		tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool { return l.One(t, a).BytesSent >= total })
+		if got := l.One(t, a).BytesSent; got != total {
 			t.Errorf("tracer %d: %d bytes sent while the connection is open; want %d", i+1, got, total)
 		}
 	}
@@ -1205,13 +1063,13 @@ func TestResetsFromAListenerAreNoFlow(t *testing.T) {
 		c.Read(buf)
 		c.Close()
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		return l.one(t, a).Connections >= n && l.one(t, b).Connections >= n && l.one(t, b).ResetsSent > 0
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).Connections >= n && l.One(t, b).Connections >= n && l.One(t, b).ResetsSent > 0
 	})
-	in := l.one(t, b) // fails if the listener's resets made a second flow
+	in := l.One(t, b) // fails if the listener's resets made a second flow
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7400)
-	if !l.counted(in.Connections, n) {
+	if !l.Counted(in.Connections, n) {
 		t.Errorf("server: %+v; want %d connections", in.Counters, n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -90,8 +91,8 @@ func startUnixServer(t *testing.T, name, path string) {
 }
 
 // unixFlows returns the ledger's flows on one socket path.
-func unixFlows(l *ledger, path string) (out, in tracer.Flow) {
-	for _, f := range l.flows {
+func unixFlows(l *tracertest.Ledger, path string) (out, in tracer.Flow) {
+	for _, f := range l.Flows {
 		if f.Proto != tracer.ProtoUnix {
 			continue
 		}
@@ -123,19 +124,19 @@ func TestUnixStreamBothEndsNamed(t *testing.T) {
 				}
 				c.Close()
 			}
-			l := newLedger()
-			settle(t, tr, l, func(l *ledger) bool {
+			l := tracertest.NewLedger()
+			tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 				o, i := unixFlows(l, path)
 				return o.BytesReceived >= n*size && i.BytesSent >= n*size && o.PeerComm != "" && i.PeerComm != ""
 			})
 			o, i := unixFlows(l, path)
-			if !l.counted(o.Connections, n) || !l.countedBytes(o.BytesSent, n*size, size) || !l.countedBytes(o.BytesReceived, n*size, size) || o.Port != 0 {
+			if !l.Counted(o.Connections, n) || !l.CountedBytes(o.BytesSent, n*size, size) || !l.CountedBytes(o.BytesReceived, n*size, size) || o.Port != 0 {
 				t.Errorf("client side: %+v", o.Counters)
 			}
 			if o.Comm != testComm() || o.PeerComm != "uxserver" || o.PeerPID == 0 {
 				t.Errorf("client side names %q with peer %d/%q; want %q with peer uxserver", o.Comm, o.PeerPID, o.PeerComm, testComm())
 			}
-			if !l.counted(i.Connections, n) || !l.countedBytes(i.BytesSent, n*size, size) || !l.countedBytes(i.BytesReceived, n*size, size) {
+			if !l.Counted(i.Connections, n) || !l.CountedBytes(i.BytesSent, n*size, size) || !l.CountedBytes(i.BytesReceived, n*size, size) {
 				t.Errorf("server side: %+v", i.Counters)
 			}
 			if i.Comm != "uxserver" || i.PeerComm != testComm() || i.PID != o.PeerPID {
@@ -170,16 +171,16 @@ func TestUnixDatagramsToANamedSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		o, i := unixFlows(l, path)
 		return o.DatagramsSent >= n && i.DatagramsReceived >= n
 	})
 	o, i := unixFlows(l, path)
-	if !l.counted(o.DatagramsSent, n) || !l.countedBytes(o.BytesSent, n*9, 9) || o.Connections != 0 {
+	if !l.Counted(o.DatagramsSent, n) || !l.CountedBytes(o.BytesSent, n*9, 9) || o.Connections != 0 {
 		t.Errorf("sender: %+v", o.Counters)
 	}
-	if !l.counted(i.DatagramsReceived, n) || !l.countedBytes(i.BytesReceived, n*9, 9) {
+	if !l.Counted(i.DatagramsReceived, n) || !l.CountedBytes(i.BytesReceived, n*9, 9) {
 		t.Errorf("receiver: %+v", i.Counters)
 	}
 }
@@ -214,19 +215,19 @@ func TestUnixDatagramsSentToAPath(t *testing.T) {
 			}
 		}
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		o, i := unixFlows(l, path)
 		return o.DatagramsSent >= 2*n && i.DatagramsReceived >= 2*n
 	})
 	o, i := unixFlows(l, path)
-	if !l.counted(o.DatagramsSent, 2*n) || !l.countedBytes(o.BytesSent, 2*n*size, size) || o.Connections != 0 || o.Comm != testComm() {
+	if !l.Counted(o.DatagramsSent, 2*n) || !l.CountedBytes(o.BytesSent, 2*n*size, size) || o.Connections != 0 || o.Comm != testComm() {
 		t.Errorf("senders: %+v named %q; want %d datagrams (%d bytes) from %q", o.Counters, o.Comm, 2*n, 2*n*size, testComm())
 	}
-	if !l.counted(i.DatagramsReceived, 2*n) || !l.countedBytes(i.BytesReceived, 2*n*size, size) {
+	if !l.Counted(i.DatagramsReceived, 2*n) || !l.CountedBytes(i.BytesReceived, 2*n*size, size) {
 		t.Errorf("receiver: %+v", i.Counters)
 	}
-	for _, f := range l.flows {
+	for _, f := range l.Flows {
 		if f.Proto == tracer.ProtoUnix && f.LocalAddr == filepath.Join(dir, "client") {
 			t.Errorf("the bound sender's own name taken for a service: %+v", *f)
 		}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/agent"
+	deptracehooks "github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
@@ -129,7 +130,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		case h.Off:
 			status = "off"
 			missing = append(missing, h)
-		case !h.Active && tracer.Covered(h, hooks):
+		case !h.Active && deptracehooks.Covered(h, hooks):
 			status = "replaced" // a fallback below does its work
 		case !h.Active:
 			status = "MISSING"

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/output"
@@ -141,7 +142,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		return err
 	}
 	defer t.Close()
-	tracer.LogUncovered(log, t.Hooks())
+	hooks.LogUncovered(log, t.Hooks())
 	if nsCount, ports, err := t.Seeded(); err != nil {
 		log.Warn("seeding listening ports failed; older connections may show the wrong direction", "err", err)
 	} else {

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/store"
@@ -114,7 +115,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("replaced a pinned kernel side", "pin_path", cfg.Tracer.PinPath, "why", ad.Replaced,
 			"flows_salvaged", ad.Salvaged, "entries_lost", ad.Unreadable)
 	}
-	tracer.LogUncovered(log, t.Hooks())
+	hooks.LogUncovered(log, t.Hooks())
 
 	ids, err := newHostIDs(cfg.HostID)
 	if err != nil {
@@ -126,48 +127,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		"store_max_size_bytes", cfg.StoreMaxSize)
 
 	// The writer stores one interval at a time and commits it in the
-	// kernel once it is in the store or the spool; until then the next
-	// drain waits (the kernel keeps counting).
+	// kernel once it is in the store or the spool (or abandons it); until
+	// then the next drain waits (the kernel keeps counting).
 	jobs := make(chan job, 1)
-	idle := make(chan struct{}, 1)
-	idle <- struct{}{}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		w.loop(jobs, idle)
+		w.loop(jobs)
 	}()
 
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	tick := time.NewTicker(cfg.Tracer.Interval)
-	defer tick.Stop()
 	servicesDue := 0     // intervals until listening services are written again
 	observed := ""       // the last interval counted in the metrics
 	againBefore := false // the last drain collected an interval again
-	failed := 0
-	stopping := false
-	for {
-		if !stopping {
-			select {
-			case <-ctx.Done():
-				stopping = true
-			case <-tick.C:
-			}
-		}
-		if stopping {
-			<-idle // the writer finishes the interval it holds
-			if w.uncommitted {
-				break // the kernel side keeps it: collecting again would only repeat it
-			}
-		} else {
-			select {
-			case <-idle:
-			default:
-				log.Debug("the previous interval is not stored yet: this drain waits for the next tick")
-				continue
-			}
-		}
-		iv, err := t.Collect()
+	emit := func(iv tracer.Interval) error {
 		if cfg.Annotate != nil {
 			cfg.Annotate(iv.Flows)
 		}
@@ -204,30 +178,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		servicesDue--
 		if len(b.Observations)+len(b.Services)+len(b.Listeners) == 0 {
-			if cerr := iv.Commit(); cerr != nil {
-				err = errors.Join(err, cerr)
-			}
-			idle <- struct{}{}
-		} else {
-			jobs <- job{batch: b, commit: iv.Commit}
+			// Nothing to store: committed here, its error a failed drain.
+			_ = iv.Commit()
+			return nil
 		}
-		if stopping {
-			if iv.Recovered && err == nil {
-				continue // a dead agent's interval came first: now the last one
-			}
-			runErr = err
-			break
-		}
-		if err == nil {
-			failed = 0
-			continue
-		}
-		log.Warn("drain failed", "err", err)
-		if failed++; failed >= maxDrainErrors {
-			runErr = fmt.Errorf("%d drains in a row failed, the last: %w", failed, err)
-			break
-		}
+		jobs <- job{batch: b, iv: iv}
+		return nil
 	}
+	runErr = t.RunWith(ctx, tracer.RunOptions{
+		AsyncCommit: true,
+		DrainFailed: func(err error) { log.Warn("drain failed", "err", err) },
+	}, emit)
 	close(jobs)
 	wg.Wait()
 	if n := len(w.held); n > 0 {
@@ -250,9 +211,6 @@ func keptFor(d time.Duration) string {
 	}
 	return d.String()
 }
-
-// maxDrainErrors is how many failed drains in a row stop the agent.
-const maxDrainErrors = 3
 
 // batchOf turns an interval into a store batch named by its BatchID, so
 // that the same interval stored twice (collected again after a crash, or
@@ -361,16 +319,16 @@ type writer struct {
 	uncommitted bool
 }
 
-// job is one interval to store, and the commit that releases its counts
+// job is one interval to store as batch; its Commit releases its counts
 // in the kernel once they are stored.
 type job struct {
-	batch  store.Batch
-	commit func() error
+	batch store.Batch
+	iv    tracer.Interval
 }
 
 // loop stores jobs one at a time, committing each once it is durable (in
-// the store, or in the spool), and signals idle after each.
-func (w *writer) loop(jobs <-chan job, idle chan<- struct{}) {
+// the store, or in the spool), and abandoning it otherwise.
+func (w *writer) loop(jobs <-chan job) {
 	retry := time.NewTicker(5 * time.Second)
 	defer retry.Stop()
 	for {
@@ -381,7 +339,6 @@ func (w *writer) loop(jobs <-chan job, idle chan<- struct{}) {
 				return
 			}
 			w.store1(j)
-			idle <- struct{}{}
 		case <-retry.C:
 			w.flush()
 		}
@@ -396,10 +353,11 @@ func (w *writer) store1(j job) {
 		// Not durable: a pinned kernel side keeps the interval, and the
 		// next drain collects it again.
 		w.uncommitted = true
+		j.iv.Abandon()
 		return
 	}
 	w.haltAt("stored")
-	if err := j.commit(); err != nil {
+	if err := j.iv.Commit(); err != nil {
 		w.log.Warn("committing a stored interval in the kernel failed: it will be collected again under its batch id, which the store ignores", "batch", j.batch.ID, "err", err)
 		w.uncommitted = true
 		return

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -38,187 +38,7 @@ func need(t *testing.T, progs ...string) {
 
 func startTracer(t *testing.T) *tracer.Tracer {
 	t.Helper()
-	testnet.RequireRoot(t)
-	cfg := tracer.DefaultConfig()
-	cfg.SyscallTracepoints = true // the fallback CI's kernel needs for connect failures
-	tr, err := tracer.New(cfg)
-	if err != nil {
-		t.Fatalf("load tracer: %v", err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	// Every capability works on the CI kernel, through its hook or the
-	// fallback that replaces it there (the connect fexits' tracepoint).
-	hooks := tr.Hooks()
-	for _, h := range hooks {
-		if !tracer.Covered(h, hooks) {
-			t.Fatalf("hook %s inactive and not replaced on the CI kernel: %s", h.Hook, h.Reason)
-		}
-	}
-	if _, _, err := tr.Seeded(); err != nil {
-		t.Fatalf("seed: %v", err)
-	}
-	return tr
-}
-
-// ledger sums flows and listener records over many intervals. The kernel
-// reports counts when the sockets counted them, so totals are asserted
-// over intervals, never what one interval holds.
-type ledger struct {
-	flows     map[string]*tracer.Flow
-	listeners map[string]*tracer.Listener
-	lost      tracer.Losses
-}
-
-func newLedger() *ledger {
-	return &ledger{flows: map[string]*tracer.Flow{}, listeners: map[string]*tracer.Listener{}}
-}
-
-func flowID(f tracer.Flow) string {
-	return fmt.Sprint(f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port)
-}
-
-func (l *ledger) add(iv tracer.Interval) {
-	for _, f := range iv.Flows {
-		id := flowID(f)
-		if have, ok := l.flows[id]; ok {
-			have.Counters.Add(f.Counters)
-			if f.PID != 0 {
-				have.PID, have.Comm = f.PID, f.Comm
-			}
-			if f.PeerPID != 0 {
-				have.PeerPID, have.PeerComm = f.PeerPID, f.PeerComm
-			}
-			continue
-		}
-		cp := f
-		l.flows[id] = &cp
-	}
-	for _, li := range iv.Listeners {
-		id := fmt.Sprint(li.NetNS, li.Proto, li.LocalAddr, li.Port)
-		have, ok := l.listeners[id]
-		if !ok {
-			cp := li
-			l.listeners[id] = &cp
-			continue
-		}
-		have.Drops += li.Drops
-		have.QueueMax = max(have.QueueMax, li.QueueMax)
-		have.BacklogLimit = li.BacklogLimit
-		if li.PID != 0 {
-			have.PID, have.Comm = li.PID, li.Comm
-		}
-	}
-	l.lost.FlowMapFull += iv.Lost.FlowMapFull
-	l.lost.FlowAllocFailed += iv.Lost.FlowAllocFailed
-	l.lost.PortMapFull += iv.Lost.PortMapFull
-	l.lost.UDPPeerUnknown += iv.Lost.UDPPeerUnknown
-	l.lost.SockStorageFailed += iv.Lost.SockStorageFailed
-	l.lost.RecursionMisses += iv.Lost.RecursionMisses
-}
-
-// streamLosses is every loss that could touch a TCP or unix count. The
-// tracer sees the whole machine, where any daemon may read a datagram
-// without asking its sender (udp_peer_unknown): no stream depends on that.
-func (l *ledger) streamLosses() uint64 {
-	lost := l.lost
-	lost.UDPPeerUnknown = 0
-	return lost.Total()
-}
-
-// tcp returns the tcp flow of namespace ns in direction dir on server port
-// port, or a zero flow.
-func (l *ledger) tcp(ns uint32, dir string, port uint16) tracer.Flow {
-	for _, f := range l.flows {
-		if f.NetNS == ns && f.Proto == tracer.ProtoTCP && f.Direction == dir && f.Port == port {
-			return *f
-		}
-	}
-	return tracer.Flow{}
-}
-
-// countTCP counts the tcp flows of namespace ns on server port port.
-func (l *ledger) countTCP(ns uint32, port uint16) int {
-	n := 0
-	for _, f := range l.flows {
-		if f.NetNS == ns && f.Proto == tracer.ProtoTCP && f.Port == port {
-			n++
-		}
-	}
-	return n
-}
-
-// unix returns the unix flows on socket path: the client's side
-// (outbound, named by the server's path) and the server's (inbound).
-func (l *ledger) unix(path string) (out, in tracer.Flow) {
-	for _, f := range l.flows {
-		if f.Proto != tracer.ProtoUnix {
-			continue
-		}
-		if f.Direction == tracer.Outbound && f.RemoteAddr == path {
-			out = *f
-		}
-		if f.Direction == tracer.Inbound && f.LocalAddr == path {
-			in = *f
-		}
-	}
-	return out, in
-}
-
-func (l *ledger) listener(ns uint32, port uint16) tracer.Listener {
-	for _, li := range l.listeners {
-		if li.NetNS == ns && li.Port == port && li.Proto == tracer.ProtoTCP {
-			return *li
-		}
-	}
-	return tracer.Listener{}
-}
-
-func (l *ledger) String() string { return l.about(nil) }
-
-// about lists the flows and listeners of the namespaces in ns (all when
-// ns is nil): other tests' traffic on a shared machine is no evidence.
-func (l *ledger) about(ns []uint32) string {
-	var b strings.Builder
-	keep := func(n uint32) bool { return ns == nil || slices.Contains(ns, n) }
-	for id, f := range l.flows {
-		if keep(f.NetNS) {
-			fmt.Fprintf(&b, "\n  %s pid %d %q peer %d %q: %+v", id, f.PID, f.Comm, f.PeerPID, f.PeerComm, f.Counters)
-		}
-	}
-	for id, li := range l.listeners {
-		if keep(li.NetNS) {
-			fmt.Fprintf(&b, "\n  listener %s pid %d %q: backlog %d queue %d drops %d", id, li.PID, li.Comm, li.BacklogLimit, li.QueueMax, li.Drops)
-		}
-	}
-	return b.String()
-}
-
-// settle collects until done holds for the ledger, then twice more to
-// catch anything counted twice; it fails after 20 s (a stalled machine,
-// not a slow one).
-func settle(t *testing.T, tr *tracer.Tracer, l *ledger, done func(*ledger) bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !done(l) {
-		if time.Now().After(deadline) {
-			st, _ := tr.Stats()
-			t.Fatalf("counts never reached what the programs did; have %s\nkernel-side losses since start: %+v", l, st.Lost)
-		}
-		time.Sleep(20 * time.Millisecond)
-		l.add(collect(t, tr))
-	}
-	l.add(collect(t, tr))
-	time.Sleep(50 * time.Millisecond)
-	l.add(collect(t, tr))
-}
-
-func collect(t *testing.T, tr *tracer.Tracer) tracer.Interval {
-	t.Helper()
-	iv, err := tr.Collect()
-	if err != nil {
-		t.Fatalf("collect: %v", err)
-	}
-	return iv
+	return tracertest.Start(t, nil)
 }
 
 // daemon is a long-running program this test started.
@@ -344,17 +164,7 @@ func comm(pid int) string {
 // waitFor polls cond every 50 ms for at most limit.
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, limit, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	tracertest.Eventually(t, limit, what, cond)
 }
 
 // httpGet sends one HTTP/1.0 GET over c and returns the whole response.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -61,17 +62,17 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 	_, mib, _ := run(t, a, 10*time.Second, "nstat", "-az", "TcpExtLockDroppedIcmps", "TcpAttemptFails", "IcmpInDestUnreachs")
 	t.Logf("client namespace counters:\n%s", mib)
 
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		for _, c := range cases {
-			if l.tcp(a.Inode, tracer.Outbound, c.port).FailedConnections < r {
+			if l.TCP(a.Inode, tracer.Outbound, c.port).FailedConnections < r {
 				return false
 			}
 		}
 		return true
 	})
-	t.Logf("ledger:%s", l.about([]uint32{a.Inode, b.Inode}))
-	ref := l.tcp(a.Inode, tracer.Outbound, 7005)
+	t.Logf("ledger:%s", l.About([]uint32{a.Inode, b.Inode}))
+	ref := l.TCP(a.Inode, tracer.Outbound, 7005)
 	if ref.Connections != 0 || ref.FailedConnections != r || ref.FailedRefused != r || ref.Comm != "curl" {
 		t.Errorf("refused edge: %+v named %q; want %d failed, all refused, by curl", ref.Counters, ref.Comm, r)
 	}
@@ -79,7 +80,7 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 		t.Errorf("refused edge: %d resets received; resets count on established connections only (docs/flows.md), "+
 			"the RSTs that refused the SYNs are already counted as failed_refused", ref.ResetsReceived)
 	}
-	un := l.tcp(a.Inode, tracer.Outbound, 7004)
+	un := l.TCP(a.Inode, tracer.Outbound, 7004)
 	if un.Connections != 0 || un.FailedConnections != r || un.FailedUnreachable != r || un.Comm != "curl" {
 		t.Errorf("unreachable edge, port 7004: %+v named %q; want %d failed, all unreachable (curl saw No route to host), by curl",
 			un.Counters, un.Comm, r)
@@ -88,14 +89,14 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 	// run in thirty, one of the failures is reported as a timeout; the
 	// interleaving is not pinned down yet (docs/flows.md). Every failure
 	// is still counted, never as refused, and at most one as a timeout.
-	un = l.tcp(a.Inode, tracer.Outbound, 7006)
+	un = l.TCP(a.Inode, tracer.Outbound, 7006)
 	if un.Connections != 0 || un.FailedConnections != r || un.FailedUnreachable+un.FailedTimeout != r ||
 		un.FailedUnreachable < r-1 || un.Comm != "curl" {
 		t.Errorf("unreachable edge, port 7006: %+v named %q; want %d failed, at least %d unreachable, by curl",
 			un.Counters, un.Comm, r, r-1)
 	}
 	for _, c := range cases {
-		if n := l.countTCP(b.Inode, c.port); n != 0 {
+		if n := l.CountTCP(b.Inode, c.port); n != 0 {
 			t.Errorf("server host has %d flows on port %d that never opened", n, c.port)
 		}
 	}
@@ -130,12 +131,12 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 	if dropped != n {
 		t.Fatalf("the rule dropped %d SYNs; want %d (one per connect)", dropped, n)
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		return l.tcp(a.Inode, tracer.Outbound, 7003).Connections >= n && l.tcp(b.Inode, tracer.Inbound, 7003).Connections >= n
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.TCP(a.Inode, tracer.Outbound, 7003).Connections >= n && l.TCP(b.Inode, tracer.Inbound, 7003).Connections >= n
 	})
-	t.Logf("ledger:%s", l.about([]uint32{a.Inode, b.Inode}))
-	o := l.tcp(a.Inode, tracer.Outbound, 7003)
+	t.Logf("ledger:%s", l.About([]uint32{a.Inode, b.Inode}))
+	o := l.TCP(a.Inode, tracer.Outbound, 7003)
 	if o.Connections != n || o.FailedConnections != 0 || o.ConnectLatencyCount != n {
 		t.Errorf("client edge: %+v; want %d connections with latency", o.Counters, n)
 	}
@@ -146,7 +147,7 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 	if o.Retransmits != dropped {
 		t.Errorf("client edge: %d retransmits; want %d (the dropped SYNs, sent again)", o.Retransmits, dropped)
 	}
-	if i := l.tcp(b.Inode, tracer.Inbound, 7003); i.Connections != n {
+	if i := l.TCP(b.Inode, tracer.Inbound, 7003); i.Connections != n {
 		t.Errorf("server edge: %+v; want %d connections", i.Counters, n)
 	}
 }
@@ -219,21 +220,21 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 
 	addr := b.IPv4.String() + ":7002"
 	before := listenerDrops(t, b, addr)
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		o := l.tcp(a.Inode, tracer.Outbound, 7002)
-		return o.Connections+o.FailedConnections >= clients && l.listener(b.Inode, 7002).Drops >= before
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		o := l.TCP(a.Inode, tracer.Outbound, 7002)
+		return o.Connections+o.FailedConnections >= clients && l.Listener(b.Inode, 7002).Drops >= before
 	})
 	after := listenerDrops(t, b, addr)
-	t.Logf("ledger:%s", l.about([]uint32{a.Inode, b.Inode}))
+	t.Logf("ledger:%s", l.About([]uint32{a.Inode, b.Inode}))
 	t.Logf("listener sk_drops from ss: %d before settling, %d after", before, after)
 
-	o := l.tcp(a.Inode, tracer.Outbound, 7002)
+	o := l.TCP(a.Inode, tracer.Outbound, 7002)
 	if o.Connections != uint64(connected) || o.FailedConnections != uint64(clients-connected) || o.FailedTimeout != o.FailedConnections || o.Comm != "curl" {
 		t.Errorf("client edge: %+v named %q; want %d connections (curl connected) and %d failed, all timeouts",
 			o.Counters, o.Comm, connected, clients-connected)
 	}
-	li := l.listener(b.Inode, 7002)
+	li := l.Listener(b.Inode, 7002)
 	if li.BacklogLimit != 1 || li.QueueMax < 1 || li.LocalAddr != b.IPv4.String() {
 		t.Errorf("listener %s: backlog %d, deepest queue %d; want backlog 1, a queue", li.LocalAddr, li.BacklogLimit, li.QueueMax)
 	}

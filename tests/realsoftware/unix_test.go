@@ -14,6 +14,7 @@ import (
 
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -115,15 +116,15 @@ func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
 		t.Fatalf("nginx logged %d upstream requests and gunicorn served %d; want %d each", len(upLines), got, n)
 	}
 
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		o, i := l.unix(sock)
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		o, i := l.Unix(sock)
 		return o.Connections >= n && i.Connections >= n && o.BytesReceived >= upRecv && i.BytesReceived >= upSent &&
-			l.tcp(a.Inode, tracer.Outbound, 8080).BytesReceived >= curlRecv && l.tcp(b.Inode, tracer.Inbound, 8080).BytesReceived >= curlSent
+			l.TCP(a.Inode, tracer.Outbound, 8080).BytesReceived >= curlRecv && l.TCP(b.Inode, tracer.Inbound, 8080).BytesReceived >= curlSent
 	})
-	t.Logf("ledger:%s", l.about([]uint32{a.Inode, b.Inode}))
+	t.Logf("ledger:%s", l.About([]uint32{a.Inode, b.Inode}))
 
-	o, i := l.unix(sock)
+	o, i := l.Unix(sock)
 	if o.NetNS != b.Inode || o.Port != 0 || o.LocalAddr != "" {
 		t.Errorf("nginx side: netns %d port %d local %q; want netns %d, port 0, local \"\"", o.NetNS, o.Port, o.LocalAddr, b.Inode)
 	}
@@ -147,22 +148,22 @@ func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
 			i.PID, i.Comm, i.PeerPID, i.PeerComm, gworkers, worker)
 	}
 
-	out := l.tcp(a.Inode, tracer.Outbound, 8080)
+	out := l.TCP(a.Inode, tracer.Outbound, 8080)
 	if out.LocalAddr != a.IPv4.String() || out.RemoteAddr != b.IPv4.String() || out.Comm != "curl" {
 		t.Errorf("curl side: %s -> %s named %q; want %s -> %s, \"curl\"", out.LocalAddr, out.RemoteAddr, out.Comm, a.IPv4, b.IPv4)
 	}
 	if out.Connections != n || out.FailedConnections != 0 || out.BytesSent != curlSent || out.BytesReceived != curlRecv || out.ConnectLatencyCount != n {
 		t.Errorf("curl -> nginx: %+v; want %d connections, %d bytes sent, %d received (curl's own counts)", out.Counters, n, curlSent, curlRecv)
 	}
-	in := l.tcp(b.Inode, tracer.Inbound, 8080)
+	in := l.TCP(b.Inode, tracer.Inbound, 8080)
 	if in.LocalAddr != b.IPv4.String() || in.RemoteAddr != a.IPv4.String() || in.PID != uint32(master) || in.Comm != "nginx" {
 		t.Errorf("nginx inbound: %s <- %s named %d/%q; want %s <- %s, the nginx master %d that listens", in.LocalAddr, in.RemoteAddr, in.PID, in.Comm, b.IPv4, a.IPv4, master)
 	}
 	if in.Connections != n || in.BytesReceived != curlSent || in.BytesSent != curlRecv {
 		t.Errorf("nginx <- curl: %+v; want %d connections, %d received, %d sent", in.Counters, n, curlSent, curlRecv)
 	}
-	if l.streamLosses() != 0 {
-		t.Errorf("lost: %+v", l.lost)
+	if l.StreamLosses() != 0 {
+		t.Errorf("lost: %+v", l.Lost)
 	}
 }
 
@@ -202,12 +203,12 @@ func TestPsqlToPostgresOverUnixSocket(t *testing.T) {
 			t.Fatalf("psql: exit %d: %q %s", code, out, errOut)
 		}
 	}
-	l := newLedger()
-	settle(t, tr, l, func(l *ledger) bool {
-		o, i := l.unix(sock)
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		o, i := l.Unix(sock)
 		return o.Connections >= k && i.Connections >= k && o.BytesSent > 0 && i.BytesSent > 0
 	})
-	o, i := l.unix(sock)
+	o, i := l.Unix(sock)
 	t.Logf("psql side pid %d %q peer %d %q: %+v", o.PID, o.Comm, o.PeerPID, o.PeerComm, o.Counters)
 	t.Logf("postgres side pid %d %q peer %d %q: %+v", i.PID, i.Comm, i.PeerPID, i.PeerComm, i.Counters)
 	if o.Connections != k || o.Comm != "psql" || o.PeerComm != "postgres" || o.PeerPID == 0 || o.PeerPID == uint32(postmaster) {
@@ -220,7 +221,7 @@ func TestPsqlToPostgresOverUnixSocket(t *testing.T) {
 	if o.BytesSent != i.BytesReceived || o.BytesReceived != i.BytesSent {
 		t.Errorf("the two ends disagree: psql sent %d received %d, postgres received %d sent %d", o.BytesSent, o.BytesReceived, i.BytesReceived, i.BytesSent)
 	}
-	if l.streamLosses() != 0 {
-		t.Errorf("lost: %+v", l.lost)
+	if l.StreamLosses() != 0 {
+		t.Errorf("lost: %+v", l.Lost)
 	}
 }

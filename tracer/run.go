@@ -1,0 +1,169 @@
+package tracer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Run drains every interval and calls emit with the result until ctx is
+// done; then it drains once more so the last partial interval is not lost.
+// A drain that fails still emits what it read (counts it drained are in the
+// interval, never dropped); Run gives up after maxDrainErrors failed drains
+// in a row. Run commits each interval when emit returns nil, so an emit
+// that must not lose counts (with Config.PinPath) stores the interval
+// before returning; an emit that stores asynchronously uses RunWith and
+// RunOptions.AsyncCommit. An interval whose commit failed is emitted
+// again, with the same BatchID. An error from emit ends Run.
+func (t *Tracer) Run(ctx context.Context, emit func(Interval) error) error {
+	return t.RunWith(ctx, RunOptions{}, emit)
+}
+
+// RunOptions change how RunWith hands intervals over; the zero value is Run.
+type RunOptions struct {
+	// AsyncCommit: emit hands each interval over (to a goroutine that
+	// stores it) and returns at once; whoever stores it then calls exactly
+	// one of Interval.Commit, once it is stored, or Interval.Abandon, if it
+	// could not be. Until then the drains due are skipped (the kernel keeps
+	// counting, and the next drain after it takes everything). When ctx is
+	// done, RunWith waits for that call, and drains a last time only if the
+	// interval was committed: an abandoned one stays in a pinned kernel
+	// side for the next process, and draining again would only repeat it.
+	// An error from a Commit made before emit returned counts as a failed
+	// drain; later ones are the consumer's to handle.
+	AsyncCommit bool
+	// DrainFailed, when set, is told about each drain that failed (after
+	// its interval was emitted), except the last one at stop, whose error
+	// RunWith returns.
+	DrainFailed func(error)
+}
+
+// RunWith is Run with options.
+func (t *Tracer) RunWith(ctx context.Context, opts RunOptions, emit func(Interval) error) error {
+	tick := time.NewTicker(t.cfg.Interval)
+	defer tick.Stop()
+	var prev *handover // the interval the consumer holds (AsyncCommit)
+	failed := 0
+	last := false
+	for {
+		if !last {
+			select {
+			case <-ctx.Done():
+				last = true
+			case <-tick.C:
+			}
+		}
+		if prev != nil {
+			if last {
+				if !prev.wait() {
+					return nil // a pinned kernel side keeps it; collecting again would only repeat it
+				}
+			} else if !prev.settled() {
+				continue // not stored yet: this drain waits for the next tick
+			}
+		}
+		iv, err := t.Collect()
+		var emitErr error
+		if opts.AsyncCommit {
+			prev = newHandover(&iv)
+			emitErr = emit(iv)
+			err = errors.Join(err, prev.emitted())
+		} else {
+			emitErr = emit(iv)
+			if emitErr == nil {
+				err = errors.Join(err, iv.Commit())
+			}
+		}
+		if last {
+			if iv.Recovered && err == nil && emitErr == nil {
+				continue // a previous process's interval came first: now the last one
+			}
+			return errors.Join(err, emitErr)
+		}
+		if emitErr != nil {
+			return emitErr
+		}
+		if err == nil {
+			failed = 0
+			continue
+		}
+		if opts.DrainFailed != nil {
+			opts.DrainFailed(err)
+		}
+		if failed++; failed >= maxDrainErrors {
+			return fmt.Errorf("%d drains in a row failed, the last: %w", failed, err)
+		}
+	}
+}
+
+// maxDrainErrors is how many failed drains in a row end Run.
+const maxDrainErrors = 3
+
+// handover follows one interval emitted in AsyncCommit mode until the
+// consumer commits or abandons it.
+type handover struct {
+	mu        sync.Mutex
+	done      chan struct{} // closed by the first Commit or Abandon
+	committed bool
+	returned  bool  // emit returned
+	syncErr   error // a Commit's error before emit returned
+}
+
+// newHandover makes iv's Commit and Abandon report to the handover.
+func newHandover(iv *Interval) *handover {
+	h := &handover{done: make(chan struct{})}
+	commit := iv.commit
+	iv.commit = func() error {
+		var err error
+		if commit != nil {
+			err = commit()
+		}
+		h.finish(err == nil, err)
+		return err
+	}
+	iv.abandon = func() { h.finish(false, nil) }
+	return h
+}
+
+func (h *handover) finish(committed bool, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.done:
+		return // the first call decides
+	default:
+	}
+	h.committed = committed
+	if !h.returned {
+		h.syncErr = err
+	}
+	close(h.done)
+}
+
+// emitted marks the return of emit and returns the error of a Commit
+// made before it.
+func (h *handover) emitted() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.returned = true
+	return h.syncErr
+}
+
+func (h *handover) settled() bool {
+	select {
+	case <-h.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait blocks until the consumer is done and reports whether it committed.
+func (h *handover) wait() bool {
+	<-h.done
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.committed
+}
