@@ -23,11 +23,6 @@
 #include <bpf/bpf_endian.h>
 #include "perevent.h"
 
-#define AF_INET 2
-#define AF_INET6 10
-#define MSG_PEEK 2
-#define SOCK_BINDPORT_LOCK 8
-
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Referenced here so the shared types land in BTF for bpf2go. */
@@ -126,12 +121,7 @@ struct {
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 #define as_sock(ctx_sk) ((struct sock *)bpf_rdonly_cast((ctx_sk), bpf_core_type_id_kernel(struct sock)))
 
-static __always_inline void stat_inc(__u32 idx)
-{
-	__u64 *c = bpf_map_lookup_elem(&stats, &idx);
-	if (c)
-		__sync_fetch_and_add(c, 1);
-}
+#include "sock.bpf.h"
 
 static __always_inline void stream(const struct flow_key *k, __u8 kind, __u32 bytes)
 {
@@ -141,64 +131,6 @@ static __always_inline void stream(const struct flow_key *k, __u8 kind, __u32 by
 	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > (64 << 10) ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&events, &e, sizeof(e), flags))
 		stat_inc(STAT_STREAM_DROPPED);
-}
-
-static __always_inline __u32 sk_netns(const struct sock *sk)
-{
-	return sk->__sk_common.skc_net.net->ns.inum;
-}
-
-static __always_inline bool netns_wanted(__u32 netns)
-{
-	return target_netns == 0 || target_netns == netns;
-}
-
-static __always_inline void set_v4mapped(__u8 *dst, __u32 addr)
-{
-	__u32 *d = (__u32 *)dst;
-	d[0] = 0;
-	d[1] = 0;
-	d[2] = bpf_htonl(0xffff);
-	d[3] = addr;
-}
-
-static __always_inline bool is_v4mapped(const __u32 *a)
-{
-	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
-}
-
-static __always_inline void copy_v6(__u8 *dst, const __u32 *src)
-{
-	__u32 *d = (__u32 *)dst;
-	d[0] = src[0];
-	d[1] = src[1];
-	d[2] = src[2];
-	d[3] = src[3];
-}
-
-/* Fill local and remote addresses, IPv4 as v4-mapped IPv6. A dual-stack
- * IPv6 socket talking IPv4 keeps its addresses in the IPv4 fields too
- * (the IPv6 copies are filled late during connect), so read those. */
-static __always_inline void fill_addrs(const struct sock *sk, __u16 family, struct flow_key *k)
-{
-	if (family == AF_INET6) {
-		__u32 daddr[4], saddr[4];
-		daddr[0] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[0];
-		daddr[1] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[1];
-		daddr[2] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[2];
-		daddr[3] = sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[3];
-		if (!is_v4mapped(daddr)) {
-			saddr[0] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[0];
-			saddr[1] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[1];
-			saddr[2] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[2];
-			saddr[3] = sk->__sk_common.skc_v6_rcv_saddr.in6_u.u6_addr32[3];
-			copy_v6(k->local_addr, saddr);
-			copy_v6(k->remote_addr, daddr);
-			return;
-		}
-	}
-	set_v4mapped(k->local_addr, sk->__sk_common.skc_rcv_saddr);
-	set_v4mapped(k->remote_addr, sk->__sk_common.skc_daddr);
 }
 
 static __always_inline __u32 *listen_any_slot(__u8 proto, __u16 port)

@@ -9,4 +9,4 @@ package perevent
 // The generated perevent_bpfel.go/.o are committed so that a clone builds
 // without clang; `make generate` rebuilds them and `make check-generate`
 // fails when they differ from their sources.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type flow_value -type port_key -type port_value -type listen_record -type stat_index -type stream_event perevent ../../../bpf/perevent.bpf.c -- -I../../../bpf -I../../../../bpf/include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type flow_value -type port_key -type port_value -type listen_record -type stat_index -type stream_event perevent ../../../bpf/perevent.bpf.c -- -I../../../bpf -I../../../../bpf -I../../../../bpf/include

@@ -1,0 +1,260 @@
+/* flow.bpf.h: a flow's counters, found or made: the per-CPU flow cache in
+ * front of the flow map, the map, the spill behind it; the process a flow
+ * is named after; the port table of listeners. */
+#ifndef FLOW_BPF_H
+#define FLOW_BPF_H
+
+/* Insert-or-find, as bcc's bpf_map_lookup_or_try_init: another CPU may
+ * insert the same key between our lookup and insert (-EEXIST is fine). A
+ * full map and a failed allocation are counted apart. */
+static __always_inline void *lookup_or_init(void *map, const void *key, const void *init, __u32 full_stat)
+{
+	void *v = bpf_map_lookup_elem(map, key);
+	if (v)
+		return v;
+	long err = bpf_map_update_elem(map, key, init, BPF_NOEXIST);
+	if (err && err != -EEXIST) {
+		stat_inc(err == -E2BIG ? full_stat : STAT_FLOW_ALLOC_FAILED);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(map, key);
+}
+
+static __always_inline bool inet_family(const struct sock *sk)
+{
+	__u16 f = sk->__sk_common.skc_family;
+	return f == AF_INET || f == AF_INET6;
+}
+
+static __always_inline struct port_value *port_lookup(__u32 netns, __u16 port)
+{
+	struct port_key pk = {.netns = netns, .port = port, .proto = IPPROTO_TCP};
+	return bpf_map_lookup_elem(&ports, &pk);
+}
+
+/* The current process: its thread-group id and the thread-group leader's
+ * name (a worker thread's own name, such as memcached's "mc-worker", is
+ * not the process's). Tracing programs only. */
+static __always_inline void current_process(__u32 *pid, char *comm, __u64 *cgroup)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	*pid = t->tgid;
+	/* Two direct loads (the verifier makes them fault-safe), not a helper
+	 * call: this runs at every connect. */
+	const __u32 *leader_comm = (const __u32 *)t->group_leader->comm;
+	__u32 *dst = (__u32 *)comm; /* every comm deptrace keeps is 4-aligned */
+	dst[0] = leader_comm[0];
+	dst[1] = leader_comm[1];
+	dst[2] = leader_comm[2];
+	dst[3] = leader_comm[3];
+	*cgroup = bpf_get_current_cgroup_id();
+}
+
+static __always_inline bool same_key(const struct flow_key *a, const struct flow_key *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+	for (int i = 0; i < sizeof(*a) / 4; i++)
+		if (x[i] != y[i])
+			return false;
+	return true;
+}
+
+/* The spill's and the cache's slot of a key: each word times its own odd
+ * constant, summed, folded. The products are independent (they pipeline),
+ * where FNV's chain of ten multiplies was 5 % of a connection's time. */
+static __always_inline __u32 key_hash(const struct flow_key *key)
+{
+	const __u32 *w = (const __u32 *)key;
+	__u32 h = 0;
+	for (int i = 0; i < sizeof(*key) / 4; i++)
+		h += w[i] * (0x9E3779B1u + 2 * i * 0x85EBCA6Bu);
+	return h ^ (h >> 15) ^ (h >> 23);
+}
+
+/* The flow's slot in this CPU's cache, found or claimed; NULL when the
+ * slot holds another flow or is being claimed (see flow_cache). */
+static __always_inline struct flow_value *cache_entry(const struct flow_key *key)
+{
+	__u32 zero = 0;
+	__u32 *half = bpf_map_lookup_elem(&spill_half, &zero);
+	if (!half)
+		return NULL;
+	__u32 idx = (*half & 1) * CACHE_SLOTS + (key_hash(key) & (CACHE_SLOTS - 1));
+	struct spill_slot *s = bpf_map_lookup_elem(&flow_cache, &idx);
+	if (!s)
+		return NULL;
+	__u32 st = *(volatile __u32 *)&s->state;
+	if (st == SPILL_READY)
+		return same_key(&s->key, key) ? &s->value : NULL;
+	if (st != SPILL_FREE || __sync_val_compare_and_swap(&s->state, SPILL_FREE, SPILL_CLAIMING) != SPILL_FREE)
+		return NULL;
+	/* A free slot is all zeroes: only the key to write. */
+	s->key = *key;
+	__sync_lock_test_and_set(&s->state, SPILL_READY);
+	return &s->value;
+}
+
+/* Find or claim the spill slot of key in the active half. err is the
+ * failed insert's error, for the loss counter when no slot is free. Not
+ * inlined: only a failed insert comes here. */
+static __noinline struct flow_value *spill_entry(const struct flow_key *key, long err)
+{
+	__u32 zero = 0;
+	__u32 *half = bpf_map_lookup_elem(&spill_half, &zero);
+	if (!half)
+		return NULL;
+	__u32 base = (*half & 1) * SPILL_SLOTS;
+	__u32 h = key_hash(key);
+	for (int i = 0; i < SPILL_PROBES; i++) {
+		__u32 idx = base + ((h + i) & (SPILL_SLOTS - 1));
+		struct spill_slot *s = bpf_map_lookup_elem(&spill, &idx);
+		if (!s)
+			return NULL;
+		/* Atomic reads: a fully ordered load of the state, so the
+		 * key is read after it. */
+		__u32 st = __sync_fetch_and_or(&s->state, 0);
+		if (st == SPILL_FREE) {
+			st = __sync_val_compare_and_swap(&s->state, SPILL_FREE, SPILL_CLAIMING);
+			if (st == SPILL_FREE) {
+				/* A free slot is all zeroes: only the key to write. */
+				s->key = *key;
+				__sync_lock_test_and_set(&s->state, SPILL_READY);
+				__u32 hi = base ? 1 : 0;
+				__u64 *used = bpf_map_lookup_elem(&spill_used, &hi);
+				if (used)
+					__sync_fetch_and_add(used, 1);
+				return &s->value;
+			}
+		}
+		if (st == SPILL_READY && same_key(&s->key, key))
+			return &s->value;
+	}
+	stat_inc(err == -E2BIG ? STAT_FLOW_MAP_FULL : STAT_FLOW_ALLOC_FAILED);
+	return NULL;
+}
+
+/* Find or create the bundled entry of k in the active map, or where its
+ * insert fails, in the spill. The lookup that finds an existing flow, by
+ * far the common case, is all it costs. */
+static __always_inline struct flow_value *flow_entry(const struct flow_key *key)
+{
+	__u32 zero = 0;
+	struct flow_value *v = cache_off || spill_only ? NULL : cache_entry(key);
+	if (v)
+		goto found;
+	void *active = bpf_map_lookup_elem(&flows, &zero);
+	if (!active)
+		return NULL;
+	v = bpf_map_lookup_elem(active, key);
+	if (!v) {
+		long err = 0;
+		if (!spill_only) {
+			/* -EEXIST: another CPU inserted it meanwhile. */
+			err = bpf_map_update_elem(active, key, (const void *)&zero_flow, BPF_NOEXIST);
+			if (!err || err == -EEXIST)
+				v = bpf_map_lookup_elem(active, key);
+		}
+		if (!v)
+			v = spill_entry(key, err);
+		if (!v)
+			return NULL;
+	}
+found:;
+	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
+	 * the rest of the update: read it at most once per jiffy per flow and
+	 * CPU. last_seen is then exact to one jiffy (1-10 ms). */
+	__u64 j = bpf_jiffies64();
+	if (v->last_jiffies != j) {
+		__u64 now = bpf_ktime_get_boot_ns();
+		v->last_jiffies = j;
+		if (!v->first_seen_ns)
+			v->first_seen_ns = now;
+		v->last_seen_ns = now;
+	}
+	return v;
+}
+
+/* Name the flow's process from the socket's, or for a server without one
+ * (the handshake completes in softirq) from the listening process. */
+static __always_inline void name_flow(struct flow_value *v, const struct sock_state *st)
+{
+	if (st->pid) {
+		if (v->pid != st->pid) {
+			v->pid = st->pid;
+			v->cgroup_id = st->cgroup_id;
+			__builtin_memcpy(v->comm, st->comm, sizeof(v->comm));
+		}
+		return;
+	}
+	if (v->pid || st->key.direction != DIR_INBOUND || st->key.proto != IPPROTO_TCP)
+		return;
+	struct port_value *pv = port_lookup(st->key.netns, st->key.port);
+	if (pv && pv->pid) {
+		v->pid = pv->pid;
+		v->cgroup_id = pv->cgroup_id;
+		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
+	}
+}
+
+/* Advance *rep to now if now is ahead; return by how much. Bounded retries:
+ * only the drain and the close path ever race on one socket. */
+static __always_inline __u64 advance64(__u64 *rep, __u64 now)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 prev = *(volatile __u64 *)rep;
+		if ((__s64)(now - prev) <= 0)
+			return 0;
+		if (__sync_val_compare_and_swap(rep, prev, now) == prev)
+			return now - prev;
+	}
+	return 0;
+}
+
+static __always_inline __u32 advance32(__u32 *rep, __u32 now)
+{
+	for (int i = 0; i < 4; i++) {
+		__u32 prev = *(volatile __u32 *)rep;
+		if ((__s32)(now - prev) <= 0)
+			return 0;
+		if (__sync_val_compare_and_swap(rep, prev, now) == prev)
+			return now - prev;
+	}
+	return 0;
+}
+
+static __always_inline void remember_listener(struct port_value *pv, struct sock *sk)
+{
+	if (sk->__sk_common.skc_family == AF_INET6)
+		pv->listener6 = (__u64)sk;
+	else
+		pv->listener4 = (__u64)sk;
+}
+
+static __always_inline void port_ref(struct sock *sk, __u32 netns, __u16 port, int delta)
+{
+	struct port_key pk = {.netns = netns, .port = port, .proto = IPPROTO_TCP};
+	if (delta > 0) {
+		struct port_value init = {};
+		struct port_value *pv = lookup_or_init(&ports, &pk, &init, STAT_PORT_MAP_FULL);
+		if (!pv)
+			return;
+		__sync_fetch_and_add(&pv->refs, 1);
+		/* listen() runs in the listening process: remember it. */
+		current_process(&pv->pid, pv->comm, &pv->cgroup_id);
+		remember_listener(pv, sk);
+		return;
+	}
+	struct port_value *pv = bpf_map_lookup_elem(&ports, &pk);
+	if (!pv)
+		return;
+	/* never read a freed listener */
+	if (pv->listener4 == (__u64)sk)
+		pv->listener4 = 0;
+	if (pv->listener6 == (__u64)sk)
+		pv->listener6 = 0;
+	/* The last socket on the port is gone: forget the port. */
+	if (__sync_fetch_and_add(&pv->refs, -1) <= 1)
+		bpf_map_delete_elem(&ports, &pk);
+}
+
+#endif /* FLOW_BPF_H */
