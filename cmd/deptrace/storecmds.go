@@ -110,12 +110,16 @@ func newLookCmd() *cobra.Command {
 		Short: "Show what TARGET depends on and what depends on it",
 		Long: `look prints the dependency tree around TARGET, which is a host (id or name),
 an address (everything on the host that holds it), address:port (one service),
-or a process name. --depth follows dependencies transitively (0: all the way);
+a unix socket path, what operators call an end (a workload such as
+Deployment/checkout or just checkout, a pod, a container's name, a systemd
+unit such as nginx.service or nginx), or a process name. Ends in a container,
+a pod or a unit are labelled by it. --depth follows dependencies transitively (0: all the way);
 a node reached twice is shown once and marked. --reverse shows only what
 depends on TARGET, all the way up: the impact of taking it down.`,
 		Example: `  deptrace look postgres
   deptrace look 10.0.1.10:5432 --reverse
-  deptrace look web-1 --depth 3 --since 1h`,
+  deptrace look web-1 --depth 3 --since 1h
+  deptrace look checkout --reverse`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if depth < 0 {

@@ -79,7 +79,7 @@ func (ix *index) incoming(id string) []Edge {
 func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 	target = strings.TrimSpace(target)
 	if target == "" {
-		return nil, fmt.Errorf("empty target: give a host, an address, address:port, a unix socket path or a process name")
+		return nil, fmt.Errorf("empty target: give a host, an address, address:port, a unix socket path, a workload, pod, container or unit, or a process name")
 	}
 	var ids []string
 	add := func(id string) {
