@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +23,7 @@ import (
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -139,7 +142,43 @@ func TestFleetGraph(t *testing.T) {
 		t.Fatalf("client: %v %s", err, out)
 	}
 
-	time.Sleep(1500 * time.Millisecond) // let a drain pass
+	id := func(h *testnet.Host) string { return "fleet/" + h.Name }
+	want := []string{
+		fmt.Sprintf("app@%s -> dbserver@%s:5432 conns=%d", id(app), id(db), requests),
+		fmt.Sprintf("client@%s -> proxy@%s:80 conns=%d", id(client), id(web), requests),
+		fmt.Sprintf("proxy@%s -> app@%s:8080 conns=%d", id(web), id(app), requests),
+	}
+	sort.Strings(want)
+	// edges reads the graph from the store, one line per edge.
+	edges := func() (got []string, stdout string) {
+		stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", dsn)
+		if code != 0 {
+			t.Fatalf("graph: %s", stderr)
+		}
+		var g graph.Graph
+		if err := json.Unmarshal([]byte(stdout), &g); err != nil {
+			t.Fatal(err)
+		}
+		nodes := map[string]graph.Node{}
+		for _, n := range g.Nodes {
+			nodes[n.ID] = n
+		}
+		for _, e := range g.Edges {
+			from, to := nodes[e.From], nodes[e.To]
+			got = append(got, fmt.Sprintf("%s@%s -> %s@%s:%d conns=%d", from.Process, from.Host, to.Process, to.Host, e.Port, e.Connections))
+		}
+		sort.Strings(got)
+		return got, stdout
+	}
+	// The agents store every interval: wait until the store holds the
+	// three dependencies (both ends of each), then stop them, which adds
+	// nothing more.
+	eventually(t, 30*time.Second, "the agents store the three dependencies", func() error {
+		if got, _ := edges(); !slices.Equal(got, want) {
+			return fmt.Errorf("the store holds:\n%s", strings.Join(got, "\n"))
+		}
+		return nil
+	})
 	for _, p := range agents {
 		p.cmd.Process.Signal(syscall.SIGTERM)
 	}
@@ -150,38 +189,14 @@ func TestFleetGraph(t *testing.T) {
 		}
 	}
 
-	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", dsn)
-	if code != 0 {
-		t.Fatalf("graph: %s", stderr)
-	}
-	var g graph.Graph
-	if err := json.Unmarshal([]byte(stdout), &g); err != nil {
-		t.Fatal(err)
-	}
-	id := func(h *testnet.Host) string { return "fleet/" + h.Name }
-	nodes := map[string]graph.Node{}
-	for _, n := range g.Nodes {
-		nodes[n.ID] = n
-	}
-	var got []string
-	for _, e := range g.Edges {
-		from, to := nodes[e.From], nodes[e.To]
-		got = append(got, fmt.Sprintf("%s@%s -> %s@%s:%d conns=%d", from.Process, from.Host, to.Process, to.Host, e.Port, e.Connections))
-	}
-	sort.Strings(got)
+	got, stdout := edges()
 	t.Logf("graph edges:\n%s", strings.Join(got, "\n"))
-	want := []string{
-		fmt.Sprintf("app@%s -> dbserver@%s:5432 conns=%d", id(app), id(db), requests),
-		fmt.Sprintf("client@%s -> proxy@%s:80 conns=%d", id(client), id(web), requests),
-		fmt.Sprintf("proxy@%s -> app@%s:8080 conns=%d", id(web), id(app), requests),
-	}
-	sort.Strings(want)
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+	if !slices.Equal(got, want) {
 		t.Errorf("graph edges:\n%s\nwant exactly:\n%s\nfull graph:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), stdout)
 	}
 
 	// look answers the operator's question on the same store.
-	stdout, stderr, code = run(t, nil, "look", hp(db, 5432), "--reverse", "--store", dsn)
+	stdout, stderr, code := run(t, nil, "look", hp(db, 5432), "--reverse", "--store", dsn)
 	if code != 0 {
 		t.Fatalf("look: %s", stderr)
 	}
@@ -240,28 +255,28 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 	spool := filepath.Join(t.TempDir(), "spool.jsonl")
 	p := startReady(t, "msg=\"agent started\"", "agent", "--netns", b.Name, "--store", pg.DSN, "--interval", "1s", "--host-id", "spooltest", "--spool", spool, "--metrics-listen", "", "--pin-path", testPinPath(t, "spooltest"))
 	tcpTraffic(t, nw, 7000, 3)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, batches, _ := agentSpoolStatus(spool); batches > 0 {
-			break
+	eventually(t, 20*time.Second, "the agent spools while the store is down", func() error {
+		if _, batches, err := agentSpoolStatus(spool); batches == 0 {
+			return fmt.Errorf("nothing spooled (%v)\n%s", err, p.errText())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nothing spooled while the store was down\n%s", p.errText())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	if out, _, _ := run(t, nil, "doctor", "--sample", "0", "--store", pg.DSN, "--spool", spool); !strings.Contains(out, "store         UNREACHABLE") || !strings.Contains(out, "waiting in "+spool) {
 		t.Errorf("doctor does not report the outage:\n%s", out)
 	}
 
 	pg.Restart()
-	deadline = time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.errText(), "spooled batches written") {
-		if time.Now().After(deadline) {
-			t.Fatalf("spool never replayed\n%s", p.errText())
+	// Only b runs an agent: the client is an external endpoint, not dropped.
+	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Counters: tracer.Counters{Connections: 3}}
+	eventually(t, 30*time.Second, "the spool is replayed into the store", func() error {
+		if _, batches, err := agentSpoolStatus(spool); batches != 0 || err != nil {
+			return fmt.Errorf("%d batches still spooled (%v)\n%s", batches, err, p.errText())
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		if n := storedConns(t, pg.DSN, want.To); n != want.Connections {
+			return fmt.Errorf("the store holds %d of %d connections\n%s", n, want.Connections, p.errText())
+		}
+		return nil
+	})
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	p.wait(t)
 	if !strings.Contains(p.errText(), "spooling") {
@@ -274,8 +289,6 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 	}
 	var g graph.Graph
 	json.Unmarshal([]byte(stdout), &g)
-	// Only b runs an agent: the client is an external endpoint, not dropped.
-	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Counters: tracer.Counters{Connections: 3}}
 	found := false
 	for _, e := range g.Edges {
 		if e.From == want.From && e.To == want.To && e.Connections == want.Connections {
@@ -340,8 +353,8 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 	// interval is being stored: TestAgentKilledWhileStoringLosesNothing.)
 	first := startReady(t, "msg=\"agent started\"", agentArgs("1h")...)
 	connect(30)
-	time.Sleep(time.Second)
-	first.cmd.Process.Kill()
+	first.cmd.Process.Kill() // the pinned kernel side counts on
+
 	<-first.done
 	if _, err := os.Stat(pin); err != nil {
 		t.Fatalf("the killed agent left no kernel side: %v", err)
@@ -356,7 +369,13 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 		t.Errorf("a third agent on the same pin path started (exit %d); want a refusal", code)
 	}
 	connect(10)
-	time.Sleep(2 * time.Second)
+	service := graph.ServiceID("killtest/"+b.Name, "tcp", 7400)
+	eventually(t, 30*time.Second, "the second agent stores every connection", func() error {
+		if n := storedConns(t, db, service); n != 60 {
+			return fmt.Errorf("the store holds %d of 60 connections", n)
+		}
+		return nil
+	})
 	second.cmd.Process.Signal(syscall.SIGTERM)
 	second.wait(t)
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
@@ -422,6 +441,29 @@ func (w *storingWorld) args(store, spool string) []string {
 		"--spool", spool, "--metrics-listen", "", "--pin-path", w.pin, "--log-level", "debug"}
 }
 
+// metricsArgs is args with /metrics served on a free port.
+func (w *storingWorld) metricsArgs(store, spool string) []string {
+	args := w.args(store, spool)
+	for i, a := range args {
+		if a == "--metrics-listen" {
+			args[i+1] = "127.0.0.1:0"
+		}
+	}
+	return args
+}
+
+// collected waits until the agent serving url has collected connections
+// to the server from the kernel (stored or not).
+func (w *storingWorld) collected(url string, first *proc) {
+	w.t.Helper()
+	eventually(w.t, time.Minute, "the agent collects the connections", func() error {
+		if n := inboundConns(w.t, url, w.port); n == 0 {
+			return fmt.Errorf("no connection collected yet\n%s", first.errText())
+		}
+		return nil
+	})
+}
+
 func (w *storingWorld) connect(n int) {
 	w.t.Helper()
 	for i := 0; i < n; i++ {
@@ -437,19 +479,55 @@ func (w *storingWorld) connect(n int) {
 // stored is how many connections to the server the store holds.
 func (w *storingWorld) stored() uint64 {
 	w.t.Helper()
-	stdout, stderr, code := run(w.t, nil, "graph", "--format", "json", "--store", w.db)
+	return storedConns(w.t, w.db, graph.ServiceID("killtest/"+w.b.Name, "tcp", uint16(w.port)))
+}
+
+// storedConns is how many connections to service the store holds.
+func storedConns(t *testing.T, store, service string) uint64 {
+	t.Helper()
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", store)
 	if code != 0 {
-		w.t.Fatal(stderr)
+		t.Fatal(stderr)
 	}
 	var g graph.Graph
 	json.Unmarshal([]byte(stdout), &g)
 	var conns uint64
 	for _, e := range g.Edges {
-		if e.To == graph.ServiceID("killtest/"+w.b.Name, "tcp", uint16(w.port)) {
+		if e.To == service {
 			conns += e.Connections
 		}
 	}
 	return conns
+}
+
+// eventually polls cond (bounded by limit) until it returns nil.
+func eventually(t *testing.T, limit time.Duration, what string, cond func() error) {
+	t.Helper()
+	tracertest.Eventually(t, limit, what, cond)
+}
+
+// metricsURL is where agent p serves /metrics (started with
+// --metrics-listen 127.0.0.1:0, it says where in its start lines).
+func metricsURL(t *testing.T, p *proc) string {
+	t.Helper()
+	m := regexp.MustCompile(`msg="metrics served" .*url=(\S+)`).FindStringSubmatch(p.errText())
+	if m == nil {
+		t.Fatalf("no metrics URL in the agent's log:\n%s", p.errText())
+	}
+	return m[1]
+}
+
+// inboundConns sums the agent's inbound connection counters on port:
+// what it collected from the kernel, whether or not it stored it.
+func inboundConns(t *testing.T, url string, port int) float64 {
+	t.Helper()
+	var n float64
+	for k, v := range scrapeMetrics(t, url) {
+		if strings.HasPrefix(k, "deptrace_inbound_connections_total{") && strings.Contains(k, fmt.Sprintf("port=%q", strconv.Itoa(port))) {
+			n += v
+		}
+	}
+	return n
 }
 
 // waitLog waits (at most a minute) until p has logged text.
@@ -470,7 +548,14 @@ func (w *storingWorld) finish(first *proc) {
 	w.t.Helper()
 	second := startReady(w.t, "msg=\"agent started\"", w.args(w.db, w.spool)...)
 	w.connect(10)
-	waitLog(second, "collected again an interval")
+	// The interval the first agent left comes first: once the store
+	// holds all 60, it was collected again and everything after it stored.
+	eventually(w.t, time.Minute, "the second agent stores every connection", func() error {
+		if n := w.stored(); n != 60 {
+			return fmt.Errorf("the store holds %d of 60 connections", n)
+		}
+		return nil
+	})
 	second.cmd.Process.Signal(syscall.SIGTERM)
 	second.wait(w.t)
 	if !strings.Contains(second.errText(), "collected again an interval") {
@@ -509,10 +594,28 @@ func TestAgentKilledWhileStoringLosesNothing(t *testing.T) {
 			if tc.storeDown {
 				firstStore = filepath.Join(w.unavailable, "deptrace.db") // the first agent spools everything
 			}
-			first := startReadyEnv(t, []string{"DEPTRACE_TEST_HALT=" + tc.halt}, "msg=\"agent started\"", w.args(firstStore, w.spool)...)
+			first := startReadyEnv(t, []string{"DEPTRACE_TEST_HALT=" + tc.halt}, "msg=\"agent started\"", w.metricsArgs(firstStore, w.spool)...)
 			w.connect(30)
-			if !waitLog(first, "halted for a test") {
-				t.Fatalf("the first agent never reached the test point %q:\n%s", tc.halt, first.errText())
+			// The agent halts for good on the first interval it stores
+			// (the listener makes the first one non-empty): once it has
+			// collected the connections, and with "stored" once the store
+			// or the spool holds them, it is at the test point.
+			w.collected(metricsURL(t, first), first)
+			switch {
+			case tc.halt == "stored" && tc.storeDown:
+				eventually(t, time.Minute, "the first agent spools the interval", func() error {
+					if _, batches, err := agentSpoolStatus(w.spool); batches == 0 {
+						return fmt.Errorf("nothing spooled (%v)\n%s", err, first.errText())
+					}
+					return nil
+				})
+			case tc.halt == "stored":
+				eventually(t, time.Minute, "the first agent stores the interval", func() error {
+					if w.stored() == 0 {
+						return fmt.Errorf("the store holds nothing\n%s", first.errText())
+					}
+					return nil
+				})
 			}
 			first.cmd.Process.Kill()
 			<-first.done
@@ -540,11 +643,10 @@ func TestAgentKilledWhileStoringLosesNothing(t *testing.T) {
 func TestAgentWithNowhereToStoreKeepsTheInterval(t *testing.T) {
 	testnet.RequireRoot(t)
 	w := newStoringWorld(t, "nowhere", 7420)
-	first := startReady(t, "msg=\"agent started\"", w.args(filepath.Join(w.unavailable, "deptrace.db"), filepath.Join(w.unavailable, "spool"))...)
+	first := startReady(t, "msg=\"agent started\"", w.metricsArgs(filepath.Join(w.unavailable, "deptrace.db"), filepath.Join(w.unavailable, "spool"))...)
 	w.connect(30)
-	if !waitLog(first, "collected again an interval") {
-		t.Fatalf("the first agent never collected its unstored interval again:\n%s", first.errText())
-	}
+	// Collected, and stored nowhere: the kernel side keeps the interval.
+	w.collected(metricsURL(t, first), first)
 	first.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-first.done:
