@@ -3,9 +3,7 @@
 
 package bundler
 
-import (
-	"fmt"
-)
+import "fmt"
 
 // cacheSlots is the slots of one half of a CPU's flow cache.
 func (b *Bundler) cacheSlots() uint32 { return b.objs.FlowCache.MaxEntries() / 2 }

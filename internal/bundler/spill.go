@@ -5,7 +5,7 @@ package bundler
 
 import "fmt"
 
-// setSpillOnly applies testHooks.spill to spec.
+// setSpillOnly applies testHooks.spill to the object before load.
 func setSpillOnly(specs *bundlerSpecs) error {
 	if !testHooks.spill {
 		return nil
