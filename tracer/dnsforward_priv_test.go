@@ -214,7 +214,7 @@ func checkForwarded(t *testing.T, tr *tracer.Tracer, h *testnet.Host, client, fo
 type expectFlow struct {
 	what          string
 	host          *testnet.Host
-	dir           string
+	dir           tracer.Direction
 	local, remote netip.Addr
 	port          uint16
 }

@@ -5,16 +5,30 @@ import (
 	"time"
 )
 
-// Protocol, direction and record-kind names as they appear in Flow.
-const (
-	ProtoTCP  = "tcp"
-	ProtoUDP  = "udp"
-	ProtoUnix = "unix"
+// Proto is a flow's protocol, as Flow and its JSON name it.
+type Proto string
 
+// Protocols.
+const (
+	ProtoTCP  Proto = "tcp"
+	ProtoUDP  Proto = "udp"
+	ProtoUnix Proto = "unix"
+)
+
+// Direction says which end of a dependency the local end is, as Flow and
+// its JSON name it.
+type Direction string
+
+// Directions.
+const (
 	// Outbound: the local end is the client of the dependency.
-	Outbound = "outbound"
+	Outbound Direction = "outbound"
 	// Inbound: the local end is the server of the dependency.
-	Inbound = "inbound"
+	Inbound Direction = "inbound"
+)
+
+// Record kinds, as jsonl names them.
+const (
 
 	// KindFlow marks a Flow record in jsonl; KindListener a Listener.
 	KindFlow     = "flow"
@@ -92,9 +106,9 @@ type Flow struct {
 	// NetNS is the inode number of the network namespace of the local end.
 	NetNS uint32 `json:"netns"`
 	// Proto is "tcp", "udp" or "unix".
-	Proto string `json:"proto"`
+	Proto Proto `json:"proto"`
 	// Direction is "outbound" (local end is the client) or "inbound".
-	Direction string `json:"direction"`
+	Direction Direction `json:"direction"`
 	// LocalAddr and RemoteAddr are IP addresses for tcp and udp; for unix
 	// they are socket paths (abstract names as "@name", "" when unnamed).
 	LocalAddr  string `json:"local_addr"`
@@ -222,7 +236,7 @@ type Listener struct {
 	Kind      string    `json:"kind"`
 	Time      time.Time `json:"time"`
 	NetNS     uint32    `json:"netns"`
-	Proto     string    `json:"proto"`
+	Proto     Proto     `json:"proto"`
 	LocalAddr string    `json:"local_addr"`
 	Port      uint16    `json:"port"`
 	PID       uint32    `json:"pid"`

@@ -331,7 +331,7 @@ func (t *Tracer) Stats() (Stats, error) {
 // Port is one TCP listening port known to the kernel side.
 type Port struct {
 	NetNS uint32
-	Proto string
+	Proto Proto
 	Port  uint16
 	Refs  uint32 // listening sockets on the port
 	PID   uint32 // the process that last started listening; 0 if unknown
@@ -476,7 +476,7 @@ func bootToWall(now time.Time) int64 {
 	return now.UnixNano() - ts.Nano()
 }
 
-func protoName(p uint8) string {
+func protoName(p uint8) Proto {
 	switch p {
 	case unix.IPPROTO_TCP:
 		return ProtoTCP
@@ -485,10 +485,10 @@ func protoName(p uint8) string {
 	case bundler.ProtoUnix:
 		return ProtoUnix
 	}
-	return fmt.Sprintf("proto%d", p)
+	return Proto(fmt.Sprintf("proto%d", p))
 }
 
-func directionName(d uint8) string {
+func directionName(d uint8) Direction {
 	if d == bundler.DirInbound {
 		return Inbound
 	}
@@ -502,8 +502,8 @@ type procCache map[procKey]procInfo
 
 type procKey struct {
 	netns  uint32
-	proto  string
-	dir    string
+	proto  Proto
+	dir    Direction
 	local  string
 	remote string
 	port   uint16

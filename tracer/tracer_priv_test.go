@@ -65,7 +65,7 @@ func addr(ip net.IP) netip.Addr {
 	return a.Unmap()
 }
 
-func checkFlow(t *testing.T, f tracer.Flow, proto, dir string, local, remote netip.Addr, port uint16) {
+func checkFlow(t *testing.T, f tracer.Flow, proto tracer.Proto, dir tracer.Direction, local, remote netip.Addr, port uint16) {
 	t.Helper()
 	if f.Proto != proto || f.Direction != dir || f.LocalIP() != local || f.RemoteIP() != remote || f.Port != port {
 		t.Fatalf("flow %s %s %s -> %s port %d; want %s %s %s -> %s port %d",

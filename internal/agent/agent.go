@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 					if p.Proto == tracer.ProtoUDP {
 						proto = tracer.ProtoUDP
 					}
-					b.Services = append(b.Services, store.Service{HostID: ids.host(p.NetNS).ID, Proto: proto, Port: p.Port, Comm: p.Comm, LastSeen: iv.Time})
+					b.Services = append(b.Services, store.Service{HostID: ids.host(p.NetNS).ID, Proto: string(proto), Port: p.Port, Comm: p.Comm, LastSeen: iv.Time})
 				}
 			}
 			servicesDue = 30
@@ -261,7 +261,7 @@ func testHaltPoint() (string, error) {
 // inbound, LocalAddr is the socket and PeerComm the client.
 func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observation {
 	return store.Observation{
-		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: f.Direction, Proto: f.Proto,
+		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: string(f.Direction), Proto: string(f.Proto),
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
 		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Identity: f.Identity, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
@@ -284,7 +284,7 @@ func flowNetNS(f tracer.Flow, root uint32) uint32 {
 // into a stored listener.
 func Listener(host string, l tracer.Listener, bucket time.Duration) store.Listener {
 	return store.Listener{
-		Bucket: l.Time.Truncate(bucket), HostID: host, Proto: l.Proto, LocalAddr: l.LocalAddr, Port: l.Port,
+		Bucket: l.Time.Truncate(bucket), HostID: host, Proto: string(l.Proto), LocalAddr: l.LocalAddr, Port: l.Port,
 		PID: l.PID, Comm: l.Comm, BacklogLimit: l.BacklogLimit, QueueMax: l.QueueMax, Drops: l.Drops,
 		FirstSeen: l.Time, LastSeen: l.Time,
 	}

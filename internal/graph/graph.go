@@ -233,7 +233,7 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 	ins := make(map[inKey]*side, len(obs)/4)
 	var unix []store.Observation
 	for _, o := range obs {
-		if o.Proto == tracer.ProtoUnix {
+		if o.Proto == string(tracer.ProtoUnix) {
 			unix = append(unix, o)
 			continue
 		}
@@ -336,7 +336,7 @@ func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
 	pairs := map[key]*pair{}
 	var order []key
 	for _, o := range obs {
-		outbound := o.Direction == tracer.Outbound
+		outbound := o.Direction == string(tracer.Outbound)
 		k := key{o.HostID, o.LocalAddr, o.PeerComm}
 		server := o.Comm
 		if outbound {
@@ -353,7 +353,7 @@ func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
 			sd = &p.out
 		}
 		if *sd == nil {
-			*sd = &side{client: k.host, server: k.host, serverAddr: k.path, proto: tracer.ProtoUnix, process: k.client}
+			*sd = &side{client: k.host, server: k.host, serverAddr: k.path, proto: string(tracer.ProtoUnix), process: k.client}
 		}
 		(*sd).add(o, outbound)
 		// The server process: the latest name either end gave.
@@ -364,7 +364,7 @@ func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
 	for _, k := range order {
 		p := pairs[k]
 		from := b.node(Node{ID: ProcessID(k.host, k.client), Kind: KindProcess, Host: k.host, Addr: hostAddr[k.host], Process: k.client})
-		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: tracer.ProtoUnix, Process: p.server})
+		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: string(tracer.ProtoUnix), Process: p.server})
 		sd := p.out
 		if sd == nil {
 			sd = p.in

@@ -374,7 +374,7 @@ func TestDockerContainersNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, dir := range map[string]string{"frontend": tracer.Outbound, "oneshot": tracer.Outbound, "web": tracer.Inbound} {
+	for name, dir := range map[string]tracer.Direction{"frontend": tracer.Outbound, "oneshot": tracer.Outbound, "web": tracer.Inbound} {
 		f := byName[name]
 		id := f.Identity
 		if f.Direction != dir || id.ContainerImage != testImage || id.ContainerRuntime != identity.RuntimeDocker ||

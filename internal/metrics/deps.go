@@ -109,7 +109,7 @@ func newDepCollector(o Options) *depCollector {
 		listeners: map[listenerKey]*listenerSeries{},
 		idValues:  map[[2]string]time.Time{},
 	}
-	for _, dir := range []string{tracer.Outbound, tracer.Inbound} {
+	for _, dir := range []string{string(tracer.Outbound), string(tracer.Inbound)} {
 		labels := c.labelNames(dir)
 		for _, f := range families {
 			c.descs[dir] = append(c.descs[dir], prometheus.NewDesc("deptrace_"+dir+"_"+f.suffix, f.help, labels, nil))
@@ -118,7 +118,7 @@ func newDepCollector(o Options) *depCollector {
 			"Failed TCP connection opens by cause: refused, timeout, reset, unreachable.", append(labels, "cause"), nil)
 	}
 	c.latency = prometheus.NewDesc("deptrace_outbound_connect_latency_seconds",
-		"TCP connect latency (SYN sent to established) seen by the client: _sum and _count, no quantiles.", c.labelNames(tracer.Outbound), nil)
+		"TCP connect latency (SYN sent to established) seen by the client: _sum and _count, no quantiles.", c.labelNames(string(tracer.Outbound)), nil)
 	ll := []string{"host", "process", "port"}
 	c.lDrops = prometheus.NewDesc("deptrace_listener_drops_total", "Connections a listening socket dropped because its accept queue was full.", ll, nil)
 	c.lQueue = prometheus.NewDesc("deptrace_listener_queue_max", "Deepest accept queue of a listening socket in the last interval it was seen.", ll, nil)
@@ -162,7 +162,7 @@ func (c *depCollector) identityOf(id tracer.Identity, now time.Time) (workload, 
 func (c *depCollector) labelNames(dir string) []string {
 	var l []string
 	switch {
-	case dir == tracer.Outbound:
+	case dir == string(tracer.Outbound):
 		l = []string{"host", "process", "remote", "port", "proto"}
 	case c.opt.ClientAddr:
 		l = []string{"host", "process", "port", "proto", "client"}
@@ -178,7 +178,7 @@ func (c *depCollector) labelNames(dir string) []string {
 func (c *depCollector) labelValues(k depKey) []string {
 	var v []string
 	switch {
-	case k.direction == tracer.Outbound:
+	case k.direction == string(tracer.Outbound):
 		v = []string{k.host, k.process, k.remote, k.port, k.proto}
 	case c.opt.ClientAddr:
 		v = []string{k.host, k.process, k.port, k.proto, k.client}
@@ -193,7 +193,7 @@ func (c *depCollector) labelValues(k depKey) []string {
 
 // keyOf maps a flow to its series.
 func (c *depCollector) keyOf(f tracer.Flow, host string) depKey {
-	k := depKey{direction: f.Direction, host: utf8(host), process: utf8(f.Comm), proto: f.Proto}
+	k := depKey{direction: string(f.Direction), host: utf8(host), process: utf8(f.Comm), proto: string(f.Proto)}
 	if !f.IsUnix() {
 		k.port = strconv.Itoa(int(f.Port))
 	}
@@ -299,7 +299,7 @@ func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
 	c.expire(c.opt.Now())
 	for k, s := range c.deps {
 		lv := c.labelValues(k)
-		tcp := k.proto == tracer.ProtoTCP
+		tcp := k.proto == string(tracer.ProtoTCP)
 		for i, f := range families {
 			if (f.tcpOnly && !tcp) || (f.packetOnly && tcp) {
 				continue
@@ -316,7 +316,7 @@ func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.causeDesc[k.direction], prometheus.CounterValue, float64(cause.value(&s.c)), slices.Concat(lv, []string{cause.name})...)
 			}
 		}
-		if k.direction == tracer.Outbound {
+		if k.direction == string(tracer.Outbound) {
 			ch <- prometheus.MustNewConstSummary(c.latency, s.c.ConnectLatencyCount, float64(s.c.ConnectLatencySumUs)/1e6, nil, lv...)
 		}
 	}

@@ -64,9 +64,9 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	}
 	b = appendUint(b, `,"netns":`, uint64(f.NetNS))
 	b = append(b, `,"proto":`...)
-	b = jsonenc.AppendString(b, f.Proto)
+	b = jsonenc.AppendString(b, string(f.Proto))
 	b = append(b, `,"direction":`...)
-	b = jsonenc.AppendString(b, f.Direction)
+	b = jsonenc.AppendString(b, string(f.Direction))
 	b = append(b, `,"local_addr":`...)
 	b = jsonenc.AppendString(b, f.LocalAddr)
 	b = append(b, `,"remote_addr":`...)

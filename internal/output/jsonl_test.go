@@ -44,7 +44,7 @@ func TestJSONLWritesWhatEncodingJSONWrites(t *testing.T) {
 	}
 	for i := range 2000 {
 		f := tracer.Flow{
-			Kind: str(), Time: when(), NetNS: rng.Uint32(), Proto: str(), Direction: str(),
+			Kind: str(), Time: when(), NetNS: rng.Uint32(), Proto: tracer.Proto(str()), Direction: tracer.Direction(str()),
 			LocalAddr: str(), RemoteAddr: str(), Port: uint16(rng.Uint32()), PID: uint32(u64()), Comm: str(),
 			CgroupID: u64(), FirstSeen: when(), LastSeen: when(),
 		}

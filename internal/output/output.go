@@ -113,7 +113,7 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 		conns = strconv.FormatUint(f.DatagramsSent+f.DatagramsReceived, 10) + "dg"
 	}
 	return []string{
-		f.Time.Format("15:04:05"), f.Proto, local, arrow, peer, process,
+		f.Time.Format("15:04:05"), string(f.Proto), local, arrow, peer, process,
 		conns, strconv.FormatUint(f.FailedConnections, 10),
 		strconv.FormatUint(f.BytesSent, 10), strconv.FormatUint(f.BytesReceived, 10),
 		Latency(f.Counters), Health(f.Counters), netnsName(f.NetNS, names),
@@ -143,7 +143,7 @@ func ListenerRow(l tracer.Listener, names map[uint32]string) []string {
 	if l.PID != 0 {
 		process = fmt.Sprintf("%s/%d", l.Comm, l.PID)
 	}
-	return []string{l.Time.Format("15:04:05"), l.Proto, Endpoint(l.LocalAddr, strconv.Itoa(int(l.Port))), "LSN", "-", process,
+	return []string{l.Time.Format("15:04:05"), string(l.Proto), Endpoint(l.LocalAddr, strconv.Itoa(int(l.Port))), "LSN", "-", process,
 		"-", "-", "-", "-", "-", fmt.Sprintf("drops=%d queue=%d/%d", l.Drops, l.QueueMax, l.BacklogLimit), netnsName(l.NetNS, names)}
 }
 
@@ -264,7 +264,7 @@ func ParseProtos(v string) ([]string, error) {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
 		case "", "all":
 			return nil, nil
-		case tracer.ProtoTCP, tracer.ProtoUDP, tracer.ProtoUnix:
+		case string(tracer.ProtoTCP), string(tracer.ProtoUDP), string(tracer.ProtoUnix):
 			out = append(out, p)
 		default:
 			return nil, fmt.Errorf("invalid --proto %q: allowed tcp, udp, unix, all", p)
@@ -294,7 +294,7 @@ func ParsePorts(vals []string) ([]uint16, error) {
 
 // Match reports whether f passes the filter.
 func (fl Filter) Match(f tracer.Flow) bool {
-	if len(fl.Protos) > 0 && !slices.Contains(fl.Protos, f.Proto) {
+	if len(fl.Protos) > 0 && !slices.Contains(fl.Protos, string(f.Proto)) {
 		return false
 	}
 	if len(fl.Ports) > 0 && !slices.Contains(fl.Ports, f.Port) {
@@ -305,7 +305,7 @@ func (fl Filter) Match(f tracer.Flow) bool {
 
 // MatchListener reports whether l passes the filter.
 func (fl Filter) MatchListener(l tracer.Listener) bool {
-	return (len(fl.Protos) == 0 || slices.Contains(fl.Protos, l.Proto)) && (len(fl.Ports) == 0 || slices.Contains(fl.Ports, l.Port))
+	return (len(fl.Protos) == 0 || slices.Contains(fl.Protos, string(l.Proto))) && (len(fl.Ports) == 0 || slices.Contains(fl.Ports, l.Port))
 }
 
 // ApplyListeners returns the listeners that match.

@@ -14,7 +14,7 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-func flow(dir, proto, local, remote string, port uint16) tracer.Flow {
+func flow(dir tracer.Direction, proto tracer.Proto, local, remote string, port uint16) tracer.Flow {
 	return tracer.Flow{
 		Kind: tracer.KindFlow, Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), NetNS: 4026531840,
 		Proto: proto, Direction: dir,

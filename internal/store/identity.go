@@ -110,7 +110,7 @@ func (s *Store) writeEnds(ctx context.Context, tx *sql.Tx, obs []Observation) er
 // reported it: an IP address other than loopback, unspecified, link-local
 // (which repeat on every host) or multicast.
 func ownAddr(o *Observation) (string, bool) {
-	if o.Proto == tracer.ProtoUnix {
+	if o.Proto == string(tracer.ProtoUnix) {
 		return "", false
 	}
 	a, err := netip.ParseAddr(o.LocalAddr)

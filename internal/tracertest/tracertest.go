@@ -198,7 +198,7 @@ func (l *Ledger) One(t testing.TB, h *testnet.Host) tracer.Flow {
 
 // TCP returns the tcp flow of namespace ns in direction dir on server port
 // port, or a zero flow.
-func (l *Ledger) TCP(ns uint32, dir string, port uint16) tracer.Flow {
+func (l *Ledger) TCP(ns uint32, dir tracer.Direction, port uint16) tracer.Flow {
 	for _, f := range l.Flows {
 		if f.NetNS == ns && f.Proto == tracer.ProtoTCP && f.Direction == dir && f.Port == port {
 			return *f

@@ -288,7 +288,7 @@ func Recall(truth []loadgen.Edge, flows []tracer.Flow) (found, total int) {
 	anyClient := map[edgeID]bool{}
 	for _, f := range flows {
 		srv := f.ServerAddr()
-		id := edgeID{f.ClientAddr(), srv.Addr().String(), srv.Port(), f.Proto}
+		id := edgeID{f.ClientAddr(), srv.Addr().String(), srv.Port(), string(f.Proto)}
 		reported[id] = true
 		id.client = ""
 		anyClient[id] = true

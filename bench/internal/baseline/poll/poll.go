@@ -54,13 +54,13 @@ func (m *Method) Collect() ([]tracer.Flow, error) {
 		if s.Proto == "udp" {
 			servers = udpL
 		}
-		k := fk{proto: s.Proto, local: s.Local.Addr(), remote: s.Remote.Addr(), dir: tracer.Outbound, port: s.Remote.Port()}
+		k := fk{proto: s.Proto, local: s.Local.Addr(), remote: s.Remote.Addr(), dir: string(tracer.Outbound), port: s.Remote.Port()}
 		if servers[s.Local.Port()] {
-			k.dir, k.port = tracer.Inbound, s.Local.Port()
+			k.dir, k.port = string(tracer.Inbound), s.Local.Port()
 		}
 		f := flows[k]
 		if f == nil {
-			f = &tracer.Flow{Time: now, Proto: k.proto, Direction: k.dir, Kind: tracer.KindFlow, LocalAddr: k.local.String(), RemoteAddr: k.remote.String(), Port: k.port, FirstSeen: now, LastSeen: now}
+			f = &tracer.Flow{Time: now, Proto: tracer.Proto(k.proto), Direction: tracer.Direction(k.dir), Kind: tracer.KindFlow, LocalAddr: k.local.String(), RemoteAddr: k.remote.String(), Port: k.port, FirstSeen: now, LastSeen: now}
 			flows[k] = f
 		}
 		cur[s.Cookie] = true
