@@ -138,7 +138,8 @@ func TestImageRunsAndNamesContainers(t *testing.T) {
 	d.ImportBusybox(t, busybox)
 	d.Must(t, "network", "create", "--driver", "bridge", "--subnet", subnet, "--gateway", gateway,
 		"-o", "com.docker.network.bridge.name=dtct"+fmt.Sprint(os.Getpid()%100000), "dtctnet")
-	agent := startAgent(t, d, ctr, ref, "trace", "--output", "jsonl", "--duration", "15s", "--proto", "tcp", "--port", port)
+	agent := startAgent(t, d, ctr, ref, agentRun{id: "ct-trace", ready: "msg=tracing",
+		args: []string{"trace", "--output", "jsonl", "--duration", "15s", "--proto", "tcp", "--port", port}})
 	// The server starts under the tracer, as in internal/identity's docker
 	// test: the server end of a listener older than the tracer has no
 	// cgroup id today (reported, not asserted here).
@@ -208,6 +209,46 @@ func TestImageRunsAndNamesContainers(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("deptrace's jsonl:\n%s", stdout)
+	}
+
+	t.Run("agent", func(t *testing.T) { checkAgent(t, d, ctr, ref) })
+}
+
+// checkAgent runs `deptrace agent` from the image with the documented
+// mounts: it pins its kernel side in the host's bpffs, takes its lock in
+// /run/deptrace, writes its store in /var/lib/deptrace despite the
+// read-only root, and on SIGTERM stops cleanly, detaching its pins.
+func checkAgent(t *testing.T, d *dockertest.Daemon, ctr *containerd, ref string) {
+	// Under the prefix internal/testnet clears if this process dies.
+	pin := fmt.Sprintf("/sys/fs/bpf/deptrace-test-%d-image", os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(pin) })
+	a := startAgent(t, d, ctr, ref, agentRun{id: "ct-agent", ready: `msg="agent started"`,
+		args: []string{"agent", "--pin-path", pin, "--metrics-listen", "", "--interval", "1s"}})
+	if _, err := os.Stat(pin); err != nil {
+		t.Errorf("no kernel side pinned in the host's bpffs: %v", err)
+	}
+	db := filepath.Join(a.state, "deptrace.db")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if _, err := os.Stat(db); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("no store at %s", db)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	a.stop()
+	_, stderr, err := a.wait()
+	t.Logf("agent stderr:\n%s", stderr)
+	if err != nil {
+		t.Fatalf("agent in its container: %v", err)
+	}
+	if bytes.Contains(stderr, []byte("level=ERROR")) {
+		t.Error("the agent logged an error")
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Errorf("pins left at %s after a clean stop (%v)", pin, err)
 	}
 }
 

@@ -63,7 +63,16 @@ func importIntoContainerd(t *testing.T, d *dockertest.Daemon, tarball, ref strin
 
 // agent is deptrace running in its container.
 type agent struct {
-	wait func() (stdout, stderr []byte, err error)
+	state string // the host directory mounted at /var/lib/deptrace
+	wait  func() (stdout, stderr []byte, err error)
+	stop  func() // SIGTERM
+}
+
+// agentRun is what to run: the container's name, the line deptrace logs
+// once it is tracing, and deptrace's arguments.
+type agentRun struct {
+	id, ready string
+	args      []string
 }
 
 // dockerDefaultCaps are the capabilities containerd (like Docker) grants a
@@ -83,56 +92,64 @@ var dockerDefaultCaps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", 
 // root lacks a capability (here CAP_SYS_RESOURCE): there the same
 // container runs in the daemon's own containerd through ctr, as a
 // Kubernetes node's runtime would run the DaemonSet's pod.
-func startAgent(t *testing.T, d *dockertest.Daemon, c *containerd, ref string, args ...string) *agent {
+func startAgent(t *testing.T, d *dockertest.Daemon, c *containerd, ref string, r agentRun) *agent {
 	t.Helper()
 	caps := unitCaps(t)
-	state := t.TempDir()
+	state, lock := t.TempDir(), t.TempDir()
 	dockerArgs := []string{"--cap-drop=ALL"}
 	for _, cp := range caps {
 		dockerArgs = append(dockerArgs, "--cap-add="+cp)
 	}
 	out, err := d.Run(append(append([]string{"run", "--rm"}, dockerArgs...), busybox, "true")...)
 	if err == nil {
-		return startDockerAgent(t, d, append(dockerArgs, "-v", state+":/var/lib/deptrace"), ref, args)
+		a := startDockerAgent(t, d, append(dockerArgs, "-v", state+":/var/lib/deptrace", "-v", lock+":/run/deptrace"), ref, r)
+		a.state = state
+		return a
 	}
 	if !strings.Contains(out, "unknown capability") {
 		t.Fatal(err)
 	}
 	t.Logf("this dockerd cannot grant the unit's capabilities (%s): running the image in its containerd",
 		strings.TrimSpace(strings.SplitN(out, "\n", 2)[0]))
-	return startContainerdAgent(t, d, c, caps, state, ref, args)
+	a := startContainerdAgent(t, d, c, caps, []string{
+		"src=" + state + ",dst=/var/lib/deptrace,options=rbind:rw",
+		"src=" + lock + ",dst=/run/deptrace,options=rbind:rw",
+	}, ref, r)
+	a.state = state
+	return a
 }
 
-func startDockerAgent(t *testing.T, d *dockertest.Daemon, extra []string, ref string, args []string) *agent {
+func startDockerAgent(t *testing.T, d *dockertest.Daemon, extra []string, ref string, r agentRun) *agent {
 	t.Helper()
-	run := append([]string{"run", "-d", "--name", "ct-deptrace", "--pid=host", "--network=host", "--cgroupns=host", "--read-only"}, extra...)
+	id := r.id
+	run := append([]string{"run", "-d", "--name", id, "--pid=host", "--network=host", "--cgroupns=host", "--read-only"}, extra...)
 	run = append(run,
 		"-v", "/sys/fs/bpf:/sys/fs/bpf",
 		"-v", "/sys/kernel/btf:/sys/kernel/btf:ro",
 		"-v", "/sys/fs/cgroup:/sys/fs/cgroup:ro",
 		"-v", d.Socket+":/var/run/docker.sock:ro", ref)
-	d.Must(t, append(run, args...)...)
+	d.Must(t, append(run, r.args...)...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		_, stderr := d.Logs(t, "ct-deptrace")
-		if bytes.Contains(stderr, []byte("msg=tracing")) {
+		_, stderr := d.Logs(t, id)
+		if bytes.Contains(stderr, []byte(r.ready)) {
 			break
 		}
-		if st, _ := d.Run("inspect", "--format", "{{.State.Status}}", "ct-deptrace"); st != "running" || time.Now().After(deadline) {
+		if st, _ := d.Run("inspect", "--format", "{{.State.Status}}", id); st != "running" || time.Now().After(deadline) {
 			t.Fatalf("deptrace (%s) never started tracing:\n%s", st, stderr)
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
 	return &agent{wait: func() ([]byte, []byte, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		out, err := d.Command(ctx, "wait", "ct-deptrace").CombinedOutput()
-		stdout, stderr := d.Logs(t, "ct-deptrace")
+		out, err := d.Command(ctx, "wait", id).CombinedOutput()
+		stdout, stderr := d.Logs(t, id)
 		if err == nil && strings.TrimSpace(string(out)) != "0" {
 			err = fmt.Errorf("exit status %s", strings.TrimSpace(string(out)))
 		}
 		return stdout, stderr, err
-	}}
+	}, stop: func() { d.Run("kill", "--signal", "SIGTERM", id) }}
 }
 
 // lineWatch is a process's standard error, kept whole and watched for a
@@ -169,9 +186,9 @@ func (w *lineWatch) bytes() []byte {
 	return bytes.Clone(w.all.Bytes())
 }
 
-func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, caps []string, state, ref string, args []string) *agent {
+func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, caps, mounts []string, ref string, r agentRun) *agent {
 	t.Helper()
-	const id = "ct-deptrace"
+	id := r.id
 	newCgroups := absentCgroups(c.namespace)
 	// The host's PID namespace, named by this process's (pid 1 may be
 	// unreadable, as on this machine; ctr has no "host" option).
@@ -189,12 +206,14 @@ func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, cap
 		"src=/sys/kernel/btf,dst=/sys/kernel/btf,options=rbind:ro",
 		"src=/sys/fs/cgroup,dst=/sys/fs/cgroup,options=rbind:ro",
 		"src=" + d.Socket + ",dst=/var/run/docker.sock,options=bind:ro",
-		"src=" + state + ",dst=/var/lib/deptrace,options=rbind:rw",
 	} {
 		run = append(run, "--mount", "type=bind,"+m)
 	}
+	for _, m := range mounts {
+		run = append(run, "--mount", "type=bind,"+m)
+	}
 	// ctr replaces the image's entrypoint with the arguments.
-	run = append(append(run, "docker.io/"+ref, id, "/usr/bin/deptrace"), args...)
+	run = append(append(run, "docker.io/"+ref, id, "/usr/bin/deptrace"), r.args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	cmd := c.command(ctx, run...)
 	var stdout bytes.Buffer
@@ -206,7 +225,7 @@ func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, cap
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	stderr := watchLines(errPipe, "msg=tracing")
+	stderr := watchLines(errPipe, r.ready)
 	exited := make(chan error, 1)
 	go func() {
 		<-stderr.done
@@ -239,7 +258,7 @@ func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, cap
 		case <-time.After(2 * time.Minute):
 			return stdout.Bytes(), stderr.bytes(), fmt.Errorf("still running")
 		}
-	}}
+	}, stop: func() { c.run("tasks", "kill", "-s", "SIGTERM", id) }}
 }
 
 // absentCgroups lists name's directories at the top of every cgroup
