@@ -112,7 +112,8 @@ type Interval struct {
 // nothing: the next one collects them again (same BatchID). Without
 // PinPath the interval is committed when Collect returns and Commit does
 // nothing. Committing twice, or an interval committed already, does
-// nothing. Commit may be called from another goroutine than Collect.
+// nothing. Commit may be called from another goroutine than Collect. In
+// RunWith's AsyncCommit mode it also lets the next drain go.
 func (iv Interval) Commit() error {
 	if iv.commit == nil {
 		return nil

@@ -3,6 +3,8 @@ package bundler
 import (
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/tracertest/poll"
 )
 
 // The flow cache: a small direct-mapped cache per CPU in front of the
@@ -77,13 +79,7 @@ func flowCacheCountsEveryConnection(t *testing.T, port int) {
 			t.Fatalf("round %d: no CPU's cache half %d holds the client's flow", r, r%2)
 		}
 		want := uint64((r + 1) * 40)
-		deadline := time.Now().Add(10 * time.Second)
-		for got < want && time.Now().Before(deadline) {
-			drain()
-			time.Sleep(20 * time.Millisecond)
-		}
-		drain()
-		drain()
+		poll.Settle(10*time.Second, func() bool { return got >= want }, drain)
 		if !countedWithLatency(t, bu, want, got, latencies) {
 			t.Fatalf("round %d: connections %d, latencies %d, want %d of each (%s)", r, got, latencies, want, lossReport(bu))
 		}

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest/poll"
 )
 
 // The crash points of a pinned side's two-phase drain that a process can
@@ -96,11 +97,7 @@ func (w *commitWorld) apply(iv Interval) {
 // (countedOnce).
 func (w *commitWorld) settle(b *Bundler, want uint64) {
 	w.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for extra := 0; extra < 2; {
-		if w.conns >= want || time.Now().After(deadline) {
-			extra++
-		}
+	poll.Settle(20*time.Second, func() bool { return w.conns >= want }, func() {
 		iv, err := b.Collect()
 		if err != nil {
 			w.t.Fatal(err)
@@ -109,8 +106,7 @@ func (w *commitWorld) settle(b *Bundler, want uint64) {
 		if err := b.Commit(iv.Gen); err != nil {
 			w.t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	})
 	if !countedOnce(w.t, b, want, w.conns) {
 		w.t.Errorf("stored %d connections, want %d (%s)", w.conns, want, lossReport(b))
 	}

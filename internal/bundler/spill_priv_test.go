@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/tracertest/poll"
 )
 
 // The flow spill: where a new flow goes when its insert into the flow map
@@ -106,13 +108,7 @@ func TestSpillCountsEveryConnection(t *testing.T) {
 			t.Fatalf("round %d: no slot of spill half %d claimed", r, r%2)
 		}
 		want := uint64((r + 1) * workers * each)
-		deadline := time.Now().Add(10 * time.Second)
-		for got < want && time.Now().Before(deadline) {
-			drain()
-			time.Sleep(20 * time.Millisecond)
-		}
-		drain()
-		drain()
+		poll.Settle(10*time.Second, func() bool { return got >= want }, drain)
 		if !countedWithLatency(t, bu, want, got, latencies) {
 			t.Fatalf("round %d: connections %d, latencies %d, want %d of each (%s)", r, got, latencies, want, lossReport(bu))
 		}
