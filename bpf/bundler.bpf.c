@@ -780,12 +780,18 @@ int seed_listeners(struct bpf_iter__tcp *ctx)
 		struct socket *sock = tp->inet_conn.icsk_inet.sk.sk_socket;
 		if (sock && sock->file)
 			r.ino = sock->file->f_inode->i_ino;
-		listener_tag((struct sock *)tp, 0, NULL, 0);
+		/* No process to ask here: the socket's own cgroup names it
+		 * (user space adds the process from /proc). */
+		__u64 cgroup = sock_cgroup_id((struct sock *)tp);
+		listener_tag((struct sock *)tp, 0, NULL, cgroup);
 		struct port_key pk = {.netns = r.netns, .port = r.port, .proto = IPPROTO_TCP};
-		struct port_value init = {};
+		struct port_value init = {.cgroup_id = cgroup};
 		struct port_value *pv = lookup_or_init(&ports, &pk, &init, STAT_PORT_MAP_FULL);
-		if (pv)
+		if (pv) {
 			remember_listener(pv, (struct sock *)tp);
+			if (!pv->pid) /* else a listen() since start named it */
+				pv->cgroup_id = cgroup;
+		}
 	}
 	bpf_seq_write(ctx->meta->seq, &r, sizeof(r));
 	return 0;

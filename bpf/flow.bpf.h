@@ -50,6 +50,34 @@ static __always_inline void current_process(__u32 *pid, char *comm, __u64 *cgrou
 	*cgroup = bpf_get_current_cgroup_id();
 }
 
+/* The cgroup v2 id of the process that made a socket (its sk_cgrp_data,
+ * set when the socket was created): what names a listener found at
+ * start-up, which has no current process to ask. Read through probes (an
+ * iterator's socket, never on a per-event path). Before 5.15 the field is
+ * one word: a cgroup pointer, or with one of its low bits set the cgroup
+ * v1 net_prio/net_cls data of a socket the kernel counts as the root's. */
+struct sock_cgroup_data___old {
+	__u64 val;
+} __attribute__((preserve_access_index));
+
+struct sock___old {
+	struct sock_cgroup_data___old sk_cgrp_data;
+} __attribute__((preserve_access_index));
+
+#define ROOT_CGROUP_ID 1
+
+static __always_inline __u64 sock_cgroup_id(struct sock *sk)
+{
+	if (bpf_core_field_exists(sk->sk_cgrp_data.cgroup)) {
+		struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+		return cg ? BPF_CORE_READ(cg, kn, id) : ROOT_CGROUP_ID;
+	}
+	__u64 val = BPF_CORE_READ((struct sock___old *)sk, sk_cgrp_data.val);
+	if (!val || (val & 3))
+		return ROOT_CGROUP_ID;
+	return BPF_CORE_READ((struct cgroup *)val, kn, id);
+}
+
 static __always_inline bool same_key(const struct flow_key *a, const struct flow_key *b)
 {
 	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;

@@ -274,16 +274,27 @@ static __always_inline void name_from_connect(struct flow_value *v, const struct
 	}
 }
 
+/* An unnamed server's flow takes the listening process from the port
+ * table: the one that called listen(), or for a listener found at start-up
+ * the one /proc names and the cgroup of the socket itself (known even when
+ * /proc does not show its process: another pid namespace). */
+static __always_inline void name_from_port(struct flow_value *v, const struct port_value *pv)
+{
+	if (pv->pid) {
+		v->pid = pv->pid;
+		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
+	}
+	if (pv->cgroup_id)
+		v->cgroup_id = pv->cgroup_id;
+}
+
 static __always_inline void name_from_listener(struct flow_value *v, __u32 netns, __u16 port)
 {
 	if (v->pid)
 		return;
 	struct port_value *pv = port_lookup(netns, port);
-	if (pv && pv->pid) {
-		v->pid = pv->pid;
-		v->cgroup_id = pv->cgroup_id;
-		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
-	}
+	if (pv)
+		name_from_port(v, pv);
 }
 
 /* A server's connection opened: it has just joined its listener's accept
@@ -297,11 +308,8 @@ static __always_inline void passive_open(struct flow_value *v, __u32 netns, __u1
 	struct port_value *pv = port_lookup(netns, port);
 	if (!pv)
 		return;
-	if (v && !v->pid && pv->pid) {
-		v->pid = pv->pid;
-		v->cgroup_id = pv->cgroup_id;
-		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
-	}
+	if (v && !v->pid)
+		name_from_port(v, pv);
 	/* The listener of the connection's family (an IPv6 socket's children
 	 * are IPv6, v4-mapped included), else the other one. */
 	__u64 listener = family == AF_INET6 ? pv->listener6 : pv->listener4;

@@ -93,7 +93,9 @@ func (b *Bundler) entry(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
 }
 
 // merge sums one flow's per-CPU slots. The process is taken from the slot
-// that saw it last.
+// that saw it last; a flow no slot saw a process of keeps the cgroup one
+// saw (a server's listener found at start-up whose process /proc does not
+// show is known by its socket's cgroup).
 func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 	e := Entry{
 		NetNS:     k.Netns,
@@ -136,6 +138,8 @@ func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 			if v.PeerPid != 0 {
 				e.PeerPID, e.PeerComm = v.PeerPid, commString(v.PeerComm)
 			}
+		} else if e.PID == 0 && e.CgroupID == 0 {
+			e.CgroupID = v.CgroupId
 		}
 	}
 	return e
