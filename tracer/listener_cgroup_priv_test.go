@@ -21,24 +21,19 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// tcpServerEnv makes this test binary, run with
-// -test.run=^TestListenerCgroupServerProcess$, a TCP echo server on
-// loopback: the server of the listener cgroup tests is a process of its
+// tcpServerEnv makes this test binary a TCP echo server on loopback (see
+// TestMain): the server of the listener cgroup tests is a process of its
 // own, in a cgroup of its own.
 const tcpServerEnv = "DEPTRACE_TEST_TCP_SERVER"
 
-// TestListenerCgroupServerProcess is not a test: it is the server process
-// of TestListenerCgroup* (see tcpServerEnv). It listens on a port the
-// kernel chooses, prints it, echoes every connection, and returns when
-// stdin closes.
-func TestListenerCgroupServerProcess(t *testing.T) {
-	if os.Getenv(tcpServerEnv) != "1" {
-		t.Skip("the server process of the listener cgroup tests")
-	}
+// serveTCP is the server process of TestListenerCgroup* (see
+// tcpServerEnv): it listens on a port the kernel chooses, prints it,
+// echoes every connection, and returns when stdin closes.
+func serveTCP() int {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	fmt.Printf("port %d\n", ln.Addr().(*net.TCPAddr).Port)
 	go func() {
@@ -55,7 +50,7 @@ func TestListenerCgroupServerProcess(t *testing.T) {
 	}()
 	io.Copy(io.Discard, os.Stdin)
 	ln.Close()
-	os.Exit(0) // nothing of the test framework's on stdout
+	return 0
 }
 
 // newCgroup makes a cgroup v2 directory for this test, removed when the
@@ -132,7 +127,7 @@ func startTCPServer(t *testing.T, dir string) (int, int) {
 		t.Fatal(err)
 	}
 	defer cg.Close()
-	cmd := exec.Command(self, "-test.run=^TestListenerCgroupServerProcess$")
+	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), tcpServerEnv+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	stdin, _ := cmd.StdinPipe()

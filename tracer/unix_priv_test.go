@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(unixServerEnv); path != "" {
 		os.Exit(serveUnix(path))
 	}
+	if os.Getenv(tcpServerEnv) == "1" {
+		os.Exit(serveTCP())
+	}
 	os.Exit(runShared(m))
 }
 
