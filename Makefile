@@ -8,7 +8,20 @@ VERSION ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && ec
 BUILDFLAGS = -trimpath -ldflags '-s -w -X main.version=$(VERSION)'
 DIST ?= dist
 
-.PHONY: build build-bench deps generate check-generate vet tidy tidy-check test test-unit bench package clean
+.PHONY: build build-bench deps generate check-generate vet lint tidy tidy-check test test-unit bench package clean
+
+# The committed BPF objects are made by Debian's clang of this major version
+# (scripts/clang-version; Debian 12's clang). check-generate compares only
+# with that clang and says so in one line otherwise.
+CLANG_VERSION := $(shell cat scripts/clang-version)
+
+# golangci-lint (staticcheck, errcheck, unused; .golangci.yml), built by
+# `go install` from the Go module proxy at this version into a directory of
+# its own. Not in go.mod's tool block: its module graph has over 200
+# requirements, which go.mod/go.sum would then carry and which minimal
+# version selection would share with the product's own dependencies.
+GOLANGCI_LINT_VERSION = v2.15.0
+GOLANGCI_LINT = $(shell $(GO) env GOPATH)/tools/golangci-lint@$(GOLANGCI_LINT_VERSION)/golangci-lint
 
 build:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace ./cmd/deptrace
@@ -19,8 +32,10 @@ build-bench:
 deps:
 	scripts/deps.sh
 
-# Rebuild the committed bpf2go outputs from bpf/*.c with Debian's clang.
+# Rebuild the committed bpf2go outputs from bpf/*.c with Debian's clang
+# $(CLANG_VERSION) (a one-line warning with another clang).
 generate: deps
+	@scripts/check-generate.sh --clang
 	$(GO) generate ./...
 
 check-generate: deps
@@ -30,6 +45,13 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	$(GO) vet ./...
+
+# The first run builds golangci-lint (about 1.5 min on 2 cores); later runs
+# reuse it.
+lint:
+	@test -x $(GOLANGCI_LINT) || { echo "lint: installing golangci-lint $(GOLANGCI_LINT_VERSION)" >&2; \
+	  GOBIN=$(dir $(GOLANGCI_LINT)) GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); }
+	$(GOLANGCI_LINT) run ./...
 
 # -e: tolerate test-only packages of dependencies that the module proxy no
 # longer serves (modernc.org/sqlite's tests import a pprof version it lacks);
