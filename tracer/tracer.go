@@ -523,7 +523,7 @@ func keyOf(f Flow) procKey {
 }
 
 func (c procCache) remember(f Flow) {
-	if f.PID == 0 {
+	if f.PID == 0 && f.CgroupID == 0 {
 		return
 	}
 	if len(c) >= procCacheMax {
@@ -532,12 +532,18 @@ func (c procCache) remember(f Flow) {
 	c[keyOf(f)] = procInfo{f.PID, f.Comm, f.CgroupID}
 }
 
+// fill names f from the cache where its interval did not: the process
+// when it has none, and the cgroup when it has none and the process is
+// the one cached (a listener from before the start can come with its
+// cgroup and no process).
 func (c procCache) fill(f *Flow) {
-	if f.PID != 0 {
-		c.remember(*f)
-		return
-	}
 	if p, ok := c[keyOf(*f)]; ok {
-		f.PID, f.Comm, f.CgroupID = p.pid, p.comm, p.cgroup
+		if f.PID == 0 {
+			f.PID, f.Comm = p.pid, p.comm
+		}
+		if f.CgroupID == 0 && f.PID == p.pid {
+			f.CgroupID = p.cgroup
+		}
 	}
+	c.remember(*f)
 }

@@ -41,6 +41,28 @@ func TestProcCacheNamesSoftirqOnlyFlows(t *testing.T) {
 	}
 }
 
+// A listener from before the start can name its inbound flows by cgroup
+// alone (no process in /proc to read): a later interval keeps that cgroup,
+// and a flow of another process never takes it.
+func TestProcCacheKeepsACgroupWithoutAProcess(t *testing.T) {
+	c := procCache{}
+	f := Flow{NetNS: 1, Proto: ProtoTCP, Direction: Inbound, LocalAddr: "192.0.2.1",
+		RemoteAddr: "192.0.2.2", Port: 80, CgroupID: 7}
+	c.fill(&f)
+	later := f
+	later.CgroupID = 0
+	c.fill(&later)
+	if later.CgroupID != 7 || later.PID != 0 {
+		t.Errorf("cgroup not kept: %+v", later)
+	}
+	another := f
+	another.PID, another.Comm, another.CgroupID = 99, "other", 0
+	c.fill(&another)
+	if another.CgroupID != 0 {
+		t.Errorf("a flow of process 99 took the cached cgroup of no process: %+v", another)
+	}
+}
+
 func TestLossesArithmetic(t *testing.T) {
 	a := Losses{FlowMapFull: 5, PortMapFull: 1, UDPPeerUnknown: 2, SockStorageFailed: 3, RecursionMisses: 4}
 	b := Losses{FlowMapFull: 2, RecursionMisses: 1}
