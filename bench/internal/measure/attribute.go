@@ -77,7 +77,7 @@ func startPerf(dir string, limit time.Duration) (*perfRun, error) {
 // monotonicNow is CLOCK_MONOTONIC, the clock of perf's sample times.
 func monotonicNow() time.Duration {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // CLOCK_MONOTONIC is always there
 	return time.Duration(ts.Nano())
 }
 
@@ -85,7 +85,7 @@ func monotonicNow() time.Duration {
 // start to end (CLOCK_MONOTONIC); agentPID is the process whose samples
 // are the agent's.
 func (p *perfRun) stop(count bool, agentPID int, start, end time.Duration) (SampleCounts, error) {
-	defer os.Remove(p.file)
+	defer func() { _ = os.Remove(p.file) }() // a scratch file; a leftover in the temp dir is harmless
 	p.cmd.Process.Signal(syscall.SIGINT)
 	// perf writes its file and then dies of the SIGINT it was sent.
 	if err := p.cmd.Wait(); err != nil && !stoppedBySIGINT(p.cmd) {

@@ -159,8 +159,8 @@ func (c CompareConfig) measure(ctx context.Context, p point, name string, base l
 	if err != nil {
 		return Row{}, err
 	}
-	defer m.Close()
-	m.Collect() // start from an empty slate
+	defer func() { _ = m.Close() }() // the measurement is taken; nothing to report
+	_, _ = m.Collect()               // start from an empty slate
 
 	var (
 		mu      sync.Mutex
@@ -207,13 +207,13 @@ func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer func() { _ = m.Close() }() // the measurement is taken; nothing to report
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		return fmt.Errorf("enable bpf_stats: %w", err)
 	}
-	defer stats.Close()
-	stop := every(c.Interval, func() { m.Collect() }) // keep draining as in real use
+	defer func() { _ = stats.Close() }()                     // turning bpf_stats off: nothing to report
+	stop := every(c.Interval, func() { _, _ = m.Collect() }) // keep draining as in real use
 	_, t0, err := m.KernelTime()
 	if err != nil {
 		stop()
@@ -324,14 +324,17 @@ func WriteResults(dir string, rows []Row) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	w := csv.NewWriter(f)
-	w.Write(CSVHeader)
+	_ = w.Write(CSVHeader) // a csv.Writer keeps its first error for Error
 	for _, r := range rows {
-		w.Write(r.csv())
+		_ = w.Write(r.csv())
 	}
 	w.Flush()
-	return w.Error()
+	if err := w.Error(); err != nil {
+		_ = f.Close() // the write's error is the one to report
+		return err
+	}
+	return f.Close()
 }
 
 // CSVHeader names the columns of results.csv.

@@ -123,7 +123,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 				return sink.Write(iv.Flows, iv.Listeners)
 			})
 		}()
-		close := func() { stopAgent(); <-agentDone; t.Close() }
+		close := func() { stopAgent(); <-agentDone; _ = t.Close() } //nolint:errcheck // a stop on purpose: Run's error is the cancellation
 
 		step("tracer attached, agent CPU")
 		before := processCPU()
@@ -150,7 +150,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 		m.StatsRun, err = runLoad(ctx, cfg, w)
 		s1, err1 := t.Stats()
 		f1runs, f1ns, _ := floor.stats()
-		stats.Close()
+		_ = stats.Close() // turning bpf_stats off: nothing to report
 		floor.Close()
 		if f1runs > f0runs {
 			m.FloorNs = float64(f1ns-f0ns) / float64(f1runs-f0runs)
@@ -242,7 +242,7 @@ func ParseLoadResult(data []byte) (loadgen.Result, error) {
 func WriteMarkdown(w io.Writer, ms []Measurement, cfg OverheadConfig) {
 	host, _ := os.Hostname()
 	var uts unix.Utsname
-	unix.Uname(&uts)
+	_ = unix.Uname(&uts) // uname(2) does not fail with a valid buffer
 	fmt.Fprintf(w, "Run: %s, host %s, kernel %s, %d s per phase, %d clients, %d-byte messages.\n\n",
 		time.Now().UTC().Format(time.RFC3339), host, unix.ByteSliceToString(uts.Release[:]), int(cfg.Duration.Seconds()), cfg.Concurrency, cfg.MsgSize)
 	fmt.Fprintln(w, "| workload | baseline rate/s | traced rate/s | 2nd baseline rate/s | change vs baselines | baseline noise | flows per drain | events lost |")

@@ -90,7 +90,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(d)
+		defer func() { _ = os.RemoveAll(d) }() // a scratch dir; a leftover in the temp dir is harmless
 		perfDir = d
 	}
 	var hollowHooks []string
@@ -135,7 +135,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 			sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
 			done <- t.Run(agentCtx, func(iv tracer.Interval) error { return sink.Write(iv.Flows, iv.Listeners) })
 		}()
-		return func() { cancel(); <-done; t.Close() }, nil
+		return func() { cancel(); <-done; _ = t.Close() }, nil //nolint:errcheck // a stop on purpose: Run's error is the cancellation
 	}
 	for _, l := range loads {
 		r := PairedResult{Load: l}

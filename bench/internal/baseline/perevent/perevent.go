@@ -221,12 +221,12 @@ func Load(cfg Config) (*Bundler, error) {
 		s := innerSpec.Copy()
 		s.Name = fmt.Sprintf("flows_%c", 'a'+i)
 		if b.inner[i], err = ebpf.NewMap(s); err != nil {
-			b.Close()
+			_ = b.Close() // the map's error is the one to report
 			return nil, fmt.Errorf("create bundled-flow map: %w", err)
 		}
 	}
 	if err := b.flows.Put(uint32(0), b.inner[0]); err != nil {
-		b.Close()
+		_ = b.Close() // the map's error is the one to report
 		return nil, fmt.Errorf("install bundled-flow map: %w", err)
 	}
 
@@ -236,7 +236,7 @@ func Load(cfg Config) (*Bundler, error) {
 		h.Reason, h.Log = b.loadAndAttach(spec, def, cgroupRoot, cgroupErr)
 		h.Active = h.Reason == ""
 		if !h.Active && def.required {
-			b.Close()
+			_ = b.Close() // the hook's error is the one to report
 			return nil, &RequiredHookError{Hook: h}
 		}
 		b.hooks = append(b.hooks, h)
@@ -369,7 +369,7 @@ func (b *Bundler) Drain() ([]Entry, error) {
 		}
 		// Kernels before 5.6 have no batch operations: iterate instead,
 		// but only if nothing was read, so no entry is reported twice.
-		if len(entries) > 0 || !(errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL)) {
+		if len(entries) > 0 || !errors.Is(err, ebpf.ErrNotSupported) && !errors.Is(err, unix.EINVAL) {
 			return entries, fmt.Errorf("drain bundled flows: %w", err)
 		}
 		b.batchOK = false
@@ -758,7 +758,7 @@ func readIter(it *link.Iter) ([]pereventListenRecord, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rd.Close()
+	defer func() { _ = rd.Close() }() // a read-only iterator
 	raw, err := io.ReadAll(rd)
 	if err != nil {
 		return nil, err

@@ -44,10 +44,10 @@ func New() (*Method, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.Seed()
+	_, _ = b.Seed() // best effort: without a socket iterator only new connections are seen
 	r, err := b.EventReader()
 	if err != nil {
-		b.Close()
+		_ = b.Close() // the reader's error is the one to report
 		return nil, err
 	}
 	m := &Method{b: b, reader: r, done: make(chan struct{}), flows: map[flowKey]*tracer.Flow{}}
