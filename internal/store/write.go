@@ -1,0 +1,294 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) error {
+	if len(obs) == 0 {
+		return nil
+	}
+	// Resolve the distinct keys to ids, in a stable order so concurrent
+	// writers take row locks in the same order.
+	var keys []flowKey
+	seen := map[flowKey]bool{}
+	for _, o := range obs {
+		k := keyOf(o)
+		if !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, flowKey.compare)
+	lastSeen := map[flowKey]int64{}
+	for _, o := range obs {
+		k := keyOf(o)
+		lastSeen[k] = max(lastSeen[k], ns(o.LastSeen), ns(o.Bucket))
+	}
+	ids, err := s.keyIDs(ctx, tx, keys, lastSeen)
+	if err != nil {
+		return err
+	}
+	rows := make([]flowRow, 0, len(obs))
+	for _, o := range obs {
+		rows = append(rows, flowRow{bucket: ns(o.Bucket.Truncate(time.Minute)), key: ids[keyOf(o)], pid: o.PID, peer: o.PeerPID,
+			c: o.Counters, first: ns(o.FirstSeen), last: ns(o.LastSeen)})
+	}
+	for _, l := range levels {
+		if err := s.upsertRows(ctx, tx, l, rows); err != nil {
+			return err
+		}
+	}
+	if err := s.invalidatePieces(ctx, tx, rows); err != nil {
+		return err
+	}
+	return s.logWrite(ctx, tx, rows)
+}
+
+// keyIDs inserts keys not yet known and returns the id of each.
+func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen map[flowKey]int64) (map[flowKey]int64, error) {
+	ids := make(map[flowKey]int64, len(keys))
+	read := func(rs *sql.Rows, err error) error {
+		if err != nil {
+			return err
+		}
+		for rs.Next() {
+			var k flowKey
+			var id int64
+			var port int
+			if err := rs.Scan(&id, &k.host, &k.dir, &k.proto, &k.local, &k.remote, &port, &k.comm, &k.peerComm); err != nil {
+				rs.Close()
+				return fmt.Errorf("read flow key: %w", err)
+			}
+			k.port = uint16(port)
+			ids[k] = id
+		}
+		return rs.Close()
+	}
+	if s.d.name == postgres.name {
+		// One constant statement, a column of keys per array (see
+		// upsertRows).
+		text := make([][]string, 7)
+		ports := make([]int32, 0, len(keys))
+		seen := make([]int64, 0, len(keys))
+		for _, k := range keys {
+			for i, v := range []string{k.host, k.dir, k.proto, k.local, k.remote, k.comm, k.peerComm} {
+				text[i] = append(text[i], v)
+			}
+			ports = append(ports, int32(k.port))
+			seen = append(seen, lastSeen[k])
+		}
+		q := `INSERT INTO flow_keys (` + keyColumns + `) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::bigint[])` + keysUpsert
+		if err := read(tx.QueryContext(ctx, q, text[0], text[1], text[2], text[3], text[4], ports, text[5], text[6], seen)); err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", len(keys), err)
+		}
+	}
+	for start := 0; start < len(keys) && s.d.name != postgres.name; {
+		n := chunkRows(len(keys) - start)
+		part := keys[start : start+n]
+		stmt, err := s.prepared(ctx, tx, keysInsert(n))
+		if err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
+		}
+		args := make([]any, 0, n*9)
+		for _, k := range part {
+			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, lastSeen[k])
+		}
+		if err := read(stmt.QueryContext(ctx, args...)); err != nil {
+			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
+		}
+		start += n
+	}
+	for _, k := range keys {
+		if _, ok := ids[k]; !ok {
+			return nil, fmt.Errorf("write flow keys: no id returned for %+v", k)
+		}
+	}
+	return ids, nil
+}
+
+// upsertRows adds rows to level l's table: rows are first merged per
+// (bucket of l, key), since one statement may not update a row twice.
+func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flowRow) error {
+	type rk struct{ bucket, key int64 }
+	merged := map[rk]*flowRow{}
+	var order []rk
+	for _, r := range rows {
+		r.bucket = floorTo(r.bucket, l.width)
+		k := rk{r.bucket, r.key}
+		if m, ok := merged[k]; ok {
+			m.add(r)
+			continue
+		}
+		merged[k] = &r
+		order = append(order, k)
+	}
+	slices.SortFunc(order, func(a, b rk) int {
+		if a.bucket != b.bucket {
+			return compareInt(a.bucket, b.bucket)
+		}
+		return compareInt(a.key, b.key)
+	})
+	ncol := 6 + len(counterColumns)
+	if s.d.name == postgres.name {
+		// One statement whatever the number of rows: a column of the
+		// new rows per array, so the text is constant (pgx prepares it
+		// once per connection) and nothing parses thousands of
+		// placeholders.
+		colArgs := make([][]int64, ncol)
+		for i := range colArgs {
+			colArgs[i] = make([]int64, 0, len(order))
+		}
+		for _, k := range order {
+			r := merged[k]
+			vals := append([]int64{r.bucket, r.key, int64(r.pid), int64(r.peer)}, make([]int64, len(counterColumns))...)
+			for i, v := range counterFields(&r.c) {
+				vals[4+i] = int64(*v)
+			}
+			vals = append(vals, r.first, r.last)
+			for i, v := range vals {
+				colArgs[i] = append(colArgs[i], v)
+			}
+		}
+		args := make([]any, ncol)
+		unnest := make([]string, ncol)
+		for i := range colArgs {
+			args[i] = colArgs[i]
+			unnest[i] = fmt.Sprintf("$%d::bigint[]", i+1)
+		}
+		q := "INSERT INTO " + l.table + " (" + rowColumns + ") SELECT * FROM unnest(" + strings.Join(unnest, ", ") + ") ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(l.table)
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", len(order), l.table, err)
+		}
+		return nil
+	}
+	// SQLite: statements of 256, 128, ... 1 rows, each prepared once per
+	// open store, so that the parser (a third of the write's time when
+	// every batch had a statement of its own) runs once.
+	for start := 0; start < len(order); {
+		n := chunkRows(len(order) - start)
+		end := start + n
+		stmt, err := s.prepared(ctx, tx, rowsInsert(l.table, n))
+		if err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
+		}
+		args := make([]any, 0, n*ncol)
+		for _, k := range order[start:end] {
+			r := merged[k]
+			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
+			for _, v := range counterFields(&r.c) {
+				args = append(args, int64(*v))
+			}
+			args = append(args, r.first, r.last)
+		}
+		if _, err := stmt.ExecContext(ctx, args...); err != nil {
+			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
+		}
+		start = end
+	}
+	return nil
+}
+
+// chunkRows is the number of rows of the next SQLite statement: a power
+// of two, at most 256, so that few statement shapes exist.
+func chunkRows(left int) int {
+	n := 256
+	for n > left {
+		n /= 2
+	}
+	return n
+}
+
+// prepared returns q bound to tx: prepared once per open store by
+// prepareWrites, or (a shape it did not prepare) prepared for tx alone.
+func (s *Store) prepared(ctx context.Context, tx *sql.Tx, q string) (*sql.Stmt, error) {
+	s.stmtMu.Lock()
+	st := s.stmts[q]
+	s.stmtMu.Unlock()
+	if st == nil {
+		return tx.PrepareContext(ctx, s.d.rebind(q))
+	}
+	return tx.StmtContext(ctx, st), nil
+}
+
+// prepareWrites prepares, once per open SQLite store, every statement
+// shape the writes use (keys and each level's rows, 1 to 256 rows per
+// statement). It runs outside any transaction: SQLite has one connection,
+// which a transaction holds.
+func (s *Store) prepareWrites(ctx context.Context) error {
+	if s.d.name == postgres.name {
+		return nil
+	}
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if s.stmts != nil {
+		return nil
+	}
+	stmts := map[string]*sql.Stmt{}
+	var shapes []string
+	for n := 1; n <= 256; n *= 2 {
+		shapes = append(shapes, keysInsert(n))
+		for _, l := range levels {
+			shapes = append(shapes, rowsInsert(l.table, n))
+		}
+	}
+	for _, q := range shapes {
+		st, err := s.db.PrepareContext(ctx, s.d.rebind(q))
+		if err != nil {
+			for _, st := range stmts {
+				st.Close()
+			}
+			return fmt.Errorf("prepare writes: %w", err)
+		}
+		stmts[q] = st
+	}
+	s.stmts = stmts
+	return nil
+}
+
+// rowColumns are the columns a write gives a flow bucket table.
+var rowColumns = "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
+
+// rowsInsert adds n rows to the flow bucket table t (SQLite).
+func rowsInsert(t string, n int) string {
+	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
+	return "INSERT INTO " + t + " (" + rowColumns + ") VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") +
+		" ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(t)
+}
+
+// keysInsert adds n flow keys and returns their ids (SQLite). DO UPDATE
+// (not DO NOTHING) so that RETURNING names existing keys too, and so that
+// retention sees the key as recent.
+func keysInsert(n int) string {
+	return `INSERT INTO flow_keys (` + keyColumns + `) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", n), ", ") + keysUpsert
+}
+
+const keyColumns = `host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen`
+
+const keysUpsert = ` ON CONFLICT (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm) DO UPDATE SET
+			last_seen = CASE WHEN excluded.last_seen > flow_keys.last_seen THEN excluded.last_seen ELSE flow_keys.last_seen END
+			RETURNING id, host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm`
+
+// upsertSet is the ON CONFLICT update of a flow bucket table t: maximum
+// of the pids and of the latency maximum, sums, earliest first and latest
+// last seen.
+func upsertSet(t string) string {
+	var set strings.Builder
+	fmt.Fprintf(&set, "pid = CASE WHEN excluded.pid > %[1]s.pid THEN excluded.pid ELSE %[1]s.pid END,\n", t)
+	fmt.Fprintf(&set, "peer_pid = CASE WHEN excluded.peer_pid > %[1]s.peer_pid THEN excluded.peer_pid ELSE %[1]s.peer_pid END,\n", t)
+	for _, c := range counterColumns {
+		if maxColumns[c] {
+			fmt.Fprintf(&set, "%[2]s = CASE WHEN excluded.%[2]s > %[1]s.%[2]s THEN excluded.%[2]s ELSE %[1]s.%[2]s END,\n", t, c)
+		} else {
+			fmt.Fprintf(&set, "%[2]s = %[1]s.%[2]s + excluded.%[2]s,\n", t, c)
+		}
+	}
+	fmt.Fprintf(&set, `first_seen = CASE WHEN excluded.first_seen < %[1]s.first_seen THEN excluded.first_seen ELSE %[1]s.first_seen END,
+		last_seen = CASE WHEN excluded.last_seen > %[1]s.last_seen THEN excluded.last_seen ELSE %[1]s.last_seen END`, t)
+	return set.String()
+}
