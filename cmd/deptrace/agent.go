@@ -127,7 +127,7 @@ killed agent left.`,
 				if err != nil {
 					log.Warn("local ends will not be named by unit or container", "err", err)
 				} else {
-					defer names.Close()
+					defer func() { _ = names.Close() }() // stops watching; nothing to report at exit
 					cfg.Annotate = names.Annotate
 				}
 			}

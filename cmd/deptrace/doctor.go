@@ -70,7 +70,7 @@ func doctorStore(ctx context.Context, out io.Writer, spec, spoolPath string) {
 		} else {
 			v, _ := st.Version(ctx)
 			fmt.Fprintf(out, "store         %s, schema version %d\n", st, v)
-			st.Close()
+			_ = st.Close() // read-only here
 		}
 	}
 	if size, batches, err := agent.SpoolStatus(spoolPath); err != nil {
@@ -115,7 +115,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		}
 		return err
 	}
-	defer t.Close()
+	defer func() { _ = t.Close() }() // doctor only loads and unloads
 
 	fmt.Fprintln(out, "\nHOOKS")
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
@@ -138,7 +138,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", status, h.Hook, h.Provides)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	for _, h := range hooks {
 		switch {
 		case len(h.Copies) > 0:

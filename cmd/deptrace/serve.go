@@ -61,7 +61,7 @@ Listening beyond loopback requires --token-file: every request must then carry
 			if err != nil {
 				return err
 			}
-			defer st.Close()
+			defer func() { _ = st.Close() }() // serve only reads
 			if cacheMB > 0 {
 				st.EnableCache(store.CacheConfig{Bytes: cacheMB << 20})
 			}

@@ -91,7 +91,7 @@ func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, erro
 	if err != nil {
 		return graph.Graph{}, nil, err
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }() // a read-only command
 	return loadGraph(ctx, st, r)
 }
 
@@ -210,7 +210,7 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 			if err != nil {
 				return err
 			}
-			defer st.Close()
+			defer func() { _ = st.Close() }() // a read-only command
 			if r.Until.IsZero() {
 				r.Until = time.Now()
 			}

@@ -134,14 +134,14 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		if names, err = identity.New(*idCfg); err != nil {
 			log.Warn("local ends will not be named by unit or container", "err", err)
 		} else {
-			defer names.Close()
+			defer func() { _ = names.Close() }() // stops watching; nothing to report at exit
 		}
 	}
 	t, err := tracer.New(cfg)
 	if err != nil {
 		return err
 	}
-	defer t.Close()
+	defer func() { _ = t.Close() }() // unloads the kernel side at exit; the trace is written
 	hooks.LogUncovered(log, t.Hooks())
 	if nsCount, ports, err := t.Seeded(); err != nil {
 		log.Warn("seeding listening ports failed; older connections may show the wrong direction", "err", err)

@@ -22,7 +22,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer t.Close()
+	defer func() { _ = t.Close() }() // unloads the kernel side at exit
 
 	ctx, cancel := context.WithTimeout(context.Background(), *duration)
 	defer cancel()

@@ -75,9 +75,9 @@ func run(img *ociimage.Image, binary, out, created string) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }() // a temp file
 	if err := ociimage.Write(tmp, *img); err != nil {
-		tmp.Close()
+		_ = tmp.Close() // the write's error is the one to report
 		return err
 	}
 	if err := tmp.Close(); err != nil {
