@@ -88,7 +88,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	t, err := tracer.New(cfg.Tracer)
 	if err != nil {
 		if st != nil {
-			st.Close()
+			_ = st.Close() // the tracer's error is the one to report
 		}
 		return err
 	}
@@ -195,7 +195,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Error("batches kept in memory could not be written before stopping: lost", "batches", n, "store", cfg.Store, "spool", cfg.SpoolPath)
 	}
 	if w.store != nil {
-		w.store.Close()
+		if err := w.store.Close(); err != nil {
+			log.Warn("close the store", "store", cfg.Store, "err", err)
+		}
 	}
 	if w.uncommitted && cfg.Tracer.PinPath != "" && runErr == nil {
 		// Closing would destroy the counts the store did not take.

@@ -31,7 +31,7 @@ func SpoolStatus(path string) (bytes int64, batches int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 1<<20), 1<<30)
 	for s.Scan() {
@@ -74,13 +74,13 @@ func (s *spool) add(b store.Batch) error {
 	// or the next batch would be appended to it and both be unreadable.
 	end, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
-		f.Close()
+		_ = f.Close() // the seek's error is the one to report
 		s.dropped++
 		return err
 	}
 	if _, err := f.Write(line); err != nil {
 		err = errors.Join(err, f.Truncate(end))
-		f.Close()
+		_ = f.Close() // the write's error is the one to report
 		s.dropped++
 		return err
 	}
@@ -88,7 +88,7 @@ func (s *spool) add(b store.Batch) error {
 	// here: on disk, not only in the page cache.
 	if err := f.Sync(); err != nil {
 		err = errors.Join(err, f.Truncate(end))
-		f.Close()
+		_ = f.Close() // the sync's error is the one to report
 		s.dropped++
 		return err
 	}
@@ -133,7 +133,7 @@ func replaceFile(path string, data []byte) (err error) {
 	tmp := path + ".tmp"
 	defer func() {
 		if err != nil {
-			os.Remove(tmp) // a full disk: leave it the space
+			_ = os.Remove(tmp) // a full disk: leave it the space; the write's error is the one to report
 		}
 	}()
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
@@ -141,11 +141,11 @@ func replaceFile(path string, data []byte) (err error) {
 		return err
 	}
 	if _, err := f.Write(data); err != nil {
-		f.Close()
+		_ = f.Close() // the write's error is the one to report
 		return err
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
+		_ = f.Close() // the sync's error is the one to report
 		return err
 	}
 	if err := f.Close(); err != nil {

@@ -40,7 +40,7 @@ func (s *Store) pgRead(ctx context.Context, fn func(reader) error) error {
 	if err != nil {
 		return fmt.Errorf("begin query: %w", err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // returns a read connection to the pool
 	return c.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
 		if !ok {
@@ -50,7 +50,7 @@ func (s *Store) pgRead(ctx context.Context, fn func(reader) error) error {
 		if err != nil {
 			return fmt.Errorf("begin query: %w", err)
 		}
-		defer tx.Rollback(ctx)
+		defer func() { _ = tx.Rollback(ctx) }() // a read-only snapshot: nothing to commit
 		for _, set := range []string{"SET LOCAL jit = off", "SET LOCAL max_parallel_workers_per_gather = 0", "SET LOCAL work_mem = '256MB'"} {
 			if _, err := tx.Exec(ctx, set); err != nil {
 				return fmt.Errorf("query settings: %w", err)

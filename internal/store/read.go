@@ -59,7 +59,7 @@ func (s *Store) read(ctx context.Context, fn func(reader) error) error {
 	if err != nil {
 		return fmt.Errorf("begin query: %w", err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // returns a read connection to the pool
 	return c.Raw(func(dc any) error {
 		bt, ok1 := dc.(driver.ConnBeginTx)
 		qc, ok2 := dc.(driver.QueryerContext)
@@ -70,7 +70,7 @@ func (s *Store) read(ctx context.Context, fn func(reader) error) error {
 		if err != nil {
 			return fmt.Errorf("begin query: %w", err)
 		}
-		defer tx.Rollback()
+		defer func() { _ = tx.Rollback() }() // a read-only snapshot: nothing to commit
 		return fn(&sqliteReader{ctx: ctx, qc: qc})
 	})
 }
@@ -91,7 +91,7 @@ func (r *sqliteReader) query(q string, args []any, ncol int, row func([]driver.V
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }() // errors surface in rows.Err
 	if n := len(rows.Columns()); n != ncol {
 		return fmt.Errorf("%d columns, want %d", n, ncol)
 	}

@@ -139,7 +139,7 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	default:
 		path := strings.TrimPrefix(spec, "sqlite://")
 		if strings.Contains(path, "://") {
-			return nil, fmt.Errorf("invalid --store %q: want a file path, sqlite://PATH or postgres://...", spec)
+			return nil, fmt.Errorf("invalid --store %q: want a file path, sqlite://PATH or postgres://URL", spec)
 		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 			return nil, fmt.Errorf("create store directory: %w", err)
@@ -156,11 +156,11 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := s.retryBusy(pingCtx, func() error { return s.db.PingContext(pingCtx) }); err != nil {
-		s.db.Close()
+		_ = s.db.Close() // the open's error is the one to report
 		return nil, fmt.Errorf("connect to store %s: %w", s.display, err)
 	}
 	if err := s.retryBusy(pingCtx, func() error { return s.migrate(ctx) }); err != nil {
-		s.db.Close()
+		_ = s.db.Close() // the open's error is the one to report
 		return nil, fmt.Errorf("migrate store %s: %w", s.display, err)
 	}
 	s.bgCtx, s.bgCancel = context.WithCancel(context.Background())
