@@ -215,7 +215,7 @@ func (t *Tracer) Close() error { return t.b.Close() }
 // there (Interval.Recovered). Without PinPath it is Close.
 func (t *Tracer) Release() {
 	if t.cfg.PinPath == "" {
-		t.b.Close()
+		_ = t.b.Close() // Release has no error to return
 		return
 	}
 	t.b.Release()

@@ -307,13 +307,13 @@ func Load(cfg Config) (*Bundler, error) {
 				b.adopt.Replaced = why
 				b.adopt.Salvaged, b.adopt.Unreadable = old.salvage(ncpu)
 				if err := removePinned(cfg.PinPath, old); err != nil {
-					b.lock.Close()
+					_ = b.lock.Close() // releases the lock; the removal's error is the one to report
 					return nil, fmt.Errorf("remove the kernel side pinned at %s (%s): %w", cfg.PinPath, why, err)
 				}
 				old = nil
 			}
 		} else if found {
-			removePinned(cfg.PinPath, old)
+			_ = removePinned(cfg.PinPath, old) // best effort: an unreadable pin is replaced anyway, and err says why
 			b.adopt.Replaced = err.Error()
 			old = nil
 		}
@@ -402,7 +402,7 @@ func Load(cfg Config) (*Bundler, error) {
 		h.Active = h.Reason == ""
 		h.Copies, h.CopiesMissing = b.copies[def.program], b.copyErr[def.program]
 		if !h.Active && def.required && !hasFallback(def.program) {
-			b.Close()
+			_ = b.Close() // the hook's error is the one to report
 			return nil, &RequiredHookError{Hook: h}
 		}
 		b.hooks = append(b.hooks, h)
@@ -410,7 +410,7 @@ func Load(cfg Config) (*Bundler, error) {
 	// A required hook with fallbacks is satisfied when one of them runs.
 	for _, h := range b.hooks {
 		if h.Required && !h.Active && !b.replaced(h.Program) {
-			b.Close()
+			_ = b.Close() // the hook's error is the one to report
 			return nil, &RequiredHookError{Hook: h}
 		}
 	}
@@ -421,7 +421,7 @@ func Load(cfg Config) (*Bundler, error) {
 		if err := b.pin(); err != nil {
 			// Half a pinned side must not stay behind to be adopted.
 			b.pinned = true
-			b.Close()
+			_ = b.Close() // the pin's error is the one to report
 			return nil, fmt.Errorf("pin the kernel side at %s: %w", cfg.PinPath, err)
 		}
 	}
@@ -642,7 +642,7 @@ func (b *Bundler) Close() error {
 	var err error
 	if b.pinned {
 		for _, l := range b.links {
-			l.Unpin()
+			_ = l.Unpin() // removePinned removes what is left in the pin directory and reports it
 		}
 		err = removePinned(b.cfg.PinPath, nil)
 		b.pinned = false
@@ -680,7 +680,7 @@ func (b *Bundler) Release() {
 		b.objs = sharedObjects{}
 	}
 	if b.lock != nil {
-		b.lock.Close()
+		_ = b.lock.Close() // releasing the flock: nothing is written
 		b.lock = nil
 	}
 }

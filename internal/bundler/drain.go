@@ -144,13 +144,13 @@ func (b *Bundler) Collect() (Interval, error) {
 	next := 1 - b.active
 	if err := b.setSpillHalf(next); err != nil {
 		if b.pinned {
-			b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
+			_ = b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
 		}
 		return Interval{Listeners: listeners}, errors.Join(harvestErr, err)
 	}
 	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
 		if b.pinned {
-			b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
+			_ = b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
 		}
 		return Interval{Listeners: listeners}, errors.Join(harvestErr, fmt.Errorf("swap bundled-flow map: %w", err))
 	}

@@ -105,7 +105,7 @@ func readIter[T any](it *link.Iter) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rd.Close()
+	defer func() { _ = rd.Close() }() // a read-only iterator
 	raw, err := io.ReadAll(rd)
 	if err != nil {
 		return nil, err

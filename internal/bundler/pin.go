@@ -110,11 +110,13 @@ func lockAgent(pinPath string) (*os.File, error) {
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		owner, _ := os.ReadFile(name)
-		f.Close()
+		_ = f.Close() // the flock's error is the one to report
 		return nil, fmt.Errorf("another deptrace (pid %s) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
 	}
-	f.Truncate(0)
-	f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	// The pid is only for the message of an agent that finds the lock
+	// taken; the flock is what excludes it.
+	_ = f.Truncate(0)
+	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
 	return f, nil
 }
 
@@ -532,7 +534,7 @@ func Cleanup(path string) (found bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer lock.Close()
+	defer func() { _ = lock.Close() }() // releasing the flock: nothing is written
 	p, ok, err := loadPinned(path)
 	if !ok {
 		if _, statErr := os.Stat(path); statErr == nil {
