@@ -142,14 +142,14 @@ func Start(t testing.TB) *Daemon {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	go func() { _ = cmd.Wait(); close(exited) }() // killed on purpose below: its exit status says nothing
 	t.Cleanup(func() {
 		// Containers first, then networks, then the daemon, then what it
 		// may have left; images go with the data-root.
 		if ids, err := d.Run("ps", "-aq"); err == nil && ids != "" {
-			d.Run(append([]string{"rm", "-f"}, strings.Fields(ids)...)...)
+			_, _ = d.Run(append([]string{"rm", "-f"}, strings.Fields(ids)...)...)
 		}
-		d.Run("network", "prune", "-f")
+		_, _ = d.Run("network", "prune", "-f") // best-effort cleanup
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -157,10 +157,10 @@ func Start(t testing.TB) *Daemon {
 			cmd.Process.Kill()
 			<-exited
 		}
-		logf.Close()
+		_ = logf.Close() // the daemon's log, for a failing test to read
 		state.restore(t)
 		for _, p := range newCgroups {
-			os.Remove(p) // the daemon's parent cgroup, empty now
+			_ = os.Remove(p) // the daemon's parent cgroup, empty now; best-effort cleanup
 		}
 		unmountUnder(dir)
 		if t.Failed() {
@@ -168,7 +168,7 @@ func Start(t testing.TB) *Daemon {
 				t.Logf("dockerd log:\n%s", b)
 			}
 		}
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // best-effort cleanup of a temp dir
 	})
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
@@ -178,7 +178,7 @@ func Start(t testing.TB) *Daemon {
 	for {
 		resp, err := hc.Get("http://docker/_ping")
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close() // only the status is read
 			if resp.StatusCode == http.StatusOK {
 				break
 			}
@@ -296,7 +296,7 @@ func absentCgroups(name string) []string {
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	var out []string
 	s := bufio.NewScanner(f)
 	for s.Scan() {
@@ -319,7 +319,7 @@ func unmountUnder(dir string) {
 	if err != nil {
 		return
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	var mounts []string
 	s := bufio.NewScanner(f)
 	for s.Scan() {
@@ -328,6 +328,6 @@ func unmountUnder(dir string) {
 		}
 	}
 	for i := len(mounts) - 1; i >= 0; i-- {
-		syscall.Unmount(mounts[i], syscall.MNT_DETACH)
+		_ = syscall.Unmount(mounts[i], syscall.MNT_DETACH) // best-effort cleanup
 	}
 }

@@ -57,7 +57,7 @@ func (c *criClient) client(ctx context.Context) (runtimeapi.RuntimeServiceClient
 	rs := runtimeapi.NewRuntimeServiceClient(conn)
 	v, err := rs.Version(ctx, &runtimeapi.VersionRequest{})
 	if err != nil {
-		conn.Close()
+		_ = conn.Close() // the dial's error is the one to report
 		return nil, "", fmt.Errorf("cri %s version: %w", c.socket, err)
 	}
 	c.conn, c.rs = conn, rs
@@ -75,7 +75,7 @@ func (c *criClient) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.conn != nil {
-		c.conn.Close()
+		_ = c.conn.Close() // nothing to report when stopping
 		c.conn, c.rs = nil, nil
 	}
 }

@@ -61,7 +61,7 @@ func (d *dockerClient) get(ctx context.Context, path string, v any) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read side of a response
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return &apiError{status: resp.StatusCode, msg: strings.TrimSpace(string(b))}
@@ -157,7 +157,7 @@ func (d *dockerClient) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read side of a response
 	if resp.StatusCode != http.StatusOK {
 		return &apiError{status: resp.StatusCode}
 	}
@@ -209,7 +209,7 @@ func (d *dockerClient) setConnected(v bool) {
 // while its main process runs, its cgroup. The event's attributes (name,
 // image and every label) stand in if it is already gone.
 func (d *dockerClient) learn(ctx context.Context, id string, attrs map[string]string) {
-	c, pid, err := d.inspect(ctx, id)
+	_, pid, err := d.inspect(ctx, id)
 	if err == nil {
 		if pid > 0 && d.onStart != nil {
 			d.onStart(pid)
@@ -224,7 +224,7 @@ func (d *dockerClient) learn(ctx context.Context, id string, attrs map[string]st
 	if _, ok := d.containers[id]; ok {
 		return
 	}
-	c = &container{id: id, name: attrs["name"], image: attrs["image"], labels: map[string]string{}}
+	c := &container{id: id, name: attrs["name"], image: attrs["image"], labels: map[string]string{}}
 	for k, v := range attrs {
 		if k != "name" && k != "image" {
 			c.labels[k] = v

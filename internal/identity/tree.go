@@ -78,7 +78,7 @@ func newCgroupTree(root string, retain time.Duration, onNew func(id uint64, path
 // Close stops watching.
 func (t *cgroupTree) Close() {
 	if t.file != nil {
-		t.file.Close()
+		_ = t.file.Close() // stops the watch; Close has no error to return
 		<-t.done
 	}
 }

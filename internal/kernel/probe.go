@@ -68,7 +68,7 @@ func effectiveCaps() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		if v, ok := strings.CutPrefix(s.Text(), "CapEff:"); ok {
@@ -124,7 +124,7 @@ func CgroupV2Root() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read mountinfo: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		// id parent major:minor root mountpoint opts ... - fstype source superopts

@@ -167,7 +167,7 @@ func serveOne(ctx context.Context, addr string) (string, error) {
 			if err != nil {
 				return
 			}
-			pc.WriteTo(buf[:n], from)
+			_, _ = pc.WriteTo(buf[:n], from) // an echo server: a lost reply is a lost datagram, which the client counts
 		}
 	}()
 	return ln.Addr().String(), nil

@@ -307,7 +307,7 @@ func (m *Metrics) Serve(ctx context.Context, addr string, log *slog.Logger) (net
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "deptrace agent: metrics at /metrics")
+		_, _ = fmt.Fprintln(w, "deptrace agent: metrics at /metrics") // the client went away
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -137,7 +137,7 @@ func Do(path string, fn func() error) error {
 	if err != nil {
 		return fmt.Errorf("open netns %s: %w", path, err)
 	}
-	defer target.Close()
+	defer func() { _ = target.Close() }() // a namespace handle, read-only
 
 	runtime.LockOSThread()
 	orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
@@ -145,7 +145,7 @@ func Do(path string, fn func() error) error {
 		runtime.UnlockOSThread()
 		return fmt.Errorf("open current netns: %w", err)
 	}
-	defer orig.Close()
+	defer func() { _ = orig.Close() }() // a namespace handle, read-only
 
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()

@@ -75,7 +75,7 @@ func New(t testing.TB) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	cred, err := credential()
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func New(t testing.TB) *Cluster {
 	t.Cleanup(func() {
 		cmd := exec.Command(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		cmd.Run()
+		_ = cmd.Run() // stopping the cluster: best effort, the data dir is removed anyway
 	})
 	run("createdb", "-h", dir, "-U", "postgres", "deptrace")
 	return &Cluster{DSN: fmt.Sprintf("postgres://postgres@/deptrace?host=%s&sslmode=disable&connect_timeout=5", dir),

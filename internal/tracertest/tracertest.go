@@ -43,7 +43,7 @@ func Start(t testing.TB, mutate func(*tracer.Config)) *tracer.Tracer {
 	if err != nil {
 		t.Fatalf("load tracer: %v", err)
 	}
-	t.Cleanup(func() { tr.Close() })
+	t.Cleanup(func() { _ = tr.Close() })
 	if err := Check(tr); err != nil {
 		t.Fatal(err)
 	}

@@ -188,7 +188,7 @@ func (g *gzipWriter) WriteHeader(code int) {
 
 func (g *gzipWriter) close() {
 	if g.gz != nil {
-		g.gz.Close()
+		_ = g.gz.Close() // flushes to the client; an error means it went away
 	}
 }
 

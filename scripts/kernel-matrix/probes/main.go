@@ -123,7 +123,7 @@ func run(obj, cgroup string) error {
 		r, err := it.Open()
 		if err == nil {
 			_, _ = io.Copy(io.Discard, r)
-			r.Close()
+			_ = r.Close()
 		}
 	}
 
@@ -227,7 +227,7 @@ func openPair() func() {
 	}
 	return func() {
 		for _, c := range closers {
-			c.Close()
+			_ = c.Close()
 		}
 	}
 }

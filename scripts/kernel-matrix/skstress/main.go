@@ -203,7 +203,7 @@ func run(obj, prog, cgroup string, dur time.Duration, workers, readers int, udp,
 				r, err := iters[k%len(iters)].Open()
 				if err == nil {
 					_, err = io.Copy(io.Discard, r)
-					r.Close()
+					_ = r.Close()
 				}
 				if err != nil {
 					mu.Lock()
@@ -324,7 +324,7 @@ type experiment struct {
 
 func (e *experiment) Close() {
 	for i := len(e.close) - 1; i >= 0; i-- {
-		e.close[i].Close()
+		_ = e.close[i].Close()
 	}
 	e.coll.Close()
 }
@@ -407,7 +407,7 @@ func (e *experiment) report(mode string, stats bool) error {
 		if err != nil {
 			return fmt.Errorf("program stats: %w", err)
 		}
-		if name == e.names[len(e.names)-len(e.names)] && name == "state_seen" {
+		if name == e.names[0] && name == "state_seen" {
 			// not a copy
 		} else if missA == 0 && (name == "on_send" || strings.HasSuffix(name, "_a") || name == "state_one") {
 			missA = st.RecursionMisses
@@ -462,8 +462,8 @@ func misses(obj, mode string, dur time.Duration, workers int, work uint32, stats
 		ready.Add(1)
 		go func() {
 			defer wg.Done()
-			defer unix.Close(fds[0])
-			defer unix.Close(fds[1])
+			defer func() { _ = unix.Close(fds[0]) }()
+			defer func() { _ = unix.Close(fds[1]) }()
 			runtime.LockOSThread()
 			tid := uint32(unix.Gettid())
 			err := threads.Put(tid, thr{SeqAddr: uint64(uintptr(unsafe.Pointer(seq)))})
