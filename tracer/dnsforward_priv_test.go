@@ -68,7 +68,7 @@ func startForwarderHeld(t *testing.T, h *testnet.Host, bindAddr string, hold cha
 				<-hold
 				hold = nil
 			}
-			pc.WriteToUDP(make([]byte, dnsAnswer), from)
+			_, _ = pc.WriteToUDP(make([]byte, dnsAnswer), from)
 		}
 	}()
 	return pc, pc.LocalAddr().(*net.UDPAddr).Port
@@ -365,7 +365,7 @@ func TestUDPUnconnectedClientOlderThanTracer(t *testing.T) {
 				<-hold
 				hold = nil
 			}
-			srv.WriteTo(make([]byte, n+5), from)
+			_, _ = srv.WriteTo(make([]byte, n+5), from)
 		}
 	}()
 	uc := a.ListenPacket(t, "udp4", ":0")

@@ -44,11 +44,11 @@ func serveTCP() int {
 			}
 			go func() {
 				defer c.Close()
-				io.Copy(c, c)
+				_, _ = io.Copy(c, c)
 			}()
 		}
 	}()
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	ln.Close()
 	return 0
 }

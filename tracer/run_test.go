@@ -19,12 +19,12 @@ func TestHandover(t *testing.T) {
 		wantCommitted bool
 		wantSyncErr   error
 	}{
-		{"committed in emit", nil, func(iv Interval) { iv.Commit() }, true, true, nil},
-		{"commit failed in emit", failing, func(iv Interval) { iv.Commit() }, true, false, failing},
-		{"commit failed later", failing, func(iv Interval) { iv.Commit() }, false, false, nil},
-		{"committed later", nil, func(iv Interval) { iv.Commit() }, false, true, nil},
+		{"committed in emit", nil, func(iv Interval) { _ = iv.Commit() }, true, true, nil},
+		{"commit failed in emit", failing, func(iv Interval) { _ = iv.Commit() }, true, false, failing},
+		{"commit failed later", failing, func(iv Interval) { _ = iv.Commit() }, false, false, nil},
+		{"committed later", nil, func(iv Interval) { _ = iv.Commit() }, false, true, nil},
 		{"abandoned", nil, func(iv Interval) { iv.Abandon() }, false, false, nil},
-		{"abandoned then committed", nil, func(iv Interval) { iv.Abandon(); iv.Commit() }, false, false, nil},
+		{"abandoned then committed", nil, func(iv Interval) { iv.Abandon(); _ = iv.Commit() }, false, false, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -50,16 +50,6 @@ func inNetns(flows []tracer.Flow, ino uint32) []tracer.Flow {
 	return out
 }
 
-// only returns the single flow of host h, failing if there is not exactly one.
-func only(t *testing.T, flows []tracer.Flow, h *testnet.Host) tracer.Flow {
-	t.Helper()
-	got := inNetns(flows, h.Inode)
-	if len(got) != 1 {
-		t.Fatalf("host %s: want exactly 1 flow, got %d: %+v", h.Name, len(got), got)
-	}
-	return got[0]
-}
-
 func addr(ip net.IP) netip.Addr {
 	a, _ := netip.AddrFromSlice(ip)
 	return a.Unmap()
@@ -366,7 +356,7 @@ func TestSpliceAndSendfileExactBytes(t *testing.T) {
 		defer null.Close()
 		var total int64
 		sc, _ := c.(syscall.Conn).SyscallConn()
-		sc.Read(func(fd uintptr) bool {
+		_ = sc.Read(func(fd uintptr) bool {
 			for {
 				n, err := unix.Splice(int(fd), nil, p[1], nil, 65536, unix.SPLICE_F_NONBLOCK)
 				if err == unix.EAGAIN {
@@ -376,7 +366,7 @@ func TestSpliceAndSendfileExactBytes(t *testing.T) {
 					return true
 				}
 				total += n
-				unix.Splice(p[0], nil, int(null.Fd()), nil, int(n), 0)
+				_, _ = unix.Splice(p[0], nil, int(null.Fd()), nil, int(n), 0)
 			}
 		})
 		got <- total
@@ -386,7 +376,7 @@ func TestSpliceAndSendfileExactBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write(bytes.Repeat([]byte{'s'}, size))
+	_, _ = f.Write(bytes.Repeat([]byte{'s'}, size))
 	c, err := a.Dial("tcp4", b.IPv4.String()+":9000")
 	if err != nil {
 		t.Fatal(err)
@@ -472,7 +462,7 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 			if err != nil {
 				return
 			}
-			srv.WriteTo(buf[:n/2], from) // reply with half the request
+			_, _ = srv.WriteTo(buf[:n/2], from) // reply with half the request
 		}
 	}()
 	const rounds = 5
@@ -515,7 +505,7 @@ func TestUDPConnectedAndUnconnected(t *testing.T) {
 			if err != nil {
 				return
 			}
-			srv6.WriteTo(buf[:n/2], from)
+			_, _ = srv6.WriteTo(buf[:n/2], from)
 		}
 	}()
 	for _, fam := range []struct {
@@ -660,8 +650,8 @@ func TestResetsBothEnds(t *testing.T) {
 			if err != nil {
 				return
 			}
-			io.ReadFull(c, make([]byte, 5))
-			c.(*net.TCPConn).SetLinger(0)
+			_, _ = io.ReadFull(c, make([]byte, 5))
+			_ = c.(*net.TCPConn).SetLinger(0)
 			c.Close()
 		}
 	}()
@@ -670,7 +660,7 @@ func TestResetsBothEnds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write([]byte("hello"))
+		_, _ = c.Write([]byte("hello"))
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_, err = c.Read(make([]byte, 1))
 		if !errors.Is(err, syscall.ECONNRESET) {
@@ -754,14 +744,12 @@ func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":7003")
 	tracertest.Collect(t, tr) // the listener's earlier interval
 	const waiting = 5
-	var conns []net.Conn
 	for i := 0; i < waiting; i++ {
 		c, err := a.Dial("tcp4", b.IPv4.String()+":7003")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		conns = append(conns, c)
 	}
 	// The server's side of a handshake may still be in softirq when Dial
 	// returns: wait (bounded) until all 5 are in the accept queue, which a
@@ -772,7 +760,7 @@ func TestListenQueueDeepestBetweenDrains(t *testing.T) {
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		var queued uint32
-		raw.Control(func(fd uintptr) {
+		_ = raw.Control(func(fd uintptr) {
 			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 				queued = info.Unacked
 			}
@@ -866,7 +854,7 @@ func TestNetnsFilter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		roundTrip(c, 1, 1)
+		_ = roundTrip(c, 1, 1)
 		c.Close()
 	}
 	if err := wait(); err != nil {
@@ -1047,7 +1035,7 @@ func TestResetsFromAListenerAreNoFlow(t *testing.T) {
 			if err != nil {
 				return
 			}
-			c.Write([]byte("pong"))
+			_, _ = c.Write([]byte("pong"))
 			c.Close() // "ping!" unread: a reset
 		}
 	}()
@@ -1057,10 +1045,10 @@ func TestResetsFromAListenerAreNoFlow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write([]byte("ping!"))
+		_, _ = c.Write([]byte("ping!"))
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		buf := make([]byte, 4)
-		c.Read(buf)
+		_, _ = c.Read(buf)
 		c.Close()
 	}
 	l := tracertest.NewLedger()

@@ -53,12 +53,12 @@ func serveUnix(path string) int {
 					if err != nil {
 						return
 					}
-					c.Write(buf[:n])
+					_, _ = c.Write(buf[:n])
 				}
 			}()
 		}
 	}()
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	ln.Close()
 	return 0
 }
@@ -169,7 +169,7 @@ func TestUnixDatagramsToANamedSocket(t *testing.T) {
 		if _, err := c.Write([]byte("<13>hello")); err != nil {
 			t.Fatal(err)
 		}
-		srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_ = srv.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := srv.Read(make([]byte, 64)); err != nil {
 			t.Fatal(err)
 		}
@@ -212,7 +212,7 @@ func TestUnixDatagramsSentToAPath(t *testing.T) {
 			if err := syscall.Sendto(fd, msg, 0, &syscall.SockaddrUnix{Name: path}); err != nil {
 				t.Fatal(err)
 			}
-			srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = srv.SetReadDeadline(time.Now().Add(5 * time.Second))
 			if _, err := srv.Read(make([]byte, 64)); err != nil {
 				t.Fatal(err)
 			}

@@ -47,7 +47,9 @@ func shortLivedClientIsJoined(t *testing.T, dsn string) {
 		t.Fatal(err)
 	}
 	roles := t.TempDir()
-	os.Chmod(roles, 0o755)
+	if err := os.Chmod(roles, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range []string{"dbserver", "client"} {
 		if err := os.Symlink(self, filepath.Join(roles, name)); err != nil {
 			t.Fatal(err)
@@ -84,7 +86,7 @@ func shortLivedClientIsJoined(t *testing.T, dsn string) {
 		{"-n", nw.Bridge, "link", "set", "p77", "up"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			exec.Command("ip", "netns", "del", ns).Run()
+			_ = exec.Command("ip", "netns", "del", ns).Run()
 			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
@@ -119,7 +121,7 @@ func shortLivedClientIsJoined(t *testing.T, dsn string) {
 	out2, err := cmd.CombinedOutput()
 	cg.Close()
 	if err != nil {
-		exec.Command("ip", "netns", "del", ns).Run()
+		_ = exec.Command("ip", "netns", "del", ns).Run()
 		t.Fatalf("client: %v: %s", err, out2)
 	}
 	// Gone: the namespace (its veth with it) and the unit's cgroup.

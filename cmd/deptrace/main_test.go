@@ -41,7 +41,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	os.Chmod(dir, 0o755) // the capability test runs it as nobody
+	if err := os.Chmod(dir, 0o755); err != nil { // the capability test runs it as nobody
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	binary = filepath.Join(dir, "deptrace")
 	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build deptrace: %v\n%s", err, out)
@@ -175,7 +178,7 @@ func tcpTraffic(t *testing.T, nw *testnet.Network, port, n int) {
 			if err != nil {
 				return
 			}
-			c.Write([]byte("pong"))
+			_, _ = c.Write([]byte("pong")) // the peer: a lost reply fails the client
 			c.Close()
 		}
 	}()
@@ -184,7 +187,7 @@ func tcpTraffic(t *testing.T, nw *testnet.Network, port, n int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Write([]byte("ping!"))
+		_, _ = c.Write([]byte("ping!")) // a short write shows in the counts checked
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		buf := make([]byte, 4)
 		if _, err := c.Read(buf); err != nil {
@@ -257,7 +260,7 @@ func TestTinyMapLossIsReported(t *testing.T) {
 	// More new flows than the map (64) and the spill behind it (256 an
 	// interval) hold, even split across two intervals.
 	for port := 30000; port < 31500; port++ {
-		pc.WriteTo([]byte("x"), &net.UDPAddr{IP: b.IPv4, Port: port})
+		_, _ = pc.WriteTo([]byte("x"), &net.UDPAddr{IP: b.IPv4, Port: port})
 	}
 	p.wait(t)
 	errText := p.errText()

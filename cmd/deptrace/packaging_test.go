@@ -136,7 +136,9 @@ func TestAgentRunsWithTheUnitsCapabilitiesOnly(t *testing.T) {
 		caps = append(caps, n)
 	}
 	state := t.TempDir()
-	os.Chmod(filepath.Dir(state), 0o755)
+	if err := os.Chmod(filepath.Dir(state), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chown(state, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
@@ -267,9 +269,13 @@ func TestPackage(t *testing.T) {
 	// A scratch root with its own dpkg database.
 	root := t.TempDir()
 	for _, d := range []string{"var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644)
+	if err := os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	dpkg := func(args ...string) string {
 		return list("dpkg", append([]string{"--root=" + root, "--force-script-chrootless", "--force-not-root", "--log=/dev/null"}, args...)...)
 	}
@@ -298,7 +304,9 @@ func TestPackage(t *testing.T) {
 		// verify checks ExecStart, so point it at the installed binary.
 		unit, _ := os.ReadFile(filepath.Join(root, "usr/lib/systemd/system/deptrace.service"))
 		check := filepath.Join(t.TempDir(), "deptrace.service")
-		os.WriteFile(check, []byte(strings.ReplaceAll(string(unit), "/usr/bin/deptrace", bin)), 0o644)
+		if err := os.WriteFile(check, []byte(strings.ReplaceAll(string(unit), "/usr/bin/deptrace", bin)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		if out, err := exec.Command("systemd-analyze", "verify", check).CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) > 0 {
 			t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 		}

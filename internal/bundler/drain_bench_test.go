@@ -34,7 +34,7 @@ func BenchmarkDrainOnABusyHost(b *testing.B) {
 	for file, v := range map[string]string{"tcp_max_tw_buckets": "262144", "tcp_tw_reuse": "0"} {
 		path := "/proc/sys/net/ipv4/" + file
 		if old, err := os.ReadFile(path); err == nil {
-			defer os.WriteFile(path, old, 0o644)
+			defer func() { _ = os.WriteFile(path, old, 0o644) }() // best-effort restore of the sysctl
 		}
 		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
 			b.Fatal(err)
@@ -98,7 +98,7 @@ func makeTimeWait(b *testing.B, n int) int {
 				if err != nil {
 					return
 				}
-				go func() { c.Read(make([]byte, 1)); c.Close() }()
+				go func() { _, _ = c.Read(make([]byte, 1)); c.Close() }()
 			}
 		}()
 	}
@@ -139,7 +139,7 @@ func timeWaitNow() int {
 			for i := 0; i+1 < len(f); i += 2 {
 				if f[i] == "tw" {
 					var n int
-					fmt.Sscan(f[i+1], &n)
+					_, _ = fmt.Sscan(f[i+1], &n) // not a number: 0 time-wait sockets
 					return n
 				}
 			}
@@ -169,7 +169,7 @@ func liveConnections(b *testing.B, n int) func() {
 					if err != nil {
 						return
 					}
-					c.Write(buf[:k])
+					_, _ = c.Write(buf[:k])
 				}
 			}()
 		}
@@ -179,8 +179,8 @@ func liveConnections(b *testing.B, n int) func() {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c.Write([]byte("ping"))
-		c.Read(make([]byte, 4))
+		_, _ = c.Write([]byte("ping"))
+		_, _ = c.Read(make([]byte, 4))
 		conns = append(conns, c)
 	}
 	return func() {

@@ -51,7 +51,7 @@ func TestTableHarvestReportsLiveSockets(t *testing.T) {
 			if err != nil {
 				return
 			}
-			c.Write(buf[:n])
+			_, _ = c.Write(buf[:n]) // the echo peer: a lost reply fails the client
 		}
 	}()
 	pc := b.ListenPacket(t, "udp4", b.IPv4.String()+":7201")

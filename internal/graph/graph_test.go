@@ -216,12 +216,16 @@ func TestFormats(t *testing.T) {
 		}
 	}
 	buf.Reset()
-	Write(&buf, g, "dot")
+	if err := Write(&buf, g, "dot"); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.HasPrefix(buf.String(), "digraph deptrace {") || strings.Count(buf.String(), "->") != len(g.Edges) {
 		t.Errorf("dot:\n%s", buf.String())
 	}
 	buf.Reset()
-	Write(&buf, g, "mermaid")
+	if err := Write(&buf, g, "mermaid"); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.HasPrefix(buf.String(), "flowchart LR") || strings.Count(buf.String(), "-->|") != len(g.Edges) {
 		t.Errorf("mermaid:\n%s", buf.String())
 	}
@@ -247,7 +251,9 @@ func TestUDPEdgesCountDatagrams(t *testing.T) {
 		t.Errorf("look:\n%s", buf.String())
 	}
 	buf.Reset()
-	Write(&buf, g, "mermaid")
+	if err := Write(&buf, g, "mermaid"); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(buf.String(), "udp/53 22 datagrams") {
 		t.Errorf("mermaid:\n%s", buf.String())
 	}
@@ -300,12 +306,16 @@ func TestHealthOfEdgesAndListeners(t *testing.T) {
 		}
 	}
 	buf.Reset()
-	Write(&buf, g, "json")
+	if err := Write(&buf, g, "json"); err != nil {
+		t.Fatal(err)
+	}
 	var doc struct {
 		Nodes []map[string]any
 		Edges []map[string]any
 	}
-	json.Unmarshal(buf.Bytes(), &doc)
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
 	var flagged, marked int
 	for _, n := range doc.Nodes {
 		if n["unhealthy"] == true {

@@ -271,8 +271,8 @@ func TestContainerdCRIPodNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })}
-	go srv.Serve(ln)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })}
+	go func() { _ = srv.Serve(ln) }() // ends with ErrServerClosed at cleanup
 	defer srv.Close()
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
 
@@ -378,7 +378,7 @@ func TestContainerdCRIPodNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv2 := &http.Server{Handler: srv.Handler}
-	go srv2.Serve(ln2)
+	go func() { _ = srv2.Serve(ln2) }() // ends with ErrServerClosed at cleanup
 	defer srv2.Close()
 	port2 := uint16(ln2.Addr().(*net.TCPAddr).Port)
 	once, err := rs.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
@@ -459,7 +459,7 @@ func cgroupRoot(t *testing.T) string {
 func removeCgroupTrees(roots []string) {
 	for _, r := range roots {
 		var dirs []string
-		filepath.WalkDir(r, func(p string, d fs.DirEntry, err error) error {
+		_ = filepath.WalkDir(r, func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}

@@ -128,7 +128,9 @@ func startDockerd(t *testing.T) *dockerd {
 	d := &dockerd{dir: dir, socket: filepath.Join(dir, "docker.sock"), cli: cli}
 	state := saveHostState(t)
 	newCgroups := absentDockerCgroups()
-	os.WriteFile(filepath.Join(dir, "daemon.json"), []byte("{}"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "daemon.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -146,8 +148,8 @@ func startDockerd(t *testing.T) *dockerd {
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		// Containers first, then the daemon, then what it may have left.
-		d.run(t, "rm", "-f", "web", "frontend", "oneshot")
-		d.run(t, "network", "rm", "dtnet")
+		_, _ = d.run(t, "rm", "-f", "web", "frontend", "oneshot")
+		_, _ = d.run(t, "network", "rm", "dtnet")
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -287,7 +289,9 @@ func (d *dockerd) importImage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	os.WriteFile(filepath.Join(root, "www", "index.html"), []byte("hello from web\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(root, "www", "index.html"), []byte("hello from web\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	imp := exec.Command("sh", "-c", `tar -C "$1" -cf - . | "$2" -H "unix://$3" import -c 'ENV PATH=/bin' - "$4"`, "sh", root, d.cli, d.socket, testImage)
 	if out, err := imp.CombinedOutput(); err != nil {
 		t.Fatalf("docker import: %v: %s", err, out)

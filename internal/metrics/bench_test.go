@@ -50,7 +50,7 @@ func BenchmarkScrape(b *testing.B) {
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 				size = rec.Body.Len()
-				io.Discard.Write(rec.Body.Bytes())
+				_, _ = io.Discard.Write(rec.Body.Bytes())
 			}
 			b.ReportMetric(float64(size), "bytes/scrape")
 		})

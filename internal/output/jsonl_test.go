@@ -112,9 +112,13 @@ func TestJSONLSeveralIntervals(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, f := range Sorted(flows) {
-			enc.Encode(f)
+			if err := enc.Encode(f); err != nil {
+				t.Fatal(err)
+			}
 		}
-		enc.Encode(ls[0])
+		if err := enc.Encode(ls[0]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if got.String() != want.String() {
 		t.Errorf("got\n%s\nwant\n%s", got.String(), want.String())

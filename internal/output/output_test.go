@@ -51,9 +51,9 @@ func TestTablePrintsHeaderOnceAndSkipsEmptyIntervals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
-	w.Write(nil, nil)
-	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
+	mustWrite(t, w, []tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
+	mustWrite(t, w, nil, nil)
+	mustWrite(t, w, []tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "TIME") || strings.HasPrefix(lines[2], "TIME") {
 		t.Errorf("table output:\n%s", buf.String())
@@ -66,8 +66,8 @@ func TestTableWidthsOnlyGrow(t *testing.T) {
 	var buf bytes.Buffer
 	w, _ := New("table", &buf, nil)
 	wide := flow(tracer.Outbound, "tcp", "2001:db8::1234:5678", "2001:db8::9abc:def0", 5432)
-	w.Write([]tracer.Flow{wide}, nil)
-	w.Write([]tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
+	mustWrite(t, w, []tracer.Flow{wide}, nil)
+	mustWrite(t, w, []tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	col := func(line string) int { return strings.Index(line, "php-fpm") }
 	if len(lines) != 3 || col(lines[1]) != col(lines[2]) || col(lines[1]) != strings.Index(lines[0], "PROCESS") {
@@ -87,7 +87,7 @@ func TestUDPShowsDatagramsAndHealthShowsTrouble(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	w, _ := New("table", &buf, nil)
-	w.Write(nil, []tracer.Listener{{Proto: "tcp", LocalAddr: "10.0.0.1", Port: 80, Drops: 4, QueueMax: 1, BacklogLimit: 1}, {Proto: "tcp", LocalAddr: "10.0.0.1", Port: 81}})
+	mustWrite(t, w, nil, []tracer.Listener{{Proto: "tcp", LocalAddr: "10.0.0.1", Port: 80, Drops: 4, QueueMax: 1, BacklogLimit: 1}, {Proto: "tcp", LocalAddr: "10.0.0.1", Port: 81}})
 	if out := buf.String(); !strings.Contains(out, "drops=4 queue=1/1") || strings.Contains(out, ":81") {
 		t.Errorf("only the dropping listener should show:\n%s", out)
 	}
@@ -96,7 +96,7 @@ func TestUDPShowsDatagramsAndHealthShowsTrouble(t *testing.T) {
 func TestJSONLFieldsAreTheDocumentedOnes(t *testing.T) {
 	var buf bytes.Buffer
 	w, _ := New("jsonl", &buf, nil)
-	w.Write([]tracer.Flow{
+	mustWrite(t, w, []tracer.Flow{
 		flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432),
 		flow(tracer.Inbound, "udp", "::ffff:10.0.0.3", "2001:db8::9", 53),
 	}, []tracer.Listener{{Kind: tracer.KindListener, Proto: "tcp", Port: 80, BacklogLimit: 511}})
@@ -253,5 +253,12 @@ func BenchmarkJSONL2000Flows(b *testing.B) {
 		if err := w.Write(flows, nil); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func mustWrite(t *testing.T, w Writer, flows []tracer.Flow, listeners []tracer.Listener) {
+	t.Helper()
+	if err := w.Write(flows, listeners); err != nil {
+		t.Fatal(err)
 	}
 }

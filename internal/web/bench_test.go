@@ -96,7 +96,7 @@ func BenchmarkServeDay(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			io.Copy(io.Discard, resp.Body)
+			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 		}
 	})
@@ -142,7 +142,7 @@ func BenchmarkServeDay(b *testing.B) {
 				}
 				var v string
 				var ms float64
-				fmt.Sscanf(got, "%s %g", &v, &ms)
+				_, _ = fmt.Sscanf(got, "%s %g", &v, &ms) // v is checked next
 				if v != view {
 					b.Fatalf("page opened on %q, want %q (%s)", v, view, got)
 				}

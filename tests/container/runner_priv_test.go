@@ -50,7 +50,7 @@ func importIntoContainerd(t *testing.T, d *dockertest.Daemon, tarball, ref strin
 	if _, err := c.run("images", "import", tarball); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.run("images", "rm", "docker.io/"+ref) })
+	t.Cleanup(func() { _, _ = c.run("images", "rm", "docker.io/"+ref) })
 	out, err := c.run("images", "ls", "-q")
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func startDockerAgent(t *testing.T, d *dockertest.Daemon, extra []string, ref st
 			err = fmt.Errorf("exit status %s", strings.TrimSpace(string(out)))
 		}
 		return stdout, stderr, err
-	}, stop: func() { d.Run("kill", "--signal", "SIGTERM", id) }}
+	}, stop: func() { _, _ = d.Run("kill", "--signal", "SIGTERM", id) }}
 }
 
 // lineWatch is a process's standard error, kept whole and watched for a
@@ -232,14 +232,14 @@ func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, cap
 		exited <- cmd.Wait()
 	}()
 	t.Cleanup(func() {
-		c.run("tasks", "kill", "-s", "SIGKILL", id)
+		_, _ = c.run("tasks", "kill", "-s", "SIGKILL", id)
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // killed on purpose: its exit error is the kill
 		case <-time.After(30 * time.Second):
 		}
 		cancel()
-		c.run("tasks", "rm", "-f", id)
-		c.run("containers", "rm", id)
+		_, _ = c.run("tasks", "rm", "-f", id)
+		_, _ = c.run("containers", "rm", id)
 		for _, p := range newCgroups {
 			os.Remove(p)
 		}
@@ -258,7 +258,7 @@ func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, cap
 		case <-time.After(2 * time.Minute):
 			return stdout.Bytes(), stderr.bytes(), fmt.Errorf("still running")
 		}
-	}, stop: func() { c.run("tasks", "kill", "-s", "SIGTERM", id) }}
+	}, stop: func() { _, _ = c.run("tasks", "kill", "-s", "SIGTERM", id) }}
 }
 
 // absentCgroups lists name's directories at the top of every cgroup
