@@ -91,6 +91,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, 1);
 	__type(key, __u32);
+	/* clang-format off */
 	__array(values, struct {
 		__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 		__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -98,6 +99,7 @@ struct {
 		__type(key, struct flow_key);
 		__type(value, struct flow_value);
 	});
+	/* clang-format on */
 } flows SEC(".maps");
 
 /* The spill: where a new flow goes when its insert into the active flow
@@ -211,33 +213,33 @@ struct sock_state {
 	__u32 pid;           /* thread-group id of the owning process */
 	char comm[16];       /* its name */
 	__u64 cgroup_id;
-	__u64 syn_ns;        /* TCP: connect() time, for the connect latency */
+	__u64 syn_ns; /* TCP: connect() time, for the connect latency */
 	/* TCP: the counters when deptrace started counting this connection */
 	__u64 base_acked;
 	__u64 base_received;
 	__u32 base_una;
-	__u32 counting;      /* TCP: 1 from ESTABLISHED (or the start-up tag) until close */
+	__u32 counting; /* TCP: 1 from ESTABLISHED (or the start-up tag) until close */
 	/* TCP: what was folded into flows so far */
 	__u64 rep_sent;
 	__u64 rep_received;
 	__u64 last_raw_received; /* bytes_received at the previous drain */
 	__u32 rep_retrans;
-	__u32 open_pending;  /* 1 while the open is not counted yet */
-	__u32 latency_us;    /* connect latency of the pending open */
-	__u32 connect_err;   /* TCP: an error the application read with SO_ERROR while connecting */
-	__u64 tagged_ns;     /* TCP: when a connection already counting was tagged (0: at its start) */
+	__u32 open_pending; /* 1 while the open is not counted yet */
+	__u32 latency_us;   /* connect latency of the pending open */
+	__u32 connect_err;  /* TCP: an error the application read with SO_ERROR while connecting */
+	__u64 tagged_ns;    /* TCP: when a connection already counting was tagged (0: at its start) */
 	/* connected UDP: per-datagram counters, taken by exchange */
 	__u64 udp_bytes_sent;
 	__u64 udp_bytes_received;
 	__u64 udp_dgrams_sent;
 	__u64 udp_dgrams_received;
-	__u8 udp_daddr[16];  /* the peer the key was built for */
+	__u8 udp_daddr[16]; /* the peer the key was built for */
 	__u16 udp_dport;
 	/* unconnected UDP: the peer of the datagram in flight, learnt by the
 	 * cgroup sendmsg/recvmsg hook and consumed by the byte tracepoint of
 	 * the same syscall. tid tells whose syscall it belongs to: two threads
 	 * sending on one socket at once must not swap peers. */
-	__u16 peer_port;     /* network byte order */
+	__u16 peer_port; /* network byte order */
 	__u32 tid;
 	__u8 peer[16];
 	/* unconnected unix datagram socket: the destination path's hash of
@@ -363,10 +365,15 @@ struct {
  *   the filter drops too: an upper bound). */
 const volatile __u32 rec_task_marks = 0;
 
-#define REC_ON_STALE() do { } while (0)
+#define REC_ON_STALE() \
+	do { \
+	} while (0)
 #include "recmarks.h"
 
-enum rec_family { REC_STATE = 0, REC_SEND = 1, REC_RECV = 2, REC_FAMILIES = 3 };
+enum rec_family { REC_STATE = 0,
+	REC_SEND = 1,
+	REC_RECV = 2,
+	REC_FAMILIES = 3 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -412,9 +419,7 @@ int BPF_PROG(on_tcp_state_last, struct sock *sk, const int oldstate, const int n
 {
 	/* The per-CPU flag is read before the filter (exact accounting), a
 	 * mark after it (the first copy marks wanted changes only). */
-	bool work = rec_task_marks ?
-		tcp_state_wanted(sk, oldstate, newstate) && rec_last_copy(ctx, REC_STATE, STAT_REC_RESCUED_STATE) :
-		rec_last_copy(ctx, REC_STATE, STAT_REC_RESCUED_STATE) && tcp_state_wanted(sk, oldstate, newstate);
+	bool work = rec_task_marks ? tcp_state_wanted(sk, oldstate, newstate) && rec_last_copy(ctx, REC_STATE, STAT_REC_RESCUED_STATE) : rec_last_copy(ctx, REC_STATE, STAT_REC_RESCUED_STATE) && tcp_state_wanted(sk, oldstate, newstate);
 	if (work)
 		tcp_state_change(sk, oldstate, newstate);
 	return 0;
@@ -810,7 +815,7 @@ int tag_connections(struct bpf_iter__tcp *ctx)
 		return 0;
 	int state = skc->skc_state;
 	if (state == TCP_LISTEN || state == TCP_CLOSE || state == TCP_SYN_SENT || state == TCP_SYN_RECV ||
-	    state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV)
+	        state == TCP_TIME_WAIT || state == TCP_NEW_SYN_RECV)
 		return 0;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(skc);
 	if (!tp)

@@ -21,10 +21,10 @@ enum direction {
  * ephemeral port lands here. Addresses are IPv6 or IPv4-mapped IPv6
  * (::ffff:a.b.c.d), network byte order. */
 struct flow_key {
-	__u32 netns;    /* network namespace inode number */
-	__u16 port;     /* server port, host byte order */
-	__u8 proto;     /* IPPROTO_TCP, IPPROTO_UDP or PROTO_UNIX */
-	__u8 direction; /* enum direction */
+	__u32 netns;          /* network namespace inode number */
+	__u16 port;           /* server port, host byte order */
+	__u8 proto;           /* IPPROTO_TCP, IPPROTO_UDP or PROTO_UNIX */
+	__u8 direction;       /* enum direction */
 	__u8 local_addr[16];  /* unix: zero */
 	__u8 remote_addr[16]; /* unix: the first 8 bytes hash the server's socket path (see unix_paths) */
 };
@@ -37,29 +37,29 @@ _Static_assert(sizeof(struct flow_key) == 40, "flow_key layout");
  * the counters it adds to were spread over four. The layout is numbered
  * (flowLayout, internal/bundler/pin.go): change both together. */
 struct flow_value {
-	__u64 last_jiffies;       /* jiffy of last_seen_ns */
-	__u64 connections;        /* opens that reached ESTABLISHED */
-	__u32 pid;                /* thread-group id of the local process */
-	__u32 peer_pid;           /* unix: the process at the other end, 0 if unknown */
-	__u64 bytes_sent;         /* payload, from the socket's own counters */
+	__u64 last_jiffies; /* jiffy of last_seen_ns */
+	__u64 connections;  /* opens that reached ESTABLISHED */
+	__u32 pid;          /* thread-group id of the local process */
+	__u32 peer_pid;     /* unix: the process at the other end, 0 if unknown */
+	__u64 bytes_sent;   /* payload, from the socket's own counters */
 	__u64 bytes_received;
 	__u64 datagrams_sent;
 	__u64 datagrams_received;
-	__u64 last_seen_ns;       /* CLOCK_BOOTTIME, exact to one jiffy */
-	__u64 latency_count;      /* connect latency, SYN sent to ESTABLISHED */
+	__u64 last_seen_ns;  /* CLOCK_BOOTTIME, exact to one jiffy */
+	__u64 latency_count; /* connect latency, SYN sent to ESTABLISHED */
 	__u64 latency_sum_us;
 	__u64 latency_max_us;
 	__u64 first_seen_ns;      /* CLOCK_BOOTTIME */
 	__u64 retransmits;        /* segments */
 	__u64 failed_connections; /* opens that never did: the four causes below */
 	__u64 failed_refused;
-	__u64 failed_timeout;     /* including connects abandoned by the caller */
+	__u64 failed_timeout; /* including connects abandoned by the caller */
 	__u64 failed_reset;
 	__u64 failed_unreachable;
 	__u64 resets_sent;
 	__u64 resets_received;
 	__u64 cgroup_id;
-	char comm[16];            /* the process's name (its thread-group leader's) */
+	char comm[16]; /* the process's name (its thread-group leader's) */
 	char peer_comm[16];
 };
 _Static_assert(sizeof(struct flow_value) == 200, "flow_value layout");
@@ -83,7 +83,7 @@ _Static_assert(sizeof(struct spill_slot) == 248, "spill_slot layout");
 
 /* A unix socket path, by the hash the flow key carries. */
 struct unix_path {
-	__u32 len;       /* bytes of path used; an abstract name starts with 0 */
+	__u32 len; /* bytes of path used; an abstract name starts with 0 */
 	char path[108];
 };
 _Static_assert(sizeof(struct unix_path) == 112, "unix_path layout");
@@ -119,7 +119,7 @@ struct listen_record {
 	__u16 port;
 	__u8 proto;
 	__u8 _pad;
-	__u64 ino;    /* the socket's inode: user space finds its process in /proc */
+	__u64 ino; /* the socket's inode: user space finds its process in /proc */
 };
 _Static_assert(sizeof(struct listen_record) == 16, "listen_record layout");
 
@@ -133,17 +133,17 @@ struct listener_record {
 	__u32 queue;         /* sk_ack_backlog now */
 	__u64 drops;         /* listen drops since the previous harvest */
 	__u32 pid;
-	__u32 queue_max;     /* deepest accept queue seen since the previous harvest */
+	__u32 queue_max; /* deepest accept queue seen since the previous harvest */
 	char comm[16];
 };
 _Static_assert(sizeof(struct listener_record) == 64, "listener_record layout");
 
 /* Indexes of the per-CPU loss counters. */
 enum stat_index {
-	STAT_FLOW_MAP_FULL = 0,     /* bundled-flow map full: counts lost */
-	STAT_FLOW_ALLOC_FAILED = 1, /* flow insert failed for another reason (memory) */
-	STAT_PORT_MAP_FULL = 2,     /* listening-port table full */
-	STAT_UDP_PEER_UNKNOWN = 3,  /* UDP datagram on an unconnected socket whose peer was not seen */
+	STAT_FLOW_MAP_FULL = 0,       /* bundled-flow map full: counts lost */
+	STAT_FLOW_ALLOC_FAILED = 1,   /* flow insert failed for another reason (memory) */
+	STAT_PORT_MAP_FULL = 2,       /* listening-port table full */
+	STAT_UDP_PEER_UNKNOWN = 3,    /* UDP datagram on an unconnected socket whose peer was not seen */
 	STAT_SOCK_STORAGE_FAILED = 4, /* no per-socket storage: that socket's counts lost */
 	/* Runs a later copy of a program did because the kernel skipped the
 	 * first copy for recursion (see recmarks.h and rec_begin). */

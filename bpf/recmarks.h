@@ -37,12 +37,14 @@
 #define RECMARKS_H
 
 #ifndef REC_ON_STALE
+/* clang-format off */
 #define REC_ON_STALE() do { } while (0)
+/* clang-format on */
 #endif
 
-#define REC_SLOTS 4                    /* a power of two */
-#define REC_MIN_STACK (16 * 1024)      /* x86-64 THREAD_SIZE without KASAN */
-#define REC_MAX_STACK (64 * 1024)      /* more than any task or interrupt stack */
+#define REC_SLOTS 4               /* a power of two */
+#define REC_MIN_STACK (16 * 1024) /* x86-64 THREAD_SIZE without KASAN */
+#define REC_MAX_STACK (64 * 1024) /* more than any task or interrupt stack */
 
 struct rec_marks {
 	__u64 slot[REC_SLOTS];

@@ -6,7 +6,9 @@
 #ifndef SOCK_BPF_H
 #define SOCK_BPF_H
 
+/* clang-format off */
 #define barrier() asm volatile("" ::: "memory")
+/* clang-format on */
 
 #define AF_UNIX 1
 #define AF_INET 2

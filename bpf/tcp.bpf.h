@@ -237,8 +237,8 @@ static __always_inline void tcp_connecting(struct sock *sk)
 			 * it, and a slot being filled (time 0) is never stale. */
 			__u64 since = slot->ci.syn_ns;
 			if (since && now - since > CONNECT_SLOT_STALE_NS &&
-			    __sync_val_compare_and_swap(&slot->ci.syn_ns, since, now) == since &&
-			    __sync_val_compare_and_swap(&slot->owner, owner, cookie) == owner)
+			        __sync_val_compare_and_swap(&slot->ci.syn_ns, since, now) == since &&
+			        __sync_val_compare_and_swap(&slot->owner, owner, cookie) == owner)
 				owner = 0;
 		}
 		if (owner == 0 || owner == cookie) {

@@ -58,6 +58,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, 1);
 	__type(key, __u32);
+	/* clang-format off */
 	__array(values, struct {
 		__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 		__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -65,6 +66,7 @@ struct {
 		__type(key, struct flow_key);
 		__type(value, struct flow_value);
 	});
+	/* clang-format on */
 } flows SEC(".maps");
 
 struct {
@@ -95,7 +97,7 @@ struct {
  *   not swap peers (a mismatch is counted as udp_peer_unknown). */
 struct udp_state {
 	__u32 bind;
-	__u32 tid;      /* thread whose syscall set peer; 0: none pending */
+	__u32 tid; /* thread whose syscall set peer; 0: none pending */
 	__u8 peer[16];
 	__u16 peer_port; /* network byte order */
 	__u16 _pad;
