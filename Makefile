@@ -45,9 +45,10 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	$(GO) vet ./...
+	@$(MAKE) --no-print-directory lint
 
-# The first run builds golangci-lint (about 1.5 min on 2 cores); later runs
-# reuse it.
+# Part of vet. The first run builds golangci-lint (about 1.5 min on 2
+# cores); later runs reuse it.
 lint:
 	@test -x $(GOLANGCI_LINT) || { echo "lint: installing golangci-lint $(GOLANGCI_LINT_VERSION)" >&2; \
 	  GOBIN=$(dir $(GOLANGCI_LINT)) GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); }
