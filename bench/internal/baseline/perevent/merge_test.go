@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/deptrace/deptrace/internal/bundler"
 )
 
 func comm(s string) (c [16]int8) {
@@ -62,7 +64,7 @@ func TestConfigValidateNamesTheRange(t *testing.T) {
 	}
 	for _, c := range []Config{
 		{FlowMapSize: 1, PortMapSize: 1024},
-		{FlowMapSize: MaxFlowMapSize + 1, PortMapSize: 1024},
+		{FlowMapSize: bundler.MaxFlowMapSize + 1, PortMapSize: 1024},
 		{FlowMapSize: 1024, PortMapSize: 0},
 	} {
 		err := c.Validate()

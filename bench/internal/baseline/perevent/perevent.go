@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/netns"
 )
@@ -54,22 +55,11 @@ const (
 // minimum, one page.
 const streamRingSize = 16 << 20
 
-// Limits of Config values, also used for flag validation.
-const (
-	MinMapSize     = 64
-	MaxFlowMapSize = 1 << 22
-	MaxPortMapSize = 1 << 20
-)
-
-// Validate checks every field and names the allowed range.
+// Validate checks every field and names the allowed range. The limits
+// and the check are the bundler's: a comparison gives the baseline the
+// map sizes it gives deptrace, so both accept the same values.
 func (c Config) Validate() error {
-	if c.FlowMapSize < MinMapSize || c.FlowMapSize > MaxFlowMapSize {
-		return fmt.Errorf("invalid flow map size %d: allowed %d to %d", c.FlowMapSize, MinMapSize, MaxFlowMapSize)
-	}
-	if c.PortMapSize < MinMapSize || c.PortMapSize > MaxPortMapSize {
-		return fmt.Errorf("invalid port map size %d: allowed %d to %d", c.PortMapSize, MinMapSize, MaxPortMapSize)
-	}
-	return nil
+	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS}.Validate()
 }
 
 type hookKind int
@@ -644,31 +634,6 @@ func (b *Bundler) Stats() (Stats, error) {
 		s.RecursionMisses += ps.RecursionMisses
 	}
 	return s, nil
-}
-
-// Port is one entry of the listening-port table.
-type Port struct {
-	NetNS uint32
-	Proto uint8
-	Port  uint16
-	Refs  uint32
-	PID   uint32
-	Comm  string
-}
-
-// Ports lists the listening-port table.
-func (b *Bundler) Ports() ([]Port, error) {
-	var out []Port
-	var k pereventPortKey
-	var v pereventPortValue
-	it := b.shared.Maps["ports"].Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, Port{NetNS: k.Netns, Proto: k.Proto, Port: k.Port, Refs: v.Refs, PID: v.Pid, Comm: commString(v.Comm)})
-	}
-	if err := it.Err(); err != nil {
-		return out, fmt.Errorf("list listening ports: %w", err)
-	}
-	return out, nil
 }
 
 // SeedReport says what seeding found.
