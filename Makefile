@@ -45,6 +45,7 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	$(GO) vet ./...
+	scripts/check-format.sh
 	@$(MAKE) --no-print-directory lint
 
 # Part of vet. The first run builds golangci-lint (about 1.5 min on 2

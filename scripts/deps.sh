@@ -5,6 +5,7 @@
 set -euo pipefail
 need=()
 command -v clang >/dev/null || need+=(clang)
+command -v clang-format >/dev/null || need+=(clang-format)  # scripts/check-format.sh (make vet)
 command -v llvm-strip >/dev/null || need+=(llvm)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 command -v ip >/dev/null || need+=(iproute2)
