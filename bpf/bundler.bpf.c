@@ -522,6 +522,16 @@ int BPF_PROG(on_recv_last, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
+/* The fexit fallbacks of the byte tracepoints: one call on a socket
+ * returned ret (bytes, or an error), as the tracepoints would report it. */
+static __always_inline int socket_io(struct socket *sock, int ret, int flags, bool send)
+{
+	struct sock *sk = sock->sk;
+	if (sk)
+		udp_datagram(sk, ret, flags, send);
+	return 0;
+}
+
 /* Kernels before 6.3 have no sock_send_length/sock_recv_length
  * tracepoints: the loader attaches these at function exits instead, where
  * the kernel allows fexit (Debian's 6.1 does; kernels built without it
@@ -533,28 +543,19 @@ int BPF_PROG(on_recv_last, struct sock *sk, int ret, int flags)
 SEC("fexit/inet_sendmsg")
 int BPF_PROG(on_inet_send_fexit, struct socket *sock, struct msghdr *msg, size_t size, int ret)
 {
-	struct sock *sk = sock->sk;
-	if (sk)
-		udp_datagram(sk, ret, 0, true);
-	return 0;
+	return socket_io(sock, ret, 0, true);
 }
 
 SEC("fexit/inet6_sendmsg")
 int BPF_PROG(on_inet6_send_fexit, struct socket *sock, struct msghdr *msg, size_t size, int ret)
 {
-	struct sock *sk = sock->sk;
-	if (sk)
-		udp_datagram(sk, ret, 0, true);
-	return 0;
+	return socket_io(sock, ret, 0, true);
 }
 
 SEC("fexit/unix_stream_sendmsg")
 int BPF_PROG(on_unix_stream_send_fexit, struct socket *sock, struct msghdr *msg, size_t len, int ret)
 {
-	struct sock *sk = sock->sk;
-	if (sk)
-		udp_datagram(sk, ret, 0, true);
-	return 0;
+	return socket_io(sock, ret, 0, true);
 }
 
 SEC("fexit/unix_dgram_sendmsg")
@@ -582,10 +583,7 @@ int BPF_PROG(on_unix_dgram_send_fexit, struct socket *sock, struct msghdr *msg, 
 SEC("fexit/sock_recvmsg")
 int BPF_PROG(on_recv_fexit, struct socket *sock, struct msghdr *msg, int flags, int ret)
 {
-	struct sock *sk = sock->sk;
-	if (sk)
-		udp_datagram(sk, ret, flags, false);
-	return 0;
+	return socket_io(sock, ret, flags, false);
 }
 
 /* ---- connects that fail inside connect() (connect.bpf.h) ---- */
