@@ -609,6 +609,16 @@ int BPF_PROG(on_inet_connect_fexit, struct socket *sock, struct sockaddr *uaddr,
 	return 0;
 }
 
+#if defined(__TARGET_ARCH_arm64)
+/* The part of arm64's struct pt_regs read below (vmlinux.h is x86-64's;
+ * CO-RE finds the fields in the running kernel's BTF, regs[] inside its
+ * anonymous union). */
+struct pt_regs___dt_arm64 {
+	__u64 regs[31];
+	__u64 orig_x0;
+} __attribute__((preserve_access_index));
+#endif
+
 /* syscalls/sys_exit_connect's record */
 struct connect_exit_args {
 	__u64 common;
@@ -624,13 +634,23 @@ int on_connect_exit(struct connect_exit_args *ctx)
 	if (ret >= 0 || ret == -EINPROGRESS)
 		return 0; /* nearly every connect: leave at once */
 	struct task_struct *t = bpf_get_current_task_btf();
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
-	/* connect(fd, addr, addrlen): the system call's own arguments, in
-	 * x86-64's registers (elsewhere this program fails to load, and doctor
+	/* connect(fd, addr, addrlen): the system call's own arguments, from
+	 * the registers it was entered with (bpf2go builds one object per
+	 * architecture, __TARGET_ARCH_*; another architecture's field names
+	 * fail the CO-RE relocation, this program does not load and doctor
 	 * says so). */
+#if defined(__TARGET_ARCH_arm64)
+	/* x0 holds the return value by now, orig_x0 the first argument */
+	struct pt_regs___dt_arm64 *regs = (struct pt_regs___dt_arm64 *)bpf_task_pt_regs(t);
+	int fd = BPF_CORE_READ(regs, orig_x0);
+	const void *addr = (const void *)BPF_CORE_READ(regs, regs[1]);
+	int addrlen = BPF_CORE_READ(regs, regs[2]);
+#else
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
 	int fd = BPF_CORE_READ(regs, di);
 	const void *addr = (const void *)BPF_CORE_READ(regs, si);
 	int addrlen = BPF_CORE_READ(regs, dx);
+#endif
 	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
 	if (fd < 0 || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
 		return 0;

@@ -4,7 +4,10 @@
 // one. It is the only package that knows deptrace's kernel side.
 package bundler
 
-// The generated bundler_bpfel.go/.o are committed so that a clone builds
-// without clang; `make generate` rebuilds them and `make check-generate`
-// fails when they differ from their sources.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path -type spill_state bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include
+// The generated bundler_x86_bpfel.go/.o (amd64) and bundler_arm64_bpfel.go/.o
+// (arm64) are committed so that a clone builds without clang, for either
+// architecture; `make generate` rebuilds them and `make check-generate`
+// fails when they differ from their sources. Each object is compiled with
+// its __TARGET_ARCH_* (x86, arm64): on_connect_exit reads the system call's
+// registers, which differ between them.
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target amd64,arm64 -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path -type spill_state bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include

@@ -6,7 +6,9 @@
 // uses it; deptrace itself runs internal/bundler.
 package perevent
 
-// The generated perevent_bpfel.go/.o are committed so that a clone builds
-// without clang; `make generate` rebuilds them and `make check-generate`
-// fails when they differ from their sources.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target bpfel -type flow_key -type flow_value -type port_key -type port_value -type listen_record -type stat_index -type stream_event perevent ../../../bpf/perevent.bpf.c -- -I../../../bpf -I../../../../bpf -I../../../../bpf/include
+// The generated perevent_x86_bpfel.go/.o (amd64) and perevent_arm64_bpfel.go/.o
+// (arm64) are committed so that a clone builds without clang, for either
+// architecture; `make generate` rebuilds them and `make check-generate`
+// fails when they differ from their sources. Each object is compiled with
+// its __TARGET_ARCH_* (x86, arm64); this object has no architecture-specific C.
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target amd64,arm64 -type flow_key -type flow_value -type port_key -type port_value -type listen_record -type stat_index -type stream_event perevent ../../../bpf/perevent.bpf.c -- -I../../../bpf -I../../../../bpf -I../../../../bpf/include
