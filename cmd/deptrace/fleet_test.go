@@ -153,7 +153,7 @@ func TestFleetGraph(t *testing.T) {
 	sort.Strings(want)
 	// edges reads the graph from the store, one line per edge.
 	edges := func() (got []string, stdout string) {
-		stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", dsn)
+		stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--group-by", "process", "--store", dsn)
 		if code != 0 {
 			t.Fatalf("graph: %s", stderr)
 		}
@@ -198,7 +198,7 @@ func TestFleetGraph(t *testing.T) {
 	}
 
 	// look answers the operator's question on the same store.
-	stdout, stderr, code := run(t, nil, "look", hp(db, 5432), "--reverse", "--store", dsn)
+	stdout, stderr, code := run(t, nil, "look", hp(db, 5432), "--reverse", "--group-by", "process", "--store", dsn)
 	if code != 0 {
 		t.Fatalf("look: %s", stderr)
 	}
@@ -285,7 +285,7 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 		t.Errorf("the agent never said it was spooling:\n%s", p.errText())
 	}
 
-	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", pg.DSN)
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json-v1", "--store", pg.DSN)
 	if code != 0 {
 		t.Fatal(stderr)
 	}
@@ -386,7 +386,7 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 		t.Errorf("a clean stop left the kernel side pinned: %v", err)
 	}
 
-	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", db)
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json-v1", "--store", db)
 	if code != 0 {
 		t.Fatal(stderr)
 	}
@@ -491,7 +491,7 @@ func (w *storingWorld) stored() uint64 {
 // storedConns is how many connections to service the store holds.
 func storedConns(t *testing.T, store, service string) uint64 {
 	t.Helper()
-	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", store)
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json-v1", "--store", store)
 	if code != 0 {
 		t.Fatal(stderr)
 	}

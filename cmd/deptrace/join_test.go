@@ -145,7 +145,7 @@ func shortLivedClientIsJoined(t *testing.T, dsn string) {
 	agent.cmd.Process.Signal(syscall.SIGTERM)
 	agent.wait(t)
 
-	stdout, stderr, code := run(t, nil, "graph", "--format", "json", "--store", dsn)
+	stdout, stderr, code := run(t, nil, "graph", "--format", "json-v1", "--store", dsn)
 	if code != 0 {
 		t.Fatalf("graph: %s", stderr)
 	}
@@ -175,7 +175,7 @@ func shortLivedClientIsJoined(t *testing.T, dsn string) {
 	}
 	// look finds it by its unit, with or without the suffix.
 	for _, target := range []string{unit, strings.TrimSuffix(unit, ".service")} {
-		stdout, stderr, code = run(t, nil, "look", target, "--store", dsn)
+		stdout, stderr, code = run(t, nil, "look", target, "--group-by", "process", "--store", dsn)
 		if code != 0 || !strings.Contains(stdout, "client ["+unit+"] on "+clientHost) || !strings.Contains(stdout, "dbserver on jointest/"+server.Name) {
 			t.Errorf("look %s (%d): %s%s", target, code, stdout, stderr)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,10 +76,10 @@ func lookGraphDiff(t *testing.T, db string) {
 	}
 	for _, want := range []string{
 		"nginx on web (198.51.100.2)",
-		"-> tcp 198.51.100.3:5432 postgres on db  [listen backlog=16 queue_max=16 drops=2 DROPPING]  conns=4",
+		"-> tcp/5432 postgres on db (198.51.100.3)  [listen backlog=16 queue_max=16 drops=2 DROPPING]  conns=4",
 		"-> tcp 203.0.113.5:6379 (external)",
 		"<- curl on client (198.51.100.1)  via tcp/80  conns=4",
-		"-> unix /run/app.sock gunicorn on web  conns=4",
+		"-> unix /run/app.sock gunicorn on web (198.51.100.2)  conns=4",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("look lacks %q:\n%s", want, out)
@@ -109,7 +110,7 @@ func lookGraphDiff(t *testing.T, db string) {
 		t.Errorf("--since 10m should keep only the cache edge: %s", out)
 	}
 	out, _, _ = run(t, nil, "graph", "--format", "mermaid", "--store", db, "--target", "/run/app.sock")
-	if !strings.Contains(out, "unix /run/app.sock gunicorn on web") || !strings.Contains(out, `"unix 4 conns"`) || strings.Count(out, "-->|") != 2 { // nginx -> socket, and curl -> nginx above it
+	if !strings.Contains(out, "gunicorn on web (198.51.100.2)<br/>listens unix /run/app.sock") || !strings.Contains(out, `"unix 4 conns"`) || strings.Count(out, "-->|") != 2 { // nginx -> socket, and curl -> nginx above it
 		t.Errorf("mermaid around the unix socket:\n%s", out)
 	}
 	out, _, _ = run(t, nil, "graph", "--format", "dot", "--store", db, "--target", "postgres", "--depth", "1")
@@ -138,7 +139,9 @@ func TestQueryErrors(t *testing.T) {
 		{[]string{"look", "nginx", "--since", "last tuesday", "--store", db}, `invalid --since "last tuesday"`},
 		{[]string{"look", "nginx", "--since", "1h", "--until", "2h", "--store", db}, "invalid range"},
 		{[]string{"look", "nginx", "--depth", "-1", "--store", db}, "invalid --depth -1"},
-		{[]string{"graph", "--format", "svg", "--store", db}, `invalid --format "svg": allowed json, dot, mermaid`},
+		{[]string{"graph", "--format", "svg", "--store", db}, `invalid --format "svg": allowed json, json-v1, dot, mermaid`},
+		{[]string{"graph", "--group-by", "pod", "--store", db}, `invalid --group-by "pod": allowed workload, process, host`},
+		{[]string{"diff", "--since", "1h", "--group-by", "x", "--store", db}, `invalid --group-by "x"`},
 		{[]string{"graph", "--store", filepath.Join(t.TempDir(), "none.db")}, "no store at"},
 		{[]string{"graph", "--store", "postgres://nobody@/x?host=/nonexistent&connect_timeout=2"}, "connect to store"},
 		{[]string{"diff", "--store", db}, "missing --since"},
@@ -150,5 +153,120 @@ func TestQueryErrors(t *testing.T) {
 		if code != 1 || len(lines) != 1 || !strings.Contains(lines[0], c.want) || stdout != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want one line with %q", c.args, code, stdout, stderr, c.want)
 		}
+	}
+}
+
+// seedChain writes curl -> nginx -> app -> {redis, postgres}, each on its
+// own host, the app a container whose gunicorn serves and whose python3
+// worker calls out: the map users expect is one chain.
+func seedChain(t *testing.T, path string) string {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "deptrace.db")
+	}
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now().Add(-5 * time.Minute)
+	app := tracer.Identity{ContainerID: "c0ffee0123456789abcdef", ContainerName: "app", ContainerRuntime: "docker"}
+	o := func(host, dir, local, remote string, port uint16, comm string, id tracer.Identity) store.Observation {
+		return store.Observation{Bucket: now.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local,
+			RemoteAddr: remote, Port: port, Comm: comm, Identity: id, Counters: tracer.Counters{Connections: 4, BytesSent: 10, BytesReceived: 20}, FirstSeen: now, LastSeen: now}
+	}
+	none := tracer.Identity{}
+	b := store.Batch{
+		Hosts: []store.Host{
+			{ID: "client", Name: "client", Addrs: []string{"198.51.100.1"}, LastSeen: now},
+			{ID: "web", Name: "web", Addrs: []string{"198.51.100.2"}, LastSeen: now},
+			{ID: "app", Name: "app", Addrs: []string{"198.51.100.3"}, LastSeen: now},
+			{ID: "cache", Name: "cache", Addrs: []string{"198.51.100.5"}, LastSeen: now},
+			{ID: "db", Name: "db", Addrs: []string{"198.51.100.4"}, LastSeen: now},
+		},
+		Observations: []store.Observation{
+			o("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", none),
+			o("web", "inbound", "198.51.100.2", "198.51.100.1", 80, "nginx", none),
+			o("web", "outbound", "198.51.100.2", "198.51.100.3", 8080, "nginx", none),
+			o("app", "inbound", "198.51.100.3", "198.51.100.2", 8080, "gunicorn", app),
+			o("app", "outbound", "198.51.100.3", "198.51.100.5", 6379, "python3", app),
+			o("cache", "inbound", "198.51.100.5", "198.51.100.3", 6379, "redis-server", none),
+			o("app", "outbound", "198.51.100.3", "198.51.100.4", 5432, "python3", app),
+			o("db", "inbound", "198.51.100.4", "198.51.100.3", 5432, "postgres", none),
+		},
+	}
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A node is a workload on a host: the chain is one connected graph, on
+// SQLite and on PostgreSQL, and format 1 stays available.
+func TestGraphGroupsWorkloadsOnAStore(t *testing.T) {
+	for name, spec := range map[string]string{"sqlite": "", "postgres": pgtest.Start(t)} {
+		t.Run(name, func(t *testing.T) { groupedChain(t, seedChain(t, spec)) })
+	}
+}
+
+func groupedChain(t *testing.T, db string) {
+	const app = "workload:app/container:c0ffee0123456789abcdef"
+	load := func(args ...string) graph.Graph {
+		t.Helper()
+		out, errOut, code := run(t, nil, append([]string{"graph", "--store", db}, args...)...)
+		if code != 0 {
+			t.Fatal(errOut)
+		}
+		var g graph.Graph
+		if err := json.Unmarshal([]byte(out), &g); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	pairs := func(g graph.Graph) []string {
+		var ps []string
+		for _, e := range g.Edges {
+			ps = append(ps, e.From+" -> "+e.To)
+		}
+		return ps
+	}
+	g := load()
+	want := []string{
+		app + " -> workload:cache/redis-server", app + " -> workload:db/postgres",
+		"workload:client/curl -> workload:web/nginx", "workload:web/nginx -> " + app,
+	}
+	if g.Format != 2 || len(g.Nodes) != 5 || !slices.Equal(pairs(g), want) {
+		t.Errorf("format %d, %d nodes, edges %v; want %v", g.Format, len(g.Nodes), pairs(g), want)
+	}
+	for _, n := range g.Nodes {
+		if n.ID == app && (n.Name != "app" || n.Process != "gunicorn,python3" || len(n.Services) != 1 || n.Services[0].Port != 8080) {
+			t.Errorf("app node: %+v", n)
+		}
+	}
+	if p := load("--group-by", "process"); len(p.Nodes) != 6 || !slices.Contains(pairs(p), "workload:app/python3 -> workload:db/postgres") {
+		t.Errorf("by process: %v", pairs(p))
+	}
+	if h := load("--group-by", "host", "--target", "nginx"); len(h.Nodes) != 5 || !slices.Contains(pairs(h), "host:web -> host:app") {
+		t.Errorf("by host: %v", pairs(h))
+	}
+	v1 := load("--format", "json-v1")
+	if v1.Format != 0 || len(v1.Nodes) != 7 || !slices.Contains(pairs(v1), "process:web/nginx -> service:app/tcp/8080") {
+		t.Errorf("json-v1: format %d, %d nodes, %v", v1.Format, len(v1.Nodes), pairs(v1))
+	}
+
+	out, _, _ := run(t, nil, "look", "curl", "--depth", "0", "--store", db)
+	for _, want := range []string{
+		"└─ -> tcp/80 nginx on web (198.51.100.2)",
+		"└─ -> tcp/8080 app (gunicorn,python3) on app (198.51.100.3)",
+		"├─ -> tcp/6379 redis-server on cache (198.51.100.5)",
+		"└─ -> tcp/5432 postgres on db (198.51.100.4)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("look curl --depth 0 lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, _ = run(t, nil, "graph", "--format", "mermaid", "--store", db)
+	if strings.Count(out, "-->|") != 4 || !strings.Contains(out, `"app (gunicorn,python3) on app (198.51.100.3)<br/>listens tcp/8080"`) {
+		t.Errorf("mermaid:\n%s", out)
 	}
 }

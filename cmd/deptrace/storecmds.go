@@ -52,9 +52,11 @@ func parseTime(flag, v string, now time.Time) (time.Time, error) {
 type queryFlags struct {
 	store        string
 	since, until string
+	groupBy      string
 }
 
 func (q *queryFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&q.groupBy, "group-by", graph.ByWorkload, "what a node is: "+strings.Join(graph.GroupBys, ", ")+" (a workload is a process, or its container, pod or systemd service)")
 	cmd.Flags().StringVar(&q.store, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
 	cmd.Flags().StringVar(&q.since, "since", "", "only dependencies seen at or after this time (RFC 3339, 15:04, or an age like 1h)")
 	cmd.Flags().StringVar(&q.until, "until", "", "only dependencies seen before this time")
@@ -85,8 +87,22 @@ func (q *queryFlags) rangeAndStore(ctx context.Context) (store.Range, *store.Sto
 	return store.Range{Since: since, Until: until}, st, nil
 }
 
-// graph opens the store and builds the graph of the selected range.
+// graph opens the store and builds the graph of the selected range,
+// grouped by --group-by.
 func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, error) {
+	g, hosts, err := q.ungrouped(ctx)
+	if err != nil {
+		return g, hosts, err
+	}
+	return graph.Group(g, q.groupBy), hosts, nil
+}
+
+// ungrouped is the process/service graph of format 1 (graph --format
+// json-v1).
+func (q *queryFlags) ungrouped(ctx context.Context) (graph.Graph, []store.Host, error) {
+	if err := graph.ValidGroupBy(q.groupBy); err != nil {
+		return graph.Graph{}, nil, err
+	}
 	r, st, err := q.rangeAndStore(ctx)
 	if err != nil {
 		return graph.Graph{}, nil, err
@@ -157,6 +173,12 @@ func newGraphCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "graph",
 		Short: "Export the dependency graph as JSON, DOT or Mermaid",
+		Long: `graph prints the dependency graph of the range: one node per workload on a
+host (--group-by workload: a process, or the container, pod or systemd service
+it runs in; process; or host), carrying the services it listens on, and one
+edge per client, server, protocol and port. --format json is format 2
+("format": 2); --format json-v1 is the process/service graph of format 1,
+deprecated and kept for one release.`,
 		Example: `  deptrace graph --format json
   deptrace graph --format dot --since 24h | dot -Tsvg > deps.svg
   deptrace graph --format mermaid --target postgres --depth 2`,
@@ -168,7 +190,11 @@ func newGraphCmd() *cobra.Command {
 			if depth < 0 {
 				return fmt.Errorf("invalid --depth %d: allowed 0 (unlimited) or more", depth)
 			}
-			g, hosts, err := q.graph(cmd.Context())
+			load := q.graph
+			if format == "json-v1" {
+				load = q.ungrouped
+			}
+			g, hosts, err := load(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -205,6 +231,9 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 			if q.since == "" {
 				return fmt.Errorf("missing --since: diff compares [--since, --until) with the window before it")
 			}
+			if err := graph.ValidGroupBy(q.groupBy); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			r, st, err := q.rangeAndStore(ctx)
 			if err != nil {
@@ -232,6 +261,7 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 			if err != nil {
 				return err
 			}
+			gAfter, gBefore = graph.Group(gAfter, q.groupBy), graph.Group(gBefore, q.groupBy)
 			appeared, disappeared := graph.Diff(gBefore, gAfter)
 			graph.WriteDiff(os.Stdout, gAfter, appeared, disappeared, gBefore)
 			return nil

@@ -40,10 +40,19 @@ type Node struct {
 	// for a plain host process, an external node, or a store written
 	// without identities.
 	tracer.Identity
+	// Name (format 2) is what a workload node is called: its workload,
+	// pod, container, systemd service or process; the host's id for a
+	// host node.
+	Name string `json:"name,omitempty"`
+	// Processes (format 2) names the processes of a workload node when
+	// there are several; Process then joins them with commas.
+	Processes []string `json:"processes,omitempty"`
 	// Listen queue of a TCP service whose agent reports listener state:
 	// the listen backlog, the deepest accept queue seen in the range, and
 	// connections dropped because the queue was full. Nil otherwise.
 	Listener *ListenerState `json:"listener,omitempty"`
+	// Services (format 2) are the services a workload node listens on.
+	Services []Service `json:"services,omitempty"`
 	// Unhealthy marks a service that dropped connections; Reasons says
 	// why, one phrase each.
 	Unhealthy bool     `json:"unhealthy"`
@@ -112,8 +121,11 @@ func (e *Edge) health() {
 
 // Graph is a set of nodes and the edges between them.
 type Graph struct {
-	Nodes []Node `json:"nodes"`
-	Edges []Edge `json:"edges"`
+	// Format is 2 for a grouped graph (Group), 0 (not written) for the
+	// process/service graph of format 1.
+	Format int    `json:"format,omitempty"`
+	Nodes  []Node `json:"nodes"`
+	Edges  []Edge `json:"edges"`
 }
 
 // ProcessID, ServiceID and ExternalID build node ids.

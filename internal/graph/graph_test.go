@@ -229,7 +229,7 @@ func TestFormats(t *testing.T) {
 	if !strings.HasPrefix(buf.String(), "flowchart LR") || strings.Count(buf.String(), "-->|") != len(g.Edges) {
 		t.Errorf("mermaid:\n%s", buf.String())
 	}
-	if err := Write(&buf, g, "png"); err == nil || !strings.Contains(err.Error(), "json, dot, mermaid") {
+	if err := Write(&buf, g, "png"); err == nil || !strings.Contains(err.Error(), "json, json-v1, dot, mermaid") {
 		t.Errorf("bad format: %v", err)
 	}
 }

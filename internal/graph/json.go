@@ -34,6 +34,13 @@ func WriteCompactJSON(w io.Writer, g Graph) error { return writeJSON(w, g, compa
 func writeJSON(w io.Writer, g Graph, lay layout) error {
 	e := jsonEncoder{lay: lay, b: make([]byte, 0, 64<<10)}
 	e.b = append(e.b, '{')
+	if g.Format != 0 {
+		e.b = append(e.b, lay.open...)
+		e.b = append(e.b, `"format"`...)
+		e.b = append(e.b, lay.colon...)
+		e.b = strconv.AppendInt(e.b, int64(g.Format), 10)
+		e.b = append(e.b, ',')
+	}
 	e.b = append(e.b, lay.open...)
 	e.b = append(e.b, `"nodes"`...)
 	e.b = append(e.b, lay.colon...)
@@ -156,30 +163,121 @@ func (e *jsonEncoder) node(n *Node) {
 	e.str("proto", n.Proto)
 	e.str("process", n.Process)
 	e.identity(&n.Identity)
+	if n.Name != "" {
+		e.str("name", n.Name)
+	}
+	if len(n.Processes) > 0 {
+		e.key("processes")
+		e.b = append(e.b, '[')
+		for i, p := range n.Processes {
+			if i > 0 {
+				e.b = append(e.b, ',')
+			}
+			e.b = append(e.b, e.lay.inner...)
+			e.b = jsonenc.AppendString(e.b, p)
+		}
+		e.b = append(e.b, e.lay.innerEnd...)
+		e.b = append(e.b, ']')
+	}
 	if l := n.Listener; l != nil {
 		e.key("listener")
-		e.b = append(e.b, '{')
-		e.b = append(e.b, e.lay.inner...)
-		e.b = append(e.b, `"backlog_limit"`...)
-		e.b = append(e.b, e.lay.colon...)
-		e.b = strconv.AppendUint(e.b, uint64(l.BacklogLimit), 10)
-		e.b = append(e.b, ',')
-		e.b = append(e.b, e.lay.inner...)
-		e.b = append(e.b, `"queue_max"`...)
-		e.b = append(e.b, e.lay.colon...)
-		e.b = strconv.AppendUint(e.b, uint64(l.QueueMax), 10)
-		e.b = append(e.b, ',')
-		e.b = append(e.b, e.lay.inner...)
-		e.b = append(e.b, `"drops"`...)
-		e.b = append(e.b, e.lay.colon...)
-		e.b = strconv.AppendUint(e.b, l.Drops, 10)
-		e.b = append(e.b, e.lay.innerEnd...)
-		e.b = append(e.b, '}')
+		e.listener(l, e.lay.inner, e.lay.innerEnd)
+	}
+	if len(n.Services) > 0 {
+		e.services(n.Services)
 	}
 	e.bool("unhealthy", n.Unhealthy)
 	e.reasons(n.Reasons)
 	e.b = append(e.b, e.lay.fieldEnd...)
 	e.b = append(e.b, '}')
+}
+
+func (e *jsonEncoder) listener(l *ListenerState, inner, innerEnd string) {
+	e.b = append(e.b, '{')
+	e.b = append(e.b, inner...)
+	e.b = append(e.b, `"backlog_limit"`...)
+	e.b = append(e.b, e.lay.colon...)
+	e.b = strconv.AppendUint(e.b, uint64(l.BacklogLimit), 10)
+	e.b = append(e.b, ',')
+	e.b = append(e.b, inner...)
+	e.b = append(e.b, `"queue_max"`...)
+	e.b = append(e.b, e.lay.colon...)
+	e.b = strconv.AppendUint(e.b, uint64(l.QueueMax), 10)
+	e.b = append(e.b, ',')
+	e.b = append(e.b, inner...)
+	e.b = append(e.b, `"drops"`...)
+	e.b = append(e.b, e.lay.colon...)
+	e.b = strconv.AppendUint(e.b, l.Drops, 10)
+	e.b = append(e.b, innerEnd...)
+	e.b = append(e.b, '}')
+}
+
+// services writes a workload node's services, one level deeper than the
+// node's fields (as encoding/json indents them).
+func (e *jsonEncoder) services(ss []Service) {
+	e.key("services")
+	deeper := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		return s + "  "
+	}
+	in1, in2, in3 := e.lay.inner, deeper(e.lay.inner), deeper(deeper(e.lay.inner))
+	e.b = append(e.b, '[')
+	for i := range ss {
+		s := &ss[i]
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = append(e.b, in1...)
+		e.b = append(e.b, '{')
+		field := func(k string) {
+			e.b = append(e.b, in2...)
+			e.b = append(e.b, '"')
+			e.b = append(e.b, k...)
+			e.b = append(e.b, '"')
+			e.b = append(e.b, e.lay.colon...)
+		}
+		field("proto")
+		e.b = jsonenc.AppendString(e.b, s.Proto)
+		e.b = append(e.b, ',')
+		field("port")
+		e.b = strconv.AppendUint(e.b, uint64(s.Port), 10)
+		if s.Addr != "" {
+			e.b = append(e.b, ',')
+			field("addr")
+			e.b = jsonenc.AppendString(e.b, s.Addr)
+		}
+		e.b = append(e.b, ',')
+		field("process")
+		e.b = jsonenc.AppendString(e.b, s.Process)
+		if s.Listener != nil {
+			e.b = append(e.b, ',')
+			field("listener")
+			e.listener(s.Listener, in3, in2)
+		}
+		e.b = append(e.b, ',')
+		field("unhealthy")
+		e.b = strconv.AppendBool(e.b, s.Unhealthy)
+		if len(s.Reasons) > 0 {
+			e.b = append(e.b, ',')
+			field("reasons")
+			e.b = append(e.b, '[')
+			for j, r := range s.Reasons {
+				if j > 0 {
+					e.b = append(e.b, ',')
+				}
+				e.b = append(e.b, in3...)
+				e.b = jsonenc.AppendString(e.b, r)
+			}
+			e.b = append(e.b, in2...)
+			e.b = append(e.b, ']')
+		}
+		e.b = append(e.b, in1...)
+		e.b = append(e.b, '}')
+	}
+	e.b = append(e.b, e.lay.innerEnd...)
+	e.b = append(e.b, ']')
 }
 
 func (e *jsonEncoder) edge(x *Edge) {

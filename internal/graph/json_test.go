@@ -39,6 +39,20 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 				{From: "z", To: "w"},
 			},
 		},
+		{
+			Format: 2,
+			Nodes: []Node{
+				{ID: "workload:h2/Deployment/db", Kind: KindWorkload, Host: "h2", Addr: "10.0.0.2", Process: "pgbouncer,postgres", Name: "Deployment/db",
+					Processes: []string{"pgbouncer", "postgres"}, Identity: tracer.Identity{PodNamespace: "shop", Workload: "Deployment/db"},
+					Services: []Service{
+						{Proto: "tcp", Port: 5432, Process: "postgres", Listener: &ListenerState{BacklogLimit: 4096, QueueMax: 129, Drops: 7}, Unhealthy: true, Reasons: []string{"7 dropped", "<x>"}},
+						{Proto: "unix", Addr: "/run/a\"b", Process: "pgbouncer"},
+					},
+					Unhealthy: true, Reasons: []string{"tcp/5432: 7 dropped"}},
+				{ID: "host:h1", Kind: KindHost, Host: "h1", Name: "h1", Process: "app"},
+			},
+			Edges: []Edge{{From: "host:h1", To: "workload:h2/Deployment/db", Proto: "tcp", Port: 5432}},
+		},
 	}
 	for i, g := range graphs {
 		var want bytes.Buffer

@@ -106,12 +106,20 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			if n.Kind == KindService && n.Proto == "unix" && n.Addr == target {
 				add(n.ID)
 			}
+			for _, sv := range n.Services {
+				if sv.Proto == "unix" && sv.Addr == target {
+					add(n.ID)
+				}
+			}
 		}
 	} else if ap, err := netip.ParseAddrPort(target); err == nil {
 		addr := ap.Addr().Unmap().String()
 		host := owner[addr]
 		for _, n := range g.Nodes {
 			if n.Port == ap.Port() && ((n.Kind == KindService && host != "" && n.Host == host) || (n.Kind == KindExternal && n.Addr == addr)) {
+				add(n.ID)
+			}
+			if host != "" && n.Host == host && slices.ContainsFunc(n.Services, func(sv Service) bool { return sv.Proto != "unix" && sv.Port == ap.Port() }) {
 				add(n.ID)
 			}
 		}
@@ -129,7 +137,7 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			// What operators call it: a workload, pod, container or unit;
 			// and a process of that exact name too.
 			entities(func(n Node) bool {
-				return n.Kind != KindExternal && (IdentityMatches(n.Identity, target) || n.Process == target)
+				return n.Kind != KindExternal && (IdentityMatches(n.Identity, target) || n.Name == target || slices.Contains(processes(n), target))
 			})
 		}
 		if len(ids) == 0 {
@@ -138,7 +146,7 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 				return nil, err
 			}
 			if name != "" {
-				entities(func(n Node) bool { return n.Process == name })
+				entities(func(n Node) bool { return slices.Contains(processes(n), name) })
 			}
 		}
 	}
@@ -217,8 +225,20 @@ func (ix *index) walk(id string, depth int, outbound bool, seen map[string]bool)
 	return out
 }
 
+// processes are the process names of a node: one, or a workload's
+// several.
+func processes(n Node) []string {
+	if len(n.Processes) > 0 {
+		return n.Processes
+	}
+	if n.Process == "" {
+		return nil
+	}
+	return []string{n.Process}
+}
+
 func entityKey(n Node) string {
-	if n.Kind == KindExternal || n.Process == "" {
+	if n.Kind == KindExternal || n.Kind == KindWorkload || n.Kind == KindHost || n.Process == "" {
 		return n.ID
 	}
 	return ProcessID(n.Host, n.Process)
@@ -263,7 +283,7 @@ func Reachable(g Graph, roots []string, depth int) Graph {
 		visit(r, depth, true)
 		visit(r, depth, false)
 	}
-	out := Graph{Nodes: []Node{}, Edges: []Edge{}}
+	out := Graph{Format: g.Format, Nodes: []Node{}, Edges: []Edge{}}
 	for _, n := range g.Nodes {
 		if keep[n.ID] {
 			out.Nodes = append(out.Nodes, n)
@@ -279,22 +299,29 @@ func Reachable(g Graph, roots []string, depth int) Graph {
 
 // Diff lists the edges of after that before lacks (appeared) and those of
 // before that after lacks (disappeared).
+//
+// An edge is its two ends, its protocol and its server port: in a
+// grouped graph one pair of workloads can have several edges.
 func Diff(before, after Graph) (appeared, disappeared []Edge) {
-	has := func(g Graph) map[[2]string]bool {
-		m := map[[2]string]bool{}
+	type key struct {
+		from, to, proto string
+		port            uint16
+	}
+	has := func(g Graph) map[key]bool {
+		m := map[key]bool{}
 		for _, e := range g.Edges {
-			m[[2]string{e.From, e.To}] = true
+			m[key{e.From, e.To, e.Proto, e.Port}] = true
 		}
 		return m
 	}
 	b, a := has(before), has(after)
 	for _, e := range after.Edges {
-		if !b[[2]string{e.From, e.To}] {
+		if !b[key{e.From, e.To, e.Proto, e.Port}] {
 			appeared = append(appeared, e)
 		}
 	}
 	for _, e := range before.Edges {
-		if !a[[2]string{e.From, e.To}] {
+		if !a[key{e.From, e.To, e.Proto, e.Port}] {
 			disappeared = append(disappeared, e)
 		}
 	}
@@ -309,8 +336,8 @@ func Diff(before, after Graph) (appeared, disappeared []Edge) {
 func MatchProcess(g Graph, typed string) (string, error) {
 	names := map[string]bool{}
 	for _, n := range g.Nodes {
-		if n.Process != "" {
-			names[n.Process] = true
+		for _, p := range processes(n) {
+			names[p] = true
 		}
 	}
 	if names[typed] {

@@ -12,12 +12,15 @@ import (
 )
 
 // Formats accepted by `deptrace graph --format`.
-var Formats = []string{"json", "dot", "mermaid"}
+// "json" is format 2 when given a grouped graph (Group); "json-v1" is the
+// process/service graph of format 1, deprecated.
+var Formats = []string{"json", "json-v1", "dot", "mermaid"}
 
-// Write renders g in format.
+// Write renders g in format. The caller chooses the graph: grouped for
+// json, dot and mermaid, ungrouped for json-v1.
 func Write(w io.Writer, g Graph, format string) error {
 	switch format {
-	case "json":
+	case "json", "json-v1":
 		return writeJSON(w, g, indented)
 	case "dot":
 		return writeDOT(w, g)
@@ -30,6 +33,25 @@ func Write(w io.Writer, g Graph, format string) error {
 // Label is how a node reads in a tree or a picture.
 func Label(n Node) string {
 	switch n.Kind {
+	case KindHost:
+		if n.Addr != "" {
+			return fmt.Sprintf("host %s (%s)", n.Host, n.Addr)
+		}
+		return "host " + n.Host
+	case KindWorkload:
+		name := n.Name
+		if name == "" {
+			name = "?"
+		}
+		if n.Process != "" && n.Process != name {
+			name += " (" + n.Process + ")"
+		} else if n.Identity.Workload == "" {
+			name += Who(n.Identity)
+		}
+		if n.Addr != "" {
+			return fmt.Sprintf("%s on %s (%s)", name, n.Host, n.Addr)
+		}
+		return fmt.Sprintf("%s on %s", name, n.Host)
 	case KindExternal:
 		if n.Port != 0 {
 			return fmt.Sprintf("%s %s (external)", n.Proto, endpoint(n.Addr, n.Port))
@@ -96,6 +118,14 @@ func volume(e Edge) string {
 // path for unix.
 func edgeService(e Edge, to Node) string {
 	if e.Proto == "unix" {
+		if to.Kind == KindWorkload || to.Kind == KindHost {
+			for _, sv := range to.Services {
+				if sv.Proto == "unix" {
+					return "unix " + sv.Addr
+				}
+			}
+			return "unix"
+		}
 		return "unix " + to.Addr
 	}
 	return fmt.Sprintf("%s/%d", e.Proto, e.Port)
@@ -156,6 +186,13 @@ func us(v uint64) string {
 // nodeHealth is what look adds after a service's label: its accept queue
 // and whether it drops.
 func nodeHealth(n Node) string {
+	if len(n.Services) > 0 {
+		var parts []string
+		for _, sv := range n.Services {
+			parts = append(parts, serviceHealth(sv))
+		}
+		return "  [serves " + strings.Join(parts, ", ") + "]"
+	}
 	if n.Listener == nil {
 		return ""
 	}
@@ -164,6 +201,33 @@ func nodeHealth(n Node) string {
 		s += " DROPPING"
 	}
 	return s + "]"
+}
+
+// serviceHealth is one service of a workload as look lists it:
+// "tcp/5432 backlog=128 queue_max=128 drops=15 DROPPING".
+func serviceHealth(sv Service) string {
+	s := sv.String()
+	if l := sv.Listener; l != nil {
+		s += fmt.Sprintf(" backlog=%d queue_max=%d drops=%d", l.BacklogLimit, l.QueueMax, l.Drops)
+	}
+	if sv.Unhealthy {
+		s += " DROPPING"
+	}
+	return s
+}
+
+// viaHealth is the service of workload n that edge e enters, as look's
+// inbound lines show it after "via".
+func viaHealth(e Edge, n Node) string {
+	for _, sv := range n.Services {
+		if sv.Proto == e.Proto && sv.Port == e.Port && (e.Proto != "unix" || len(n.Services) == 1 || sv.Addr != "") {
+			if sv.Listener == nil {
+				return ""
+			}
+			return nodeHealth(Node{Listener: sv.Listener, Unhealthy: sv.Unhealthy})
+		}
+	}
+	return nodeHealth(n)
 }
 
 func edgeMark(e Edge) string {
@@ -203,14 +267,26 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 			branch, next = "└─ ", "   "
 		}
 		arrow, via := "-> ", ""
+		peerHealth := nodeHealth(b.Peer)
 		if !outbound {
-			arrow, via = "<- ", "  via "+edgeService(b.Edge, b.Via)+nodeHealth(b.Via)
+			h := nodeHealth(b.Via)
+			if b.Via.Kind == KindWorkload || b.Via.Kind == KindHost {
+				h = viaHealth(b.Edge, b.Via)
+			}
+			arrow, via = "<- ", "  via "+edgeService(b.Edge, b.Via)+h
+		} else if b.Peer.Kind == KindWorkload || b.Peer.Kind == KindHost {
+			// The service the edge enters, then the workload behind it.
+			arrow += edgeService(b.Edge, b.Peer) + " "
+			peerHealth = viaHealth(b.Edge, b.Peer)
+		}
+		if len(b.Peer.Services) > 0 && !outbound {
+			peerHealth = ""
 		}
 		repeat := ""
 		if b.Repeat {
 			repeat = "  (shown above)"
 		}
-		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), nodeHealth(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), repeat)
+		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), peerHealth, via, edgeMark(b.Edge), counters(b.Edge), repeat)
 		writeChildren(w, b.Children, indent+next, outbound)
 	}
 }
@@ -242,6 +318,20 @@ func WriteDiff(w io.Writer, g Graph, appeared, disappeared []Edge, before Graph)
 	}
 }
 
+// pictureLabel is a node's label in DOT and Mermaid: a workload's
+// services on a second line ("listens tcp/5432, unix /run/a.sock").
+func pictureLabel(n Node, br string) string {
+	l := Label(n)
+	if len(n.Services) > 0 {
+		var ss []string
+		for _, sv := range n.Services {
+			ss = append(ss, sv.String())
+		}
+		l += br + "listens " + strings.Join(ss, ", ")
+	}
+	return l
+}
+
 func dotQuote(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 }
@@ -261,7 +351,7 @@ func writeDOT(w io.Writer, g Graph) error {
 		if n.Unhealthy {
 			extra = " color=red"
 		}
-		fmt.Fprintf(&sb, "  %s [label=%s shape=%s%s];\n", dotQuote(n.ID), dotQuote(Label(n)), shape, extra)
+		fmt.Fprintf(&sb, "  %s [label=%s shape=%s%s];\n", dotQuote(n.ID), strings.ReplaceAll(dotQuote(pictureLabel(n, "\x00")), "\x00", `\n`), shape, extra)
 	}
 	for _, e := range g.Edges {
 		extra := ""
@@ -292,7 +382,7 @@ func writeMermaid(w io.Writer, g Graph) error {
 		case KindExternal:
 			open, close = "{{", "}}"
 		}
-		fmt.Fprintf(&sb, "  %s%s\"%s\"%s\n", ids[n.ID], open, esc(Label(n)), close)
+		fmt.Fprintf(&sb, "  %s%s\"%s\"%s\n", ids[n.ID], open, esc(pictureLabel(n, "<br/>")), close)
 	}
 	var bad []string
 	for i, e := range g.Edges {

@@ -113,21 +113,32 @@ func TestGraphIsTheCLIJSON(t *testing.T) {
 	}
 	hosts, _ := st.Hosts(context.Background())
 	listeners, _ := st.Listeners(context.Background(), r)
-	var want bytes.Buffer
-	if err := graph.Write(&want, graph.Build(obs, hosts, listeners), "json"); err != nil {
-		t.Fatal(err)
-	}
-	_, body, hdr := get(t, srv.URL, "/api/graph?since=3h")
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, want.Bytes()); err != nil {
-		t.Fatal(err)
-	}
-	compact.WriteByte('\n')
-	if !bytes.Equal(body, compact.Bytes()) {
-		t.Errorf("/api/graph differs from graph --format json:\n%s\nwant\n%s", body, want.Bytes())
-	}
-	if ct := hdr.Get("Content-Type"); ct != "application/json" {
-		t.Errorf("Content-Type %q", ct)
+	// format 2 (the default, grouped by workload, process or host) and
+	// format 1 (json-v1).
+	for _, c := range []struct{ query, format, by string }{
+		{"", "json", graph.ByWorkload}, {"&group_by=process", "json", graph.ByProcess}, {"&group_by=host", "json", graph.ByHost},
+		{"&format=1", "json-v1", ""}, {"&format=2&group_by=workload", "json", graph.ByWorkload},
+	} {
+		g := graph.Build(obs, hosts, listeners)
+		if c.by != "" {
+			g = graph.Group(g, c.by)
+		}
+		var want bytes.Buffer
+		if err := graph.Write(&want, g, c.format); err != nil {
+			t.Fatal(err)
+		}
+		_, body, hdr := get(t, srv.URL, "/api/graph?since=3h"+c.query)
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, want.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		compact.WriteByte('\n')
+		if !bytes.Equal(body, compact.Bytes()) {
+			t.Errorf("/api/graph?%s differs from graph --format %s:\n%s\nwant\n%s", c.query, c.format, body, want.Bytes())
+		}
+		if ct := hdr.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("Content-Type %q", ct)
+		}
 	}
 	all := getGraph(t, srv.URL, "/api/graph")
 	if len(all.Nodes) != 5 || len(all.Edges) != 4 {
@@ -262,7 +273,10 @@ func TestBadParameters(t *testing.T) {
 		{"/api/graph?port=70000", 400, `invalid port "70000": allowed 0 to 65535`},
 		{"/api/graph?port=http", 400, `invalid port "http"`},
 		{"/api/graph?reverse=maybe", 400, `invalid reverse "maybe": allowed true or false`},
-		{"/api/graph?format=dot", 400, `unknown parameter "format": allowed since, until, target, depth, reverse, proto, port`},
+		{"/api/graph?format=dot", 400, `invalid format "dot": allowed 2 (the default) or 1 (deprecated: process and service nodes)`},
+		{"/api/look?target=nginx&format=1", 400, `unknown parameter "format": allowed since, until, target, depth, reverse, proto, port, group_by`},
+		{"/api/graph?group_by=pod", 400, `invalid group_by "pod": allowed workload, process, host`},
+		{"/api/diff?since=1h&group_by=", 200, ``},
 		{"/api/graph?port=1&port=2", 400, "parameter port given 2 times"},
 		{"/api/graph?target=nosuchthing", 404, `no host, address, service or process matches "nosuchthing"`},
 		{"/api/look", 400, "missing target: allowed a host"},

@@ -145,10 +145,10 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
 		t.Errorf("status %q", s)
 	}
-	// WebGL really drew: the process colour and the service colour are on
-	// the screen, and the red of the unhealthy edge.
+	// WebGL really drew: the workload colour is on the screen, and the
+	// red of the unhealthy edge.
 	img := screenshot(t, ctx, "map")
-	for name, c := range map[string]uint32{"process node": 0x3366cc, "service node": 0x109618, "unhealthy edge": 0xe03131} {
+	for name, c := range map[string]uint32{"workload node": 0x3366cc, "unhealthy edge": 0xe03131} {
 		if n := pixels(img, c); n < 20 {
 			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
 		}
@@ -164,7 +164,7 @@ func TestBrowserSearchAndFocus(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
-	if got := js[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, "tcp 198.51.100.3:6379 redis-server on cache-1") {
+	if got := js[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, "redis-server on cache-1 (198.51.100.3)") {
 		t.Errorf("matches %q", got)
 	}
 	// Click the match: the map shows its neighbourhood, the panel its
@@ -179,7 +179,7 @@ func TestBrowserSearchAndFocus(t *testing.T) {
 	if got := js[string](t, ctx, `document.querySelector('#dependents').innerText`); !strings.Contains(got, "nginx on web-1") {
 		t.Errorf("dependents of redis: %q", got)
 	}
-	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "focus=service%3Acache-1%2Ftcp%2F6379") || !strings.Contains(u, "q=redis-serv") {
+	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "focus=workload%3Acache-1%2Fredis-server") || !strings.Contains(u, "q=redis-serv") {
 		t.Errorf("URL %q lacks the focus and the search", u)
 	}
 	screenshot(t, ctx, "focus")
@@ -201,6 +201,18 @@ func TestBrowserSearchAndFocus(t *testing.T) {
 	until(t, ctx, `document.querySelector('#map').dataset.nodes === '5'`, `document.querySelector('#map').dataset.nodes`)
 	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "depth=2") {
 		t.Errorf("URL %q lacks depth=2", u)
+	}
+
+	// Node: host makes one node per host; the URL keeps it.
+	open(t, ctx, srv.URL+"/?view=map&range=all")
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#by"), "host")); err != nil {
+		t.Fatal(err)
+	}
+	js[bool](t, ctx, `document.querySelector('#by').dispatchEvent(new Event('change'))`)
+	until(t, ctx, `document.querySelector('#map').dataset.nodes === '5' && document.querySelector('#map').dataset.edges === '4' && location.search.includes('by=host')`,
+		`[document.querySelector('#map').dataset.nodes, location.search]`)
+	if got := js[string](t, ctx, `document.querySelector('#map').dataset.focus || ''`); got != "" {
+		t.Errorf("focus kept across a change of Node: %q", got)
 	}
 }
 

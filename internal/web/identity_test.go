@@ -18,6 +18,12 @@ var checkoutPod = tracer.Identity{ContainerID: "4f1c0ffee00000000000000000000000
 	ContainerImage: "registry.local/checkout:1.4", ContainerRuntime: "containerd", PodNamespace: "shop",
 	PodName: "checkout-7d4b9c-x2x4k", PodUID: "0e6b1c2d", K8sContainer: "app", Workload: "Deployment/checkout"}
 
+// Node ids by workload (the default grouping) once seedNamed names them.
+const (
+	idCheckout     = "workload:web-1/Deployment/checkout"
+	idPostgresUnit = "workload:db-1/unit:postgresql.service"
+)
+
 // seedNamed is seed's store with identities written after it: nginx on
 // web-1 runs in the checkout pod, postgres on db-1 in its systemd unit.
 func seedNamed(t testing.TB) (string, time.Time) {
@@ -47,7 +53,8 @@ func seedNamed(t testing.TB) (string, time.Time) {
 func TestAPINamesEnds(t *testing.T) {
 	path, _ := seedNamed(t)
 	srv, _ := serve(t, path, Options{})
-	g := getGraph(t, srv.URL, "/api/graph")
+	// By process, every process keeps its id and its identity.
+	g := getGraph(t, srv.URL, "/api/graph?group_by=process")
 	for _, n := range g.Nodes {
 		switch n.ID {
 		case idNginx:
@@ -65,7 +72,7 @@ func TestAPINamesEnds(t *testing.T) {
 		}
 	}
 	// Fields absent where unset, in the raw JSON.
-	_, body, _ := get(t, srv.URL, "/api/graph")
+	_, body, _ := get(t, srv.URL, "/api/graph?group_by=process")
 	var raw struct{ Nodes []map[string]any }
 	if err := json.Unmarshal(body, &raw); err != nil {
 		t.Fatal(err)
@@ -75,6 +82,10 @@ func TestAPINamesEnds(t *testing.T) {
 			t.Errorf("workload field on %v: %v", n["id"], ok)
 		}
 	}
+	// By workload (the default), nodes are named by their workload, pod,
+	// container or service.
+	g = getGraph(t, srv.URL, "/api/graph")
+	equal(t, "workload nodes", nodeIDs(g), []string{idCheckout, idPostgresUnit, idPython, idRedis, idDNS})
 	for _, target := range []string{"checkout", "Deployment/checkout", "shop/checkout-7d4b9c-x2x4k", "postgresql"} {
 		code, body, _ := get(t, srv.URL, "/api/look?target="+target)
 		if code != http.StatusOK {
@@ -102,14 +113,14 @@ func TestBrowserShowsIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
-	want := "nginx [Deployment/checkout checkout-7d4b9c-x2x4k:app] on web-1"
+	want := "Deployment/checkout (nginx) on web-1"
 	if got := js[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, want) {
 		t.Errorf("matches %q, want %q", got, want)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#matches button"))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idNginx+`'`, `document.querySelector('#map').dataset.focus`)
+	until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idCheckout+`'`, `document.querySelector('#map').dataset.focus`)
 	until(t, ctx, `document.querySelector('#details').innerText.includes('workload')`, `document.querySelector('#details').innerText`)
 	details := js[string](t, ctx, `document.querySelector('#details').innerText`)
 	for _, w := range []string{"Deployment/checkout", "shop/checkout-7d4b9c-x2x4k", "registry.local/checkout:1.4", "containerd", "4f1c0ffee000"} {
@@ -121,7 +132,7 @@ func TestBrowserShowsIdentity(t *testing.T) {
 		t.Errorf("details show the whole container id:\n%s", details)
 	}
 	deps := js[string](t, ctx, `document.querySelector('#deps').innerText`)
-	if !strings.Contains(deps, "postgres [postgresql.service] on db-1") {
+	if !strings.Contains(deps, "postgresql.service (postgres) on db-1") {
 		t.Errorf("dependencies of nginx: %q", deps)
 	}
 	screenshot(t, ctx, "identity")

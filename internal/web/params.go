@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/cli"
+	"github.com/deptrace/deptrace/internal/graph"
 )
 
 // paramError is a bad query parameter: HTTP 400 with a message that names
@@ -102,6 +103,18 @@ func (q query) proto() (string, error) {
 		return v, nil
 	}
 	return "", badParam("invalid proto %q: allowed %s", q.str("proto"), strings.Join(protos, ", "))
+}
+
+// groupBy reads group_by: what a node is (default a workload).
+func (q query) groupBy() (string, error) {
+	v := strings.ToLower(q.str("group_by"))
+	if v == "" {
+		return graph.ByWorkload, nil
+	}
+	if slices.Contains(graph.GroupBys, v) {
+		return v, nil
+	}
+	return "", badParam("invalid group_by %q: allowed %s", q.str("group_by"), strings.Join(graph.GroupBys, ", "))
 }
 
 // port returns the server port, or -1 when not given.

@@ -22,10 +22,10 @@ import (
 // So the last hour has 4 nodes and 3 edges, against the hour before it
 // 2 edges appeared and 1 disappeared; all history has 5 nodes and 4 edges.
 const (
-	idNginx    = "process:web-1/nginx"
-	idPython   = "process:worker-1/python3"
-	idPostgres = "service:db-1/tcp/5432"
-	idRedis    = "service:cache-1/tcp/6379"
+	idNginx    = "workload:web-1/nginx"
+	idPython   = "workload:worker-1/python3"
+	idPostgres = "workload:db-1/postgres"
+	idRedis    = "workload:cache-1/redis-server"
 	idDNS      = "external:192.0.2.53:53"
 )
 

@@ -12,7 +12,7 @@
   // ---- state and URL -------------------------------------------------
   const state = {
     view: '', q: '', focus: '', depth: '1', range: '1h', since: '', until: '',
-    diff: false, weight: 'connections', group: 'namespace', sort: 'client', dir: 'asc',
+    diff: false, weight: 'connections', group: 'namespace', by: 'workload', sort: 'client', dir: 'asc',
     unhealthy: false, rows: PAGE,
   };
   const collapsed = new Set();
@@ -30,6 +30,7 @@
     state.diff = p.get('diff') === '1';
     state.weight = pick('weight', ['connections', 'bytes']) || 'connections';
     state.group = pick('group', ['namespace', 'host']) || 'namespace';
+    state.by = pick('by', ['workload', 'process', 'host']) || 'workload';
     state.sort = p.get('sort') || 'client';
     state.dir = pick('dir', ['asc', 'desc']) || 'asc';
     state.unhealthy = p.get('unhealthy') === '1';
@@ -47,6 +48,7 @@
     if (state.diff) p.set('diff', '1');
     if (state.weight !== 'connections') p.set('weight', state.weight);
     if (state.group !== 'namespace') p.set('group', state.group);
+    if (state.by !== 'workload') p.set('by', state.by);
     if (state.view === 'table') {
       if (state.sort !== 'client' || state.dir !== 'asc') { p.set('sort', state.sort); p.set('dir', state.dir); }
       if (state.unhealthy) p.set('unhealthy', '1');
@@ -61,6 +63,15 @@
     if (!n) return '?';
     if (n.kind === 'group') return n.name + ' (' + n.count + ' nodes, collapsed)';
     if (n.kind === 'external') return n.port ? n.proto + ' ' + endpoint(n.addr, n.port) + ' (external)' : n.addr + ' (external)';
+    if (n.kind === 'host') return 'host ' + n.host + (n.addr ? ' (' + n.addr + ')' : '');
+    if (n.kind === 'workload') {
+      // As graph.Label: the workload's name, its processes when they
+      // differ, the host.
+      let name = n.name || '?';
+      if (n.process && n.process !== name) name += ' (' + n.process + ')';
+      else if (!n.workload) name += who(n);
+      return name + ' on ' + n.host + (n.addr ? ' (' + n.addr + ')' : '');
+    }
     const proc = (n.process || '?') + who(n);
     if (n.kind === 'service') return n.proto + ' ' + endpoint(n.addr || n.host, n.port) + ' ' + proc + ' on ' + n.host;
     return proc + ' on ' + n.host + (n.addr ? ' (' + n.addr + ')' : '');
@@ -83,8 +94,9 @@
   // shortName is what the map writes on a node: the workload's name, the
   // container's or the process's.
   function shortName(n) {
+    if (n.kind === 'host') return n.host;
     if (n.workload) return n.workload.slice(n.workload.lastIndexOf('/') + 1);
-    return n.container_name || n.process || '?';
+    return n.name || n.container_name || n.process || '?';
   }
   function shortLabel(n) {
     if (n.kind === 'group') return n.name + ' ×' + n.count;
@@ -137,13 +149,17 @@
     return body;
   }
 
+  // An edge is its ends, protocol and port: one pair of workloads can
+  // have several (graph format 2).
+  const edgeKey = (e) => e.from + '\u2192' + e.to + ' ' + e.proto + '/' + e.port;
+
   function index(g, d) {
     const D = { nodes: new Map(), edges: [], out: new Map(), inn: new Map(), linked: new Map(), byKey: new Map(), text: new Map() };
     for (const n of g.nodes) D.nodes.set(n.id, n);
     // Edges are the parsed answer's own objects, completed in place:
     // no copy of each of (up to) 50,000 edges.
     const add = (x, status) => {
-      x.key = x.from + '\u2192' + x.to;
+      x.key = edgeKey(x);
       x.status = status;
       x.bad = unhealthy(x);
       D.edges.push(x);
@@ -153,8 +169,8 @@
       D.out.get(x.from).push(x);
       D.inn.get(x.to).push(x);
     };
-    const appeared = new Set(d ? d.appeared.map((e) => e.from + '\u2192' + e.to) : []);
-    for (const e of g.edges) add(e, appeared.has(e.from + '\u2192' + e.to) ? 'appeared' : 'same');
+    const appeared = new Set(d ? d.appeared.map(edgeKey) : []);
+    for (const e of g.edges) add(e, appeared.has(edgeKey(e)) ? 'appeared' : 'same');
     if (d) {
       for (const n of d.nodes) if (!D.nodes.has(n.id)) D.nodes.set(n.id, n);
       for (const e of d.disappeared) add(e, 'disappeared');
@@ -179,10 +195,11 @@
     setStatus('loading…');
     const rp = rangeParams();
     const wantDiff = state.diff && rp.since;
+    const withBy = Object.assign({}, rp, state.by === 'workload' ? {} : { group_by: state.by });
     try {
       const [g, d] = await Promise.all([
-        getJSON('/api/graph?' + qs(rp)),
-        wantDiff ? getJSON('/api/diff?' + qs(rp)) : Promise.resolve(null),
+        getJSON('/api/graph?' + qs(withBy)),
+        wantDiff ? getJSON('/api/diff?' + qs(withBy)) : Promise.resolve(null),
       ]);
       data = index(g, d);
       data.diff = d;
@@ -250,7 +267,7 @@
     const h = n.host || 'external';
     return state.group === 'host' ? h.split('/')[0] : h;
   };
-  const COLORS = { process: '#3366cc', service: '#109618', external: '#888888', group: '#8e44ad' };
+  const COLORS = { workload: '#3366cc', host: '#109618', process: '#3366cc', service: '#109618', external: '#888888', group: '#8e44ad' };
 
   function edgeColor(e) {
     if (state.diff && data.diff) {
@@ -419,6 +436,14 @@
     return name(f) + ' → ' + name(t);
   }
 
+  // services lists what a workload listens on, with its accept queue.
+  function services(n) {
+    if (!n.services || !n.services.length) return '—';
+    return n.services.map((s) => (s.proto === 'unix' ? 'unix ' + s.addr : s.proto + '/' + s.port) +
+      (s.listener ? ' (backlog ' + s.listener.backlog_limit + ', queue max ' + s.listener.queue_max + ', drops ' + s.listener.drops + ')' : '') +
+      (s.unhealthy ? ' DROPPING' : '')).join(', ');
+  }
+
   // identityPairs are the identity fields a node has (docs/graph.md).
   function identityPairs(n) {
     const pairs = [];
@@ -453,7 +478,8 @@
     }
     box.append(el('h3', label(n)), dl([
       ['kind', n.kind], ['host', n.host || '—'], ['address', n.addr || '—'],
-      ['port', n.port ? n.proto + '/' + n.port : '—'], ['process', n.process || '—'],
+      ...(n.kind === 'workload' || n.kind === 'host' ? [['listens', services(n)]] : [['port', n.port ? n.proto + '/' + n.port : '—']]),
+      ['process', n.process || '—'],
       ...identityPairs(n),
       ['edges', num(es.length)], ['first seen', when(first)], ['last seen', when(last)],
       ...counterPairs(sum),
@@ -564,7 +590,7 @@
   const COLUMNS = [
     { key: 'change', label: 'Change', get: (e) => e.status, diffOnly: true },
     { key: 'client', label: 'Client', get: (e) => label(data.nodes.get(e.from)) },
-    { key: 'server', label: 'Server address:port', get: (e) => serverEndpoint(data.nodes.get(e.to)) },
+    { key: 'server', label: 'Server address:port', get: (e) => serverEndpoint(data.nodes.get(e.to), e) },
     { key: 'processes', label: 'Processes (client → server)', get: processesOf },
     { key: 'proto', label: 'Proto', get: (e) => e.proto },
     { key: 'connections', label: 'Connections', get: (e) => e.connections || 0, num: true },
@@ -575,8 +601,12 @@
     { key: 'first_seen', label: 'First seen', get: (e) => e.first_seen || '', fmt: when },
     { key: 'last_seen', label: 'Last seen', get: (e) => e.last_seen || '', fmt: when },
   ];
-  function serverEndpoint(n) {
+  function serverEndpoint(n, e) {
     if (!n) return '?';
+    if (n.kind === 'workload' || n.kind === 'host') {
+      if (e.proto === 'unix') return 'unix on ' + n.host;
+      return endpoint(n.addr || n.host || '?', e.port) + ' on ' + n.host;
+    }
     const where = endpoint(n.addr || n.host || '?', n.port);
     return n.kind === 'service' ? where + ' on ' + n.host : where;
   }
@@ -680,6 +710,7 @@
     $('#search').value = state.q;
     $('#weight').value = state.weight;
     $('#group').value = state.group;
+    $('#by').value = state.by;
     $('#depth').value = state.depth;
     $('#only-unhealthy').checked = state.unhealthy;
   }
@@ -719,6 +750,7 @@
     });
     $('#weight').addEventListener('change', (ev) => { state.weight = ev.target.value; writeURL(); if (state.view === 'map') renderMap(); });
     $('#group').addEventListener('change', (ev) => { state.group = ev.target.value; collapsed.clear(); writeURL(); render(); });
+    $('#by').addEventListener('change', (ev) => { state.by = ev.target.value; state.focus = ''; writeURL(); load(); });
     $('#depth').addEventListener('change', (ev) => { state.depth = ev.target.value; writeURL(); render(); });
     $('#clear-focus').addEventListener('click', () => { setFocus(''); render(); });
     $('#collapse-all').addEventListener('click', () => {

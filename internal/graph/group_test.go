@@ -1,0 +1,197 @@
+package graph
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+var appContainer = tracer.Identity{ContainerID: "c0ffee0123456789abcdef", ContainerName: "app", ContainerRuntime: "docker"}
+
+// curl -> nginx:80 -> app:8080 (gunicorn, in a container whose python3
+// worker makes the calls) -> {redis:6379, postgres:5432}, every host
+// running an agent, plus an external API.
+func workloadChain() ([]store.Observation, []store.Host) {
+	hs := []store.Host{
+		{ID: "client", Addrs: []string{"198.51.100.1"}},
+		{ID: "web", Addrs: []string{"198.51.100.2"}},
+		{ID: "app", Addrs: []string{"198.51.100.3"}},
+		{ID: "cache", Addrs: []string{"198.51.100.5"}},
+		{ID: "db", Addrs: []string{"198.51.100.4"}},
+	}
+	in := func(x store.Observation) store.Observation { x.Identity = appContainer; return x }
+	return []store.Observation{
+		o("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", 5, 500, 5000),
+		o("web", "inbound", "198.51.100.2", "198.51.100.1", 80, "nginx", 5, 5000, 500),
+		o("web", "outbound", "198.51.100.2", "198.51.100.3", 8080, "nginx", 5, 600, 4000),
+		in(o("app", "inbound", "198.51.100.3", "198.51.100.2", 8080, "gunicorn", 5, 4000, 600)),
+		in(o("app", "outbound", "198.51.100.3", "198.51.100.5", 6379, "python3", 7, 70, 700)),
+		o("cache", "inbound", "198.51.100.5", "198.51.100.3", 6379, "redis-server", 7, 700, 70),
+		in(o("app", "outbound", "198.51.100.3", "198.51.100.4", 5432, "python3", 20, 100, 900)),
+		o("db", "inbound", "198.51.100.4", "198.51.100.3", 5432, "postgres", 20, 900, 100),
+		in(o("app", "outbound", "198.51.100.3", "203.0.113.7", 443, "python3", 1, 10, 20)),
+	}, hs
+}
+
+// buildNamed is Load without a store: Build, then Name with the app
+// container's identity.
+func buildNamed(obs []store.Observation, hs []store.Host, ls []store.Listener) Graph {
+	g := Build(obs, hs, ls)
+	var ends []store.EndIdentity
+	for _, x := range obs {
+		if !x.Identity.Empty() {
+			ends = append(ends, store.EndIdentity{HostID: x.HostID, Comm: x.Comm, Identity: x.Identity})
+		}
+	}
+	Name(&g, ends)
+	return g
+}
+
+func ids(g Graph) []string {
+	var out []string
+	for _, n := range g.Nodes {
+		out = append(out, n.ID)
+	}
+	return out
+}
+
+// One node per workload on a host, its services as attributes, and the
+// chain as a path of edges: not a process node and a service node per
+// server with nothing between them.
+func TestGroupMakesTheChainOneGraph(t *testing.T) {
+	obs, hs := workloadChain()
+	g := Group(buildNamed(obs, hs, nil), ByWorkload)
+	app := "workload:app/container:" + appContainer.ContainerID
+	want := []string{"external:203.0.113.7:443", "workload:cache/redis-server", "workload:client/curl", "workload:db/postgres", "workload:web/nginx", app}
+	slices.Sort(want)
+	if got := ids(g); !slices.Equal(got, want) {
+		t.Fatalf("nodes %v, want %v", got, want)
+	}
+	if g.Format != 2 || len(g.Edges) != 5 {
+		t.Fatalf("format %d, %d edges: %+v", g.Format, len(g.Edges), g.Edges)
+	}
+	for _, e := range [][2]string{
+		{"workload:client/curl", "workload:web/nginx"}, {"workload:web/nginx", app},
+		{app, "workload:cache/redis-server"}, {app, "workload:db/postgres"}, {app, "external:203.0.113.7:443"},
+	} {
+		edge(t, g, e[0], e[1])
+	}
+	if e := edge(t, g, app, "workload:db/postgres"); e.Proto != "tcp" || e.Port != 5432 || e.Connections != 20 || e.BytesSent != 100 {
+		t.Errorf("app -> postgres: %+v", e)
+	}
+	a := node(t, g, app)
+	if a.Kind != KindWorkload || a.Name != "app" || a.Process != "gunicorn,python3" || !slices.Equal(a.Processes, []string{"gunicorn", "python3"}) ||
+		a.ContainerName != "app" || a.Addr != "198.51.100.3" || len(a.Services) != 1 || a.Services[0].String() != "tcp/8080" || a.Services[0].Process != "gunicorn" {
+		t.Errorf("app container node: %+v", a)
+	}
+	if n := node(t, g, "workload:web/nginx"); len(n.Services) != 1 || n.Services[0].Port != 80 {
+		t.Errorf("nginx: %+v", n)
+	}
+	// Walking from curl reaches every server: one chain.
+	r := Reachable(g, []string{"workload:client/curl"}, 0)
+	if len(r.Nodes) != len(g.Nodes) || len(r.Edges) != len(g.Edges) || r.Format != 2 {
+		t.Errorf("reachable from curl: %v", ids(r))
+	}
+
+	// By process the container's two processes are two nodes, still
+	// chained: nginx -> gunicorn; python3 -> redis, postgres.
+	p := Group(buildNamed(obs, hs, nil), ByProcess)
+	edge(t, p, "workload:web/nginx", "workload:app/gunicorn")
+	edge(t, p, "workload:app/python3", "workload:db/postgres")
+	if len(p.Nodes) != 7 {
+		t.Errorf("by process: %v", ids(p))
+	}
+	// By host: one node per host.
+	h := Group(buildNamed(obs, hs, nil), ByHost)
+	edge(t, h, "host:web", "host:app")
+	if n := node(t, h, "host:app"); n.Kind != KindHost || n.Process != "gunicorn,python3" || n.ContainerID != "" {
+		t.Errorf("host node: %+v", n)
+	}
+	if len(h.Nodes) != 6 {
+		t.Errorf("by host: %v", ids(h))
+	}
+}
+
+// look, Resolve, DOT, Mermaid and diff on a grouped graph.
+func TestGroupedGraphQueriesAndPictures(t *testing.T) {
+	obs, hs := workloadChain()
+	g := Group(buildNamed(obs, hs, []store.Listener{{HostID: "db", Proto: "tcp", LocalAddr: "0.0.0.0", Port: 5432, Comm: "postgres", BacklogLimit: 16, QueueMax: 16, Drops: 2}}), ByWorkload)
+	app := "workload:app/container:" + appContainer.ContainerID
+	for target, want := range map[string]string{
+		"198.51.100.3:8080": app, "app": app, "python3": app, "gunicorn": app, "redis": "workload:cache/redis-server",
+		"198.51.100.4": "workload:db/postgres", "c0ffee0123456789": app,
+	} {
+		got, err := Resolve(g, hs, target)
+		if err != nil || !slices.Equal(got, []string{want}) {
+			t.Errorf("Resolve(%q) = %v, %v; want %s", target, got, err, want)
+		}
+	}
+	pg := node(t, g, "workload:db/postgres")
+	if !pg.Unhealthy || len(pg.Reasons) != 1 || !strings.HasPrefix(pg.Reasons[0], "tcp/5432: 2 connections dropped") {
+		t.Errorf("postgres: %+v", pg)
+	}
+
+	var buf bytes.Buffer
+	WriteTrees(&buf, Look(g, []string{"workload:web/nginx"}, 0, true, true), true, true)
+	for _, want := range []string{
+		"nginx on web (198.51.100.2)  [serves tcp/80]",
+		"-> tcp/8080 app (gunicorn,python3) on app (198.51.100.3)  conns=5",
+		"-> tcp/5432 postgres on db (198.51.100.4)  [listen backlog=16 queue_max=16 drops=2 DROPPING]  conns=20",
+		"<- curl on client (198.51.100.1)  via tcp/80  conns=5",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("look lacks %q:\n%s", want, buf.String())
+		}
+	}
+
+	buf.Reset()
+	if err := Write(&buf, g, "dot"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `"workload:web/nginx" [label="nginx on web (198.51.100.2)\nlistens tcp/80" shape=box]`) ||
+		!strings.Contains(buf.String(), `"workload:web/nginx" -> "`+app+`" [label="tcp/8080 5 conns"]`) {
+		t.Errorf("dot:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := Write(&buf, g, "mermaid"); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(buf.String(), "-->|") != 5 || !strings.Contains(buf.String(), `["postgres on db (198.51.100.4)<br/>listens tcp/5432"]`) {
+		t.Errorf("mermaid:\n%s", buf.String())
+	}
+
+	buf.Reset()
+	if err := Write(&buf, g, "json"); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Format int
+		Nodes  []map[string]any
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil || doc.Format != 2 {
+		t.Fatalf("json: format %d, %v", doc.Format, err)
+	}
+
+	// Diff keys edges by their ends, protocol and port.
+	before := Group(buildNamed(obs[:6], hs, nil), ByWorkload)
+	appeared, disappeared := Diff(before, g)
+	if len(appeared) != 2 || len(disappeared) != 0 {
+		t.Errorf("diff: +%v -%v", appeared, disappeared)
+	}
+}
+
+func TestValidGroupBy(t *testing.T) {
+	for _, v := range GroupBys {
+		if err := ValidGroupBy(v); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := ValidGroupBy("pod"); err == nil || err.Error() != `invalid --group-by "pod": allowed workload, process, host` {
+		t.Errorf("pod: %v", err)
+	}
+}
