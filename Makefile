@@ -23,8 +23,17 @@ CLANG_VERSION := $(shell cat scripts/clang-version)
 GOLANGCI_LINT_VERSION = v2.15.0
 GOLANGCI_LINT = $(shell $(GO) env GOPATH)/tools/golangci-lint@$(GOLANGCI_LINT_VERSION)/golangci-lint
 
+# The binary: ./deptrace for GOARCH (the host's unless set: make build
+# GOARCH=arm64 cross-compiles; linux/amd64 and linux/arm64 are supported).
+BIN ?= deptrace
+# Go for the tools that run here (nfpm, mkimage): GOARCH is the target's.
+HOSTGO = GOOS= GOARCH= $(GO)
+# make release: every architecture's binary, packages and image, and the
+# multi-architecture image.
+ARCHES ?= amd64 arm64
+
 build:
-	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace ./cmd/deptrace
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) $(GO) build $(BUILDFLAGS) -o $(BIN) ./cmd/deptrace
 
 build-bench:
 	CGO_ENABLED=0 $(GO) build $(BUILDFLAGS) -o deptrace-bench ./bench/cmd/deptrace-bench
@@ -83,9 +92,10 @@ bench: build-bench
 # $(DIST)/deptrace_$(VERSION)_$(GOARCH).deb and a tarball with the same
 # files, from the static binary (nfpm is pinned in go.mod's tool block; it
 # has no tarball packager, so tar makes the tarball from the .deb's tree).
+# It replaces this architecture's packages in $(DIST), not the others'.
 package: build
-	rm -rf $(DIST) && mkdir -p $(DIST)
-	VERSION='$(VERSION)' GOARCH='$(GOARCH)' $(GO) tool nfpm package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
+	mkdir -p $(DIST) && rm -f $(DIST)/deptrace_*_$(GOARCH).deb $(DIST)/deptrace_*_linux_$(GOARCH).tar.gz
+	VERSION='$(VERSION)' DEPTRACE_ARCH='$(GOARCH)' DEPTRACE_BINARY='$(BIN)' $(HOSTGO) tool nfpm package --config packaging/nfpm.yaml --packager deb --target $(DIST)/
 	packaging/tarball.sh $(DIST) '$(VERSION)' '$(GOARCH)'
 
 # $(DIST)/deptrace_$(VERSION)_$(GOARCH).oci.tar: the container image (FROM
@@ -93,11 +103,22 @@ package: build
 # is also a Docker archive: `docker load -i` or `ctr images import` it. Built
 # by packaging/mkimage (standard library only): no daemon, registry or
 # network. docs/operations.md, "Run as a container".
-.PHONY: image
+.PHONY: image release
+IMAGE_META = -version '$(VERSION)' -revision "$$(git rev-parse HEAD 2>/dev/null)" -created "$$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 image: build
-	$(GO) run ./packaging/mkimage -binary deptrace -version '$(VERSION)' -arch '$(GOARCH)' \
-	  -revision "$$(git rev-parse HEAD 2>/dev/null)" -created "$$(git log -1 --format=%ct 2>/dev/null || echo 0)" \
-	  -out $(DIST)/deptrace_$(VERSION)_$(GOARCH).oci.tar
+	$(HOSTGO) run ./packaging/mkimage -binary $(BIN) -arch '$(GOARCH)' $(IMAGE_META) -out $(DIST)/deptrace_$(VERSION)_$(GOARCH).oci.tar
+
+# For each of $(ARCHES): $(DIST)/linux_ARCH/deptrace, its .deb, tarball
+# and image; then $(DIST)/deptrace_$(VERSION)_multiarch.oci.tar, one image
+# whose index has a manifest per architecture (ctr images import
+# --platform, or docker load: NAME:TAG-ARCH). docs/operations.md.
+release:
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	set -e; for a in $(ARCHES); do \
+	  $(MAKE) --no-print-directory package image GOARCH=$$a BIN=$(DIST)/linux_$$a/deptrace VERSION='$(VERSION)' DIST='$(DIST)'; \
+	done
+	$(HOSTGO) run ./packaging/mkimage $(foreach a,$(ARCHES),-platform $(a)=$(DIST)/linux_$(a)/deptrace) $(IMAGE_META) \
+	  -out $(DIST)/deptrace_$(VERSION)_multiarch.oci.tar
 
 clean:
 	rm -rf deptrace deptrace-bench $(DIST)

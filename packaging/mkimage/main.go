@@ -3,6 +3,9 @@
 // image layout and a Docker image archive, so `docker load -i` and
 // `ctr images import` both take it; building it needs no daemon, registry or
 // network. See docs/operations.md, "Run as a container".
+//
+// With -platform ARCH=BINARY, once per architecture (make release), it
+// writes one multi-architecture image instead (ociimage.WriteIndex).
 package main
 
 import (
@@ -13,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/packaging/ociimage"
@@ -30,16 +34,46 @@ func main() {
 	flag.StringVar(&img.Arch, "arch", "", "GOARCH of the binary (the image's architecture)")
 	flag.StringVar(&img.Revision, "revision", "", "source commit (org.opencontainers.image.revision)")
 	flag.StringVar(&img.Source, "source", "https://github.com/deptrace/deptrace", "source repository (org.opencontainers.image.source)")
+	var platforms []string
+	flag.Func("platform", "ARCH=BINARY: one architecture of a multi-architecture image (repeat; replaces -binary and -arch)", func(v string) error {
+		platforms = append(platforms, v)
+		return nil
+	})
 	flag.Parse()
-	if err := run(&img, *binary, *out, *created); err != nil {
+	if err := run(&img, *binary, *out, *created, platforms); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(img *ociimage.Image, binary, out, created string) error {
-	if out == "" || img.Version == "" || img.Arch == "" {
-		return fmt.Errorf("-out, -version and -arch are required")
+// elfMachine is the ELF machine of each GOARCH an image is made for.
+var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// readBinary reads a static Linux executable for arch.
+func readBinary(binary, arch string) ([]byte, error) {
+	b, err := os.ReadFile(binary)
+	if err != nil {
+		return nil, err
+	}
+	// FROM scratch: a dynamically linked binary would find no loader.
+	f, err := elf.NewFile(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: not an ELF executable: %w", binary, err)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return nil, fmt.Errorf("%s is dynamically linked: build it with CGO_ENABLED=0 (make build)", binary)
+		}
+	}
+	if m, ok := elfMachine[arch]; ok && f.Machine != m {
+		return nil, fmt.Errorf("%s is a %s executable, not one for %s (%s): build it with GOARCH=%s", binary, f.Machine, arch, m, arch)
+	}
+	return b, nil
+}
+
+func run(img *ociimage.Image, binary, out, created string, platforms []string) error {
+	if out == "" || img.Version == "" || (img.Arch == "" && len(platforms) == 0) {
+		return fmt.Errorf("-out, -version and -arch (or -platform) are required")
 	}
 	if created == "" {
 		created = os.Getenv("SOURCE_DATE_EPOCH")
@@ -53,21 +87,27 @@ func run(img *ociimage.Image, binary, out, created string) error {
 	} else {
 		img.Created = time.Unix(0, 0)
 	}
-	b, err := os.ReadFile(binary)
-	if err != nil {
-		return err
-	}
-	// FROM scratch: a dynamically linked binary would find no loader.
-	f, err := elf.NewFile(bytes.NewReader(b))
-	if err != nil {
-		return fmt.Errorf("%s: not an ELF executable: %w", binary, err)
-	}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("%s is dynamically linked: build it with CGO_ENABLED=0 (make build)", binary)
+	var imgs []ociimage.Image
+	for _, p := range platforms {
+		arch, bin, ok := strings.Cut(p, "=")
+		if !ok || arch == "" || bin == "" {
+			return fmt.Errorf("-platform %q: ARCH=BINARY expected", p)
 		}
+		b, err := readBinary(bin, arch)
+		if err != nil {
+			return err
+		}
+		one := *img
+		one.Arch, one.Binary = arch, b
+		imgs = append(imgs, one)
 	}
-	img.Binary = b
+	if len(imgs) == 0 {
+		b, err := readBinary(binary, img.Arch)
+		if err != nil {
+			return err
+		}
+		img.Binary = b
+	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
@@ -76,7 +116,13 @@ func run(img *ociimage.Image, binary, out, created string) error {
 		return err
 	}
 	defer func() { _ = os.Remove(tmp.Name()) }() // a temp file
-	if err := ociimage.Write(tmp, *img); err != nil {
+	write := func() error { return ociimage.Write(tmp, *img) }
+	what := img.Ref()
+	if len(imgs) > 0 {
+		write = func() error { return ociimage.WriteIndex(tmp, imgs) }
+		what = img.Ref() + ", " + strconv.Itoa(len(imgs)) + " platforms"
+	}
+	if err := write(); err != nil {
 		_ = tmp.Close() // the write's error is the one to report
 		return err
 	}
@@ -90,6 +136,6 @@ func run(img *ociimage.Image, binary, out, created string) error {
 		return err
 	}
 	st, _ := os.Stat(out)
-	fmt.Printf("image: %s (%s, %.1f MB)\n", out, img.Ref(), float64(st.Size())/1e6)
+	fmt.Printf("image: %s (%s, %.1f MB)\n", out, what, float64(st.Size())/1e6)
 	return nil
 }

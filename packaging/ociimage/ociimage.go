@@ -6,6 +6,10 @@
 // loading). No registry, daemon or network is involved, and the same inputs
 // give the same bytes.
 //
+// Write writes one architecture's image; WriteIndex writes several (amd64,
+// arm64) as one multi-architecture image: an image index with one manifest
+// per platform.
+//
 // The formats are small and stable, so the standard library writes them; a
 // registry client library would bring a long dependency tree for no gain.
 package ociimage
@@ -198,25 +202,33 @@ func (img Image) Layer() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Write writes the image tarball to w.
-func Write(w io.Writer, img Image) error {
+// built is one image's blobs and descriptors.
+type built struct {
+	manifest Descriptor // with its platform
+	config   Descriptor
+	layer    Descriptor
+	blobs    map[string][]byte // by path, blobs/sha256/...
+}
+
+// build makes img's layer, config and manifest.
+func (img Image) build() (*built, error) {
 	if len(img.Binary) == 0 || img.Name == "" || img.Version == "" || img.Arch == "" {
-		return fmt.Errorf("image: binary, name, version and arch are required")
+		return nil, fmt.Errorf("image: binary, name, version and arch are required")
 	}
 	layer, err := img.Layer()
 	if err != nil {
-		return fmt.Errorf("image layer: %w", err)
+		return nil, fmt.Errorf("image layer: %w", err)
 	}
 	var gz bytes.Buffer
 	zw, err := gzip.NewWriterLevel(&gz, gzip.BestCompression)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := zw.Write(layer); err != nil {
-		return err
+		return nil, err
 	}
 	if err := zw.Close(); err != nil {
-		return err
+		return nil, err
 	}
 	created := img.Created.UTC().Format(time.RFC3339)
 	labels := img.Labels()
@@ -235,47 +247,127 @@ func Write(w io.Writer, img Image) error {
 		History: []HistEntry{{Created: created, CreatedBy: "make image (packaging/mkimage): " + BinaryPath}},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	layerDesc := Descriptor{MediaType: MediaTypeLayer, Digest: digest(gz.Bytes()), Size: int64(gz.Len())}
 	cfgDesc := Descriptor{MediaType: MediaTypeConfig, Digest: digest(cfg), Size: int64(len(cfg))}
 	man, err := json.Marshal(Manifest{SchemaVersion: 2, MediaType: MediaTypeManifest, Config: cfgDesc, Layers: []Descriptor{layerDesc}, Annotations: labels})
 	if err != nil {
+		return nil, err
+	}
+	return &built{
+		manifest: Descriptor{MediaType: MediaTypeManifest, Digest: digest(man), Size: int64(len(man)),
+			Platform: &Platform{Architecture: img.Arch, OS: "linux"}},
+		config: cfgDesc,
+		layer:  layerDesc,
+		blobs: map[string][]byte{
+			blobPath(layerDesc.Digest): gz.Bytes(),
+			blobPath(cfgDesc.Digest):   cfg,
+			blobPath(digest(man)):      man,
+		},
+	}, nil
+}
+
+// nameAnnotations name an image in index.json.
+func nameAnnotations(img Image) map[string]string {
+	return map[string]string{
+		// containerd names the imported image by this one...
+		"io.containerd.image.name": dockerHubRef(img.Ref()),
+		// ...OCI tools by this one (a tag, per the spec).
+		"org.opencontainers.image.ref.name": Tag(img.Version),
+	}
+}
+
+// Write writes the image tarball to w.
+func Write(w io.Writer, img Image) error {
+	b, err := img.build()
+	if err != nil {
 		return err
 	}
-	ref := img.Ref()
-	idx, err := json.Marshal(Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{{
-		MediaType: MediaTypeManifest, Digest: digest(man), Size: int64(len(man)),
-		Annotations: map[string]string{
-			// containerd names the imported image by this one...
-			"io.containerd.image.name": dockerHubRef(ref),
-			// ...OCI tools by this one (a tag, per the spec).
-			"org.opencontainers.image.ref.name": Tag(img.Version),
-		},
-		Platform: &Platform{Architecture: img.Arch, OS: "linux"},
+	md := b.manifest
+	md.Annotations = nameAnnotations(img)
+	idx, err := json.Marshal(Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{md}})
+	if err != nil {
+		return err
+	}
+	dm, err := json.Marshal([]DockerManifest{{Config: blobPath(b.config.Digest), RepoTags: []string{img.Ref()}, Layers: []string{blobPath(b.layer.Digest)}}})
+	if err != nil {
+		return err
+	}
+	b.blobs["index.json"] = idx
+	b.blobs["manifest.json"] = dm
+	return writeTar(w, b.blobs, img.Created)
+}
+
+// ArchRef is the reference a multi-architecture tarball gives one
+// architecture's image in its Docker archive: NAME:TAG-ARCH.
+func (img Image) ArchRef() string { return img.Ref() + "-" + img.Arch }
+
+// WriteIndex writes one multi-architecture image of imgs (one per
+// architecture, the same name and version) to w. index.json holds one
+// entry, the image index (named, as in Write), and that index one manifest
+// per platform: the layout docker buildx writes, which containerd imports
+// as one multi-platform image (`ctr images import --platform linux/arm64`
+// takes that platform's content; an index.json with one named entry per
+// platform would instead make the last entry the image, whatever the
+// platform). The Docker archive part (manifest.json, for `docker load`
+// without the containerd image store) tags each architecture NAME:TAG-ARCH.
+func WriteIndex(w io.Writer, imgs []Image) error {
+	if len(imgs) == 0 {
+		return fmt.Errorf("image index: no images")
+	}
+	files := map[string][]byte{}
+	var manifests []Descriptor
+	var dms []DockerManifest
+	seen := map[string]bool{}
+	for _, img := range imgs {
+		if img.Name != imgs[0].Name || img.Version != imgs[0].Version {
+			return fmt.Errorf("image index: %s and %s: one name and version expected", imgs[0].Ref(), img.Ref())
+		}
+		if seen[img.Arch] {
+			return fmt.Errorf("image index: architecture %s twice", img.Arch)
+		}
+		seen[img.Arch] = true
+		b, err := img.build()
+		if err != nil {
+			return err
+		}
+		for p, c := range b.blobs {
+			files[p] = c
+		}
+		manifests = append(manifests, b.manifest)
+		dms = append(dms, DockerManifest{Config: blobPath(b.config.Digest), RepoTags: []string{img.ArchRef()}, Layers: []string{blobPath(b.layer.Digest)}})
+	}
+	inner, err := json.Marshal(Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: manifests})
+	if err != nil {
+		return err
+	}
+	files[blobPath(digest(inner))] = inner
+	top, err := json.Marshal(Index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: []Descriptor{{
+		MediaType: MediaTypeIndex, Digest: digest(inner), Size: int64(len(inner)), Annotations: nameAnnotations(imgs[0]),
 	}}})
 	if err != nil {
 		return err
 	}
-	dm, err := json.Marshal([]DockerManifest{{Config: blobPath(cfgDesc.Digest), RepoTags: []string{ref}, Layers: []string{blobPath(layerDesc.Digest)}}})
+	dm, err := json.Marshal(dms)
 	if err != nil {
 		return err
 	}
-	files := map[string][]byte{
-		"oci-layout":               []byte(`{"imageLayoutVersion":"1.0.0"}`),
-		"index.json":               idx,
-		"manifest.json":            dm,
-		blobPath(layerDesc.Digest): gz.Bytes(),
-		blobPath(cfgDesc.Digest):   cfg,
-		blobPath(digest(man)):      man,
-	}
+	files["index.json"] = top
+	files["manifest.json"] = dm
+	return writeTar(w, files, imgs[0].Created)
+}
+
+// writeTar writes the layout's files (and oci-layout) in name order.
+func writeTar(w io.Writer, files map[string][]byte, created time.Time) error {
+	files["oci-layout"] = []byte(`{"imageLayoutVersion":"1.0.0"}`)
 	names := make([]string, 0, len(files))
 	for n := range files {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	tw := tar.NewWriter(w)
-	mt := img.Created.UTC()
+	mt := created.UTC()
 	for _, d := range []string{"blobs/", "blobs/sha256/"} {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: mt, Format: tar.FormatPAX}); err != nil {
 			return err

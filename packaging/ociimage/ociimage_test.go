@@ -154,3 +154,114 @@ func TestWriteRefusesMissingFields(t *testing.T) {
 		t.Error("no error without a binary")
 	}
 }
+
+// A multi-architecture image: index.json names one image index, which has
+// one manifest per platform; each manifest's config, layer and binary are
+// that architecture's, and every digest checks.
+func TestWriteIndex(t *testing.T) {
+	amd, arm := testImage(), testImage()
+	arm.Arch, arm.Binary = "arm64", []byte("\x7fELF an arm64 one")
+	var buf bytes.Buffer
+	if err := WriteIndex(&buf, []Image{amd, arm}); err != nil {
+		t.Fatal(err)
+	}
+	files := untar(t, buf.Bytes())
+	if string(files["oci-layout"]) != `{"imageLayoutVersion":"1.0.0"}` {
+		t.Errorf("oci-layout: %s", files["oci-layout"])
+	}
+	var top Index
+	if err := json.Unmarshal(files["index.json"], &top); err != nil {
+		t.Fatal(err)
+	}
+	if top.SchemaVersion != 2 || top.MediaType != MediaTypeIndex || len(top.Manifests) != 1 {
+		t.Fatalf("index.json: %+v", top)
+	}
+	d := top.Manifests[0]
+	if d.MediaType != MediaTypeIndex || d.Platform != nil ||
+		d.Annotations["io.containerd.image.name"] != "docker.io/deptrace/deptrace:0.0.0-git1a2b3c4" ||
+		d.Annotations["org.opencontainers.image.ref.name"] != "0.0.0-git1a2b3c4" {
+		t.Errorf("index.json entry: %+v", d)
+	}
+	var idx Index
+	if err := json.Unmarshal(blob(t, files, d), &idx); err != nil {
+		t.Fatal(err)
+	}
+	if idx.SchemaVersion != 2 || idx.MediaType != MediaTypeIndex || len(idx.Manifests) != 2 {
+		t.Fatalf("image index: %+v", idx)
+	}
+	var dm []DockerManifest
+	if err := json.Unmarshal(files["manifest.json"], &dm); err != nil {
+		t.Fatal(err)
+	}
+	if len(dm) != 2 {
+		t.Fatalf("manifest.json: %+v", dm)
+	}
+	digests := map[string]bool{}
+	for i, img := range []Image{amd, arm} {
+		md := idx.Manifests[i]
+		if md.MediaType != MediaTypeManifest || md.Platform == nil || md.Platform.OS != "linux" || md.Platform.Architecture != img.Arch {
+			t.Errorf("%s: index entry %+v", img.Arch, md)
+			continue
+		}
+		digests[md.Digest] = true
+		var man Manifest
+		if err := json.Unmarshal(blob(t, files, md), &man); err != nil {
+			t.Fatal(err)
+		}
+		var cfg Config
+		if err := json.Unmarshal(blob(t, files, man.Config), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Architecture != img.Arch || cfg.OS != "linux" || man.Annotations["org.opencontainers.image.version"] != img.Version {
+			t.Errorf("%s: config architecture %s, os %s, annotations %v", img.Arch, cfg.Architecture, cfg.OS, man.Annotations)
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(blob(t, files, man.Layers[0])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		layer, _ := io.ReadAll(zr)
+		if !slices.Equal(cfg.RootFS.DiffIDs, []string{digest(layer)}) || !bytes.Equal(untar(t, layer)["usr/bin/deptrace"], img.Binary) {
+			t.Errorf("%s: layer does not hold this architecture's binary", img.Arch)
+		}
+		if dm[i].Config != blobPath(man.Config.Digest) || !slices.Equal(dm[i].Layers, []string{blobPath(man.Layers[0].Digest)}) ||
+			!slices.Equal(dm[i].RepoTags, []string{"deptrace/deptrace:0.0.0-git1a2b3c4-" + img.Arch}) {
+			t.Errorf("%s: manifest.json entry %+v", img.Arch, dm[i])
+		}
+		// The same manifest as the single-architecture image's.
+		var one bytes.Buffer
+		if err := Write(&one, img); err != nil {
+			t.Fatal(err)
+		}
+		var oneIdx Index
+		if err := json.Unmarshal(untar(t, one.Bytes())["index.json"], &oneIdx); err != nil {
+			t.Fatal(err)
+		}
+		if oneIdx.Manifests[0].Digest != md.Digest {
+			t.Errorf("%s: manifest %s, the single-architecture image's %s", img.Arch, md.Digest, oneIdx.Manifests[0].Digest)
+		}
+	}
+	if len(digests) != 2 {
+		t.Errorf("the two platforms share a manifest")
+	}
+	var again bytes.Buffer
+	if err := WriteIndex(&again, []Image{amd, arm}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf.Bytes(), again.Bytes()) {
+		t.Error("two writes of one index differ")
+	}
+}
+
+func TestWriteIndexRefusesMismatch(t *testing.T) {
+	a, b := testImage(), testImage()
+	if err := WriteIndex(io.Discard, []Image{a, b}); err == nil {
+		t.Error("no error for one architecture twice")
+	}
+	b.Arch, b.Version = "arm64", "9.9.9"
+	if err := WriteIndex(io.Discard, []Image{a, b}); err == nil {
+		t.Error("no error for two versions")
+	}
+	if err := WriteIndex(io.Discard, nil); err == nil {
+		t.Error("no error without images")
+	}
+}
