@@ -145,6 +145,9 @@ func TestQueryErrors(t *testing.T) {
 		{[]string{"graph", "--store", filepath.Join(t.TempDir(), "none.db")}, "no store at"},
 		{[]string{"graph", "--store", "postgres://nobody@/x?host=/nonexistent&connect_timeout=2"}, "connect to store"},
 		{[]string{"diff", "--store", db}, "missing --since"},
+		{[]string{"graph", "--health-failed-ratio", "2", "--store", db}, "invalid --health-failed-ratio 2: allowed 0 to 1"},
+		{[]string{"look", "nginx", "--health-min-events", "0", "--store", db}, "invalid --health-min-events 0: allowed 1 to 1000000"},
+		{[]string{"diff", "--since", "1h", "--health-reset-ratio", "-1", "--store", db}, "invalid --health-reset-ratio -1"},
 		{[]string{"agent", "--retention", "5m"}, `invalid --retention "5m"`},
 	}
 	for _, c := range cases {
@@ -268,5 +271,70 @@ func groupedChain(t *testing.T, db string) {
 	out, _, _ = run(t, nil, "graph", "--format", "mermaid", "--store", db)
 	if strings.Count(out, "-->|") != 4 || !strings.Contains(out, `"app (gunicorn,python3) on app (198.51.100.3)<br/>listens tcp/8080"`) {
 		t.Errorf("mermaid:\n%s", out)
+	}
+}
+
+// Health by rates on a real store: one retransmitted segment in 90
+// connections stays ok, a refused port is unhealthy with its reason, and
+// the --health-* flags move the thresholds.
+func TestHealthOnAStore(t *testing.T) {
+	for name, spec := range map[string]string{"sqlite": "", "postgres": pgtest.Start(t)} {
+		t.Run(name, func(t *testing.T) { healthOnAStore(t, spec) })
+	}
+}
+
+func healthOnAStore(t *testing.T, path string) {
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "deptrace.db")
+	}
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-5 * time.Minute)
+	o := func(port uint16, c tracer.Counters) store.Observation {
+		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: "app", Direction: "outbound", Proto: "tcp", LocalAddr: "198.51.100.3",
+			RemoteAddr: "198.51.100.4", Port: port, Comm: "python3", Counters: c, FirstSeen: at, LastSeen: at}
+	}
+	err = s.Write(context.Background(), store.Batch{
+		Hosts: []store.Host{{ID: "app", Name: "app", Addrs: []string{"198.51.100.3"}, LastSeen: at}, {ID: "db", Name: "db", Addrs: []string{"198.51.100.4"}, LastSeen: at}},
+		Observations: []store.Observation{
+			o(5432, tracer.Counters{Connections: 90, Retransmits: 1}),
+			o(5433, tracer.Counters{FailedConnections: 1, FailedRefused: 1}),
+		},
+	})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := run(t, nil, "look", "python3", "--store", path)
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.Contains(line, "tcp/5432"):
+			if strings.Contains(line, "UNHEALTHY") || !strings.Contains(line, "retrans=1") {
+				t.Errorf("one retransmit in 90 connections: %q", line)
+			}
+		case strings.Contains(line, "tcp/5433"):
+			if !strings.Contains(line, "UNHEALTHY") {
+				t.Errorf("refused port: %q", line)
+			}
+		}
+	}
+	out, _, _ = run(t, nil, "graph", "--store", path)
+	var g graph.Graph
+	if err := json.Unmarshal([]byte(out), &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range g.Edges {
+		if e.Port == 5433 && (!e.Unhealthy || len(e.Reasons) != 1 || e.Reasons[0] != "1 of 1 connection attempts failed (100.0 %): 1 refused") {
+			t.Errorf("refused edge: %+v", e)
+		}
+	}
+	out, _, _ = run(t, nil, "look", "python3", "--health-retransmits-per-conn", "0", "--health-min-events", "1", "--store", path)
+	if strings.Count(out, "UNHEALTHY") != 2 {
+		t.Errorf("strict thresholds should mark both edges:\n%s", out)
 	}
 }

@@ -19,6 +19,7 @@ import (
 func newServeCmd() *cobra.Command {
 	var listen, storeSpec, tokenFile string
 	var cacheMB int64
+	var health healthFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the service-map page and the JSON API over the store",
@@ -42,6 +43,9 @@ Listening beyond loopback requires --token-file: every request must then carry
 			}
 			if cacheMB < 0 {
 				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
+			}
+			if err := health.h.Validate(); err != nil {
+				return err
 			}
 			var token string
 			if tokenFile != "" {
@@ -85,12 +89,13 @@ Listening beyond loopback requires --token-file: every request must then carry
 					log.Info("cache warmed with the last 24 hours", "took", time.Since(t0).Round(time.Millisecond))
 				}()
 			}
-			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log}), log)
+			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log, Health: health.h}), log)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", web.DefaultListen, "HOST:PORT to answer on; beyond loopback needs --token-file")
 	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry")
+	health.register(cmd)
 	cmd.Flags().Int64Var(&cacheMB, "cache-mb", store.DefaultCacheBytes>>20, "memory for the sums of past hours and days kept between queries (exact: late writes drop what they touch); 0: none")
 	return cmd
 }

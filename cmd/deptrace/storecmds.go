@@ -48,14 +48,28 @@ func parseTime(flag, v string, now time.Time) (time.Time, error) {
 	return t, nil
 }
 
+// healthFlags are the thresholds that make an edge unhealthy (look,
+// graph, diff and serve).
+type healthFlags struct{ h graph.Health }
+
+func (f *healthFlags) register(cmd *cobra.Command) {
+	d := graph.DefaultHealth
+	cmd.Flags().Uint64Var(&f.h.MinEvents, "health-min-events", d.MinEvents, "fewest failed connections, resets or retransmits that can make an edge unhealthy")
+	cmd.Flags().Float64Var(&f.h.FailedRatio, "health-failed-ratio", d.FailedRatio, "failed connections over attempts that make an edge unhealthy (0 to 1)")
+	cmd.Flags().Float64Var(&f.h.ResetRatio, "health-reset-ratio", d.ResetRatio, "resets over connections that make an edge unhealthy (0 to 1)")
+	cmd.Flags().Float64Var(&f.h.RetransmitsPerConn, "health-retransmits-per-conn", d.RetransmitsPerConn, "retransmitted segments per connection above which an edge is unhealthy")
+}
+
 // queryFlags are shared by look, graph and diff.
 type queryFlags struct {
 	store        string
 	since, until string
 	groupBy      string
+	health       healthFlags
 }
 
 func (q *queryFlags) register(cmd *cobra.Command) {
+	q.health.register(cmd)
 	cmd.Flags().StringVar(&q.groupBy, "group-by", graph.ByWorkload, "what a node is: "+strings.Join(graph.GroupBys, ", ")+" (a workload is a process, or its container, pod or systemd service)")
 	cmd.Flags().StringVar(&q.store, "store", store.DefaultPath, "SQLite file path, or postgres://user@host/db")
 	cmd.Flags().StringVar(&q.since, "since", "", "only dependencies seen at or after this time (RFC 3339, 15:04, or an age like 1h)")
@@ -94,7 +108,9 @@ func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, erro
 	if err != nil {
 		return g, hosts, err
 	}
-	return graph.Group(g, q.groupBy), hosts, nil
+	g = graph.Group(g, q.groupBy)
+	g.Judge(q.health.h)
+	return g, hosts, nil
 }
 
 // ungrouped is the process/service graph of format 1 (graph --format
@@ -103,12 +119,17 @@ func (q *queryFlags) ungrouped(ctx context.Context) (graph.Graph, []store.Host, 
 	if err := graph.ValidGroupBy(q.groupBy); err != nil {
 		return graph.Graph{}, nil, err
 	}
+	if err := q.health.h.Validate(); err != nil {
+		return graph.Graph{}, nil, err
+	}
 	r, st, err := q.rangeAndStore(ctx)
 	if err != nil {
 		return graph.Graph{}, nil, err
 	}
 	defer func() { _ = st.Close() }() // a read-only command
-	return loadGraph(ctx, st, r)
+	g, hosts, err := loadGraph(ctx, st, r)
+	g.Judge(q.health.h)
+	return g, hosts, err
 }
 
 func loadGraph(ctx context.Context, st *store.Store, r store.Range) (graph.Graph, []store.Host, error) {
@@ -234,6 +255,9 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 			if err := graph.ValidGroupBy(q.groupBy); err != nil {
 				return err
 			}
+			if err := q.health.h.Validate(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			r, st, err := q.rangeAndStore(ctx)
 			if err != nil {
@@ -262,6 +286,8 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 				return err
 			}
 			gAfter, gBefore = graph.Group(gAfter, q.groupBy), graph.Group(gBefore, q.groupBy)
+			gAfter.Judge(q.health.h)
+			gBefore.Judge(q.health.h)
 			appeared, disappeared := graph.Diff(gBefore, gAfter)
 			graph.WriteDiff(os.Stdout, gAfter, appeared, disappeared, gBefore)
 			return nil

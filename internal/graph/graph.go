@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
@@ -81,43 +80,14 @@ type Edge struct {
 	ConnectLatencyAvgUs uint64    `json:"connect_latency_avg_us"`
 	FirstSeen           time.Time `json:"first_seen"`
 	LastSeen            time.Time `json:"last_seen"`
-	// Unhealthy: failed connections, resets or retransmissions on the
-	// edge (tracer.Counters.Unhealthy); Reasons lists them.
+	// Unhealthy: failed connections, resets or retransmissions at rates
+	// over the thresholds (Health); Reasons says which, with the numbers.
 	Unhealthy bool     `json:"unhealthy"`
 	Reasons   []string `json:"reasons,omitempty"`
 }
 
-// health fills the derived fields from the counters.
-func (e *Edge) health() {
-	c := e.Counters
-	if c.ConnectLatencyCount > 0 {
-		e.ConnectLatencyAvgUs = c.ConnectLatencySumUs / c.ConnectLatencyCount
-	}
-	e.Unhealthy = c.Unhealthy()
-	e.Reasons = nil
-	if c.FailedConnections > 0 {
-		var causes []string
-		for _, x := range []struct {
-			n    uint64
-			name string
-		}{{c.FailedRefused, "refused"}, {c.FailedTimeout, "timed out"}, {c.FailedReset, "reset"}, {c.FailedUnreachable, "unreachable"}} {
-			if x.n > 0 {
-				causes = append(causes, fmt.Sprintf("%d %s", x.n, x.name))
-			}
-		}
-		r := fmt.Sprintf("%d failed connections", c.FailedConnections)
-		if len(causes) > 0 {
-			r += " (" + strings.Join(causes, ", ") + ")"
-		}
-		e.Reasons = append(e.Reasons, r)
-	}
-	if c.ResetsSent+c.ResetsReceived > 0 {
-		e.Reasons = append(e.Reasons, fmt.Sprintf("%d resets sent by the client, %d received", c.ResetsSent, c.ResetsReceived))
-	}
-	if c.Retransmits > 0 {
-		e.Reasons = append(e.Reasons, fmt.Sprintf("%d retransmitted segments", c.Retransmits))
-	}
-}
+// health judges the edge by the default thresholds (DefaultHealth).
+func (e *Edge) health() { e.judge(DefaultHealth) }
 
 // Graph is a set of nodes and the edges between them.
 type Graph struct {

@@ -276,7 +276,7 @@ func TestHealthOfEdgesAndListeners(t *testing.T) {
 	g := Build(obs, hosts, listeners)
 	e := edge(t, g, ProcessID("app", "app"), ServiceID("db", "tcp", 5432))
 	if !e.Unhealthy || e.ConnectLatencyAvgUs != 2000 || len(e.Reasons) != 2 ||
-		e.Reasons[0] != "3 failed connections (2 refused, 1 timed out)" || e.Reasons[1] != "7 retransmitted segments" {
+		e.Reasons[0] != "3 of 23 connection attempts failed (13.0 %): 2 refused, 1 timed out" || e.Reasons[1] != "7 retransmitted segments in 20 connections (0.35 per connection)" {
 		t.Errorf("unhealthy edge: %+v", e)
 	}
 	if e := edge(t, g, ProcessID("web", "nginx"), ServiceID("app", "tcp", 8080)); e.Unhealthy || e.Reasons != nil {

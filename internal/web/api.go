@@ -136,6 +136,7 @@ func (s *Server) selected(ctx context.Context, f filters, v1 bool) (graph.Graph,
 	if !v1 {
 		g = graph.Group(g, f.groupBy)
 	}
+	g.Judge(s.health)
 	g, err = f.around(f.protoPort(g), hosts)
 	return g, hosts, err
 }
@@ -233,7 +234,9 @@ func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	g = f.protoPort(graph.Group(g, f.groupBy))
+	g = graph.Group(g, f.groupBy)
+	g.Judge(s.health)
+	g = f.protoPort(g)
 	roots, err := graph.Resolve(g, hosts, f.target)
 	if err != nil {
 		s.fail(w, r, &notFoundError{err})

@@ -89,12 +89,12 @@ func TestGraphIsTheCLIJSON(t *testing.T) {
 	for _, e := range g.Edges {
 		switch e.To {
 		case idPostgres:
-			if e.Connections != 10 || e.BytesSent != 1000 || e.BytesReceived != 10000 {
-				t.Errorf("postgres edge counters %+v: want the last hour only (10 conns)", e)
+			if e.Connections != 10 || e.BytesSent != 1000 || e.BytesReceived != 10000 || e.Retransmits != 1 || e.Unhealthy {
+				t.Errorf("postgres edge counters %+v: want the last hour only (10 conns), healthy with its one retransmit", e)
 			}
 		case idRedis:
-			if e.Connections != 5 || e.FailedConnections != 2 {
-				t.Errorf("redis edge %+v: want 5 conns, 2 failed", e)
+			if e.Connections != 5 || e.FailedConnections != 3 || !e.Unhealthy {
+				t.Errorf("redis edge %+v: want 5 conns, 3 failed, unhealthy", e)
 			}
 		}
 	}
@@ -466,5 +466,18 @@ func TestReadToken(t *testing.T) {
 	}
 	if _, err := ReadToken(dir + "/missing"); err == nil || !strings.Contains(err.Error(), "read --token-file") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// serve's --health-* thresholds reach the API: strict ones make the one
+// retransmit of the postgres edge red, with the reason.
+func TestHealthThresholdsOption(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{Health: graph.Health{MinEvents: 1, FailedRatio: 0.01, ResetRatio: 0.01, RetransmitsPerConn: 0}})
+	g := getGraph(t, srv.URL, "/api/graph?since=1h")
+	for _, e := range g.Edges {
+		if e.To == idPostgres && (!e.Unhealthy || len(e.Reasons) != 1 || e.Reasons[0] != "1 retransmitted segments in 10 connections (0.10 per connection)") {
+			t.Errorf("postgres edge under strict thresholds: %+v", e)
+		}
 	}
 }

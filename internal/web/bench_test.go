@@ -55,7 +55,7 @@ func history(tb testing.TB, path string, now time.Time, hosts, fanout, hours int
 					svc := k % 3
 					failed := uint64(0)
 					if (h+k)%50 == 0 {
-						failed = 1 // a few unhealthy edges to colour
+						failed = 3 // a few unhealthy edges to colour (3 of 8 attempts)
 					}
 					batch.Observations = append(batch.Observations,
 						store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: fmt.Sprintf("h%d", h), Direction: "outbound", Proto: "tcp",

@@ -224,7 +224,7 @@ func TestBrowserTableListsEveryEdge(t *testing.T) {
 	rows := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
 	want := []string{
 		"nginx on web-1 (198.51.100.1) 198.51.100.2:5432 on db-1 nginx → postgres tcp 17",
-		"nginx on web-1 (198.51.100.1) 198.51.100.3:6379 on cache-1 nginx → redis-server tcp 5 2",
+		"nginx on web-1 (198.51.100.1) 198.51.100.3:6379 on cache-1 nginx → redis-server tcp 5 3",
 		"nginx on web-1 (198.51.100.1) 192.0.2.53:53 nginx → ? udp 0",
 		"python3 on worker-1 (198.51.100.4) 198.51.100.2:5432 on db-1 python3 → postgres tcp 3",
 	}

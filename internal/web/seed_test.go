@@ -15,8 +15,10 @@ import (
 //
 //	90 min ago: nginx on web-1 -> postgres on db-1:5432 (tcp)
 //	            python3 on worker-1 -> postgres on db-1:5432 (gone since)
-//	10 min ago: nginx on web-1 -> postgres on db-1:5432 again
-//	            nginx on web-1 -> redis-server on cache-1:6379 (new; 2 failed connects)
+//	10 min ago: nginx on web-1 -> postgres on db-1:5432 again (one
+//	            retransmitted segment: healthy)
+//	            nginx on web-1 -> redis-server on cache-1:6379 (new; 3 failed
+//	            connects of 8 attempts: unhealthy)
 //	            nginx on web-1 -> 192.0.2.53:53 udp (external: no agent there)
 //
 // So the last hour has 4 nodes and 3 edges, against the hour before it
@@ -44,6 +46,7 @@ func seed(t testing.TB) (path string, now time.Time) {
 			LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm,
 			Counters: tracer.Counters{Connections: conns, FailedConnections: failed, BytesSent: 100 * conns, BytesReceived: 1000 * conns}, FirstSeen: at, LastSeen: at.Add(time.Second)}
 	}
+	retransmitted := func(x store.Observation, n uint64) store.Observation { x.Retransmits = n; return x }
 	b := store.Batch{
 		Hosts: []store.Host{
 			{ID: "web-1", Name: "web-1", Addrs: []string{"198.51.100.1"}, LastSeen: now},
@@ -56,9 +59,9 @@ func seed(t testing.TB) (path string, now time.Time) {
 			o("db-1", "inbound", "tcp", "198.51.100.2", "198.51.100.1", 5432, "postgres", old, 7, 0),
 			o("worker-1", "outbound", "tcp", "198.51.100.4", "198.51.100.2", 5432, "python3", old, 3, 0),
 			o("db-1", "inbound", "tcp", "198.51.100.2", "198.51.100.4", 5432, "postgres", old, 3, 0),
-			o("web-1", "outbound", "tcp", "198.51.100.1", "198.51.100.2", 5432, "nginx", recent, 10, 0),
+			retransmitted(o("web-1", "outbound", "tcp", "198.51.100.1", "198.51.100.2", 5432, "nginx", recent, 10, 0), 1),
 			o("db-1", "inbound", "tcp", "198.51.100.2", "198.51.100.1", 5432, "postgres", recent, 10, 0),
-			o("web-1", "outbound", "tcp", "198.51.100.1", "198.51.100.3", 6379, "nginx", recent, 5, 2),
+			o("web-1", "outbound", "tcp", "198.51.100.1", "198.51.100.3", 6379, "nginx", recent, 5, 3),
 			o("cache-1", "inbound", "tcp", "198.51.100.3", "198.51.100.1", 6379, "redis-server", recent, 5, 0),
 			o("web-1", "outbound", "udp", "198.51.100.1", "192.0.2.53", 53, "nginx", recent, 0, 0),
 		},

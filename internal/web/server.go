@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
 )
 
@@ -44,20 +45,27 @@ type Options struct {
 	// Now is the clock relative times (since=1h) are read against; nil
 	// is time.Now.
 	Now func() time.Time
+	// Health are the thresholds that make an edge unhealthy; the zero
+	// value is graph.DefaultHealth.
+	Health graph.Health
 }
 
 // Server answers the API and serves the page.
 type Server struct {
-	st    *store.Store
-	token []byte
-	log   *slog.Logger
-	now   func() time.Time
-	mux   *http.ServeMux
+	st     *store.Store
+	token  []byte
+	log    *slog.Logger
+	now    func() time.Time
+	health graph.Health
+	mux    *http.ServeMux
 }
 
 // New returns the handler of deptrace serve over st.
 func New(st *store.Store, opt Options) *Server {
-	s := &Server{st: st, log: opt.Log, now: opt.Now, mux: http.NewServeMux()}
+	s := &Server{st: st, log: opt.Log, now: opt.Now, health: opt.Health, mux: http.NewServeMux()}
+	if s.health == (graph.Health{}) {
+		s.health = graph.DefaultHealth
+	}
 	if opt.Token != "" {
 		s.token = []byte(opt.Token)
 	}

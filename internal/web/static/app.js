@@ -125,9 +125,10 @@
   }
   const setStatus = (s) => { $('#status').textContent = s; };
 
-  // Counters a red edge is made of: whichever of them the store provides.
-  const HEALTH = ['failed_connections', 'resets_sent', 'resets_received', 'retransmits'];
-  const unhealthy = (e) => HEALTH.some((k) => e[k] > 0);
+  // The server judges health by rates over the range (docs/graph.md,
+  // "Health"): a red edge is one it marks unhealthy, never one
+  // retransmitted segment.
+  const unhealthy = (e) => !!e.unhealthy;
   const weightOf = (e) => (state.weight === 'bytes'
     ? (e.bytes_sent || 0) + (e.bytes_received || 0)
     : (e.connections || 0) || (e.datagrams_sent || 0) + (e.datagrams_received || 0));
@@ -495,7 +496,7 @@
       if (!e) continue;
       box.append(el('h3', label(data.nodes.get(e.from)) + ' → ' + label(data.nodes.get(e.to))), dl([
         ['protocol', e.proto + '/' + e.port], ['processes', processesOf(e)],
-        ['health', e.bad ? 'unhealthy' : 'ok'], ['change', e.status],
+        ['health', e.bad ? 'unhealthy: ' + (e.reasons || []).join('; ') : 'ok'], ['change', e.status],
         ['first seen', when(e.first_seen)], ['last seen', when(e.last_seen)],
         ...counterPairs(e),
       ]));
