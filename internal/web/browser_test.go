@@ -142,6 +142,18 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	if n := js[int](t, ctx, `document.querySelectorAll('#map canvas').length`); n == 0 {
 		t.Error("no canvas: sigma did not start")
 	}
+	// Layered left to right: every client left of what it depends on.
+	if l := js[string](t, ctx, `document.querySelector('#map').dataset.layout`); l != "layered" {
+		t.Errorf("layout %q, want layered", l)
+	}
+	x := func(id string) float64 {
+		return js[float64](t, ctx, `window.deptrace.position('`+id+`').x`)
+	}
+	for _, to := range []string{idPostgres, idRedis, idDNS} {
+		if x(idNginx) >= x(to) {
+			t.Errorf("nginx (x=%g) is not left of %s (x=%g)", x(idNginx), to, x(to))
+		}
+	}
 	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
 		t.Errorf("status %q", s)
 	}

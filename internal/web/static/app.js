@@ -358,24 +358,49 @@
       a.size = edgeSize(a.w, big);
       a.color = edgeColor(a);
     });
+    G.setAttribute('layout', layered(G) ? 'layered' : 'grouped');
     return G;
   }
+
+  // layered lays out a graph of up to LAYERED nodes left to right with
+  // dagre (vendored, MIT): clients left, what they depend on to their
+  // right, one column per hop, ordered so that edges cross as little as
+  // the layers allow. Larger graphs keep the grouped layout above, which
+  // is linear; dagre's crossing minimisation is not.
+  const LAYERED = 250;
+  function layered(G) {
+    if (G.order > LAYERED || typeof dagre === 'undefined') return false;
+    const d = new dagre.graphlib.Graph({ multigraph: false });
+    d.setGraph({ rankdir: 'LR', nodesep: 12, ranksep: 90, edgesep: 6, marginx: 0, marginy: 0 });
+    d.setDefaultEdgeLabel(() => ({}));
+    G.forEachNode((id, a) => d.setNode(id, { width: 40 + Math.min(120, (a.label || '').length * 5), height: 16 }));
+    G.forEachEdge((k, a, s, t) => { if (s !== t) d.setEdge(s, t, { weight: 1 }); });
+    dagre.layout(d);
+    // Sigma's y axis points up; dagre's down.
+    d.nodes().forEach((id) => { const n = d.node(id); G.mergeNodeAttributes(id, { x: n.x, y: -n.y }); });
+    return true;
+  }
+  // position is where the map draws a node (window.deptrace, for tests).
+  const position = (id) => (display && display.hasNode(id) ? { x: display.getNodeAttribute(id, 'x'), y: display.getNodeAttribute(id, 'y') } : null);
 
   function renderMap() {
     const box = $('#map');
     if (renderer) { renderer.kill(); renderer = null; }
     display = buildDisplay();
     const big = display.order > LARGE;
+    const layeredView = display.getAttribute('layout') === 'layered';
+    box.dataset.layout = display.getAttribute('layout');
     try {
       renderer = new Sigma(display, box, {
         defaultEdgeType: big ? 'line' : 'arrow', // arrow heads are invisible at that scale
         renderEdgeLabels: false,
         enableEdgeEvents: display.size <= 20000,
         hideEdgesOnMove: big,
-        labelRenderedSizeThreshold: big ? 10 : 4,
-        labelDensity: big ? 0.05 : 1,
+        // A layered map labels every node: it is small enough to read.
+        labelRenderedSizeThreshold: big ? 10 : layeredView ? 0 : 4,
+        labelDensity: big ? 0.05 : layeredView ? 10 : 1,
         zIndex: true,
-        stagePadding: 50,
+        stagePadding: layeredView ? 150 : 50, // room for the labels of the rightmost column
         nodeReducer: (id, a) => reduceNode(id, a),
         edgeReducer: (id, a) => reduceEdge(id, a),
       });
@@ -770,5 +795,5 @@
   wire();
   render();
   load();
-  window.deptrace = { state, get data() { return data; }, neighbourhood };
+  window.deptrace = { state, get data() { return data; }, neighbourhood, position };
 })();
