@@ -286,7 +286,7 @@ func TestBadParameters(t *testing.T) {
 		{"/api/diff?since=1h&before_since=junk", 400, `invalid before_since "junk"`},
 		{"/api/diff?since=1h&before_since=1h&before_until=2h", 400, "invalid range: before_since"},
 		{"/api/diff?since=1h&until=nope", 400, `invalid until "nope"`},
-		{"/api/nothing", 404, "no endpoint GET /api/nothing: allowed GET /api/graph, /api/look, /api/diff"},
+		{"/api/nothing", 404, "no endpoint GET /api/nothing: allowed GET /api/graph, /api/look, /api/diff, /api/series"},
 	}
 	for _, c := range cases {
 		code, body, hdr := get(t, srv.URL, c.path)
@@ -478,6 +478,57 @@ func TestHealthThresholdsOption(t *testing.T) {
 	for _, e := range g.Edges {
 		if e.To == idPostgres && (!e.Unhealthy || len(e.Reasons) != 1 || e.Reasons[0] != "1 retransmitted segments in 10 connections (0.10 per connection)") {
 			t.Errorf("postgres edge under strict thresholds: %+v", e)
+		}
+	}
+}
+
+// /api/series: an edge's counters per step over the range, in as many
+// points as the range has steps, summing to the edge's totals.
+func TestSeries(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	q := "/api/series?since=1h&points=12&proto=tcp&port=6379&from=" + url.QueryEscape(idNginx) + "&to=" + url.QueryEscape(idRedis)
+	code, body, _ := get(t, srv.URL, q)
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, body)
+	}
+	var ans seriesAnswer
+	if err := json.Unmarshal(body, &ans); err != nil {
+		t.Fatal(err)
+	}
+	step := time.Duration(ans.StepS) * time.Second
+	want := int((ans.Until.Sub(ans.Since) + step - 1) / step)
+	if step%time.Minute != 0 || len(ans.Points) != want || len(ans.Points) > 13 || !ans.Since.Equal(ans.Since.Truncate(time.Minute)) {
+		t.Fatalf("step %s, %d points over %s..%s: want %d whole-minute steps, at most 13", step, len(ans.Points), ans.Since, ans.Until, want)
+	}
+	var conns, failed uint64
+	busy := 0
+	for i, p := range ans.Points {
+		if !p.T.Equal(ans.Since.Add(time.Duration(i) * step)) {
+			t.Errorf("point %d at %s", i, p.T)
+		}
+		conns += p.Connections
+		failed += p.FailedConnections
+		if p.Connections > 0 {
+			busy++
+			if !p.Unhealthy {
+				t.Errorf("the step with the failures is not unhealthy: %+v", p)
+			}
+		}
+	}
+	if conns != 5 || failed != 3 || busy != 1 {
+		t.Errorf("series sums %d conns, %d failed over %d steps; want 5 and 3 in one step", conns, failed, busy)
+	}
+	for path, want := range map[string]string{
+		"/api/series?from=a&to=b&proto=tcp":                 "invalid port",
+		"/api/series?from=a&proto=tcp&port=1":               "missing from or to",
+		"/api/series?from=a&to=b&proto=tcp&port=1&points=0": "allowed 1 to 120",
+		"/api/series?from=a&to=b&port=1":                    "invalid proto",
+		"/api/series?from=a&to=b&proto=tcp&port=1&x=1":      "allowed since, until, group_by, from, to, proto, port, points",
+	} {
+		code, body, _ := get(t, srv.URL, path)
+		if code != http.StatusBadRequest || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s: %d %s, want 400 with %q", path, code, body, want)
 		}
 	}
 }

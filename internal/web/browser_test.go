@@ -154,6 +154,22 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 			t.Errorf("nginx (x=%g) is not left of %s (x=%g)", x(idNginx), to, x(to))
 		}
 	}
+
+	// Clicking an edge shows its history: one bar series with a point per
+	// step of the range (the last hour, 30 steps of 2 minutes, or 31 when
+	// the range starts inside a minute), from /api/series.
+	js[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idNginx+`', '`+idRedis+`')), true`)
+	until(t, ctx, `!!document.querySelector('#details svg.history-chart')`, `document.querySelector('#details').innerText`)
+	if n := js[string](t, ctx, `document.querySelector('#details svg.history-chart').dataset.points`); n != "30" && n != "31" {
+		t.Errorf("history of the last hour has %s points, want 30 (2-minute steps)", n)
+	}
+	if l := js[string](t, ctx, `document.querySelector('#details svg.history-chart').getAttribute('aria-label')`); l != "connections per 2 min: 5 in all, 3 failed" {
+		t.Errorf("history chart %q", l)
+	}
+	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: 3 of 8 connection attempts failed") {
+		t.Errorf("edge details lack the reason:\n%s", h)
+	}
+	screenshot(t, ctx, "edge-history")
 	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
 		t.Errorf("status %q", s)
 	}

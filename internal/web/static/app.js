@@ -527,6 +527,64 @@
       ]));
     }
     if (keys.length > 20) box.append(el('p', '… and ' + (keys.length - 20) + ' more edges in this group'));
+    const first = data.byKey.get(keys[0]);
+    if (pinned && first && first.status !== 'disappeared') edgeHistory(first, box); // on click, not on hover
+  }
+
+  // edgeHistory draws an edge's counters over the range, per step, from
+  // /api/series: connections (datagrams for UDP) as bars, failed
+  // connections in red over them. The chart's data-points is the number
+  // of steps.
+  let historyFor = '';
+  async function edgeHistory(e, box) {
+    const want = e.key + '|' + JSON.stringify(rangeParams());
+    historyFor = want;
+    const holder = el('div', 'loading history…', 'history');
+    box.append(holder);
+    const p = Object.assign({}, rangeParams(), { from: e.from, to: e.to, proto: e.proto, port: String(e.port) });
+    if (state.by !== 'workload') p.group_by = state.by;
+    if (!p.since) p.since = '24h'; // all history: the last day, per step
+    let ans;
+    try {
+      ans = await getJSON('/api/series?' + new URLSearchParams(p).toString());
+    } catch (err) {
+      holder.textContent = 'history: ' + err.message;
+      return;
+    }
+    if (historyFor !== want) return;
+    const udp = e.proto === 'udp';
+    const vol = (pt) => (udp ? (pt.datagrams_sent || 0) + (pt.datagrams_received || 0) : pt.connections || 0);
+    const pts = ans.points;
+    const W = 260, H = 70, bw = W / Math.max(1, pts.length);
+    const top = Math.max(1, ...pts.map((pt) => vol(pt) + (pt.failed_connections || 0)));
+    const NS = 'http://www.w3.org/2000/svg';
+    const svg = document.createElementNS(NS, 'svg');
+    svg.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
+    svg.setAttribute('width', W);
+    svg.setAttribute('height', H);
+    svg.setAttribute('role', 'img');
+    svg.classList.add('history-chart');
+    svg.dataset.points = String(pts.length);
+    const bar = (x, h, y, color, title) => {
+      const b = document.createElementNS(NS, 'rect');
+      b.setAttribute('x', x + 0.5); b.setAttribute('width', Math.max(1, bw - 1));
+      b.setAttribute('y', y); b.setAttribute('height', h); b.setAttribute('fill', color);
+      const t = document.createElementNS(NS, 'title'); t.textContent = title; b.append(t);
+      svg.append(b);
+    };
+    let total = 0, failed = 0;
+    pts.forEach((pt, i) => {
+      const v = vol(pt), f = pt.failed_connections || 0;
+      total += v; failed += f;
+      const hv = (v / top) * (H - 2), hf = (f / top) * (H - 2);
+      const when = new Date(pt.t).toLocaleTimeString();
+      if (v) bar(i * bw, hv, H - hv, '#3366cc', when + ': ' + num(v) + (udp ? ' datagrams' : ' connections') +
+        (pt.connect_latency_max_us ? ', connect avg ' + pt.connect_latency_avg_us + ' µs max ' + pt.connect_latency_max_us + ' µs' : ''));
+      if (f) bar(i * bw, hf, H - hv - hf, '#e03131', when + ': ' + num(f) + ' failed');
+    });
+    svg.setAttribute('aria-label', (udp ? 'datagrams' : 'connections') + ' per ' + (ans.step_seconds / 60) + ' min: ' + num(total) + ' in all, ' + num(failed) + ' failed');
+    holder.textContent = '';
+    holder.append(el('h4', 'History: ' + (udp ? 'datagrams' : 'connections') + ' per ' + (ans.step_seconds / 60) + ' min' + (failed ? ' (failed in red)' : '')), svg);
   }
 
   function edgeItem(e, peer) {
@@ -795,5 +853,5 @@
   wire();
   render();
   load();
-  window.deptrace = { state, get data() { return data; }, neighbourhood, position };
+  window.deptrace = { state, get data() { return data; }, get display() { return display; }, neighbourhood, position, clickEdge: (k) => { pinned = true; showEdge(k); } };
 })();
