@@ -15,6 +15,7 @@ KM_TIMEOUT=${KMATRIX_TIMEOUT:-3300}          # seconds per guest, boot to power-
 KM_MODULES=${KMATRIX_MODULES:-veth bridge}  # loaded in the guest (with their dependencies)
 KM_PKGS=${KMATRIX_PKGS-./tracer ./internal/bundler ./bench/internal/measure}   # test binaries built for the guest (set but empty: none)
 KM_TOOLS=${KMATRIX_HOST_TOOLS:-ip}          # host binaries copied in with their libraries
+KM_BUSYBOX=${KMATRIX_BUSYBOX:-/bin/busybox} # the guest's static busybox (the arm64 matrix: an arm64 one)
 KM_APT="$KM_CACHE/apt"
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -284,7 +285,7 @@ km_initramfs() {
   local abi=$1 bins=$2 script=$3 out=$4 r f lib
   r=$(mktemp -d "$KM_CACHE/root.XXXXXX")
   mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,run,tmp,root,etc,opt/km,lib/modules,var}
-  cp /bin/busybox "$r/bin/busybox"
+  cp "$KM_BUSYBOX" "$r/bin/busybox"
   local tool path
   for tool in $KM_TOOLS; do
     path=$(command -v "$tool") || km_die "host tool $tool not found (KMATRIX_HOST_TOOLS)"
