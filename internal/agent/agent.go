@@ -314,6 +314,7 @@ type writer struct {
 	storeErr    error  // the store's last write error
 	spoolErr    error  // the spool's last error
 	lastRetain  time.Time
+	retainDue   bool // a batch reached the store: retention runs after its commit
 	metrics     *metrics.Metrics
 	halt        string // see testHaltEnv
 	// uncommitted: the last interval is neither stored nor spooled, or
@@ -362,9 +363,17 @@ func (w *writer) store1(j job) {
 	if err := j.iv.Commit(); err != nil {
 		w.log.Warn("committing a stored interval in the kernel failed: it will be collected again under its batch id, which the store ignores", "batch", j.batch.ID, "err", err)
 		w.uncommitted = true
-		return
+	} else {
+		w.uncommitted = false
 	}
-	w.uncommitted = false
+	// Retention and the size ceiling can take minutes (a PostgreSQL
+	// VACUUM): only once the interval is committed, since the next drain
+	// waits for that commit.
+	if w.retainDue {
+		w.retainDue = false
+		w.retain()
+		w.logCompaction()
+	}
 }
 
 // haltAt stops the writer for good at point when the test hook asks for it.
@@ -403,8 +412,7 @@ func (w *writer) write(b store.Batch) (durable bool) {
 		if err == nil {
 			w.resumed("store")
 			w.recovered()
-			w.retain()
-			w.logCompaction()
+			w.retainDue = true // after the commit: store1
 			return true
 		}
 		w.fail(err)
@@ -478,16 +486,19 @@ func (w *writer) hold(b store.Batch) bool {
 			"store", w.cfg.Store, "store_err", errString(w.storeErr), "spool", w.spool.path, "spool_err", errString(w.spoolErr), "buffer_max_bytes", w.cfg.BufferMax)
 	}
 	n := batchBytes(b)
-	for len(w.held) > 0 && w.heldBytes+n > w.cfg.BufferMax {
-		w.heldBytes -= w.held[0].bytes
-		w.held = w.held[1:]
-		w.heldDropped++
-		w.dropped++
-	}
+	// A batch larger than the whole buffer is dropped alone: it must not
+	// push out the batches already kept first.
 	if n > w.cfg.BufferMax {
 		w.heldDropped++
 		w.dropped++
 		return false
+	}
+	for len(w.held) > 0 && w.heldBytes+n > w.cfg.BufferMax {
+		w.heldBytes -= w.held[0].bytes
+		w.held[0] = heldBatch{} // the array behind the slice must not keep it
+		w.held = w.held[1:]
+		w.heldDropped++
+		w.dropped++
 	}
 	w.held = append(w.held, heldBatch{b, n})
 	w.heldBytes += n
@@ -558,6 +569,7 @@ func (w *writer) flush() {
 				return
 			}
 		}
+		w.held[0] = heldBatch{}
 		w.held = w.held[1:]
 		w.heldBytes -= b.bytes
 		w.heldWritten++
@@ -568,7 +580,7 @@ func (w *writer) flush() {
 	w.held = nil
 	if storeOK {
 		w.recovered()
-		w.retain()
+		w.retainDue = true // runs after the next commit (store1)
 	} else {
 		w.spooling()
 	}

@@ -85,14 +85,36 @@ func (s *spool) add(b store.Batch) error {
 		return err
 	}
 	// The batch's counts are reset in a pinned kernel side once it is
-	// here: on disk, not only in the page cache.
+	// here: on disk, not only in the page cache. A spool file this call
+	// created is on disk only once its directory entry is too.
 	if err := f.Sync(); err != nil {
 		err = errors.Join(err, f.Truncate(end))
 		_ = f.Close() // the sync's error is the one to report
 		s.dropped++
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		s.dropped++
+		return err
+	}
+	if end == 0 {
+		if err := syncDir(filepath.Dir(s.path)); err != nil {
+			s.dropped++
+			return err
+		}
+	}
+	return nil
+}
+
+// syncDir makes a directory's entries durable (a file just created or
+// renamed into it), as fsync of the file alone does not.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	return errors.Join(err, d.Close())
 }
 
 // replay writes spooled batches in order with write; what fails stays in
@@ -151,5 +173,8 @@ func replaceFile(path string, data []byte) (err error) {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
 }
