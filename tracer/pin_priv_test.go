@@ -156,6 +156,7 @@ func sum(iv tracer.Interval, h *testnet.Host) tracer.Counters {
 }
 
 func newPinnedErr(path string) (*tracer.Tracer, error) {
+	closeShared() // one deptrace loaded at a time
 	cfg := tracer.DefaultConfig()
 	cfg.PinPath = path
 	return tracer.New(cfg)
@@ -170,6 +171,7 @@ func TestIncompatiblePinnedSideIsReplaced(t *testing.T) {
 	ln := b.Listen(t, "tcp4", b.IPv4.String()+":6061")
 	wait := echoServer(ln, 5, 3, 3)
 
+	closeShared() // one deptrace loaded at a time
 	cfg := tracer.DefaultConfig()
 	cfg.PinPath = path
 	cfg.FlowMapSize = 4096

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -246,7 +247,8 @@ func parseBytes(flag, v string, lo, hi int64, zero string) (int64, error) {
 		}
 	}
 	f, err := strconv.ParseFloat(num, 64)
-	if err != nil || f < 0 || f*float64(mult) > float64(hi) {
+	// NaN and infinities parse, and compare false with every bound.
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 || f*float64(mult) > float64(hi) {
 		return 0, bad()
 	}
 	n := int64(f * float64(mult))

@@ -27,6 +27,8 @@ func TestAgentRetentionFlagErrors(t *testing.T) {
 		{nil, []string{"--retention", "5m"}, `invalid --retention "5m": allowed 0 (keep all) or at least 1h, e.g. 12h, 30d; or one per level: --retention-minutes, --retention-hours, --retention-days`},
 		{nil, []string{"--store-max-size", "1MiB"}, `invalid --store-max-size "1MiB": allowed 0 (no ceiling) or from 16MiB to 1024TiB, as bytes or with a unit`},
 		{nil, []string{"--store-max-size", "4 gigs"}, `invalid --store-max-size "4 gigs"`},
+		{nil, []string{"--store-max-size", "NaN"}, `invalid --store-max-size "NaN"`},
+		{nil, []string{"--buffer-max", "+InfMiB"}, `invalid --buffer-max "+InfMiB"`},
 		{nil, []string{"--buffer-max", "-1"}, `invalid --buffer-max "-1": allowed from 0 to 64GiB`},
 		{[]string{"DEPTRACE_RETENTION_DAYS=1h"}, nil, `invalid --retention-minutes 48h: longer than --retention-days 1h`},
 	}

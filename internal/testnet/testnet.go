@@ -51,6 +51,9 @@ var seq atomic.Uint32
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Getenv(UnitOnlyEnv) == "1" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("privileged test: " + UnitOnlyEnv + "=1 and CI are both set: CI must run every privileged test")
+		}
 		t.Skip("privileged test: skipped by " + UnitOnlyEnv + "=1 (make test-unit)")
 	}
 	if os.Geteuid() != 0 {
