@@ -46,6 +46,17 @@ func startForwarder(t *testing.T, h *testnet.Host, bindAddr string) (*net.UDPCon
 
 // startForwarderHeld is startForwarder whose first answer waits until
 // hold is closed (nil: no wait).
+// awaitHeld waits until a held server has received its first datagram
+// (it sends on hold, then waits for hold to be closed).
+func awaitHeld(t *testing.T, hold chan struct{}) {
+	t.Helper()
+	select {
+	case <-hold:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held server never received the first datagram")
+	}
+}
+
 func startForwarderHeld(t *testing.T, h *testnet.Host, bindAddr string, hold chan struct{}) (*net.UDPConn, int) {
 	t.Helper()
 	var pc *net.UDPConn
@@ -65,7 +76,8 @@ func startForwarderHeld(t *testing.T, h *testnet.Host, bindAddr string, hold cha
 				continue
 			}
 			if hold != nil {
-				<-hold
+				hold <- struct{}{} // received (awaitHeld)
+				<-hold             // until the test closes it
 				hold = nil
 			}
 			_, _ = pc.WriteToUDP(make([]byte, dnsAnswer), from)
@@ -304,7 +316,7 @@ func TestDNSForwarderAnswerInFlightAtStart(t *testing.T) {
 	if _, err := first.Write(make([]byte, dnsQuery)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // received, its answer held
+	awaitHeld(t, hold) // received, its answer held
 	tr := startTracer(t, nil)
 	close(hold)
 	first.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -362,7 +374,8 @@ func TestUDPUnconnectedClientOlderThanTracer(t *testing.T) {
 				return
 			}
 			if hold != nil {
-				<-hold
+				hold <- struct{}{} // received (awaitHeld)
+				<-hold             // until the test closes it
 				hold = nil
 			}
 			_, _ = srv.WriteTo(make([]byte, n+5), from)
@@ -373,7 +386,7 @@ func TestUDPUnconnectedClientOlderThanTracer(t *testing.T) {
 	if _, err := uc.WriteTo(make([]byte, 20), to); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	awaitHeld(t, hold)
 	tr := startTracer(t, nil)
 	close(hold)
 	buf := make([]byte, 512)
