@@ -124,7 +124,7 @@ func Start(t testing.TB) *Daemon {
 	}
 	d := &Daemon{Dir: dir, Socket: filepath.Join(dir, "docker.sock"), CLI: cli}
 	state := saveHostState()
-	newCgroups := absentCgroups("docker")
+	newCgroups := AbsentCgroups("docker")
 	if err := os.WriteFile(filepath.Join(dir, "daemon.json"), []byte("{}"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func Start(t testing.TB) *Daemon {
 		for _, p := range newCgroups {
 			_ = os.Remove(p) // the daemon's parent cgroup, empty now; best-effort cleanup
 		}
-		unmountUnder(dir)
+		UnmountUnder(dir)
 		if t.Failed() {
 			if b, err := os.ReadFile(filepath.Join(dir, "dockerd.log")); err == nil {
 				t.Logf("dockerd log:\n%s", b)
@@ -289,9 +289,9 @@ func IsDynamic(path string) bool {
 	return false
 }
 
-// absentCgroups lists name's directories at the top of every cgroup
+// AbsentCgroups lists name's directories at the top of every cgroup
 // hierarchy that do not exist yet, to remove what the daemon made.
-func absentCgroups(name string) []string {
+func AbsentCgroups(name string) []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
@@ -313,8 +313,8 @@ func absentCgroups(name string) []string {
 	return out
 }
 
-// unmountUnder detaches any mount the daemon left below dir.
-func unmountUnder(dir string) {
+// UnmountUnder detaches any mount the daemon left below dir.
+func UnmountUnder(dir string) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return

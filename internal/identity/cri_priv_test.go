@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/deptrace/deptrace/internal/dockertest"
 	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/testnet"
@@ -43,11 +44,11 @@ const (
 
 func startContainerd(t *testing.T) *containerd {
 	t.Helper()
-	bin := need(t, "containerd", "containerd")
-	ctr := need(t, "ctr", "containerd")
-	need(t, "containerd-shim-runc-v2", "containerd")
-	need(t, "runc", "runc")
-	need(t, "busybox", "busybox-static")
+	bin := dockertest.Need(t, "containerd", "containerd")
+	ctr := dockertest.Need(t, "ctr", "containerd")
+	dockertest.Need(t, "containerd-shim-runc-v2", "containerd")
+	dockertest.Need(t, "runc", "runc")
+	dockertest.Need(t, "busybox", "busybox-static")
 	dir, err := os.MkdirTemp("", "dtcd")
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +102,7 @@ state = %q
 			<-exited
 		}
 		logf.Close()
-		unmountUnder(dir)
+		dockertest.UnmountUnder(dir)
 		if t.Failed() {
 			if b, err := os.ReadFile(filepath.Join(dir, "containerd.log")); err == nil {
 				t.Logf("containerd log:\n%s", b)
@@ -153,7 +154,7 @@ func makeBusyboxRoot(t *testing.T, root string) {
 		}
 	}
 	bb, _ := exec.LookPath("busybox")
-	if isDynamic(bb) {
+	if dockertest.IsDynamic(bb) {
 		t.Fatalf("%s is dynamically linked: the image needs busybox-static", bb)
 	}
 	b, err := os.ReadFile(bb)
@@ -304,7 +305,7 @@ func TestContainerdCRIPodNamed(t *testing.T) {
 			},
 		},
 	}
-	newCgroups := absentCgroups("kubepods")
+	newCgroups := dockertest.AbsentCgroups("kubepods")
 	t.Cleanup(func() { removeCgroupTrees(newCgroups) }) // runs after containerd stopped
 	sb, err := rs.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sbConfig})
 	if err != nil {

@@ -189,7 +189,7 @@ func (w *lineWatch) bytes() []byte {
 func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, caps, mounts []string, ref string, r agentRun) *agent {
 	t.Helper()
 	id := r.id
-	newCgroups := absentCgroups(c.namespace)
+	newCgroups := dockertest.AbsentCgroups(c.namespace)
 	// The host's PID namespace, named by this process's (pid 1 may be
 	// unreadable, as on this machine; ctr has no "host" option).
 	run := []string{"run", "--net-host", "--with-ns", fmt.Sprintf("pid:/proc/%d/ns/pid", os.Getpid()), "--read-only", "--seccomp"}
@@ -259,18 +259,4 @@ func startContainerdAgent(t *testing.T, d *dockertest.Daemon, c *containerd, cap
 			return stdout.Bytes(), stderr.bytes(), fmt.Errorf("still running")
 		}
 	}, stop: func() { _, _ = c.run("tasks", "kill", "-s", "SIGTERM", id) }}
-}
-
-// absentCgroups lists name's directories at the top of every cgroup
-// hierarchy that do not exist yet (containerd makes /NAMESPACE/ID).
-func absentCgroups(name string) []string {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
-	var out []string
-	for _, r := range append(roots, "/sys/fs/cgroup") {
-		p := filepath.Join(r, name)
-		if _, err := os.Stat(p); os.IsNotExist(err) {
-			out = append(out, p)
-		}
-	}
-	return out
 }
