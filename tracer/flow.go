@@ -62,6 +62,14 @@ type Counters struct {
 	ResetsSent     uint64 `json:"resets_sent"`
 	ResetsReceived uint64 `json:"resets_received"`
 	Retransmits    uint64 `json:"retransmits"`
+	// Smoothed RTT (the socket's srtt) of TCP connections, read where
+	// deptrace already reads the socket (at close and at each harvest),
+	// never per packet: one sample per read. RTTSumUs/RTTSamples is the
+	// average; RTTMinUs and RTTMaxUs bound the samples (0 without one).
+	RTTSamples uint64 `json:"rtt_samples"`
+	RTTSumUs   uint64 `json:"rtt_sum_us"`
+	RTTMinUs   uint64 `json:"rtt_min_us"`
+	RTTMaxUs   uint64 `json:"rtt_max_us"`
 }
 
 // Add accumulates o into c: sums, except the latency maximum.
@@ -82,6 +90,20 @@ func (c *Counters) Add(o Counters) {
 	c.ResetsSent += o.ResetsSent
 	c.ResetsReceived += o.ResetsReceived
 	c.Retransmits += o.Retransmits
+	if o.RTTSamples > 0 && (c.RTTSamples == 0 || o.RTTMinUs < c.RTTMinUs) {
+		c.RTTMinUs = o.RTTMinUs
+	}
+	c.RTTSamples += o.RTTSamples
+	c.RTTSumUs += o.RTTSumUs
+	c.RTTMaxUs = max(c.RTTMaxUs, o.RTTMaxUs)
+}
+
+// RTTAvgUs is the average smoothed RTT of the samples, 0 without one.
+func (c Counters) RTTAvgUs() uint64 {
+	if c.RTTSamples == 0 {
+		return 0
+	}
+	return c.RTTSumUs / c.RTTSamples
 }
 
 // IsZero reports whether nothing was counted.
@@ -126,6 +148,11 @@ type Flow struct {
 	// a plain host process; it is filled by deptrace's identity resolver,
 	// not by the Tracer itself.
 	Identity
+	// RemoteName is the DNS name the local end's namespace asked for and
+	// got RemoteAddr in an answer (A/AAAA, after CNAMEs), while that
+	// answer's TTL ran; empty when no answer named it. Outbound tcp and
+	// udp flows only; filled by deptrace's DNS watcher, not the Tracer.
+	RemoteName string `json:"remote_name,omitempty"`
 	// PeerPID and PeerComm name the process at the other end when the
 	// kernel knows it (unix sockets); 0 and "" otherwise.
 	PeerPID  uint32 `json:"peer_pid,omitempty"`
