@@ -79,6 +79,10 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	if !f.Identity.Empty() {
 		b = appendIdentity(b, &f.Identity)
 	}
+	if f.RemoteName != "" {
+		b = append(b, `,"remote_name":`...)
+		b = jsonenc.AppendString(b, f.RemoteName)
+	}
 	if f.PeerPID != 0 {
 		b = appendUint(b, `,"peer_pid":`, uint64(f.PeerPID))
 	}
@@ -103,6 +107,10 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	b = appendUint(b, `,"resets_sent":`, c.ResetsSent)
 	b = appendUint(b, `,"resets_received":`, c.ResetsReceived)
 	b = appendUint(b, `,"retransmits":`, c.Retransmits)
+	b = appendUint(b, `,"rtt_samples":`, c.RTTSamples)
+	b = appendUint(b, `,"rtt_sum_us":`, c.RTTSumUs)
+	b = appendUint(b, `,"rtt_min_us":`, c.RTTMinUs)
+	b = appendUint(b, `,"rtt_max_us":`, c.RTTMaxUs)
 	b = append(b, `,"first_seen":`...)
 	if b, err = jsonenc.AppendTime(b, f.FirstSeen); err != nil {
 		return b, err
