@@ -85,6 +85,10 @@ type Interval struct {
 	Time      time.Time
 	Flows     []Flow
 	Listeners []Listener
+	// DNS holds each client's lookups over the interval. The Tracer
+	// leaves it empty; deptrace's DNS watcher fills it (and each outbound
+	// flow's RemoteName) before the interval is written or stored.
+	DNS []DNS
 	// Drain is how long the drain that ended the interval took.
 	Drain time.Duration
 	// Lost counts what the kernel side could not record this interval.

@@ -51,6 +51,9 @@ type Observation struct {
 	PID        uint32
 	PeerPID    uint32
 	PeerComm   string
+	// RemoteName is the DNS name the client asked for and got RemoteAddr
+	// in an answer ("" when none did); outbound tcp and udp only.
+	RemoteName string
 	// Identity names the local end (unit, container, pod, workload).
 	// It is stored per host and process (see Identities), not per flow:
 	// Observations read back leave it empty.
@@ -93,6 +96,23 @@ type Batch struct {
 	Services     []Service
 	Observations []Observation
 	Listeners    []Listener
+	DNS          []DNSObservation
+}
+
+// DNSObservation is one client's lookups through one resolver in one
+// bucket: the client is a process (with its identity) on a host, the
+// resolver "addr:port" as the client addressed it.
+type DNSObservation struct {
+	Bucket time.Time
+	HostID string
+	Comm   string
+	PID    uint32
+	tracer.Identity
+	Proto    string // "udp" or "tcp"
+	Resolver string
+	tracer.DNSCounters
+	FirstSeen time.Time
+	LastSeen  time.Time
 }
 
 // Store is an open database.
