@@ -132,11 +132,12 @@ clean:
 .PHONY: test-kernels test-kernels-full
 test-kernels:
 	scripts/kernel-matrix/matrix --tier
+	$(MAKE) --no-print-directory test-kernels-arm64
 
 test-kernels-full:
 	scripts/kernel-matrix/matrix
 
-# arm64 (not in the CI tier): Debian's cloud-arm64 kernels, newest 6.1
+# arm64 (the end of the CI tier, test-kernels): Debian's cloud-arm64 kernels, newest 6.1
 # (Debian 12) and 6.12 (Debian 13), in qemu-system-aarch64 under TCG with
 # deptrace built for arm64: doctor and one exact-count test on each, and
 # TestEveryHookLoads on 6.12 (6.1 on arm64 has no fexit, so it fails there

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -153,6 +154,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintln(out, "\nMISSING FEATURES")
 		for _, h := range missing {
 			fmt.Fprintf(out, "%s: %s\n  why: %s\n", h.Hook, h.Provides, h.Reason)
+			if why := explainMissing(h, runtime.GOARCH); why != "" {
+				fmt.Fprintf(out, "  because: %s\n", why)
+			}
 			if h.Log != "" {
 				fmt.Fprintf(out, "  verifier log:\n%s\n", h.Log)
 			}
@@ -211,4 +215,19 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", n, p.RunCount, avg, p.RecursionMisses)
 	}
 	return tw.Flush()
+}
+
+// explainMissing says in words what a kernel's raw refusal of a hook means,
+// where the cause is known: "" otherwise. An fexit that fails to attach
+// with ENOTSUPP ("not supported") on arm64 is a kernel built without
+// CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS (Debian 12's 6.1 arm64 kernels):
+// no fentry/fexit program attaches there, whatever deptrace does.
+func explainMissing(h tracer.Hook, goarch string) string {
+	if strings.HasPrefix(h.Hook, "fexit/") && strings.Contains(h.Reason, "not supported") {
+		if goarch == "arm64" {
+			return "this arm64 kernel cannot attach fentry/fexit programs (built without CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS, as Debian 12's 6.1 arm64 kernels are); a newer kernel (6.3 or later has the tracepoints these fexits stand in for) or one built with it removes this"
+		}
+		return "this kernel cannot attach fentry/fexit programs (BPF trampolines unsupported in its build); a kernel of 6.3 or later has the tracepoints these fexits stand in for"
+	}
+	return ""
 }

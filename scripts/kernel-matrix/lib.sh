@@ -22,18 +22,21 @@ export PATH="$PATH:/usr/sbin:/sbin"
 km_log() { echo "kmatrix: $*" >&2; }
 km_die() { echo "kmatrix: $*" >&2; exit 2; }
 
-# km_qemu_major prints the major version of qemu-system-x86_64 on PATH (0: none).
+# km_qemu_major [BINARY] prints the major version of BINARY on PATH
+# (default qemu-system-x86_64; 0: none).
 km_qemu_major() {
-  local v=
-  command -v qemu-system-x86_64 >/dev/null && v=$(qemu-system-x86_64 --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p;q')
+  local v= q=${1:-qemu-system-x86_64}
+  command -v "$q" >/dev/null && v=$("$q" --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p;q')
   echo "${v:-0}"
 }
 
-# km_qemu_backports installs qemu-system-x86 from bookworm-backports (QEMU 10)
+# km_qemu_backports [PACKAGE] installs PACKAGE (default qemu-system-x86; the
+# arm64 matrix asks for qemu-system-arm) from bookworm-backports (QEMU 10)
 # through a private apt configuration under $KM_CACHE/host-apt: its own
 # sources list (bookworm, -updates, -security, -backports) and package lists;
 # the machine's /etc/apt is neither read for sources nor changed.
 km_qemu_backports() {
+  local pkg=${1:-qemu-system-x86}
   local a="$KM_CACHE/host-apt" kr=/usr/share/keyrings/debian-archive-keyring.gpg m=http://deb.debian.org
   [ -f "$kr" ] || { km_log "$kr missing (install debian-archive-keyring)"; return 1; }
   mkdir -p "$a/lists/partial" "$a/cache/archives/partial"
@@ -46,10 +49,10 @@ km_qemu_backports() {
   local o=(-o "Dir::Etc::SourceList=$a/sources.list" -o Dir::Etc::SourceParts=/dev/null
            -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o "Dir::Cache::Archives=$a/cache/archives"
            -o APT::Sandbox::User=root -o Acquire::Retries=3)
-  km_log "installing qemu-system-x86 from bookworm-backports (private apt configuration in $a)"
+  km_log "installing $pkg from bookworm-backports (private apt configuration in $a)"
   apt-get "${o[@]}" -qq update >"$a/apt.log" 2>&1 &&
     DEBIAN_FRONTEND=noninteractive apt-get "${o[@]}" install -y -qq --no-install-recommends \
-      -t bookworm-backports qemu-system-x86 >>"$a/apt.log" 2>&1 ||
+      -t bookworm-backports "$pkg" >>"$a/apt.log" 2>&1 ||
     { tail -n 5 "$a/apt.log" >&2; return 1; }
   rm -f "$a"/cache/archives/*.deb
 }
