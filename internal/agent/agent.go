@@ -50,6 +50,7 @@ type Config struct {
 	// Annotate, when set, fills each interval's flows' Identity (unit,
 	// container, pod) before they are counted and stored.
 	Annotate func([]tracer.Flow)
+	EdgeCap  // MaxEdgesPerNode: folds a local end's flows past it (fold.go)
 }
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
@@ -145,6 +146,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		if cfg.Annotate != nil {
 			cfg.Annotate(iv.Flows)
 		}
+		cfg.EdgeCap.fold(&iv, log, m) // before the metrics and the store see the flows
 		if iv.Recovered {
 			// While the disk is full this repeats every drain: logged once.
 			lvl := slog.LevelInfo

@@ -1,0 +1,310 @@
+package agent
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deptrace/deptrace/internal/metrics"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// The cap on edges per node bounds what one local process can add to the
+// store and the metrics however many peers it has (a port scan, a UDP
+// server hearing from every address of the Internet): a local end (its
+// namespace, command name and workload) keeps at most MaxEdgesPerNode
+// distinct edges; the flows of any further edge are added, exactly, to
+// one edge per direction and protocol whose remote end is Other (inbound
+// keeps its local service address and port). An edge is held from its
+// first interval until it has been idle for EdgeIdle; meanwhile its flows
+// are stored as they are.
+
+// Other is the remote end of the edge that holds a local end's folded flows.
+const Other = "_other"
+
+// DefaultMaxEdgesPerNode is --max-edges-per-node's default.
+const DefaultMaxEdgesPerNode = 1000
+
+// MaxEdgesPerNodeLimit is the largest --max-edges-per-node.
+const MaxEdgesPerNodeLimit = 1 << 20
+
+// EdgeIdle is how long an edge is held after its last interval: past it,
+// its place goes to the next new edge of its local end.
+const EdgeIdle = time.Hour
+
+// EdgeCap is the cap on edges per local end and what it holds.
+type EdgeCap struct {
+	// MaxEdgesPerNode is the most distinct edges one local end holds;
+	// 0: no cap.
+	MaxEdgesPerNode int
+	st              *foldState
+}
+
+// foldState is what the cap remembers between intervals.
+type foldState struct {
+	nodes map[foldNode]*foldEdges
+	now   func() time.Time
+	// held is the edges held over every node.
+	held int
+	// lastExpire: idle edges are forgotten at most once a minute.
+	lastExpire time.Time
+	// lastBatch is the last interval counted (an interval collected
+	// again is folded again but not counted twice).
+	lastBatch string
+	// Counted since the agent started, and since the last log line.
+	foldedFlows, loggedFlows uint64
+	lastLog                  time.Time
+	counter                  prometheus.Counter
+	edgesHeld, nodesCapped   prometheus.Gauge
+}
+
+// foldNode is a local end: its namespace, process and workload.
+type foldNode struct {
+	netns          uint32
+	comm, workload string
+}
+
+// foldEdge is an edge of a local end: what the store keys a flow by
+// besides its host and process.
+type foldEdge struct {
+	dir                 tracer.Direction
+	proto               tracer.Proto
+	local, remote, peer string
+	port                uint16
+}
+
+type foldEdges struct {
+	seen map[foldEdge]time.Time
+	// capped: an edge was folded since the local end last had room;
+	// logged: that was logged (once until it has room again).
+	capped, logged bool
+}
+
+// intFlag is a command-line int with bounds (a pflag.Value).
+type intFlag struct {
+	p      *int
+	lo, hi int
+	zeroIs string // what 0 means; "": 0 is not allowed unless lo is 0
+}
+
+// IntFlag sets *p to def and returns a flag value that takes an integer
+// from lo to hi (or 0, which means zeroIs, when zeroIs is not "").
+func IntFlag(p *int, def, lo, hi int, zeroIs string) interface {
+	String() string
+	Set(string) error
+	Type() string
+} {
+	*p = def
+	return &intFlag{p: p, lo: lo, hi: hi, zeroIs: zeroIs}
+}
+
+func (f *intFlag) String() string { return strconv.Itoa(*f.p) }
+func (f *intFlag) Type() string   { return "int" }
+func (f *intFlag) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err == nil && (n >= f.lo && n <= f.hi || n == 0 && f.zeroIs != "") {
+		*f.p = n
+		return nil
+	}
+	if f.zeroIs != "" {
+		return fmt.Errorf("allowed 0 (%s) or %d to %d", f.zeroIs, f.lo, f.hi)
+	}
+	return fmt.Errorf("allowed %d to %d", f.lo, f.hi)
+}
+
+// fold applies the cap to an interval's flows, before the metrics and
+// the store see them, and counts and logs what it folded.
+func (c *EdgeCap) fold(iv *tracer.Interval, log *slog.Logger, m *metrics.Metrics) {
+	if c.MaxEdgesPerNode <= 0 {
+		return
+	}
+	if c.st == nil {
+		c.st = newFoldState(m)
+	}
+	st := c.st
+	var folded int
+	iv.Flows, folded = st.apply(iv.Flows, c.MaxEdgesPerNode)
+	if iv.BatchID != "" && iv.BatchID == st.lastBatch {
+		return // counted when it was first collected
+	}
+	st.lastBatch = iv.BatchID
+	st.foldedFlows += uint64(folded)
+	capped := 0
+	for n, e := range st.nodes {
+		if !e.capped {
+			continue
+		}
+		capped++
+		if !e.logged {
+			e.logged = true
+			log.Warn("local end reached --max-edges-per-node: flows to its further new peers are added to one edge to "+Other,
+				"netns", n.netns, "process", n.comm, "workload", n.workload, "max_edges_per_node", c.MaxEdgesPerNode, "idle_release", EdgeIdle)
+		}
+	}
+	now := st.now()
+	if st.foldedFlows > st.loggedFlows && now.Sub(st.lastLog) >= time.Minute {
+		log.Warn("flows folded into "+Other+" edges by --max-edges-per-node", "flows", st.foldedFlows-st.loggedFlows,
+			"flows_total", st.foldedFlows, "local_ends_capped", capped, "edges_held", st.held)
+		st.loggedFlows, st.lastLog = st.foldedFlows, now
+	}
+	if st.counter != nil {
+		st.counter.Add(float64(folded))
+		st.edgesHeld.Set(float64(st.held))
+		st.nodesCapped.Set(float64(capped))
+	}
+}
+
+func newFoldState(m *metrics.Metrics) *foldState {
+	st := &foldState{nodes: map[foldNode]*foldEdges{}, now: time.Now}
+	if m == nil {
+		return st
+	}
+	st.counter = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "deptrace_edges_folded_flows_total",
+		Help: "Flows added to a remote=\"" + Other + "\" edge because their local end already held --max-edges-per-node edges.",
+	})
+	st.edgesHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "deptrace_edges_held",
+		Help: "Distinct edges the cap on edges per local end holds (each idle for less than 1h).",
+	})
+	st.nodesCapped = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "deptrace_local_ends_capped",
+		Help: "Local ends at --max-edges-per-node whose new edges are folded.",
+	})
+	m.Registry().MustRegister(st.counter, st.edgesHeld, st.nodesCapped)
+	return st
+}
+
+// weight orders the new edges of one interval: those that carried
+// traffic are held before those that only failed (a scan's), so that
+// within one interval the cap keeps the edges that worked.
+func weight(f *tracer.Flow) uint64 {
+	return f.Connections + f.DatagramsSent + f.DatagramsReceived
+}
+
+// apply folds flows past the cap; it returns the flows to keep (the held
+// edges' flows, then one per folded group) and how many it folded.
+func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
+	now := st.now()
+	st.expire(now)
+	type pending struct {
+		node foldNode
+		edge foldEdge
+		i    int
+	}
+	var fresh []pending
+	for i := range flows {
+		f := &flows[i]
+		n, e := nodeOf(f), edgeOf(f)
+		es := st.nodes[n]
+		if es == nil {
+			es = &foldEdges{seen: map[foldEdge]time.Time{}}
+			st.nodes[n] = es
+		}
+		if _, ok := es.seen[e]; ok {
+			es.seen[e] = now
+			continue
+		}
+		fresh = append(fresh, pending{n, e, i})
+	}
+	if len(fresh) == 0 {
+		return flows, 0
+	}
+	slices.SortStableFunc(fresh, func(a, b pending) int {
+		return cmp.Compare(weight(&flows[b.i]), weight(&flows[a.i]))
+	})
+	fold := make([]bool, len(flows))
+	n := 0
+	for _, p := range fresh {
+		es := st.nodes[p.node]
+		if _, ok := es.seen[p.edge]; ok { // two flows of one edge (never from one drain)
+			continue
+		}
+		if len(es.seen) < max {
+			es.seen[p.edge] = now
+			st.held++
+			continue
+		}
+		es.capped = true
+		fold[p.i] = true
+		n++
+	}
+	if n == 0 {
+		return flows, 0
+	}
+	out := make([]tracer.Flow, 0, len(flows)-n+1)
+	type group struct {
+		node  foldNode
+		dir   tracer.Direction
+		proto tracer.Proto
+		local string
+		port  uint16
+	}
+	at := map[group]int{}
+	for i := range flows {
+		if !fold[i] {
+			out = append(out, flows[i])
+		}
+	}
+	for i := range flows {
+		if !fold[i] {
+			continue
+		}
+		f := flows[i]
+		g := group{node: nodeOf(&f), dir: f.Direction, proto: f.Proto}
+		if f.Direction == tracer.Inbound {
+			g.local, g.port = f.LocalAddr, f.Port // the local service stays
+		}
+		j, ok := at[g]
+		if !ok {
+			f.LocalAddr, f.Port = g.local, g.port
+			f.RemoteAddr, f.RemoteName, f.PeerPID, f.PeerComm = Other, "", 0, ""
+			at[g] = len(out)
+			out = append(out, f)
+			continue
+		}
+		o := &out[j]
+		o.Counters.Add(f.Counters)
+		if !f.FirstSeen.IsZero() && (o.FirstSeen.IsZero() || f.FirstSeen.Before(o.FirstSeen)) {
+			o.FirstSeen = f.FirstSeen
+		}
+		if f.LastSeen.After(o.LastSeen) {
+			o.LastSeen = f.LastSeen
+		}
+	}
+	return out, n
+}
+
+// expire forgets edges idle for EdgeIdle, and local ends left with none,
+// at most once a minute.
+func (st *foldState) expire(now time.Time) {
+	if now.Sub(st.lastExpire) < time.Minute {
+		return
+	}
+	st.lastExpire = now
+	for n, es := range st.nodes {
+		for e, seen := range es.seen {
+			if now.Sub(seen) > EdgeIdle {
+				delete(es.seen, e)
+				st.held--
+				es.capped, es.logged = false, false // logged again when it fills again
+			}
+		}
+		if len(es.seen) == 0 {
+			delete(st.nodes, n)
+		}
+	}
+}
+
+func nodeOf(f *tracer.Flow) foldNode {
+	return foldNode{netns: f.NetNS, comm: f.Comm, workload: f.Workload}
+}
+
+func edgeOf(f *tracer.Flow) foldEdge {
+	return foldEdge{dir: f.Direction, proto: f.Proto, local: f.LocalAddr, remote: f.RemoteAddr, peer: f.PeerComm, port: f.Port}
+}

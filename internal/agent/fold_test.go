@@ -1,0 +1,205 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/metrics"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+func capFlow(comm, dir string, remote string, port uint16, conns, failed uint64) tracer.Flow {
+	f := tracer.Flow{NetNS: 1, Comm: comm, PID: 42, Direction: tracer.Direction(dir), Proto: tracer.ProtoTCP,
+		LocalAddr: "192.0.2.1", RemoteAddr: remote, Port: port,
+		FirstSeen: time.Unix(100, 0), LastSeen: time.Unix(101, 0)}
+	f.Connections, f.FailedConnections, f.FailedRefused, f.BytesSent = conns, failed, failed, 10*conns
+	return f
+}
+
+func total(flows []tracer.Flow) tracer.Counters {
+	var c tracer.Counters
+	for _, f := range flows {
+		c.Add(f.Counters)
+	}
+	return c
+}
+
+// edges names each flow by its node and edge, with its connections.
+func edges(flows []tracer.Flow) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, f := range flows {
+		out[fmt.Sprintf("%s %s %s %s:%d", f.Comm, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port)] += f.Connections + f.FailedConnections
+	}
+	return out
+}
+
+func newCap(max int, now *time.Time) *EdgeCap {
+	c := &EdgeCap{MaxEdgesPerNode: max}
+	c.st = newFoldState(nil)
+	c.st.now = func() time.Time { return *now }
+	return c
+}
+
+func TestEdgeCapFoldsPastTheCapKeepingTotals(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newCap(3, &now)
+	var flows []tracer.Flow
+	for i := range 10 {
+		// A scan's failures first, then edges that worked: the ones that
+		// worked are held first.
+		conns, failed := uint64(0), uint64(1)
+		if i >= 8 {
+			conns, failed = 5, 0
+		}
+		flows = append(flows, capFlow("scan", "outbound", fmt.Sprintf("198.51.100.%d", i+1), uint16(1000+i), conns, failed))
+	}
+	flows = append(flows, capFlow("web", "outbound", "198.51.100.99", 5432, 7, 0))
+	want := total(flows)
+	iv := tracer.Interval{Flows: flows, BatchID: "b1"}
+	var logBuf bytes.Buffer
+	c.fold(&iv, slog.New(slog.NewTextHandler(&logBuf, nil)), nil)
+	if got := total(iv.Flows); got != want {
+		t.Errorf("totals changed by folding: %+v, want %+v", got, want)
+	}
+	got := edges(iv.Flows)
+	wantEdges := map[string]uint64{
+		"scan outbound 192.0.2.1 198.51.100.9:1008":  5,
+		"scan outbound 192.0.2.1 198.51.100.10:1009": 5,
+		"scan outbound 192.0.2.1 198.51.100.1:1000":  1, // the first failed edge takes the last place
+		"scan outbound  _other:0":                    7, // 7 scanned ports folded
+		"web outbound 192.0.2.1 198.51.100.99:5432":  7,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(wantEdges) {
+		t.Errorf("edges %v\nwant %v", got, wantEdges)
+	}
+	if c.st.foldedFlows != 7 || c.st.held != 4 {
+		t.Errorf("folded %d held %d, want 7 and 4", c.st.foldedFlows, c.st.held)
+	}
+	for _, w := range []string{"local end reached --max-edges-per-node", "process=scan", "flows folded into _other edges", "flows=7"} {
+		if !strings.Contains(logBuf.String(), w) {
+			t.Errorf("log lacks %q:\n%s", w, logBuf.String())
+		}
+	}
+	if strings.Contains(logBuf.String(), "process=web") {
+		t.Errorf("web was not capped:\n%s", logBuf.String())
+	}
+	for _, f := range iv.Flows {
+		if f.RemoteAddr == Other && (f.PID != 42 || !f.FirstSeen.Equal(time.Unix(100, 0)) || !f.LastSeen.Equal(time.Unix(101, 0)) || f.FailedRefused != 7) {
+			t.Errorf("folded flow %+v", f)
+		}
+	}
+
+	// The next interval: held edges pass as they are, new ones fold, and
+	// the same interval collected again is folded the same way but not
+	// counted twice.
+	now = now.Add(time.Minute)
+	next := []tracer.Flow{
+		capFlow("scan", "outbound", "198.51.100.1", 1000, 0, 2),
+		capFlow("scan", "outbound", "198.51.100.50", 80, 3, 0),
+	}
+	for range 2 {
+		iv = tracer.Interval{Flows: append([]tracer.Flow(nil), next...), BatchID: "b2"}
+		c.fold(&iv, slog.New(slog.DiscardHandler), nil)
+		got = edges(iv.Flows)
+		wantEdges = map[string]uint64{"scan outbound 192.0.2.1 198.51.100.1:1000": 2, "scan outbound  _other:0": 3}
+		if fmt.Sprint(got) != fmt.Sprint(wantEdges) {
+			t.Errorf("next interval: edges %v\nwant %v", got, wantEdges)
+		}
+	}
+	if c.st.foldedFlows != 8 {
+		t.Errorf("folded %d, want 8 (an interval collected again counts once)", c.st.foldedFlows)
+	}
+
+	// Past EdgeIdle without traffic, an edge's place goes to a new one.
+	now = now.Add(EdgeIdle + 2*time.Minute)
+	iv = tracer.Interval{Flows: []tracer.Flow{capFlow("scan", "outbound", "198.51.100.60", 81, 1, 0)}, BatchID: "b3"}
+	c.fold(&iv, slog.New(slog.DiscardHandler), nil)
+	if got = edges(iv.Flows); fmt.Sprint(got) != fmt.Sprint(map[string]uint64{"scan outbound 192.0.2.1 198.51.100.60:81": 1}) {
+		t.Errorf("after the idle time: %v", got)
+	}
+	if c.st.held != 1 || len(c.st.nodes) != 1 { // every older edge expired, web's too
+		t.Errorf("held %d edges of %d local ends after expiry, want 1 of 1", c.st.held, len(c.st.nodes))
+	}
+}
+
+// Inbound flows keep their local service (address and port): a server
+// with many clients folds them per port it serves.
+func TestEdgeCapInboundKeepsTheService(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newCap(1, &now)
+	var flows []tracer.Flow
+	for i := range 4 {
+		flows = append(flows, capFlow("dns", "inbound", fmt.Sprintf("198.51.100.%d", i+1), 53, 1, 0))
+		flows = append(flows, capFlow("dns", "inbound", fmt.Sprintf("198.51.100.%d", i+1), 853, 1, 0))
+	}
+	iv := tracer.Interval{Flows: flows}
+	c.fold(&iv, slog.New(slog.DiscardHandler), nil)
+	got := edges(iv.Flows)
+	want := map[string]uint64{
+		"dns inbound 192.0.2.1 198.51.100.1:53": 1,
+		"dns inbound 192.0.2.1 _other:53":       3,
+		"dns inbound 192.0.2.1 _other:853":      4,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("edges %v\nwant %v", got, want)
+	}
+}
+
+func TestEdgeCapOffAndMetrics(t *testing.T) {
+	flows := []tracer.Flow{capFlow("a", "outbound", "198.51.100.1", 1, 1, 0), capFlow("a", "outbound", "198.51.100.2", 1, 1, 0)}
+	iv := tracer.Interval{Flows: flows}
+	(&EdgeCap{}).fold(&iv, slog.New(slog.DiscardHandler), nil)
+	if len(iv.Flows) != 2 {
+		t.Errorf("no cap folded: %v", edges(iv.Flows))
+	}
+	m := metrics.New(metrics.Options{})
+	c := &EdgeCap{MaxEdgesPerNode: 1}
+	iv = tracer.Interval{Flows: flows}
+	c.fold(&iv, slog.New(slog.DiscardHandler), m)
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, x := range mf.GetMetric() {
+			switch {
+			case x.GetCounter() != nil:
+				got[mf.GetName()] = x.GetCounter().GetValue()
+			case x.GetGauge() != nil:
+				got[mf.GetName()] = x.GetGauge().GetValue()
+			}
+		}
+	}
+	for name, want := range map[string]float64{"deptrace_edges_folded_flows_total": 1, "deptrace_edges_held": 1, "deptrace_local_ends_capped": 1} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v", name, got[name], want)
+		}
+	}
+}
+
+func TestIntFlag(t *testing.T) {
+	var n int
+	f := IntFlag(&n, 1000, 1, 50, "no cap")
+	if n != 1000 || f.String() != "1000" {
+		t.Fatalf("default %d %q", n, f.String())
+	}
+	for _, ok := range []string{"0", "1", "50"} {
+		if err := f.Set(ok); err != nil {
+			t.Errorf("Set(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"-1", "51", "x", ""} {
+		if err := f.Set(bad); err == nil || err.Error() != "allowed 0 (no cap) or 1 to 50" {
+			t.Errorf("Set(%q): %v", bad, err)
+		}
+	}
+	g := IntFlag(&n, 5, 1, 9, "")
+	if err := g.Set("0"); err == nil || err.Error() != "allowed 1 to 9" {
+		t.Errorf("Set(0) without a meaning for 0: %v", err)
+	}
+}
