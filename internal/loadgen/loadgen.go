@@ -2,9 +2,11 @@
 // of the published evaluation's "connperf": clients that open a new
 // connection per round trip (short-lived), keep connections open
 // (persistent), or exchange datagrams (UDP), against echo servers, either as
-// fast as they go or paced to a target rate. Clients can spread their
-// source addresses over many loopback addresses and servers listen on many
-// ports, so one machine can emulate many hosts and services. The load keeps
+// fast as they go or paced to a target rate (open loop: each start goes to
+// whichever client is free, so one slow round trip does not hold the rate
+// back). Clients can spread their source addresses over many loopback
+// addresses and servers listen on many ports, so one machine can emulate
+// many hosts and services. The load keeps
 // its own ground truth: every (client, server, port, protocol) edge that
 // completed a round trip.
 package loadgen
@@ -42,7 +44,9 @@ type Config struct {
 	// empty lets the kernel choose.
 	Sources []netip.Addr
 	// Concurrency is the number of parallel clients (tcp-short, udp) or of
-	// connections held open (tcp-persistent).
+	// connections held open (tcp-persistent): with a Rate, the most round
+	// trips in flight at once. A paced load needs Rate × mean latency of
+	// them (Little's law), with room for latency spikes.
 	Concurrency int
 	// Rate is the target round trips per second over all clients (for
 	// tcp-short, new connections per second); 0 runs as fast as possible.
@@ -93,10 +97,19 @@ type Result struct {
 	Rate       float64       `json:"rate_per_s"`
 	// Reached is false when a target rate was set and the load fell more
 	// than 5 % short of it.
-	Reached bool          `json:"reached"`
-	P50     time.Duration `json:"p50_ns"`
-	P90     time.Duration `json:"p90_ns"`
-	P99     time.Duration `json:"p99_ns"`
+	Reached bool `json:"reached"`
+	// Missed counts paced starts dropped because they fell more than
+	// 100 ms behind (every client was busy, or the load got no CPU).
+	Missed uint64 `json:"missed_starts"`
+	// Clients is the number of clients: the most round trips in flight.
+	Clients int `json:"clients"`
+	// FirstError is the first failed round trip's error, if any.
+	FirstError string        `json:"first_error,omitempty"`
+	P50        time.Duration `json:"p50_ns"`
+	P90        time.Duration `json:"p90_ns"`
+	P99        time.Duration `json:"p99_ns"`
+	Max        time.Duration `json:"max_ns"`
+	Mean       time.Duration `json:"mean_ns"`
 	// CPU is the load process's user+system CPU time (filled by whoever
 	// ran it as a process).
 	CPU   time.Duration `json:"cpu_ns,omitempty"`
@@ -173,12 +186,19 @@ func serveOne(ctx context.Context, addr string) (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// echoBuffers are Echo's read buffers: a short-lived connection each
+// would otherwise allocate and clear 64 KiB (at 5,000 connections a
+// second, a third of a gigabyte a second for the garbage collector).
+var echoBuffers = sync.Pool{New: func() any { b := make([]byte, 65536); return &b }}
+
 // Echo answers every read on c with the same bytes until c fails, then
 // closes it. It copies with read/write rather than io.Copy, which would
 // splice between two TCP sockets, and spliced receives are not traced.
 func Echo(c net.Conn) {
 	defer c.Close()
-	buf := make([]byte, 65536)
+	bp := echoBuffers.Get().(*[]byte)
+	defer echoBuffers.Put(bp)
+	buf := *bp
 	for {
 		n, err := c.Read(buf)
 		if err != nil {
@@ -190,67 +210,103 @@ func Echo(c net.Conn) {
 	}
 }
 
-// Pacer hands out start times at a fixed rate. Each worker owns one: with
-// c workers sharing a target rate r, each is paced at r/c.
-type Pacer struct {
-	interval time.Duration
-	next     time.Time
+// Schedule hands out the start times of an open-loop load: the k-th round
+// trip is due at start + k/rate, whichever client is free to make it, so a
+// client held up by a slow round trip does not hold its share of the rate
+// back. A start that falls more than slack behind is dropped and counted:
+// a rate the machine cannot reach shows as a lower achieved rate and as
+// missed starts, never as a burst that hides a stall longer than slack.
+type Schedule struct {
+	start time.Time
+	rate  float64
+	slack time.Duration
+	k     uint64 // next start
 }
 
-// NewPacer paces at rate per second starting at start; rate 0 never waits.
-func NewPacer(rate float64, start time.Time) *Pacer {
-	p := &Pacer{next: start}
-	if rate > 0 {
-		p.interval = time.Duration(float64(time.Second) / rate)
-	}
-	return p
+// NewSchedule paces at rate per second from start; rate 0 never waits.
+func NewSchedule(rate float64, start time.Time, slack time.Duration) *Schedule {
+	return &Schedule{start: start, rate: rate, slack: slack}
 }
 
-// Wait returns how long to sleep before the next round trip. A worker that
-// has fallen behind does not sleep and does not burst to catch up beyond
-// one interval: a rate it cannot reach shows as a lower achieved rate.
-func (p *Pacer) Wait(now time.Time) time.Duration {
-	if p.interval == 0 {
-		return 0
-	}
-	if now.Sub(p.next) > p.interval {
-		p.next = now // behind: drop the backlog
-	}
-	d := p.next.Sub(now)
-	p.next = p.next.Add(p.interval)
-	if d < 0 {
-		return 0
-	}
-	return d
+func (s *Schedule) due(k uint64) time.Time {
+	return s.start.Add(time.Duration(float64(k) * float64(time.Second) / s.rate))
 }
+
+// Next takes the next start: how long to wait for it, and how many starts
+// before it were dropped for being more than slack late at now.
+func (s *Schedule) Next(now time.Time) (wait time.Duration, missed uint64) {
+	if s.rate <= 0 {
+		return 0, 0
+	}
+	if late := now.Sub(s.due(s.k)); late > s.slack {
+		// The first start not more than slack late.
+		k := uint64(float64(now.Add(-s.slack).Sub(s.start)) / float64(time.Second) * s.rate)
+		for s.due(k).Before(now.Add(-s.slack)) {
+			k++
+		}
+		missed, s.k = k-s.k, k
+	}
+	wait = s.due(s.k).Sub(now)
+	s.k++
+	return max(wait, 0), missed
+}
+
+// scheduleSlack is how far a paced load may fall behind and still catch
+// up: a scheduler hiccup or a burst of slow round trips on a shared VM.
+const scheduleSlack = 100 * time.Millisecond
 
 type edgeKey struct {
 	client string
 	server string
 }
 
-// Run drives the load until cfg.Duration passes or ctx is done.
+// Run drives the load until cfg.Duration passes or ctx is done. With a
+// Rate, one scheduler hands each start to a free client (open loop); the
+// clients bound the round trips in flight at once.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return Result{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
-	var trips, errs, seq atomic.Uint64
+	var trips, errs, seq, missed atomic.Uint64
+	var firstErr atomic.Pointer[string]
 	lat := make([][]time.Duration, cfg.Concurrency)
 	edges := make([]map[edgeKey]uint64, cfg.Concurrency)
 	network := "tcp"
 	if cfg.Workload == UDP {
 		network = "udp"
 	}
-	var wg sync.WaitGroup
+	var starts chan struct{}
 	start := time.Now()
+	if cfg.Rate > 0 {
+		starts = make(chan struct{})
+		go func() {
+			sched := NewSchedule(cfg.Rate, start, scheduleSlack)
+			for {
+				wait, m := sched.Next(time.Now())
+				missed.Add(m)
+				if wait > 0 {
+					select {
+					case <-time.After(wait):
+					case <-ctx.Done():
+						return
+					}
+				}
+				select {
+				case starts <- struct{}{}: // blocks while every client is busy
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	var wg sync.WaitGroup
 	for w := 0; w < cfg.Concurrency; w++ {
 		edges[w] = map[edgeKey]uint64{}
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			pacer := NewPacer(cfg.Rate/float64(cfg.Concurrency), start)
 			req := make([]byte, cfg.MsgSize)
 			resp := make([]byte, cfg.MsgSize)
 			var conn net.Conn
@@ -261,9 +317,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				}
 			}()
 			for ctx.Err() == nil {
-				if d := pacer.Wait(time.Now()); d > 0 {
+				if starts != nil {
 					select {
-					case <-time.After(d):
+					case <-starts:
 					case <-ctx.Done():
 						return
 					}
@@ -280,7 +336,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 						key = edgeKey{server: cfg.Addrs[i%uint64(len(cfg.Addrs))]}
 						d := net.Dialer{Timeout: 5 * time.Second}
 						if len(cfg.Sources) > 0 {
-							src := cfg.Sources[(i/uint64(len(cfg.Addrs))+i)%uint64(len(cfg.Sources))]
+							src := cfg.Sources[sourceIndex(i, len(cfg.Addrs), len(cfg.Sources))]
 							key.client = src.String()
 							if network == "udp" {
 								d.LocalAddr = &net.UDPAddr{IP: src.AsSlice()}
@@ -314,6 +370,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				if err != nil {
 					if ctx.Err() == nil {
 						errs.Add(1)
+						msg := err.Error()
+						firstErr.CompareAndSwap(nil, &msg)
 					}
 					continue
 				}
@@ -330,16 +388,32 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	r := Result{Workload: cfg.Workload, TargetRate: cfg.Rate, RoundTrips: trips.Load(), Errors: errs.Load(), Elapsed: elapsed,
-		Rate: float64(trips.Load()) / elapsed.Seconds()}
+		Rate: float64(trips.Load()) / elapsed.Seconds(), Missed: missed.Load(), Clients: cfg.Concurrency}
+	if p := firstErr.Load(); p != nil {
+		r.FirstError = *p
+	}
 	r.Reached = cfg.Rate == 0 || r.Rate >= 0.95*cfg.Rate
 	if len(all) > 0 {
-		r.P50, r.P90, r.P99 = pct(all, 50), pct(all, 90), pct(all, 99)
+		r.P50, r.P90, r.P99, r.Max = pct(all, 50), pct(all, 90), pct(all, 99), all[len(all)-1]
+		var sum time.Duration
+		for _, d := range all {
+			sum += d
+		}
+		r.Mean = sum / time.Duration(len(all))
 	}
 	r.Edges = mergeEdges(edges, network)
 	if r.RoundTrips == 0 {
 		return r, errors.New("no round trip completed")
 	}
 	return r, nil
+}
+
+// sourceIndex picks the source address of the i-th connection among
+// nSources, with nAddrs servers: server i mod nAddrs, source (i / nAddrs)
+// mod nSources, so every source meets every server and, with one server,
+// the sources take turns.
+func sourceIndex(i uint64, nAddrs, nSources int) uint64 {
+	return (i / uint64(nAddrs)) % uint64(nSources)
 }
 
 // mergeEdges turns the workers' counts into the sorted ground truth.

@@ -7,32 +7,71 @@ import (
 	"time"
 )
 
-func TestPacerHoldsTheRate(t *testing.T) {
+func TestScheduleHoldsTheRate(t *testing.T) {
 	start := time.Unix(1000, 0)
-	p := NewPacer(100, start) // one every 10 ms
+	s := NewSchedule(100, start, 100*time.Millisecond) // one every 10 ms
 	now := start
-	var slept time.Duration
 	for i := 0; i < 100; i++ {
-		d := p.Wait(now)
-		slept += d
+		d, missed := s.Next(now)
+		if missed != 0 {
+			t.Fatalf("start %d: %d missed on time", i, missed)
+		}
 		now = now.Add(d + time.Millisecond) // each round trip takes 1 ms
 	}
 	// 100 round trips at 100/s take about 1 s whatever their own length.
 	if got := now.Sub(start); got < 990*time.Millisecond || got > 1010*time.Millisecond {
-		t.Errorf("100 paced round trips took %s, want ~1s (slept %s)", got, slept)
+		t.Errorf("100 paced round trips took %s, want ~1s", got)
 	}
 }
 
-func TestPacerDoesNotBurstAfterFallingBehind(t *testing.T) {
+// Starts a short stall delayed are caught up; those more than the slack
+// late are dropped and counted, and the schedule goes on from there.
+func TestScheduleCatchesUpWithinSlackAndCountsTheRest(t *testing.T) {
 	start := time.Unix(1000, 0)
-	p := NewPacer(1000, start) // every 1 ms
-	now := start.Add(500 * time.Millisecond)
-	p.Wait(now) // 500 intervals late: the backlog is dropped
-	if d := p.Wait(now); d != time.Millisecond {
-		t.Errorf("after a stall the next wait is %s, want one interval, not a burst", d)
+	s := NewSchedule(1000, start, 100*time.Millisecond) // every 1 ms
+	now := start.Add(50 * time.Millisecond)             // a 50 ms stall: within the slack
+	for i := 0; i < 51; i++ {
+		if d, missed := s.Next(now); d != 0 || missed != 0 {
+			t.Fatalf("catching up start %d: wait %s, missed %d", i, d, missed)
+		}
 	}
-	if d := NewPacer(0, start).Wait(start); d != 0 {
-		t.Errorf("rate 0 waits %s", d)
+	if d, _ := s.Next(now); d != time.Millisecond {
+		t.Errorf("after catching up the next start waits %s, want 1ms", d)
+	}
+	now = start.Add(1000 * time.Millisecond) // 948 ms behind: all but the last 100 ms dropped
+	d, missed := s.Next(now)
+	if d != 0 || missed < 845 || missed > 850 {
+		t.Errorf("after a 1 s stall: wait %s, %d missed, want 0 and about 847", d, missed)
+	}
+	var n uint64
+	for ; n < 200; n++ {
+		if d, m := s.Next(now); d > 0 || m != 0 {
+			break
+		}
+	}
+	if n < 95 || n > 101 {
+		t.Errorf("%d starts caught up after the stall, want the slack's 100", n)
+	}
+	if d, m := NewSchedule(0, start, time.Second).Next(start); d != 0 || m != 0 {
+		t.Errorf("rate 0 waits %s, missed %d", d, m)
+	}
+}
+
+func TestSourceIndexUsesEverySource(t *testing.T) {
+	for _, c := range []struct{ addrs, sources int }{{1, 1000}, {3, 10}, {4, 6}, {10, 3}} {
+		pairs := map[[2]uint64]bool{}
+		srcs := map[uint64]bool{}
+		for i := uint64(0); i < uint64(c.addrs*c.sources); i++ {
+			src := sourceIndex(i, c.addrs, c.sources)
+			if src >= uint64(c.sources) {
+				t.Fatalf("%+v: source %d out of range", c, src)
+			}
+			srcs[src] = true
+			pairs[[2]uint64{i % uint64(c.addrs), src}] = true
+		}
+		if len(srcs) != c.sources || len(pairs) != c.addrs*c.sources {
+			t.Errorf("%d servers, %d sources: %d sources used, %d pairs, want all", c.addrs, c.sources, len(srcs), len(pairs))
+		}
 	}
 }
 
@@ -100,9 +139,9 @@ func TestRunKeepsGroundTruth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, _ := Sources(3)
+	src, _ := Sources(4)
 	for _, w := range Workloads {
-		r, err := Run(ctx, Config{Workload: w, Addrs: addrs, Sources: src, Concurrency: 3, Rate: 300, MsgSize: 16, Duration: 500 * time.Millisecond})
+		r, err := Run(ctx, Config{Workload: w, Addrs: addrs, Sources: src, Concurrency: 4, Rate: 300, MsgSize: 16, Duration: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,8 +152,12 @@ func TestRunKeepsGroundTruth(t *testing.T) {
 				t.Errorf("%s edge %+v", w, e)
 			}
 		}
-		if sum != r.RoundTrips || len(r.Edges) == 0 || len(r.Edges) > 3 {
-			t.Errorf("%s: %d edges summing to %d of %d round trips", w, len(r.Edges), sum, r.RoundTrips)
+		// Every source is used, with one server too.
+		if sum != r.RoundTrips || len(r.Edges) != 4 {
+			t.Errorf("%s: %d edges summing to %d of %d round trips, want 4 edges (one per source)", w, len(r.Edges), sum, r.RoundTrips)
+		}
+		if r.Clients != 4 || r.Mean <= 0 || r.Max < r.P99 {
+			t.Errorf("%s: clients %d, mean %s, max %s, p99 %s", w, r.Clients, r.Mean, r.Max, r.P99)
 		}
 		// Whether 300/s is reached depends on how busy the machine is
 		// (it was not, once, beside a qemu guest): only that the report
