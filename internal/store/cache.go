@@ -95,7 +95,7 @@ type pieceID struct {
 	bucket int64
 }
 
-// piece is one bucket's rows, by column: ids, and each of flowSum's 20
+// piece is one bucket's rows, by column: ids, and each of flowSum's 24
 // values per flow, nil where every flow's is zero (most counters, on
 // most flows).
 type piece struct {
@@ -108,29 +108,31 @@ type piece struct {
 }
 
 // flowSumFields is the number of int64 values in a flowSum, in order:
-// pid, peer, the 16 counters, first, last.
-const flowSumFields = 20
+// pid, peer, the 20 counters, first, last.
+const flowSumFields = 24
 
-// fields views f as its 20 values (checked in init).
+// fields views f as its 24 values (checked in init).
 func (f *flowSum) fields() *[flowSumFields]int64 {
 	return (*[flowSumFields]int64)(unsafe.Pointer(f))
 }
 
 func init() {
 	var f flowSum
-	if unsafe.Sizeof(f) != flowSumFields*8 || unsafe.Offsetof(f.c) != 16 || unsafe.Offsetof(f.last) != 19*8 {
-		panic("store: flowSum is not 20 int64 in order")
+	if unsafe.Sizeof(f) != flowSumFields*8 || unsafe.Offsetof(f.c) != 16 || unsafe.Offsetof(f.last) != 23*8 {
+		panic("store: flowSum is not 24 int64 in order")
 	}
 }
 
-// fieldKind says how each value accumulates (see flowSum.add).
+// fieldKind says how each value accumulates (see flowSum.add): '+' sum,
+// 'M' maximum, 'm' minimum, 'n' minimum of the non-zero values.
 var fieldKind = func() [flowSumFields]byte {
 	var k [flowSumFields]byte
 	for i := range k {
 		k[i] = '+'
 	}
-	k[0], k[1], k[2+latencyMaxIndex], k[19] = 'M', 'M', 'M', 'M'
-	k[18] = 'm'
+	k[0], k[1], k[2+latencyMaxIndex], k[2+rttMaxIndex], k[23] = 'M', 'M', 'M', 'M', 'M'
+	k[2+rttMinIndex] = 'n'
+	k[22] = 'm'
 	return k
 }()
 
@@ -202,6 +204,11 @@ func (sm *sums) addPiece(p *piece) {
 		case kind == '+':
 			for i, j := range idx {
 				sm.flows[j].fields()[f] += col[i]
+			}
+		case kind == 'n':
+			for i, j := range idx {
+				dst := &sm.flows[j].fields()[f]
+				*dst = minNonzero(*dst, col[i])
 			}
 		default:
 			for i, j := range idx {

@@ -35,7 +35,7 @@ func (s *Store) ListenersFromMinutes(ctx context.Context, r Range) ([]Listener, 
 // RollupRow is one row of a flow bucket table, for comparing levels.
 type RollupRow struct {
 	Bucket, Key, PID, PeerPID int64
-	Counters                  [16]int64
+	Counters                  [20]int64
 	First, Last               int64
 }
 
@@ -57,11 +57,7 @@ func (s *Store) ReadRollup(ctx context.Context, table string, width int64) (map[
 		b := fmt.Sprintf("bucket - (bucket %% %d)", width)
 		var aggs []string
 		for _, c := range counterColumns {
-			if maxColumns[c] {
-				aggs = append(aggs, "MAX("+c+")")
-			} else {
-				aggs = append(aggs, "SUM("+c+")")
-			}
+			aggs = append(aggs, aggregate(c, "SUM"))
 		}
 		q = "SELECT " + b + ", key_id, MAX(pid), MAX(peer_pid), " + strings.Join(aggs, ", ") + ", MIN(first_seen), MAX(last_seen) FROM flow_minutes GROUP BY " + b + ", key_id"
 	}
@@ -209,8 +205,8 @@ func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, er
 	}
 	agg := "MAX(pid), MAX(peer_pid)"
 	for _, c := range counterColumns {
-		if maxColumns[c] {
-			agg += ", MAX(" + c + ")"
+		if maxColumns[c] || minColumns[c] {
+			agg += ", " + aggregate(c, "")
 		} else {
 			agg += ", CAST(SUM(" + c + ") AS BIGINT)"
 		}
@@ -228,7 +224,7 @@ func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, er
 		var o Observation
 		var port int
 		var key, pid, peer, first, last int64
-		var c [16]int64
+		var c [20]int64
 		dest := []any{&o.HostID, &o.Direction, &o.Proto, &o.LocalAddr, &o.RemoteAddr, &port, &o.Comm, &o.PeerComm, &key, &pid, &peer}
 		for i := range c {
 			dest = append(dest, &c[i])
@@ -245,7 +241,16 @@ func (s *Store) ObservationsSQL(ctx context.Context, r Range) ([]Observation, er
 		out = append(out, o)
 	}
 	slices.SortFunc(out, func(a, b Observation) int { return keyOf(a).compare(keyOf(b)) })
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	lo0, _ := r.bounds()
+	return out, s.nameObservations(ctx, lo0, out)
+}
+
+// DNSFromMinutes is DNS from minute buckets only.
+func (s *Store) DNSFromMinutes(ctx context.Context, r Range) ([]DNSObservation, error) {
+	return s.dns(ctx, r, levels[:1])
 }
 
 // PruneWriteLog prunes the write log of entries written before cutoff,

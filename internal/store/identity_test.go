@@ -120,6 +120,7 @@ func TestUpgradeToIdentities(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			undoSchema11(t, s, want)
 			for _, q := range []string{`DROP TABLE end_identities`, `DELETE FROM schema_version WHERE version >= 10`} {
 				if _, err := s.DB().ExecContext(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)

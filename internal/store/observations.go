@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"math"
 )
 
@@ -16,9 +17,61 @@ func (s *Store) Observations(ctx context.Context, r Range) ([]Observation, error
 	return s.observations(ctx, r, levels, true)
 }
 
+// nameObservations fills the RemoteName of each of out whose flow key has
+// one (flow_names: the latest non-empty name written for it).
+func (s *Store) nameObservations(ctx context.Context, lo int64, out []Observation) error {
+	if len(out) == 0 {
+		return nil
+	}
+	var args []any
+	q := `SELECT k.host_id, k.direction, k.proto, k.local_addr, k.remote_addr, k.port, k.comm, k.peer_comm, n.name
+		FROM flow_names n JOIN flow_keys k ON k.id = n.key_id`
+	if lo != math.MinInt64 {
+		q += ` WHERE k.last_seen >= ?`
+		args = append(args, lo)
+	}
+	rows, err := s.db.QueryContext(ctx, s.d.rebind(q), args...)
+	if err != nil {
+		return fmt.Errorf("query remote names: %w", err)
+	}
+	defer rows.Close()
+	names := map[flowKey]string{}
+	for rows.Next() {
+		var k flowKey
+		var port int
+		var name string
+		if err := rows.Scan(&k.host, &k.dir, &k.proto, &k.local, &k.remote, &port, &k.comm, &k.peerComm, &name); err != nil {
+			return fmt.Errorf("read remote name: %w", err)
+		}
+		k.port = uint16(port)
+		names[k] = name
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read remote names: %w", err)
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	for i := range out {
+		if n, ok := names[keyOf(out[i])]; ok {
+			out[i].RemoteName = n
+		}
+	}
+	return nil
+}
+
 // observations answers r from the levels lvls, and from pieces if
 // usePieces (and lvls are all the levels).
 func (s *Store) observations(ctx context.Context, r Range, lvls []level, usePieces bool) ([]Observation, error) {
+	out, err := s.observationsUnnamed(ctx, r, lvls, usePieces)
+	if err != nil {
+		return nil, err
+	}
+	lo, _ := r.bounds()
+	return out, s.nameObservations(ctx, lo, out)
+}
+
+func (s *Store) observationsUnnamed(ctx context.Context, r Range, lvls []level, usePieces bool) ([]Observation, error) {
 	lo, hi, z, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err

@@ -17,11 +17,7 @@ import (
 var pgAggregates = func() string {
 	out := []string{"key_id", "MAX(pid)", "MAX(peer_pid)"}
 	for _, c := range counterColumns {
-		if maxColumns[c] {
-			out = append(out, "MAX("+c+")")
-		} else {
-			out = append(out, "sum8("+c+")")
-		}
+		out = append(out, aggregate(c, "sum8"))
 	}
 	return strings.Join(append(out, "MIN(first_seen)", "MAX(last_seen)"), ", ")
 }()

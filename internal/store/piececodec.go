@@ -9,15 +9,16 @@ import (
 )
 
 // The bytes of a piece (flow_pieces.data): a format byte, the number of
-// flows n as a uvarint, then 21 columns of n values each: the flow key
+// flows n as a uvarint, then 25 columns of n values each: the flow key
 // ids (ascending) as differences from the previous id, then each of
-// flowSum's 20 values (first and last seen less the bucket's start, the
+// flowSum's 24 values (first and last seen less the bucket's start, the
 // others as they are) zigzag-encoded. A column is a width byte w (0: all
 // values zero, nothing follows) and n values of w bytes, little-endian:
 // fixed widths decode without a branch per byte, and w is the fewest
 // bytes the column's largest value needs, so the size is close to that
-// of varints.
-const pieceFormat = 1
+// of varints. Format 1 (schemas 8 to 10) had 16 counters, without the
+// RTT: migration 11 deleted those pieces for Compact to build again.
+const pieceFormat = 2
 
 var errPiece = errors.New("malformed piece")
 
@@ -25,7 +26,7 @@ var errPiece = errors.New("malformed piece")
 // bucket's start for first and last seen (small differences), else zero.
 // The subtraction wraps, so any value survives.
 func pieceBase(f int, bucket int64) int64 {
-	if f >= 18 {
+	if f >= 22 {
 		return bucket
 	}
 	return 0
@@ -226,7 +227,7 @@ func (sm *sums) addEncoded(bucket int64, data []byte) error {
 		f int
 		v int64
 	}
-	var plus, maxs, mins []int
+	var plus, maxs, mins, nonzeroMins []int
 	var constPlus, constMax, constMin []constant
 	for f := 0; f < flowSumFields; f++ {
 		kind := fieldKind[f]
@@ -262,6 +263,8 @@ func (sm *sums) addEncoded(bucket int64, data []byte) error {
 					sm.negative = true
 				}
 			}
+		case 'n':
+			nonzeroMins = append(nonzeroMins, f)
 		default:
 			mins = append(mins, f)
 		}
@@ -280,6 +283,9 @@ func (sm *sums) addEncoded(bucket int64, data []byte) error {
 		}
 		for _, f := range mins {
 			v[f] = min(v[f], sm.cols[f][i])
+		}
+		for _, f := range nonzeroMins {
+			v[f] = minNonzero(v[f], sm.cols[f][i])
 		}
 		for _, c := range constPlus {
 			v[c.f] += c.v

@@ -31,7 +31,7 @@ func TestPieceRoundTrip(t *testing.T) {
 			}
 			switch n % 4 {
 			case 0:
-				rows[i] = flowSum{first: bucket + 5, last: bucket + 7, c: [16]int64{3: 1}}
+				rows[i] = flowSum{first: bucket + 5, last: bucket + 7, c: [20]int64{3: 1, 18: 4}}
 			case 1: // first and last seen at the bucket's start: constant columns
 				rows[i] = flowSum{first: bucket, last: bucket, pid: 3}
 			}

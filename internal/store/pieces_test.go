@@ -289,6 +289,7 @@ func TestUpgradeToPieces(t *testing.T) {
 				}
 				want = append(want, o)
 			}
+			undoSchema11(t, s, want)
 			for _, q := range []string{`DROP TABLE flow_pieces`, `DROP TABLE piece_state`, `DROP TABLE piece_todo`, `DROP TABLE key_pack`, `ALTER TABLE retention_state DROP COLUMN hours_from`, `ALTER TABLE retention_state DROP COLUMN days_from`, `ALTER TABLE retention_state DROP COLUMN ceiling_size`, `DROP TABLE end_identities`, `DELETE FROM schema_version WHERE version >= 8`} {
 				if _, err := s.DB().ExecContext(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)

@@ -116,7 +116,7 @@ func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows in
 				return minuteRows, fmt.Errorf("delete old buckets of %s: %w", t, err)
 			}
 		}
-		for _, t := range []string{levels[i].table, listenerTables[i]} {
+		for _, t := range []string{levels[i].table, listenerTables[i], dnsTables[i]} {
 			res, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM `+t+` WHERE bucket < ?`), from)
 			if err != nil {
 				return minuteRows, fmt.Errorf("delete old buckets of %s: %w", t, err)
@@ -212,7 +212,8 @@ func (s *Store) Oldest(ctx context.Context) (minutes, hours, days time.Time, err
 // storeTables are every table deptrace creates, for Size on PostgreSQL.
 var storeTables = []string{"hosts", "host_addrs", "services", "flow_keys", "flow_minutes", "flow_hours", "flow_days",
 	"listener_minutes", "listener_hours", "listener_days", "retention_state", "applied_batches", "write_log",
-	"write_log_state", "flow_pieces", "piece_state", "piece_todo", "key_pack", "end_identities", "schema_version"}
+	"write_log_state", "flow_pieces", "piece_state", "piece_todo", "key_pack", "end_identities", "schema_version",
+	"flow_names", "dns_minutes", "dns_hours", "dns_days"}
 
 // Size is how many bytes the store takes: on SQLite the pages in use (a
 // file does not shrink when rows are deleted, but its free pages are
@@ -284,7 +285,7 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 		perDay := map[int64]int64{}
 		var total int64
 		for i := range levels {
-			for _, t := range []string{levels[i].table, listenerTables[i]} {
+			for _, t := range []string{levels[i].table, listenerTables[i], dnsTables[i]} {
 				rows, err := s.db.QueryContext(ctx, fmt.Sprintf(`SELECT bucket - (bucket %% %d), COUNT(*) FROM %s GROUP BY 1`, day, t))
 				if err != nil {
 					return c, fmt.Errorf("count the rows of %s: %w", t, err)
@@ -337,7 +338,7 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 		if pg {
 			var ts []string
 			for i := range levels {
-				ts = append(ts, levels[i].table, listenerTables[i])
+				ts = append(ts, levels[i].table, listenerTables[i], dnsTables[i])
 			}
 			if _, err := s.db.ExecContext(ctx, `VACUUM `+strings.Join(append(ts, "flow_pieces", "flow_keys"), ", ")); err != nil {
 				return c, fmt.Errorf("vacuum after deleting old buckets: %w", err)

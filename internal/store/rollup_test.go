@@ -32,6 +32,10 @@ func history(t *testing.T, s *store.Store, start time.Time) {
 			FailedReset: rng.Uint64N(2), FailedUnreachable: rng.Uint64N(2), BytesSent: rng.Uint64N(1e6), BytesReceived: rng.Uint64N(1e6),
 			DatagramsSent: rng.Uint64N(50), DatagramsReceived: rng.Uint64N(50), ConnectLatencyCount: rng.Uint64N(10), ConnectLatencySumUs: rng.Uint64N(1e5),
 			ConnectLatencyMaxUs: rng.Uint64N(1e6), ResetsSent: rng.Uint64N(3), ResetsReceived: rng.Uint64N(3), Retransmits: rng.Uint64N(20)}
+		if n := rng.Uint64N(4); n > 0 { // a quarter of the rows without RTT samples: the minimum skips them
+			lo, hi := 1+rng.Uint64N(5000), rng.Uint64N(5000)
+			o.RTTSamples, o.RTTMinUs, o.RTTMaxUs, o.RTTSumUs = n, lo, lo+hi, n*lo+hi
+		}
 		all = append(all, o)
 		if i%5 == 0 {
 			ls = append(ls, store.Listener{Bucket: at.Truncate(time.Minute), HostID: fmt.Sprintf("h%d", h), Proto: "tcp", LocalAddr: "0.0.0.0",

@@ -16,10 +16,41 @@ var counterColumns = []string{
 	"bytes_sent", "bytes_received", "datagrams_sent", "datagrams_received",
 	"connect_latency_count", "connect_latency_sum_us", "connect_latency_max_us",
 	"resets_sent", "resets_received", "retransmits",
+	"rtt_samples", "rtt_sum_us", "rtt_min_us", "rtt_max_us",
 }
 
-// maxColumns accumulate by maximum; every other counter column by sum.
-var maxColumns = map[string]bool{"connect_latency_max_us": true}
+// v10CounterColumns are the counter columns of schemas 2 to 10, which
+// the migrations of those versions name (migration 11 added the RTT).
+var v10CounterColumns = counterColumns[:16]
+
+// maxColumns accumulate by maximum; minColumns by the minimum of their
+// non-zero values (0 is "no sample": rtt_min_us of a row without RTT
+// samples); every other counter column by sum.
+var (
+	maxColumns = map[string]bool{"connect_latency_max_us": true, "rtt_max_us": true}
+	minColumns = map[string]bool{"rtt_min_us": true}
+)
+
+// aggregate is the SQL aggregate of counter column c over rows: MAX for a
+// maximum, the minimum of the non-zero values (0 when none) for a
+// minimum, sum(c) otherwise (sum names the summing aggregate).
+func aggregate(c, sum string) string {
+	switch {
+	case maxColumns[c]:
+		return "MAX(" + c + ")"
+	case minColumns[c]:
+		return "COALESCE(MIN(NULLIF(" + c + ", 0)), 0)"
+	}
+	return sum + "(" + c + ")"
+}
+
+// minNonzero is the minimum of a and b where 0 means none.
+func minNonzero(a, b int64) int64 {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
+}
 
 func counterFields(c *tracer.Counters) []*uint64 {
 	return []*uint64{
@@ -27,6 +58,7 @@ func counterFields(c *tracer.Counters) []*uint64 {
 		&c.BytesSent, &c.BytesReceived, &c.DatagramsSent, &c.DatagramsReceived,
 		&c.ConnectLatencyCount, &c.ConnectLatencySumUs, &c.ConnectLatencyMaxUs,
 		&c.ResetsSent, &c.ResetsReceived, &c.Retransmits,
+		&c.RTTSamples, &c.RTTSumUs, &c.RTTMinUs, &c.RTTMaxUs,
 	}
 }
 

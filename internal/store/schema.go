@@ -135,7 +135,7 @@ var migrations = []string{
 		last_seen BIGINT NOT NULL,
 		UNIQUE (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm)
 	);
-	CREATE TABLE flow_minutes (` + flowBucketColumns + `){{without_rowid}};
+	CREATE TABLE flow_minutes (` + v10FlowBucketColumns + `){{without_rowid}};
 	INSERT INTO flow_keys (host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen)
 		SELECT host_id, direction, proto, local_addr, remote_addr, port, comm, '', MAX(last_seen) FROM observations
 		GROUP BY host_id, direction, proto, local_addr, remote_addr, port, comm;
@@ -156,10 +156,10 @@ var migrations = []string{
 	// three levels in one transaction. retention_state remembers from when
 	// minute rows are kept, so queries never read the older part of a
 	// rollup that straddles the retention cutoff.
-	`CREATE TABLE flow_hours (` + flowBucketColumns + `){{without_rowid}};
-	CREATE TABLE flow_days (` + flowBucketColumns + `){{without_rowid}};
-	` + rollupFrom("flow_hours", time.Hour) + `;
-	` + rollupFrom("flow_days", 24*time.Hour) + `;
+	`CREATE TABLE flow_hours (` + v10FlowBucketColumns + `){{without_rowid}};
+	CREATE TABLE flow_days (` + v10FlowBucketColumns + `){{without_rowid}};
+	` + rollupFrom("flow_hours", time.Hour, v10CounterColumns) + `;
+	` + rollupFrom("flow_days", 24*time.Hour, v10CounterColumns) + `;
 	CREATE TABLE retention_state (id INTEGER PRIMARY KEY, retained_from BIGINT NOT NULL);
 	INSERT INTO retention_state (id, retained_from) VALUES (1, 0)`,
 
@@ -253,20 +253,77 @@ var migrations = []string{
 		PRIMARY KEY (host_id, comm, container_id, unit, pod_uid)
 	);
 	CREATE INDEX end_identities_last_seen ON end_identities (last_seen)`,
+
+	// 11: RTT per flow (issue 21), names of remote ends and DNS per
+	// client (issue 22). Every flow bucket table gains the four RTT
+	// counters (0 for the rows already stored: no samples); pieces of
+	// format 1 lack them, so they go and Compact builds them again from
+	// the rows. flow_names keeps, per flow key, the latest non-empty DNS
+	// name its remote address was answered for. dns_minutes, _hours and
+	// _days keep each client's lookups per resolver, per bucket (the
+	// client: host, process and the container, unit or pod of
+	// end_identities).
+	rttColumns("flow_minutes") + rttColumns("flow_hours") + rttColumns("flow_days") + `
+	DELETE FROM flow_pieces;
+	DELETE FROM piece_todo;
+	UPDATE piece_state SET done_through = 0;
+	CREATE TABLE flow_names (
+		key_id BIGINT PRIMARY KEY REFERENCES flow_keys(id) ON DELETE CASCADE,
+		name TEXT NOT NULL,
+		seen BIGINT NOT NULL
+	);
+	CREATE TABLE dns_minutes (` + dnsBucketColumns + `){{without_rowid}};
+	CREATE TABLE dns_hours (` + dnsBucketColumns + `){{without_rowid}};
+	CREATE TABLE dns_days (` + dnsBucketColumns + `){{without_rowid}}`,
 }
 
-// rollupFrom fills a rollup table from the minute rows.
-func rollupFrom(table string, width time.Duration) string {
+// rttColumns adds the RTT counters to flow bucket table t (migration 11).
+func rttColumns(t string) string {
+	var sb strings.Builder
+	for _, c := range counterColumns[len(v10CounterColumns):] {
+		fmt.Fprintf(&sb, "ALTER TABLE %s ADD COLUMN %s BIGINT NOT NULL DEFAULT 0;\n", t, c)
+	}
+	return sb.String()
+}
+
+// dnsBucketColumns are the columns of every table of DNS counters per
+// bucket: a client (host, process, container/unit/pod), how its queries
+// went (proto) and to which resolver; pid is the latest (the row's
+// last_seen's), latency_max_us a maximum, every other counter a sum.
+const dnsBucketColumns = `
+		bucket BIGINT NOT NULL,
+		host_id TEXT NOT NULL,
+		comm TEXT NOT NULL,
+		container_id TEXT NOT NULL,
+		unit TEXT NOT NULL,
+		pod_uid TEXT NOT NULL,
+		proto TEXT NOT NULL,
+		resolver TEXT NOT NULL,
+		pid BIGINT NOT NULL,
+		queries BIGINT NOT NULL,
+		answers BIGINT NOT NULL,
+		noerror BIGINT NOT NULL,
+		nxdomain BIGINT NOT NULL,
+		servfail BIGINT NOT NULL,
+		other_errors BIGINT NOT NULL,
+		timeouts BIGINT NOT NULL,
+		latency_count BIGINT NOT NULL,
+		latency_sum_us BIGINT NOT NULL,
+		latency_max_us BIGINT NOT NULL,
+		unparsed BIGINT NOT NULL,
+		first_seen BIGINT NOT NULL,
+		last_seen BIGINT NOT NULL,
+		PRIMARY KEY (bucket, host_id, comm, container_id, unit, pod_uid, proto, resolver)`
+
+// rollupFrom fills a rollup table's counter columns cols from the minute
+// rows.
+func rollupFrom(table string, width time.Duration, cols []string) string {
 	bucket := fmt.Sprintf("bucket - (bucket %% %d)", int64(width))
 	var sums []string
-	for _, c := range counterColumns {
-		if maxColumns[c] {
-			sums = append(sums, "MAX("+c+")")
-		} else {
-			sums = append(sums, "SUM("+c+")")
-		}
+	for _, c := range cols {
+		sums = append(sums, aggregate(c, "SUM"))
 	}
-	return "INSERT INTO " + table + " (bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen) " +
+	return "INSERT INTO " + table + " (bucket, key_id, pid, peer_pid, " + strings.Join(cols, ", ") + ", first_seen, last_seen) " +
 		"SELECT " + bucket + ", key_id, MAX(pid), MAX(peer_pid), " + strings.Join(sums, ", ") + ", MIN(first_seen), MAX(last_seen) " +
 		"FROM flow_minutes GROUP BY " + bucket + ", key_id"
 }
@@ -288,10 +345,11 @@ const listenerBucketColumns = `
 		last_seen BIGINT NOT NULL,
 		PRIMARY KEY (bucket, host_id, proto, local_addr, port, comm)`
 
-// flowBucketColumns are the columns of every table of flow counters per
-// bucket (minute rows and their rollups): one column per tracer.Counters
-// field.
-const flowBucketColumns = `
+// v10FlowBucketColumns are the columns of every table of flow counters
+// per bucket (minute rows and their rollups) as migrations 2 and 4 made
+// them: one column per tracer.Counters field of then. Migration 11 added
+// the RTT's (rttColumns).
+const v10FlowBucketColumns = `
 		bucket BIGINT NOT NULL,
 		key_id BIGINT NOT NULL,
 		pid BIGINT NOT NULL DEFAULT 0,

@@ -253,8 +253,8 @@ func fromNs(v int64) time.Time {
 }
 
 // Write stores one agent's batch in one transaction: hosts and their
-// addresses, services, and observations whose counters are added to what
-// the same bucket already holds.
+// addresses, services, and observations, listeners and DNS counters whose
+// counters are added to what the same bucket already holds.
 func (s *Store) Write(ctx context.Context, b Batch) error {
 	if len(b.Observations) > 0 {
 		if err := s.prepareWrites(ctx); err != nil {
@@ -312,6 +312,9 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 		return err
 	}
 	if err := s.writeListeners(ctx, tx, b.Listeners); err != nil {
+		return err
+	}
+	if err := s.writeDNS(ctx, tx, b.DNS); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -520,7 +523,7 @@ func retainedTables() []struct {
 		out = append(out, struct {
 			level level
 			names []string
-		}{l, []string{l.table, listenerTables[i]}})
+		}{l, []string{l.table, listenerTables[i], dnsTables[i]}})
 	}
 	return out
 }

@@ -287,11 +287,14 @@ func TestEveryCounterAccumulates(t *testing.T) {
 			a.Proto, a.PeerPID, a.PeerComm = "unix", 77, "gunicorn"
 			a.Counters = tracer.Counters{Connections: 1, FailedConnections: 2, FailedRefused: 3, FailedTimeout: 4, FailedReset: 5, FailedUnreachable: 6,
 				BytesSent: 7, BytesReceived: 8, DatagramsSent: 9, DatagramsReceived: 10, ConnectLatencyCount: 11, ConnectLatencySumUs: 12,
-				ConnectLatencyMaxUs: 500, ResetsSent: 14, ResetsReceived: 15, Retransmits: 16}
+				ConnectLatencyMaxUs: 500, ResetsSent: 14, ResetsReceived: 15, Retransmits: 16,
+				RTTSamples: 2, RTTSumUs: 400, RTTMinUs: 150, RTTMaxUs: 250}
 			b := a
 			b.ConnectLatencyMaxUs = 300
+			b.RTTSamples, b.RTTSumUs, b.RTTMinUs, b.RTTMaxUs = 0, 0, 0, 0 // no sample: the minimum stays
 			c := a
 			c.ConnectLatencyMaxUs = 900
+			c.RTTMinUs, c.RTTMaxUs = 90, 700
 			c.Bucket = a.Bucket.Add(time.Minute) // another bucket: summed at query time
 			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a}}); err != nil {
 				t.Fatal(err)
@@ -306,7 +309,8 @@ func TestEveryCounterAccumulates(t *testing.T) {
 			want := a.Counters
 			want.Add(b.Counters)
 			want.Add(c.Counters)
-			if got[0].Counters != want || want.ConnectLatencyMaxUs != 900 || want.Retransmits != 48 {
+			if got[0].Counters != want || want.ConnectLatencyMaxUs != 900 || want.Retransmits != 48 ||
+				want.RTTMinUs != 90 || want.RTTMaxUs != 700 || want.RTTSamples != 4 || want.RTTAvgUs() != 200 {
 				t.Errorf("counters\n got %+v\nwant %+v", got[0].Counters, want)
 			}
 			if got[0].PeerPID != 77 || got[0].PeerComm != "gunicorn" || got[0].RemoteAddr != "/run/app.sock" || got[0].Proto != "unix" {

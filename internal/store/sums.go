@@ -11,20 +11,28 @@ import (
 // counters of counterColumns, first_seen by minimum, last_seen by maximum.
 type flowSum struct {
 	pid, peer   int64
-	c           [16]int64
+	c           [20]int64
 	first, last int64
 }
 
-// latencyMaxIndex is the one counter (connect_latency_max_us) that
-// accumulates by maximum.
-var latencyMaxIndex = func() int {
+// columnIndex is the index of counter column name in counterColumns.
+func columnIndex(name string) int {
 	for i, c := range counterColumns {
-		if maxColumns[c] {
+		if c == name {
 			return i
 		}
 	}
-	panic("no maximum column")
-}()
+	panic("no counter column " + name)
+}
+
+// The counters that do not accumulate by sum: two maxima
+// (connect_latency_max_us, rtt_max_us) and one minimum of non-zero
+// values (rtt_min_us).
+var (
+	latencyMaxIndex = columnIndex("connect_latency_max_us")
+	rttMaxIndex     = columnIndex("rtt_max_us")
+	rttMinIndex     = columnIndex("rtt_min_us")
+)
 
 // add accumulates one bucket row the way the rollups do (the statements of
 // upsertRows and rollupFrom): maximum, sums, minimum.
@@ -32,10 +40,12 @@ func (f *flowSum) add(o *flowSum) {
 	f.pid = max(f.pid, o.pid)
 	f.peer = max(f.peer, o.peer)
 	m := max(f.c[latencyMaxIndex], o.c[latencyMaxIndex])
+	rm := max(f.c[rttMaxIndex], o.c[rttMaxIndex])
+	rn := minNonzero(f.c[rttMinIndex], o.c[rttMinIndex])
 	for i := range f.c {
 		f.c[i] += o.c[i]
 	}
-	f.c[latencyMaxIndex] = m
+	f.c[latencyMaxIndex], f.c[rttMaxIndex], f.c[rttMinIndex] = m, rm, rn
 	f.first = min(f.first, o.first)
 	f.last = max(f.last, o.last)
 }
@@ -71,7 +81,7 @@ const denseKeys = 1 << 24
 func newSums() *sums { return &sums{sparse: map[int64]int32{}} }
 
 func (s *sums) add(key int64, row *flowSum) {
-	if row.pid < 0 || row.peer < 0 || row.c[latencyMaxIndex] < 0 || row.last < 0 {
+	if row.pid < 0 || row.peer < 0 || row.c[latencyMaxIndex] < 0 || row.c[rttMaxIndex] < 0 || row.last < 0 {
 		s.negative = true
 	}
 	if key >= 0 && key < denseKeys {

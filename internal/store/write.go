@@ -44,6 +44,9 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 			return err
 		}
 	}
+	if err := s.writeNames(ctx, tx, obs, ids); err != nil {
+		return err
+	}
 	if err := s.invalidatePieces(ctx, tx, rows); err != nil {
 		return err
 	}
@@ -275,8 +278,8 @@ const keysUpsert = ` ON CONFLICT (host_id, direction, proto, local_addr, remote_
 			RETURNING id, host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm`
 
 // upsertSet is the ON CONFLICT update of a flow bucket table t: maximum
-// of the pids and of the latency maximum, sums, earliest first and latest
-// last seen.
+// of the pids and of the maxima, minimum of the non-zero RTT minima,
+// sums, earliest first and latest last seen.
 func upsertSet(t string) string {
 	var set strings.Builder
 	fmt.Fprintf(&set, "pid = CASE WHEN excluded.pid > %[1]s.pid THEN excluded.pid ELSE %[1]s.pid END,\n", t)
@@ -284,6 +287,8 @@ func upsertSet(t string) string {
 	for _, c := range counterColumns {
 		if maxColumns[c] {
 			fmt.Fprintf(&set, "%[2]s = CASE WHEN excluded.%[2]s > %[1]s.%[2]s THEN excluded.%[2]s ELSE %[1]s.%[2]s END,\n", t, c)
+		} else if minColumns[c] {
+			fmt.Fprintf(&set, "%[2]s = CASE WHEN excluded.%[2]s = 0 THEN %[1]s.%[2]s WHEN %[1]s.%[2]s = 0 OR excluded.%[2]s < %[1]s.%[2]s THEN excluded.%[2]s ELSE %[1]s.%[2]s END,\n", t, c)
 		} else {
 			fmt.Fprintf(&set, "%[2]s = %[1]s.%[2]s + excluded.%[2]s,\n", t, c)
 		}
@@ -291,4 +296,48 @@ func upsertSet(t string) string {
 	fmt.Fprintf(&set, `first_seen = CASE WHEN excluded.first_seen < %[1]s.first_seen THEN excluded.first_seen ELSE %[1]s.first_seen END,
 		last_seen = CASE WHEN excluded.last_seen > %[1]s.last_seen THEN excluded.last_seen ELSE %[1]s.last_seen END`, t)
 	return set.String()
+}
+
+// writeNames keeps, per flow key, the latest non-empty remote name of
+// obs (by last seen; of two seen at once, the later written).
+func (s *Store) writeNames(ctx context.Context, tx *sql.Tx, obs []Observation, ids map[flowKey]int64) error {
+	type named struct {
+		name string
+		seen int64
+	}
+	latest := map[int64]named{}
+	for i := range obs {
+		o := &obs[i]
+		if o.RemoteName == "" {
+			continue
+		}
+		id, seen := ids[keyOf(*o)], max(ns(o.LastSeen), ns(o.Bucket))
+		if n, ok := latest[id]; !ok || seen >= n.seen {
+			latest[id] = named{o.RemoteName, seen}
+		}
+	}
+	if len(latest) == 0 {
+		return nil
+	}
+	keys := make([]int64, 0, len(latest))
+	for id := range latest {
+		keys = append(keys, id)
+	}
+	slices.Sort(keys)
+	const chunk = 200
+	for start := 0; start < len(keys); start += chunk {
+		part := keys[start:min(start+chunk, len(keys))]
+		args := make([]any, 0, 3*len(part))
+		for _, id := range part {
+			args = append(args, id, latest[id].name, latest[id].seen)
+		}
+		q := `INSERT INTO flow_names (key_id, name, seen) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", len(part)), ", ") + `
+			ON CONFLICT (key_id) DO UPDATE SET
+				name = CASE WHEN excluded.seen >= flow_names.seen THEN excluded.name ELSE flow_names.name END,
+				seen = CASE WHEN excluded.seen > flow_names.seen THEN excluded.seen ELSE flow_names.seen END`
+		if _, err := tx.ExecContext(ctx, s.d.rebind(q), args...); err != nil {
+			return fmt.Errorf("write %d remote names: %w", len(part), err)
+		}
+	}
+	return nil
 }
