@@ -25,11 +25,17 @@ type depKey struct {
 	proto     string
 	// workload and container: with Options.Identity only (see identityOf).
 	workload, container string
+	// remoteName: outbound with Options.RemoteNames only (see nameOf).
+	remoteName string
 }
 
 type depSeries struct {
 	c    tracer.Counters
 	seen time.Time
+	// The RTT's minimum and maximum over the last interval that had
+	// samples (c keeps the sums and the maximum since the series began).
+	rttMin, rttMax uint64
+	rttGen         uint64 // the addFlows call they are from
 }
 
 type listenerKey struct{ host, process, port string }
@@ -80,12 +86,15 @@ type depCollector struct {
 	descs     map[string][]*prometheus.Desc // direction -> one per family
 	causeDesc map[string]*prometheus.Desc
 	latency   *prometheus.Desc // outbound only: the client measures it
-	lDrops    *prometheus.Desc
-	lQueue    *prometheus.Desc
-	lLimit    *prometheus.Desc
-	series    *prometheus.Desc
-	dropped   *prometheus.Desc
-	expired   *prometheus.Desc
+	// RTT per direction: a summary (_sum, _count) and the last
+	// interval's minimum and maximum.
+	rtt, rttMin, rttMax map[string]*prometheus.Desc
+	lDrops              *prometheus.Desc
+	lQueue              *prometheus.Desc
+	lLimit              *prometheus.Desc
+	series              *prometheus.Desc
+	dropped             *prometheus.Desc
+	expired             *prometheus.Desc
 
 	mu        sync.Mutex
 	deps      map[depKey]*depSeries
@@ -98,6 +107,14 @@ type depCollector struct {
 	idValues map[[2]string]time.Time
 	nCapped  uint64
 	capped   *prometheus.Desc
+	// names are the remote names held as labels (Options.RemoteNames)
+	// and when each was last used; nNamesCapped counts flows labelled
+	// OtherIdentity because MaxRemoteNames was reached.
+	names        map[string]time.Time
+	nNamesCapped uint64
+	namesCapped  *prometheus.Desc
+	// gen counts addFlows calls (intervals).
+	gen uint64
 }
 
 func newDepCollector(o Options) *depCollector {
@@ -108,9 +125,17 @@ func newDepCollector(o Options) *depCollector {
 		deps:      map[depKey]*depSeries{},
 		listeners: map[listenerKey]*listenerSeries{},
 		idValues:  map[[2]string]time.Time{},
+		names:     map[string]time.Time{},
+		rtt:       map[string]*prometheus.Desc{},
+		rttMin:    map[string]*prometheus.Desc{},
+		rttMax:    map[string]*prometheus.Desc{},
 	}
 	for _, dir := range []string{string(tracer.Outbound), string(tracer.Inbound)} {
 		labels := c.labelNames(dir)
+		c.rtt[dir] = prometheus.NewDesc("deptrace_"+dir+"_rtt_seconds",
+			"Smoothed RTT of the TCP connections (the socket's srtt, read at close and at each interval's end): _sum and _count over the samples, no quantiles.", labels, nil)
+		c.rttMin[dir] = prometheus.NewDesc("deptrace_"+dir+"_rtt_min_seconds", "Smallest smoothed RTT sample of the last interval that had one.", labels, nil)
+		c.rttMax[dir] = prometheus.NewDesc("deptrace_"+dir+"_rtt_max_seconds", "Largest smoothed RTT sample of the last interval that had one.", labels, nil)
 		for _, f := range families {
 			c.descs[dir] = append(c.descs[dir], prometheus.NewDesc("deptrace_"+dir+"_"+f.suffix, f.help, labels, nil))
 		}
@@ -127,7 +152,24 @@ func newDepCollector(o Options) *depCollector {
 	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Series not created because the series limit was reached.", nil, nil)
 	c.expired = prometheus.NewDesc("deptrace_metrics_series_expired_total", "Series dropped after being idle longer than the TTL (--metrics-ttl).", nil, nil)
 	c.capped = prometheus.NewDesc("deptrace_metrics_identity_capped_total", "Flows labelled workload=\""+OtherIdentity+"\" because the cap on distinct workload and container values was reached.", nil, nil)
+	c.namesCapped = prometheus.NewDesc("deptrace_metrics_remote_names_capped_total", "Outbound flows labelled remote_name=\""+OtherIdentity+"\" because the cap on distinct remote names (--metrics-remote-names-max) was reached.", nil, nil)
 	return c
+}
+
+// nameOf gives the remote_name label of an outbound flow (Options.
+// RemoteNames): its DNS name, "" when it has none; past MaxRemoteNames
+// distinct names, new ones are OtherIdentity. c.mu is held.
+func (c *depCollector) nameOf(name string, now time.Time) string {
+	if name == "" {
+		return ""
+	}
+	name = utf8(name)
+	if _, ok := c.names[name]; !ok && len(c.names) >= c.opt.MaxRemoteNames {
+		c.nNamesCapped++
+		return OtherIdentity
+	}
+	c.names[name] = now
+	return name
 }
 
 // OtherIdentity is the workload and container label of a flow whose
@@ -162,6 +204,8 @@ func (c *depCollector) identityOf(id tracer.Identity, now time.Time) (workload, 
 func (c *depCollector) labelNames(dir string) []string {
 	var l []string
 	switch {
+	case dir == string(tracer.Outbound) && c.opt.RemoteNames:
+		l = []string{"host", "process", "remote", "port", "proto", "remote_name"}
 	case dir == string(tracer.Outbound):
 		l = []string{"host", "process", "remote", "port", "proto"}
 	case c.opt.ClientAddr:
@@ -178,6 +222,8 @@ func (c *depCollector) labelNames(dir string) []string {
 func (c *depCollector) labelValues(k depKey) []string {
 	var v []string
 	switch {
+	case k.direction == string(tracer.Outbound) && c.opt.RemoteNames:
+		v = []string{k.host, k.process, k.remote, k.port, k.proto, k.remoteName}
 	case k.direction == string(tracer.Outbound):
 		v = []string{k.host, k.process, k.remote, k.port, k.proto}
 	case c.opt.ClientAddr:
@@ -211,6 +257,7 @@ func (c *depCollector) addFlows(flows []tracer.Flow, host func(uint32) string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.expire(now)
+	c.gen++
 	for _, f := range flows {
 		if f.Direction != tracer.Outbound && f.Direction != tracer.Inbound {
 			continue
@@ -218,6 +265,9 @@ func (c *depCollector) addFlows(flows []tracer.Flow, host func(uint32) string) {
 		k := c.keyOf(f, host(f.NetNS))
 		if c.opt.Identity {
 			k.workload, k.container = c.identityOf(f.Identity, now)
+		}
+		if c.opt.RemoteNames && f.Direction == tracer.Outbound {
+			k.remoteName = c.nameOf(f.RemoteName, now)
 		}
 		s := c.deps[k]
 		if s == nil {
@@ -227,6 +277,13 @@ func (c *depCollector) addFlows(flows []tracer.Flow, host func(uint32) string) {
 			}
 			s = &depSeries{}
 			c.deps[k] = s
+		}
+		if f.RTTSamples > 0 {
+			if s.rttGen == c.gen { // another flow of this interval
+				s.rttMin, s.rttMax = min(s.rttMin, f.RTTMinUs), max(s.rttMax, f.RTTMaxUs)
+			} else {
+				s.rttMin, s.rttMax, s.rttGen = f.RTTMinUs, f.RTTMaxUs, c.gen
+			}
 		}
 		s.c.Add(f.Counters)
 		s.seen = now
@@ -275,6 +332,11 @@ func (c *depCollector) expire(now time.Time) {
 			delete(c.idValues, v)
 		}
 	}
+	for v, seen := range c.names {
+		if now.Sub(seen) > c.opt.TTL {
+			delete(c.names, v)
+		}
+	}
 }
 
 // Describe implements prometheus.Collector.
@@ -287,7 +349,12 @@ func (c *depCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.causeDesc {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.latency, c.lDrops, c.lQueue, c.lLimit, c.series, c.dropped, c.expired, c.capped} {
+	for _, m := range []map[string]*prometheus.Desc{c.rtt, c.rttMin, c.rttMax} {
+		for _, d := range m {
+			ch <- d
+		}
+	}
+	for _, d := range []*prometheus.Desc{c.latency, c.lDrops, c.lQueue, c.lLimit, c.series, c.dropped, c.expired, c.capped, c.namesCapped} {
 		ch <- d
 	}
 }
@@ -319,6 +386,13 @@ func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
 		if k.direction == string(tracer.Outbound) {
 			ch <- prometheus.MustNewConstSummary(c.latency, s.c.ConnectLatencyCount, float64(s.c.ConnectLatencySumUs)/1e6, nil, lv...)
 		}
+		// RTT series appear with the first sample (a dependency whose
+		// kernel side reads no RTT has none).
+		if s.c.RTTSamples > 0 {
+			ch <- prometheus.MustNewConstSummary(c.rtt[k.direction], s.c.RTTSamples, float64(s.c.RTTSumUs)/1e6, nil, lv...)
+			ch <- prometheus.MustNewConstMetric(c.rttMin[k.direction], prometheus.GaugeValue, float64(s.rttMin)/1e6, lv...)
+			ch <- prometheus.MustNewConstMetric(c.rttMax[k.direction], prometheus.GaugeValue, float64(s.rttMax)/1e6, lv...)
+		}
 	}
 	for k, s := range c.listeners {
 		lv := []string{k.host, k.process, k.port}
@@ -330,6 +404,7 @@ func (c *depCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(c.nDropped))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(c.nExpired))
 	ch <- prometheus.MustNewConstMetric(c.capped, prometheus.CounterValue, float64(c.nCapped))
+	ch <- prometheus.MustNewConstMetric(c.namesCapped, prometheus.CounterValue, float64(c.nNamesCapped))
 }
 
 // utf8 keeps a label value valid: command names and socket paths are

@@ -37,7 +37,14 @@ const (
 	// DefaultMaxIdentityValues bounds the distinct (workload,
 	// container) label pairs with Options.Identity.
 	DefaultMaxIdentityValues = 1000
-	MinTTL                   = time.Second
+	// DefaultMaxRemoteNames bounds the distinct remote_name values with
+	// Options.RemoteNames.
+	DefaultMaxRemoteNames = 1000
+	// DefaultMaxDNSClients and DefaultMaxDNSResolvers bound the DNS
+	// series' client (host, process, workload) and resolver labels.
+	DefaultMaxDNSClients   = 1000
+	DefaultMaxDNSResolvers = 100
+	MinTTL                 = time.Second
 )
 
 // Options configure Metrics. The zero value is usable: defaults apply.
@@ -58,6 +65,17 @@ type Options struct {
 	// OtherIdentity.
 	Identity          bool
 	MaxIdentityValues int
+	// RemoteNames adds a remote_name label (the server's DNS name, ""
+	// when none) to outbound series. Off by default: names are many and
+	// an address's name changes, which changes the series;
+	// MaxRemoteNames bounds the distinct names held (default 1000), past
+	// which new ones read OtherIdentity.
+	RemoteNames    bool
+	MaxRemoteNames int
+	// MaxDNSClients bounds the distinct (host, process, workload) labels
+	// of the DNS series (default 1000) and MaxDNSResolvers their
+	// resolvers (default 100); past either, new ones read OtherIdentity.
+	MaxDNSClients, MaxDNSResolvers int
 	// FlowMapSize is the kernel flow map's capacity, exported so that
 	// flows per drain can be read as a fill ratio.
 	FlowMapSize uint32
@@ -70,6 +88,7 @@ type Options struct {
 type Metrics struct {
 	reg        *prometheus.Registry
 	deps       *depCollector
+	dns        *dnsCollector
 	lost       *prometheus.CounterVec
 	drain      prometheus.Histogram
 	perDrain   prometheus.Histogram
@@ -124,12 +143,22 @@ func New(o Options) *Metrics {
 	if o.MaxIdentityValues <= 0 {
 		o.MaxIdentityValues = DefaultMaxIdentityValues
 	}
+	if o.MaxRemoteNames <= 0 {
+		o.MaxRemoteNames = DefaultMaxRemoteNames
+	}
+	if o.MaxDNSClients <= 0 {
+		o.MaxDNSClients = DefaultMaxDNSClients
+	}
+	if o.MaxDNSResolvers <= 0 {
+		o.MaxDNSResolvers = DefaultMaxDNSResolvers
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 	m := &Metrics{
 		reg:  prometheus.NewRegistry(),
 		deps: newDepCollector(o),
+		dns:  newDNSCollector(o),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "deptrace_events_lost_total",
 			Help: "Kernel events deptrace could not record, by reason.",
@@ -169,7 +198,7 @@ func New(o Options) *Metrics {
 		Help: "Most distinct bundled flows the kernel map holds per interval (--flow-map-size).",
 	})
 	capacity.Set(float64(o.FlowMapSize))
-	m.reg.MustRegister(m.deps, m.lost, m.drain, m.perDrain, m.lastDrain, m.flows, m.storeErrs, capacity,
+	m.reg.MustRegister(m.deps, m.dns, m.lost, m.drain, m.perDrain, m.lastDrain, m.flows, m.storeErrs, capacity,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "deptrace_spool_bytes",
 			Help: "Bytes of batches waiting in the spool for the store.",
@@ -213,9 +242,10 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// ObserveInterval adds one drain's flows and losses. host names the host
-// of a network namespace (the agent's host ids); drain is how long the
-// drain took.
+// ObserveInterval adds one drain's flows, DNS records and losses. host
+// names the host of a network namespace (the agent's host ids); drain is
+// how long the drain took. The DNS watcher must have filled iv.DNS and
+// the flows' RemoteName before.
 func (m *Metrics) ObserveInterval(iv tracer.Interval, host func(netns uint32) string, drain time.Duration) {
 	if m == nil {
 		return
@@ -231,6 +261,7 @@ func (m *Metrics) ObserveInterval(iv tracer.Interval, host func(netns uint32) st
 		}
 	}
 	m.deps.addFlows(iv.Flows, host)
+	m.dns.add(iv.DNS, host)
 }
 
 // ObserveListeners adds one interval's listener records (accept-queue
