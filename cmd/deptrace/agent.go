@@ -155,6 +155,8 @@ killed agent left.`,
 	cmd.Flags().BoolVar(&cfg.Metrics.ClientAddr, "metrics-client-addr", false, "label inbound series with the client address (unbounded: only for few clients)")
 	cmd.Flags().BoolVar(&cfg.Metrics.Identity, "metrics-identity", false, "label dependency series with the local end's workload and container name (never ids); off by default: it changes every series' labels")
 	cmd.Flags().IntVar(&cfg.Metrics.MaxIdentityValues, "metrics-identity-max", metrics.DefaultMaxIdentityValues, "with --metrics-identity, most distinct (workload, container) pairs; past it new ones read _other (1 or more)")
+	cmd.Flags().BoolVar(&cfg.Metrics.RemoteNames, "metrics-remote-names", false, "label outbound series with the server's DNS name (remote_name); off by default: names are many and an address's name changes")
+	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxRemoteNames, metrics.DefaultMaxRemoteNames, 1, 1<<20, ""), "metrics-remote-names-max", "with --metrics-remote-names, most distinct names; past it new ones read _other")
 	cmd.Flags().Var(agent.IntFlag(&cfg.MaxEdgesPerNode, agent.DefaultMaxEdgesPerNode, 1, agent.MaxEdgesPerNodeLimit, "no cap"), "max-edges-per-node", "most distinct edges (peers) one local process keeps in the store and the metrics; past it its new peers' flows are added to one edge to _other (docs/operations.md)")
 	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxSeries, metrics.DefaultMaxSeries, 1, 1<<24, ""), "metrics-max-series", "most dependency and listener series held; past it new ones are not created and are counted in deptrace_metrics_series_dropped_total")
 	idf.register(cmd)
