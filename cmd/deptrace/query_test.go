@@ -70,7 +70,9 @@ func TestLookGraphDiffOnAStore(t *testing.T) {
 
 func lookGraphDiff(t *testing.T, db string) {
 
-	out, errOut, code := run(t, nil, "look", "nginx", "--store", db)
+	// 2 drops of 6 connections: degraded by default (under 3 events),
+	// unhealthy (DROPPING) from 2 events.
+	out, errOut, code := run(t, nil, "look", "nginx", "--store", db, "--health-min-events", "2")
 	if code != 0 {
 		t.Fatal(errOut)
 	}
@@ -98,7 +100,7 @@ func lookGraphDiff(t *testing.T, db string) {
 	}
 
 	out, _, _ = run(t, nil, "graph", "--format", "json", "--store", db)
-	if !strings.Contains(out, `"unhealthy": true`) || !strings.Contains(out, `"drops": 2`) || !strings.Contains(out, "accept queue full") {
+	if !strings.Contains(out, `"health": "degraded"`) || !strings.Contains(out, `"drops": 2`) || !strings.Contains(out, "accept queue full") {
 		t.Errorf("graph json does not flag the dropping service:\n%s", out)
 	}
 	out, _, _ = run(t, nil, "graph", "--format", "json", "--store", db, "--since", "10m")

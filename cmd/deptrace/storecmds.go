@@ -58,6 +58,8 @@ func (f *healthFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Float64Var(&f.h.FailedRatio, "health-failed-ratio", d.FailedRatio, "failed connections over attempts that make an edge unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.ResetRatio, "health-reset-ratio", d.ResetRatio, "resets over connections that make an edge unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.RetransmitsPerConn, "health-retransmits-per-conn", d.RetransmitsPerConn, "retransmitted segments per connection above which an edge is unhealthy")
+	cmd.Flags().Float64Var(&f.h.ListenDropRatio, "health-listen-drop-ratio", d.ListenDropRatio, "connections a full accept queue dropped over those that reached the service that make it unhealthy (0 to 1)")
+	cmd.Flags().Float64Var(&f.h.DegradedFactor, "health-degraded-factor", d.DegradedFactor, "fraction of each threshold from which an edge or service is degraded (over 0, up to 1)")
 }
 
 // queryFlags are shared by look, graph and diff.

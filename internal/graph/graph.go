@@ -53,9 +53,11 @@ type Node struct {
 	// Services (format 2) are the services a workload node listens on.
 	Services []Service `json:"services,omitempty"`
 	// Unhealthy marks a service that dropped connections; Reasons says
-	// why, one phrase each.
+	// why, one phrase each. Health (set by Judge) is ok, degraded or
+	// unhealthy.
 	Unhealthy bool     `json:"unhealthy"`
 	Reasons   []string `json:"reasons,omitempty"`
+	Health    string   `json:"health,omitempty"`
 }
 
 // ListenerState is a service's accept queue over the range.
@@ -82,8 +84,10 @@ type Edge struct {
 	LastSeen            time.Time `json:"last_seen"`
 	// Unhealthy: failed connections, resets or retransmissions at rates
 	// over the thresholds (Health); Reasons says which, with the numbers.
+	// Health (set by Judge) is ok, degraded or unhealthy.
 	Unhealthy bool     `json:"unhealthy"`
 	Reasons   []string `json:"reasons,omitempty"`
+	Health    string   `json:"health,omitempty"`
 }
 
 // health judges the edge by the default thresholds (DefaultHealth).

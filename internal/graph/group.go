@@ -42,6 +42,7 @@ type Service struct {
 	Listener  *ListenerState `json:"listener,omitempty"`
 	Unhealthy bool           `json:"unhealthy"`
 	Reasons   []string       `json:"reasons,omitempty"`
+	Health    string         `json:"health,omitempty"`
 }
 
 // String is how a service reads: "tcp/5432", "unix /run/app.sock".

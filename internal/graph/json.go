@@ -188,6 +188,9 @@ func (e *jsonEncoder) node(n *Node) {
 	}
 	e.bool("unhealthy", n.Unhealthy)
 	e.reasons(n.Reasons)
+	if n.Health != "" {
+		e.str("health", n.Health)
+	}
 	e.b = append(e.b, e.lay.fieldEnd...)
 	e.b = append(e.b, '}')
 }
@@ -273,6 +276,11 @@ func (e *jsonEncoder) services(ss []Service) {
 			e.b = append(e.b, in2...)
 			e.b = append(e.b, ']')
 		}
+		if s.Health != "" {
+			e.b = append(e.b, ',')
+			field("health")
+			e.b = jsonenc.AppendString(e.b, s.Health)
+		}
 		e.b = append(e.b, in1...)
 		e.b = append(e.b, '}')
 	}
@@ -313,6 +321,9 @@ func (e *jsonEncoder) edge(x *Edge) {
 	e.time("last_seen", x.LastSeen)
 	e.bool("unhealthy", x.Unhealthy)
 	e.reasons(x.Reasons)
+	if x.Health != "" {
+		e.str("health", x.Health)
+	}
 	e.b = append(e.b, e.lay.fieldEnd...)
 	e.b = append(e.b, '}')
 }
