@@ -239,7 +239,8 @@ func (d *Daemon) Logs(t testing.TB, name string) (stdout, stderr []byte) {
 }
 
 // ImportBusybox imports image (e.g. deptrace-test/busybox:1): the static
-// busybox with the applets sh, wget, httpd, nc and sleep in /bin, and
+// busybox with the applets sh, wget, httpd, nc, nslookup, seq and sleep in
+// /bin, and
 // /www/index.html for httpd.
 func (d *Daemon) ImportBusybox(t testing.TB, image string) {
 	t.Helper()
@@ -260,7 +261,7 @@ func (d *Daemon) ImportBusybox(t testing.TB, image string) {
 	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, app := range []string{"sh", "wget", "httpd", "nc", "sleep"} {
+	for _, app := range []string{"sh", "wget", "httpd", "nc", "nslookup", "seq", "sleep"} {
 		if err := os.Symlink("busybox", filepath.Join(root, "bin", app)); err != nil {
 			t.Fatal(err)
 		}

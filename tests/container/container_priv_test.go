@@ -41,13 +41,7 @@ func buildImage(t *testing.T) (tarball, ref string) {
 	t.Helper()
 	goBin := dockertest.Need(t, "go", "golang-go")
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "deptrace")
-	build := exec.Command(goBin, "build", "-trimpath", "-ldflags", "-s -w -X main.version="+imageVersion, "-o", bin, "./cmd/deptrace")
-	build.Dir = repoRoot
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v: %s", err, out)
-	}
+	bin := buildBinary(t)
 	b, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
