@@ -3,7 +3,10 @@ package web
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
@@ -24,6 +27,9 @@ type seriesPoint struct {
 	tracer.Counters
 	ConnectLatencyAvgUs uint64 `json:"connect_latency_avg_us"`
 	Unhealthy           bool   `json:"unhealthy"`
+	// Health is the step's state by the server's thresholds: ok,
+	// degraded or unhealthy.
+	Health string `json:"health"`
 }
 
 type seriesAnswer struct {
@@ -37,15 +43,75 @@ type seriesAnswer struct {
 	Points []seriesPoint `json:"points"`
 }
 
-// handleSeries answers one edge's history over the range: from, to, proto
-// and port name the edge as /api/graph gives it (group_by as there);
-// points (default 30, at most 120) splits the range into steps of whole
-// minutes (one more point when the range starts inside a minute).
-// Each step is read from the store like a range of its own, keeping only
-// the observations of the edge's protocol and port, so a point costs the
-// flows of its minutes, not the whole graph.
+// nodeTraffic is a node's connections one way in one step: the sums of
+// its edges' counters (client's point of view, as on the edges).
+type nodeTraffic struct {
+	tracer.Counters
+	ConnectLatencyAvgUs uint64 `json:"connect_latency_avg_us"`
+	// Edges is how many edges had traffic; Unhealthy and Degraded how
+	// many of them were so judged over the step.
+	Edges     int `json:"edges"`
+	Unhealthy int `json:"unhealthy"`
+	Degraded  int `json:"degraded"`
+}
+
+func (n *nodeTraffic) add(e *graph.Edge) {
+	n.Counters.Add(e.Counters)
+	n.Edges++
+	switch e.Health {
+	case graph.HealthUnhealthy:
+		n.Unhealthy++
+	case graph.HealthDegraded:
+		n.Degraded++
+	}
+	if n.ConnectLatencyCount > 0 {
+		n.ConnectLatencyAvgUs = n.ConnectLatencySumUs / n.ConnectLatencyCount
+	}
+}
+
+// nodePoint is one step of a node's history: what reached it (in: the
+// edges it serves) and what it sent (out: the edges it is the client of).
+type nodePoint struct {
+	T   time.Time   `json:"t"`
+	In  nodeTraffic `json:"in"`
+	Out nodeTraffic `json:"out"`
+}
+
+type nodeSeriesAnswer struct {
+	Node   string      `json:"node"`
+	Since  time.Time   `json:"since"`
+	Until  time.Time   `json:"until"`
+	StepS  int64       `json:"step_seconds"`
+	Points []nodePoint `json:"points"`
+}
+
+// maxIDLen bounds a node id in a query: ids are a kind, a host id, and a
+// workload, process or address.
+const maxIDLen = 1024
+
+// validID checks a node id given as from, to or node.
+func validID(name, v string) error {
+	if len(v) > maxIDLen {
+		return badParam("invalid %s: %d bytes, allowed a node id of at most %d", name, len(v), maxIDLen)
+	}
+	if !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
+		return badParam("invalid %s %q: allowed a node id as /api/graph gives it, without control characters", name, v)
+	}
+	return nil
+}
+
+// handleSeries answers one edge's or one node's history over the range.
+// An edge: from, to, proto and port name it as /api/graph gives it; a
+// node: node is its id (group_by as there for both). points (default 30,
+// at most 120) splits the range into steps of whole minutes (one more
+// point when the range starts inside a minute).
+// Each step is read from the store like a range of its own; an edge's
+// keeps only the observations of its protocol and port, so a point costs
+// the flows of its minutes, not the whole graph; a node's builds the
+// step's graph, so a node's history costs about what /api/graph costs
+// over the same range.
 func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
-	q, err := newQuery(r.URL.Query(), s.now(), "since", "until", "group_by", "from", "to", "proto", "port", "points")
+	q, err := newQuery(r.URL.Query(), s.now(), "since", "until", "group_by", "from", "to", "proto", "port", "points", "node")
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -70,20 +136,41 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	node := q.str("node")
 	from, to := q.str("from"), q.str("to")
-	if from == "" || to == "" {
-		s.fail(w, r, badParam("missing from or to: allowed the ids of an edge's ends, as /api/graph gives them"))
-		return
-	}
-	proto, err := q.proto()
-	if err != nil || proto == "" {
-		s.fail(w, r, badParam("invalid proto %q: allowed %s", q.str("proto"), "tcp, udp, unix"))
-		return
-	}
-	port, err := q.port()
-	if err != nil || port < 0 {
-		s.fail(w, r, badParam("invalid port %q: allowed 0 to 65535", q.str("port")))
-		return
+	proto, port := "", -1
+	if q.has("node") {
+		if node == "" {
+			s.fail(w, r, badParam("missing node: allowed a node id as /api/graph gives it"))
+			return
+		}
+		if q.has("from") || q.has("to") || q.has("proto") || q.has("port") {
+			s.fail(w, r, badParam("node given with from, to, proto or port: allowed either node (a node's history) or from, to, proto and port (an edge's)"))
+			return
+		}
+		if err := validID("node", node); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	} else {
+		if from == "" || to == "" {
+			s.fail(w, r, badParam("missing from or to: allowed the ids of an edge's ends, as /api/graph gives them (or node, for a node's history)"))
+			return
+		}
+		for _, x := range [][2]string{{"from", from}, {"to", to}} {
+			if err := validID(x[0], x[1]); err != nil {
+				s.fail(w, r, err)
+				return
+			}
+		}
+		if proto, err = q.proto(); err != nil || proto == "" {
+			s.fail(w, r, badParam("invalid proto %q: allowed %s", q.str("proto"), "tcp, udp, unix"))
+			return
+		}
+		if port, err = q.port(); err != nil || port < 0 {
+			s.fail(w, r, badParam("invalid port %q: allowed 0 to 65535", q.str("port")))
+			return
+		}
 	}
 	points := defaultPoints
 	if v := q.str("points"); v != "" {
@@ -112,34 +199,70 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	ans := seriesAnswer{From: from, To: to, Proto: proto, Port: port, Since: start, Until: until, StepS: int64(step / time.Second), Points: []seriesPoint{}}
-	for t := start; t.Before(until); t = t.Add(step) {
-		end := t.Add(step)
-		if end.After(until) {
-			end = until
+	// each builds the graph of every step, of the observations keep
+	// accepts, and hands it over.
+	each := func(keep func(*store.Observation) bool, f func(t time.Time, g *graph.Graph)) error {
+		for t := start; t.Before(until); t = t.Add(step) {
+			end := t.Add(step)
+			if end.After(until) {
+				end = until
+			}
+			obs, err := s.st.Observations(ctx, store.Range{Since: t, Until: end})
+			if err != nil {
+				return err
+			}
+			if keep != nil {
+				var kept []store.Observation // obs may be the cache's: not filtered in place
+				for i := range obs {
+					if keep(&obs[i]) {
+						kept = append(kept, obs[i])
+					}
+				}
+				obs = kept
+			}
+			g := graph.Build(obs, hosts, nil)
+			graph.Name(&g, ids)
+			g = graph.Group(g, by)
+			g.Judge(s.health)
+			f(t, &g)
 		}
-		obs, err := s.st.Observations(ctx, store.Range{Since: t, Until: end})
+		return nil
+	}
+	if node != "" {
+		ans := nodeSeriesAnswer{Node: node, Since: start, Until: until, StepS: int64(step / time.Second), Points: []nodePoint{}}
+		err := each(nil, func(t time.Time, g *graph.Graph) {
+			p := nodePoint{T: t}
+			for i := range g.Edges {
+				e := &g.Edges[i]
+				if e.To == node {
+					p.In.add(e)
+				}
+				if e.From == node {
+					p.Out.add(e)
+				}
+			}
+			ans.Points = append(ans.Points, p)
+		})
 		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
-		var keep []store.Observation // obs may be the cache's: not filtered in place
-		for _, o := range obs {
-			if o.Proto == proto && int(o.Port) == port {
-				keep = append(keep, o)
-			}
-		}
-		g := graph.Build(keep, hosts, nil)
-		graph.Name(&g, ids)
-		g = graph.Group(g, by)
-		g.Judge(s.health)
-		p := seriesPoint{T: t}
+		s.json(w, ans)
+		return
+	}
+	ans := seriesAnswer{From: from, To: to, Proto: proto, Port: port, Since: start, Until: until, StepS: int64(step / time.Second), Points: []seriesPoint{}}
+	err = each(func(o *store.Observation) bool { return o.Proto == proto && int(o.Port) == port }, func(t time.Time, g *graph.Graph) {
+		p := seriesPoint{T: t, Health: graph.HealthOK}
 		for _, e := range g.Edges {
 			if e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port {
-				p.Counters, p.ConnectLatencyAvgUs, p.Unhealthy = e.Counters, e.ConnectLatencyAvgUs, e.Unhealthy
+				p.Counters, p.ConnectLatencyAvgUs, p.Unhealthy, p.Health = e.Counters, e.ConnectLatencyAvgUs, e.Unhealthy, e.Health
 			}
 		}
 		ans.Points = append(ans.Points, p)
+	})
+	if err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	s.json(w, ans)
 }
