@@ -87,6 +87,10 @@ func worse(a, b string) string {
 // make a rate at (or, strict, over) the threshold; degraded when at least
 // minDegraded events make a rate at DegradedFactor of it; ok otherwise.
 func (h Health) level(events uint64, rate, threshold float64, strict bool, minDegraded uint64) string {
+	f := h.DegradedFactor
+	if f <= 0 { // a Health literal without it: the default
+		f = DefaultHealth.DegradedFactor
+	}
 	over := rate >= threshold
 	if strict {
 		over = rate > threshold
@@ -96,7 +100,7 @@ func (h Health) level(events uint64, rate, threshold float64, strict bool, minDe
 		return HealthOK
 	case events >= h.MinEvents && over:
 		return HealthUnhealthy
-	case events >= minDegraded && (over || rate >= h.DegradedFactor*threshold):
+	case events >= minDegraded && (over || rate >= f*threshold):
 		return HealthDegraded
 	}
 	return HealthOK
