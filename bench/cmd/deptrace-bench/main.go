@@ -56,8 +56,10 @@ func newBenchLoadCmd() *cobra.Command {
 		Long: `load runs echo clients against --addr servers (or against its own, with
 --serve) and reports the achieved rate, errors, latency percentiles and the
 ground truth: every client-server edge that completed a round trip. With
---rate the clients are paced; a rate they cannot reach is reported as
-reached=false, never silently. --clients N spreads client source addresses
+--rate the load is open loop: each start goes to whichever of the
+--concurrency clients is free, and starts more than 100 ms late are dropped
+and counted (missed); a rate it cannot reach is reported as reached=false,
+never silently. --clients N spreads client source addresses
 over N loopback addresses (127.1.0.1...) to emulate N client hosts; --ports N
 makes --serve listen on N consecutive ports to emulate N services.`,
 		Example: `  deptrace-bench load --serve 127.0.0.1:0 --workload tcp-short --duration 10s
@@ -97,8 +99,8 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 			if r.TargetRate > 0 {
 				target = fmt.Sprintf("target %.0f/s, reached=%v", r.TargetRate, r.Reached)
 			}
-			fmt.Printf("%s: %d round trips in %s = %.0f/s (%s), %d errors, %d edges, p50 %s p90 %s p99 %s\n",
-				r.Workload, r.RoundTrips, r.Elapsed.Round(time.Millisecond), r.Rate, target, r.Errors, len(r.Edges), r.P50, r.P90, r.P99)
+			fmt.Printf("%s: %d round trips in %s = %.0f/s (%s, %d starts missed), %d errors, %d edges, p50 %s p90 %s p99 %s max %s\n",
+				r.Workload, r.RoundTrips, r.Elapsed.Round(time.Millisecond), r.Rate, target, r.Missed, r.Errors, len(r.Edges), r.P50, r.P90, r.P99, r.Max)
 			return nil
 		},
 	}
@@ -107,7 +109,7 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 	cmd.Flags().StringVar(&serve, "serve", "", "start echo servers here: first address ip:port (port 0 picks one)")
 	cmd.Flags().IntVar(&ports, "ports", 1, "with --serve: listen on this many consecutive ports (emulated services)")
 	cmd.Flags().IntVar(&clients, "clients", 0, "emulated client hosts: source addresses 127.1.0.1 onwards (0: kernel's choice)")
-	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "parallel clients, or connections held open (1 to 10000)")
+	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "parallel clients (with --rate: the most round trips in flight), or connections held open (1 to 10000)")
 	cmd.Flags().Float64Var(&cfg.Rate, "rate", 0, "target round trips (tcp-short: connections) per second over all clients; 0 = as fast as possible")
 	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response (1 to 65000)")
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to drive the load")
@@ -152,6 +154,7 @@ func newBenchOverheadCmd() *cobra.Command {
 	var pairs int
 	var pairPhase time.Duration
 	var attribute, hollow bool
+	var minReached float64
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -195,6 +198,9 @@ tables for docs/performance.md.`,
 			if pairs > 0 && (pairPhase < time.Second || pairPhase > time.Hour) {
 				return fmt.Errorf("invalid --pair-phase %s: allowed 1s to 1h", pairPhase)
 			}
+			if minReached < 0 || minReached > 1 {
+				return fmt.Errorf("invalid --min-reached %g: allowed 0 (no check) to 1", minReached)
+			}
 			if attribute && pairs == 0 {
 				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
 			}
@@ -213,7 +219,7 @@ tables for docs/performance.md.`,
 				measure.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow}
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, MinReached: minReached}
 				rs, err := measure.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
 				if err != nil {
 					return err
@@ -235,6 +241,7 @@ tables for docs/performance.md.`,
 	cmd.Flags().Float64Var(&cfg.Rate, "rate", 0, "pace the bpf_stats view's load (round trips/s; 0: flat out)")
 	cmd.Flags().IntVar(&pairs, "pairs", 10, "interleaved untraced/traced pairs per load of the whole-machine measurement (0 skips it)")
 	cmd.Flags().DurationVar(&pairPhase, "pair-phase", 3*time.Second, "length of each run of a pair")
+	cmd.Flags().Float64Var(&minReached, "min-reached", measure.DefaultMinReached, "fraction of its rate each run of a pair must reach, or the pair is made again (3 tries, then an error); 0: no check")
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
@@ -243,7 +250,7 @@ tables for docs/performance.md.`,
 // pairedLoads are the fixed-rate loads of the whole-machine measurement.
 var pairedLoads = []measure.PairedLoad{
 	{Name: "short-lived TCP", Workload: loadgen.TCPShort, Rate: 5000},
-	{Name: "persistent TCP", Workload: loadgen.TCPPersistent, Rate: 40000},
+	{Name: "persistent TCP", Workload: loadgen.TCPPersistent, Rate: 40000, AboveReach: true},
 	{Name: "UDP, new socket per round trip", Workload: loadgen.UDP, Rate: 5000},
 	{Name: "short-lived TCP, 1,000 client hosts", Workload: loadgen.TCPShort, Rate: 5000, Clients: 1000},
 }
@@ -262,7 +269,13 @@ For every point it runs the load once without tracing, then once per method
 with the method attached and draining every --interval (the tracer process's
 CPU and the recall of true dependencies), then once per eBPF method with
 bpf_stats on (kernel program time). Progress goes to stderr; results.csv,
-results.json and PNG plots go to --out.`,
+results.json and PNG plots go to --out.
+
+The harness checks itself: a run below --min-reached of the asked rate is
+made again, up to --attempts runs, and then stops the sweep with an error
+naming what it reached; a row whose kernel programs' CPU disagrees with its
+ns per round trip times its rate by more than --tolerance stops it too. The
+rows finished before are kept in --out.`,
 		Example: `  deptrace-bench compare --out bench-out
   deptrace-bench compare --workloads tcp-short --rates 1000,5000 --peers "" --duration 3s`,
 		Args: cobra.NoArgs,
@@ -292,6 +305,15 @@ results.json and PNG plots go to --out.`,
 			}
 			if !slices.Contains(loadgen.Workloads, cfg.PeersWorkload) {
 				return fmt.Errorf("invalid --peers-workload %q: allowed %s", cfg.PeersWorkload, strings.Join(loadgen.Workloads, ", "))
+			}
+			if cfg.MinReached < 0 || cfg.MinReached > 1 {
+				return fmt.Errorf("invalid --min-reached %g: allowed 0 (no check) to 1", cfg.MinReached)
+			}
+			if cfg.Attempts < 1 || cfg.Attempts > 20 {
+				return fmt.Errorf("invalid --attempts %d: allowed 1 to 20", cfg.Attempts)
+			}
+			if cfg.Tolerance <= 0 || cfg.Tolerance > 1 {
+				return fmt.Errorf("invalid --tolerance %g: allowed above 0 up to 1", cfg.Tolerance)
 			}
 			if cfg.Duration < time.Second || cfg.Interval < 100*time.Millisecond || cfg.Interval > cfg.Duration {
 				return fmt.Errorf("invalid --duration %s / --interval %s: allowed duration 1s or more, interval 100ms up to the duration", cfg.Duration, cfg.Interval)
@@ -326,16 +348,19 @@ results.json and PNG plots go to --out.`,
 	}
 	cmd.Flags().StringVar(&workloads, "workloads", strings.Join(loadgen.Workloads, ","), "workloads to sweep")
 	cmd.Flags().StringVar(&methods, "methods", strings.Join(measure.Methods, ","), "methods to compare")
-	cmd.Flags().StringVar(&rates, "rates", "2500,5000,7500,10000,12500", "target rates per second to sweep")
+	cmd.Flags().StringVar(&rates, "rates", "2500,5000,7500,10000", "target rates per second to sweep")
 	cmd.Flags().StringVar(&peers, "peers", "200,400,600,800,1000", "emulated client hosts for the many-peers sweep (empty: skip it)")
 	cmd.Flags().Float64Var(&cfg.PeersRate, "peers-rate", 5000, "rate of the many-peers sweep")
 	cmd.Flags().StringVar(&cfg.PeersWorkload, "peers-workload", loadgen.TCPShort, "workload of the many-peers sweep")
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each run")
 	cmd.Flags().DurationVar(&cfg.Interval, "interval", time.Second, "how often each method hands over its flows")
-	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 16, "clients for tcp-short and udp")
+	cmd.Flags().IntVar(&cfg.Concurrency, "concurrency", 64, "clients for tcp-short and udp: the most round trips in flight")
 	cmd.Flags().IntVar(&cfg.Persistent, "persistent", 100, "connections held open for tcp-persistent")
 	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response")
 	cmd.Flags().BoolVar(&cfg.KernelStats, "kernel-stats", true, "also measure kernel program time (one more run per eBPF method)")
+	cmd.Flags().Float64Var(&cfg.MinReached, "min-reached", measure.DefaultMinReached, "fraction of the asked rate every run must reach (0: no check)")
+	cmd.Flags().IntVar(&cfg.Attempts, "attempts", measure.DefaultAttempts, "runs of a point's run that falls short before the sweep fails")
+	cmd.Flags().Float64Var(&cfg.Tolerance, "tolerance", measure.DefaultTolerance, "how far a row's kernel CPU may disagree with ns per round trip × rate (fraction)")
 	cmd.Flags().StringVar(&out, "out", "bench-out", "directory for results.csv, results.json and plots")
 	return cmd
 }

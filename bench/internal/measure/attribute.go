@@ -40,6 +40,11 @@ const perfFreq = 4999
 type SampleCounts struct {
 	ByCategory map[string]int
 	Agent      int
+	// All is every sample of the run, perf's own included; Idle those
+	// of the idle task (pid 0). cpu-clock samples idle CPUs too, so
+	// (All-Idle)/All is the machine's busy share, to check against
+	// /proc/stat (checkBusyAgrees).
+	All, Idle int
 }
 
 // perfRun samples the whole machine until stop.
@@ -149,7 +154,14 @@ func countSamples(r io.Reader, flt sampleFilter) (SampleCounts, error) {
 		if err != nil || err2 != nil {
 			return c, fmt.Errorf("perf script: unexpected line %q", sc.Text())
 		}
-		if at := time.Duration(secs * 1e9); at < flt.start || at > flt.end || pid == flt.perfPID {
+		if at := time.Duration(secs * 1e9); at < flt.start || at > flt.end {
+			continue
+		}
+		c.All++
+		if pid == 0 {
+			c.Idle++
+		}
+		if pid == flt.perfPID {
 			continue
 		}
 		if pid == flt.agentPID {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/loadgen"
 )
 
 func TestSampleCategory(t *testing.T) {
@@ -52,6 +54,9 @@ func TestCountSamples(t *testing.T) {
 	if c.Agent != 2 || c.ByCategory["tracepoint dispatch"] != 2 || c.ByCategory["program on_tcp_state"] != 1 || len(c.ByCategory) != 2 {
 		t.Errorf("counted %+v; want agent 2, dispatch 2 (the agent's, perf's and those outside the load excluded), on_tcp_state 1", c)
 	}
+	if c.All != 8 || c.Idle != 1 {
+		t.Errorf("all %d, idle %d; want the 8 samples of the load's time, perf's included, 1 of them idle", c.All, c.Idle)
+	}
 	if _, err := countSamples(strings.NewReader("cpu-clock: garbage here\n"), flt); err == nil {
 		t.Error("a line without a pid was accepted")
 	}
@@ -82,5 +87,51 @@ func TestAttributionPairs(t *testing.T) {
 	}
 	if tot := a.Total(); !near(tot[0], 16*perRT) || !near(tot[1], 12.5*perRT) {
 		t.Errorf("totals %v, want %v and %v", tot, 16*perRT, 12.5*perRT)
+	}
+}
+
+// The attribution's whole against /proc/stat: perf's busy samples, at
+// 1/perfFreq s each, must add up to /proc/stat's busy time.
+func TestCheckBusyAgrees(t *testing.T) {
+	c := SampleCounts{All: 100000, Idle: 20000} // 80,000 busy samples: 16.0 s at 4999 Hz
+	if err := checkBusyAgrees(c, 16*time.Second, 10*time.Second, 0.15); err != nil {
+		t.Errorf("16 s against 16 s: %v", err)
+	}
+	if err := checkBusyAgrees(c, 14*time.Second, 10*time.Second, 0.15); err != nil {
+		t.Errorf("16 s against 14 s: %v", err)
+	}
+	err := checkBusyAgrees(c, 10*time.Second, 10*time.Second, 0.15)
+	if err == nil || !strings.Contains(err.Error(), "80000 busy samples at 4999 Hz stand for 16s of CPU, /proc/stat gives 10s") || !strings.Contains(err.Error(), "38 % off") {
+		t.Errorf("16 s against 10 s: %v", err)
+	}
+	if err := checkBusyAgrees(SampleCounts{}, time.Second, time.Second, 0.15); err == nil {
+		t.Error("a run without samples passed")
+	}
+}
+
+// A pair is compared only when both runs carry the load asked: both at
+// 95 % of the rate, or, asked above reach, within 10 % of each other.
+func TestCheckPair(t *testing.T) {
+	l := PairedLoad{Name: "short-lived TCP, 1,000 client hosts", Rate: 5000}
+	ok := loadgen.Result{Rate: 4990}
+	if err := checkPair("p", l, ok, ok, 0.95); err != nil {
+		t.Errorf("both reached: %v", err)
+	}
+	err := checkPair("paired x, pair 2", l, loadgen.Result{Rate: 1624}, ok, 0.95)
+	if err == nil || !strings.Contains(err.Error(), "pair 2, untraced run reached 1624/s of the 5000/s asked") {
+		t.Errorf("untraced short: %v", err)
+	}
+	if err := checkPair("p", l, ok, loadgen.Result{Rate: 32}, 0.95); err == nil || !strings.Contains(err.Error(), "traced run reached 32/s") {
+		t.Errorf("traced short: %v", err)
+	}
+	above := PairedLoad{Rate: 40000, AboveReach: true}
+	if err := checkPair("p", above, loadgen.Result{Rate: 16000}, loadgen.Result{Rate: 15500}, 0.95); err != nil {
+		t.Errorf("above reach, 3 %% apart: %v", err)
+	}
+	if err := checkPair("p", above, loadgen.Result{Rate: 16000}, loadgen.Result{Rate: 9000}, 0.95); err == nil || !strings.Contains(err.Error(), "44 % apart") {
+		t.Errorf("above reach, 44 %% apart: %v", err)
+	}
+	if err := checkPair("p", l, loadgen.Result{Rate: 10}, ok, 0); err != nil {
+		t.Errorf("min 0 checks nothing: %v", err)
 	}
 }

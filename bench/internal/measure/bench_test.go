@@ -1,7 +1,9 @@
 package measure
 
 import (
+	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +90,90 @@ func TestPointsCoverTheSweep(t *testing.T) {
 		if v, ok := want[args[i]]; ok && args[i+1] != v {
 			t.Errorf("%s = %s, want %s", args[i], args[i+1], v)
 		}
+	}
+}
+
+// The row of the issue that started these checks: 0.22 % of a core
+// reported beside 2,384 ns per round trip at 4,968/s (about 1.18 %).
+func TestCheckRowCatchesKernelCPUThatDisagreesWithNsTimesRate(t *testing.T) {
+	good := Row{Method: Bundling, Rate: 4968, KernelRate: 5001, KernelNsPerRT: 2384, KernelCPU: 2384 * 5001 / 1e7, TracerCPU: 0.5}
+	if err := CheckRow(good, 0.10); err != nil {
+		t.Errorf("consistent row refused: %v", err)
+	}
+	bad := good
+	bad.KernelCPU = 0.22
+	err := CheckRow(bad, 0.10)
+	if err == nil || !strings.Contains(err.Error(), "kernel programs CPU 0.220 %") || !strings.Contains(err.Error(), "2384 ns per round trip") {
+		t.Errorf("0.22 %% against 2,384 ns × 5,001/s: %v", err)
+	}
+	// The bpf_stats run reached a fifth of the rate of the run whose
+	// rate the table shows: its CPU agrees with its own rate only.
+	mixed := Row{Method: Streaming, Rate: 4968, KernelRate: 1000, KernelNsPerRT: 2384, KernelCPU: 2384 * 1000 / 1e7}
+	if err := CheckRow(mixed, 0.10); err == nil || !strings.Contains(err.Error(), "the achieved rate 4968/s") {
+		t.Errorf("kernel figures of a run at 1,000/s beside an achieved 4,968/s: %v", err)
+	}
+	if err := CheckRow(Row{Method: Polling, Rate: 5000, TracerCPU: 20}, 0.10); err != nil {
+		t.Errorf("polling has no kernel figures: %v", err)
+	}
+	// Within the tolerance.
+	near := good
+	near.KernelCPU *= 1.08
+	if err := CheckRow(near, 0.10); err != nil {
+		t.Errorf("8 %% off with a 10 %% tolerance: %v", err)
+	}
+}
+
+func TestCheckReached(t *testing.T) {
+	res := loadgen.Result{Rate: 1624, Missed: 16880, Clients: 16, Mean: 9 * time.Millisecond, Errors: 2, FirstError: "dial tcp: i/o timeout"}
+	err := CheckReached("tcp-short rate=5000 peers=1000: baseline", res, 5000, 0.95)
+	if err == nil {
+		t.Fatal("1,624/s of 5,000/s passed")
+	}
+	for _, want := range []string{"peers=1000: baseline reached 1624/s of the 5000/s asked (32.5 %, below 95 %)", "16880 starts missed", "16 clients", "i/o timeout"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("not one line: %q", err)
+	}
+	for _, ok := range []struct{ rate, target, min float64 }{{4750, 5000, 0.95}, {5100, 5000, 0.95}, {10, 5000, 0}, {10, 0, 0.95}} {
+		if err := CheckReached("x", loadgen.Result{Rate: ok.rate}, ok.target, ok.min); err != nil {
+			t.Errorf("%+v: %v", ok, err)
+		}
+	}
+}
+
+// A run that falls short is made again, up to Attempts; one that never
+// reaches fails the sweep with what it reached.
+func TestReachingRetriesThenFails(t *testing.T) {
+	var progress strings.Builder
+	rates := []float64{3000, 4990}
+	c := CompareConfig{MinReached: 0.95, Attempts: 3}
+	n := 0
+	res, retries, err := c.reaching(&progress, "udp rate=5000", 5000, func() (loadgen.Result, error) {
+		n++
+		return loadgen.Result{Rate: rates[min(n-1, len(rates)-1)]}, nil
+	})
+	if err != nil || retries != 1 || n != 2 || res.Rate != 4990 {
+		t.Errorf("short once, then reached: %v, %d retries, %d runs, %.0f/s", err, retries, n, res.Rate)
+	}
+	if !strings.Contains(progress.String(), "udp rate=5000 reached 3000/s") || !strings.Contains(progress.String(), "running it again (2 of 3)") {
+		t.Errorf("progress: %q", progress.String())
+	}
+	n = 0
+	_, retries, err = c.reaching(&progress, "udp rate=5000", 5000, func() (loadgen.Result, error) {
+		n++
+		return loadgen.Result{Rate: 100}, nil
+	})
+	if err == nil || n != 3 || retries != 2 || !strings.Contains(err.Error(), "(3 runs)") {
+		t.Errorf("never reached: %v after %d runs, %d retries", err, n, retries)
+	}
+	n = 0
+	if _, _, err := c.reaching(&progress, "x", 5000, func() (loadgen.Result, error) {
+		n++
+		return loadgen.Result{}, errors.New("load failed")
+	}); err == nil || n != 1 {
+		t.Errorf("a failed run is not retried: %v, %d runs", err, n)
 	}
 }

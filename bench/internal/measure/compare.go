@@ -1,11 +1,13 @@
 package measure
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,7 +39,21 @@ type CompareConfig struct {
 	KernelStats bool
 	// LoadCommand starts `deptrace bench load`; flags are appended.
 	LoadCommand []string
+	// MinReached is the fraction of the asked rate every run must reach
+	// (0: none); Attempts is how often a run that falls short is made
+	// before the sweep fails. Tolerance is how far a row's figures may
+	// disagree with each other (CheckRow).
+	MinReached float64
+	Attempts   int
+	Tolerance  float64
 }
+
+// Defaults of the harness's own checks.
+const (
+	DefaultMinReached = 0.95
+	DefaultAttempts   = 3
+	DefaultTolerance  = 0.10
+)
 
 // Row is one measured point.
 type Row struct {
@@ -56,11 +72,15 @@ type Row struct {
 	TracerCPU     float64       `json:"tracer_cpu_pct"`   // user+system of the tracer process, % of one core
 	KernelCPU     float64       `json:"kernel_cpu_pct"`   // kernel programs, % of one core (bpf_stats run)
 	KernelNsPerRT float64       `json:"kernel_ns_per_rt"` // summed program time per round trip
+	KernelRate    float64       `json:"kernel_rate"`      // achieved rate of the bpf_stats run
 	TrueEdges     int           `json:"true_edges"`
 	FoundEdges    int           `json:"found_edges"`
 	Recall        float64       `json:"recall"`
 	Records       int           `json:"records"` // flow records handed to user space
 	Losses        uint64        `json:"losses"`
+	// Retries counts the runs of this row made again because they fell
+	// short of the rate (CompareConfig.Attempts).
+	Retries int `json:"retries"`
 }
 
 // TotalCPU is tracer process plus kernel programs.
@@ -127,21 +147,36 @@ func Compare(ctx context.Context, c CompareConfig, progress io.Writer, onRow fun
 			label += fmt.Sprintf(" peers=%d", p.peers)
 		}
 		step("%s: baseline without tracing (%s)", label, c.Duration)
-		base, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
+		base, _, err := c.reaching(progress, label+": baseline", p.rate, func() (loadgen.Result, error) {
+			return runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
+		})
 		if err != nil {
 			return rows, err
 		}
 		for _, name := range c.Methods {
 			step("%s: %s, tracer CPU and recall", label, name)
-			row, err := c.measure(ctx, p, name, base)
+			var row Row
+			_, retries, err := c.reaching(progress, label+": "+name, p.rate, func() (loadgen.Result, error) {
+				r, res, err := c.measure(ctx, p, name, base)
+				row = r
+				return res, err
+			})
 			if err != nil {
 				return rows, fmt.Errorf("%s %s: %w", label, name, err)
 			}
+			row.Retries = retries
 			if c.KernelStats && name != Polling {
 				step("%s: %s, kernel program time (bpf_stats on)", label, name)
-				if err := c.kernelTime(ctx, p, name, &row); err != nil {
+				_, retries, err = c.reaching(progress, label+": "+name+" with bpf_stats", p.rate, func() (loadgen.Result, error) {
+					return c.kernelTime(ctx, p, name, &row)
+				})
+				if err != nil {
 					return rows, fmt.Errorf("%s %s: %w", label, name, err)
 				}
+				row.Retries += retries
+			}
+			if err := CheckRow(row, cmp.Or(c.Tolerance, DefaultTolerance)); err != nil {
+				return rows, fmt.Errorf("%s %s: %w", label, name, err)
 			}
 			rows = append(rows, row)
 			if onRow != nil {
@@ -154,10 +189,10 @@ func Compare(ctx context.Context, c CompareConfig, progress io.Writer, onRow fun
 
 // measure runs the load with one method attached and collecting every
 // Interval: the process's CPU during the run is the tracer's.
-func (c CompareConfig) measure(ctx context.Context, p point, name string, base loadgen.Result) (Row, error) {
+func (c CompareConfig) measure(ctx context.Context, p point, name string, base loadgen.Result) (Row, loadgen.Result, error) {
 	m, err := NewMethod(name)
 	if err != nil {
-		return Row{}, err
+		return Row{}, loadgen.Result{}, err
 	}
 	defer func() { _ = m.Close() }() // the measurement is taken; nothing to report
 	_, _ = m.Collect()               // start from an empty slate
@@ -185,10 +220,10 @@ func (c CompareConfig) measure(ctx context.Context, p point, name string, base l
 	collect() // the last partial interval
 	cpu := processCPU() - cpu0
 	if err != nil {
-		return Row{}, err
+		return Row{}, res, err
 	}
 	if collErr != nil {
-		return Row{}, collErr
+		return Row{}, res, collErr
 	}
 	found, total := Recall(res.Edges, flows)
 	return Row{
@@ -198,40 +233,109 @@ func (c CompareConfig) measure(ctx context.Context, p point, name string, base l
 		TracerCPU: cpu.Seconds() / res.Elapsed.Seconds() * 100,
 		TrueEdges: total, FoundEdges: found, Recall: ratio(found, total),
 		Records: records, Losses: m.Losses(),
-	}, nil
+	}, res, nil
 }
 
-// kernelTime reruns the load with bpf_stats on and fills the kernel columns.
-func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row *Row) error {
+// kernelTime reruns the load with bpf_stats on and fills the kernel
+// columns, all from this one run.
+func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row *Row) (loadgen.Result, error) {
 	m, err := NewMethod(name)
 	if err != nil {
-		return err
+		return loadgen.Result{}, err
 	}
 	defer func() { _ = m.Close() }() // the measurement is taken; nothing to report
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
-		return fmt.Errorf("enable bpf_stats: %w", err)
+		return loadgen.Result{}, fmt.Errorf("enable bpf_stats: %w", err)
 	}
 	defer func() { _ = stats.Close() }()                     // turning bpf_stats off: nothing to report
 	stop := every(c.Interval, func() { _, _ = m.Collect() }) // keep draining as in real use
 	_, t0, err := m.KernelTime()
 	if err != nil {
 		stop()
-		return err
+		return loadgen.Result{}, err
 	}
 	res, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
 	_, t1, err2 := m.KernelTime()
 	stop()
 	if err != nil {
-		return err
+		return res, err
 	}
 	if err2 != nil {
-		return err2
+		return res, err2
 	}
 	kt := t1 - t0
 	row.KernelCPU = kt.Seconds() / res.Elapsed.Seconds() * 100
+	row.KernelRate = res.Rate
+	row.KernelNsPerRT = 0
 	if res.RoundTrips > 0 {
 		row.KernelNsPerRT = float64(kt.Nanoseconds()) / float64(res.RoundTrips)
+	}
+	return res, nil
+}
+
+// reaching makes a run (fn) until it reaches c.MinReached of the asked
+// rate, at most c.Attempts times, and says how many runs fell short.
+// A run that still falls short is an error naming what it reached and
+// what the load saw.
+func (c CompareConfig) reaching(progress io.Writer, what string, target float64, fn func() (loadgen.Result, error)) (loadgen.Result, int, error) {
+	attempts := max(c.Attempts, 1)
+	for i := 1; ; i++ {
+		res, err := fn()
+		if err != nil {
+			return res, i - 1, err
+		}
+		short := CheckReached(what, res, target, c.MinReached)
+		if short == nil {
+			return res, i - 1, nil
+		}
+		if i >= attempts {
+			return res, i - 1, fmt.Errorf("%w (%d runs)", short, i)
+		}
+		fmt.Fprintf(progress, "bench: %v; running it again (%d of %d)\n", short, i+1, attempts)
+	}
+}
+
+// CheckReached says, in one line, how a run fell below min (a fraction)
+// of its target rate, with what the load saw; nil when it did not.
+func CheckReached(what string, res loadgen.Result, target, min float64) error {
+	if target <= 0 || min <= 0 || res.Rate >= min*target {
+		return nil
+	}
+	detail := fmt.Sprintf("%d starts missed, %d clients, latency mean %s, max %s, %d errors",
+		res.Missed, res.Clients, res.Mean.Round(time.Microsecond), res.Max.Round(time.Microsecond), res.Errors)
+	if res.FirstError != "" {
+		detail += " (first: " + res.FirstError + ")"
+	}
+	return fmt.Errorf("%s reached %.0f/s of the %.0f/s asked (%.1f %%, below %.0f %%): %s",
+		what, res.Rate, target, res.Rate/target*100, min*100, detail)
+}
+
+// CheckRow says, in one line, which of a row's figures disagree with
+// each other by more than tol (a fraction): the kernel programs' CPU
+// must be their ns per round trip times the rate, both the rate of the
+// run with bpf_stats and the row's achieved rate (the table shows the
+// latter beside the kernel figures of the former). The total is the sum
+// of its parts by construction (Row.TotalCPU).
+func CheckRow(r Row, tol float64) error {
+	off := func(got, want float64) float64 {
+		if got == want {
+			return 0
+		}
+		return math.Abs(got-want) / math.Max(math.Abs(got), math.Abs(want))
+	}
+	if r.Method == Polling || (r.KernelCPU == 0 && r.KernelNsPerRT == 0) {
+		return nil
+	}
+	for _, rate := range []struct {
+		name string
+		v    float64
+	}{{"the bpf_stats run's", r.KernelRate}, {"the achieved", r.Rate}} {
+		want := r.KernelNsPerRT * rate.v / 1e7 // ns per round trip × round trips per second, % of one core
+		if d := off(r.KernelCPU, want); d > tol {
+			return fmt.Errorf("kernel programs CPU %.3f %% disagrees with %.0f ns per round trip × %s rate %.0f/s = %.3f %% (%.0f %% off, tolerance %.0f %%)",
+				r.KernelCPU, r.KernelNsPerRT, rate.name, rate.v, want, d*100, tol*100)
+		}
 	}
 	return nil
 }
@@ -340,7 +444,7 @@ func WriteResults(dir string, rows []Row) error {
 // CSVHeader names the columns of results.csv.
 var CSVHeader = []string{"sweep", "workload", "target_rate", "peers", "method", "rate", "reached", "p50_us", "p99_us",
 	"baseline_rate", "baseline_p50_us", "baseline_p99_us", "tracer_cpu_pct", "kernel_cpu_pct", "total_cpu_pct",
-	"kernel_ns_per_rt", "true_edges", "found_edges", "recall", "records", "losses"}
+	"kernel_ns_per_rt", "true_edges", "found_edges", "recall", "records", "losses", "kernel_rate", "retries"}
 
 func (r Row) csv() []string {
 	f := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
@@ -348,7 +452,7 @@ func (r Row) csv() []string {
 	return []string{r.Sweep, r.Workload, f(r.TargetRate, 0), strconv.Itoa(r.Peers), r.Method, f(r.Rate, 0), strconv.FormatBool(r.Reached),
 		us(r.P50), us(r.P99), f(r.BaselineRate, 0), us(r.BaselineP50), us(r.BaselineP99), f(r.TracerCPU, 3), f(r.KernelCPU, 3),
 		f(r.TotalCPU(), 3), f(r.KernelNsPerRT, 0), strconv.Itoa(r.TrueEdges), strconv.Itoa(r.FoundEdges), f(r.Recall, 4),
-		strconv.Itoa(r.Records), strconv.FormatUint(r.Losses, 10)}
+		strconv.Itoa(r.Records), strconv.FormatUint(r.Losses, 10), f(r.KernelRate, 0), strconv.Itoa(r.Retries)}
 }
 
 // ReadResults parses a results.json written by WriteResults.

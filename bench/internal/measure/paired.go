@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -21,6 +22,10 @@ type PairedLoad struct {
 	Workload string
 	Rate     float64 // round trips (connections) per second, over all clients
 	Clients  int     // emulated client hosts (127.1.x.y sources); 0 = one
+	// AboveReach marks a load that asks more than the machine gives, on
+	// purpose (as fast as it goes, paced so as not to burst): its runs
+	// are checked against each other, not against Rate.
+	AboveReach bool
 }
 
 // PairedResult is the extra CPU of the whole machine that tracing costs at
@@ -71,6 +76,9 @@ type PairedConfig struct {
 	// Hollow measures the kernel's floor in place of deptrace: one empty
 	// program on each hook deptrace runs on this kernel (hollow.go).
 	Hollow bool
+	// MinReached is the fraction of its rate each run of a pair must
+	// reach (0: no check), see checkPair.
+	MinReached float64
 }
 
 // Paired runs each load cfg.Pairs times without and with deptrace (tracer
@@ -104,15 +112,18 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 	}
 	// measure runs the load once, under perf when attributing.
 	measure := func(l PairedLoad) (res loadgen.Result, busy time.Duration, c SampleCounts, err error) {
+		var wall time.Duration
 		run := func() error {
-			res, busy, err = busyDuring(ctx, loadCmd, l, phase)
+			res, busy, wall, err = busyDuring(ctx, loadCmd, l, phase)
 			return err
 		}
 		if !attribute {
 			err = run()
 			return res, busy, c, err
 		}
-		c, err = attributeRun(perfDir, phase, run)
+		if c, err = attributeRun(perfDir, phase, run); err == nil {
+			err = checkBusyAgrees(c, busy, wall, busyTolerance)
+		}
 		return res, busy, c, err
 	}
 	// start puts the traced side in place: deptrace draining every second
@@ -141,18 +152,33 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		r := PairedResult{Load: l}
 		for i := 0; i < pairs; i++ {
 			fmt.Fprintf(progress, "bench: paired %s: pair %d/%d\n", l.Name, i+1, pairs)
-			base, baseBusy, baseSamples, err := measure(l)
-			if err != nil {
-				return out, err
-			}
-			stop, err := start()
-			if err != nil {
-				return out, err
-			}
-			traced, tracedBusy, tracedSamples, err := measure(l)
-			stop()
-			if err != nil {
-				return out, err
+			var (
+				base, traced               loadgen.Result
+				baseBusy, tracedBusy       time.Duration
+				baseSamples, tracedSamples SampleCounts
+			)
+			for attempt := 1; ; attempt++ {
+				var err error
+				if base, baseBusy, baseSamples, err = measure(l); err != nil {
+					return out, fmt.Errorf("paired %s, pair %d, untraced run: %w", l.Name, i+1, err)
+				}
+				stop, err := start()
+				if err != nil {
+					return out, err
+				}
+				traced, tracedBusy, tracedSamples, err = measure(l)
+				stop()
+				if err != nil {
+					return out, fmt.Errorf("paired %s, pair %d, traced run: %w", l.Name, i+1, err)
+				}
+				short := checkPair(fmt.Sprintf("paired %s, pair %d", l.Name, i+1), l, base, traced, cfg.MinReached)
+				if short == nil {
+					break
+				}
+				if attempt >= pairAttempts {
+					return out, fmt.Errorf("%w (%d tries)", short, attempt)
+				}
+				fmt.Fprintf(progress, "bench: %v; running the pair again (%d of %d)\n", short, attempt+1, pairAttempts)
 			}
 			extra := (tracedBusy - baseBusy).Seconds() / float64(max(traced.RoundTrips, 1)) * 1e6
 			r.ExtraUs = append(r.ExtraUs, extra)
@@ -169,25 +195,82 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 	return out, nil
 }
 
+// pairAttempts is how often a pair whose runs fall short (checkPair) is
+// made before the measurement fails.
+const pairAttempts = 3
+
+// checkPair says, in one line, why a pair's two runs cannot be compared:
+// a run below min (a fraction) of the asked rate, or, for a load asked
+// above reach, traced and untraced rates further apart than
+// DefaultTolerance (the extra CPU per round trip assumes the same load).
+// min 0 checks nothing.
+func checkPair(what string, l PairedLoad, base, traced loadgen.Result, min float64) error {
+	if min <= 0 {
+		return nil
+	}
+	if l.AboveReach {
+		if d := math.Abs(traced.Rate-base.Rate) / math.Max(base.Rate, 1); d > DefaultTolerance {
+			return fmt.Errorf("%s: traced run %.0f/s and untraced run %.0f/s are %.0f %% apart (tolerance %.0f %%)", what, traced.Rate, base.Rate, d*100, DefaultTolerance*100)
+		}
+		return nil
+	}
+	if err := CheckReached(what+", untraced run", base, l.Rate, min); err != nil {
+		return err
+	}
+	return CheckReached(what+", traced run", traced, l.Rate, min)
+}
+
+// busyTolerance is how far the busy CPU perf's samples stand for may be
+// from /proc/stat's, relative.
+const busyTolerance = 0.15
+
+// checkBusyAgrees checks the attribution's whole against /proc/stat: the
+// attribution counts each sample as 1/perfFreq s of CPU, so the samples
+// not of the idle task must add up to the busy time /proc/stat gives
+// over the same run. (Their share of all samples would not do: cpu-clock
+// samples an idle CPU less often than its frequency on this kernel.)
+func checkBusyAgrees(c SampleCounts, busy, wall time.Duration, tol float64) error {
+	if c.All == 0 || busy <= 0 {
+		return fmt.Errorf("perf took no sample of the run (%d samples, %s busy over %s)", c.All, busy, wall)
+	}
+	perf := time.Duration(float64(c.All-c.Idle) / perfFreq * float64(time.Second))
+	if d := math.Abs(perf.Seconds()-busy.Seconds()) / math.Max(perf.Seconds(), busy.Seconds()); d > tol {
+		return fmt.Errorf("perf's %d busy samples at %d Hz stand for %s of CPU, /proc/stat gives %s over the same %s: %.0f %% off, tolerance %.0f %%",
+			c.All-c.Idle, perfFreq, perf.Round(10*time.Millisecond), busy.Round(10*time.Millisecond), wall.Round(time.Millisecond), d*100, tol*100)
+	}
+	return nil
+}
+
+// pairedClients is the number of clients of a paced paired load: the
+// most round trips in flight, with room for latency spikes (64 at
+// 5,000/s leave 12.8 ms of mean latency). Persistent connections stay 8.
+const pairedClients = 64
+
 // busyDuring runs the load process and returns the machine's busy CPU time
-// over the load's run.
-func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.Duration) (loadgen.Result, time.Duration, error) {
+// over the load's run, and the wall time it was measured over.
+func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.Duration) (loadgen.Result, time.Duration, time.Duration, error) {
+	clients := pairedClients
+	if l.Workload == loadgen.TCPPersistent {
+		clients = 8
+	}
 	args := append([]string{}, loadCmd[1:]...)
 	args = append(args, "--workload", l.Workload, "--rate", strconv.FormatFloat(l.Rate, 'f', -1, 64),
-		"--concurrency", "8", "--duration", phase.String(), "--serve", "127.0.0.1:0", "--output", "json")
+		"--concurrency", strconv.Itoa(clients), "--duration", phase.String(), "--serve", "127.0.0.1:0", "--output", "json")
 	if l.Clients > 0 {
 		args = append(args, "--clients", strconv.Itoa(l.Clients))
 	}
 	b0, err := machineBusy()
 	if err != nil {
-		return loadgen.Result{}, 0, err
+		return loadgen.Result{}, 0, 0, err
 	}
+	t0 := time.Now()
 	res, err := runLoadProcess(ctx, loadCmd[0], args)
+	wall := time.Since(t0)
 	b1, err2 := machineBusy()
 	if err == nil {
 		err = err2
 	}
-	return res, b1 - b0, err
+	return res, b1 - b0, wall, err
 }
 
 // machineBusy is the CPU time all CPUs spent not idle since boot, from the
