@@ -112,6 +112,7 @@ func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, erro
 	}
 	g = graph.Group(g, q.groupBy)
 	g.Judge(q.health.h)
+	g.JudgeDNS(graph.DefaultDNSHealth)
 	return g, hosts, nil
 }
 
@@ -131,6 +132,7 @@ func (q *queryFlags) ungrouped(ctx context.Context) (graph.Graph, []store.Host, 
 	defer func() { _ = st.Close() }() // a read-only command
 	g, hosts, err := loadGraph(ctx, st, r)
 	g.Judge(q.health.h)
+	g.JudgeDNS(graph.DefaultDNSHealth)
 	return g, hosts, err
 }
 

@@ -43,6 +43,10 @@ type Node struct {
 	// pod, container, systemd service or process; the host's id for a
 	// host node.
 	Name string `json:"name,omitempty"`
+	// RemoteName is an external server's DNS name: the name its clients
+	// asked for and got Addr in an answer (the latest seen in the range),
+	// also its Name; empty when no answer named it.
+	RemoteName string `json:"remote_name,omitempty"`
 	// Processes (format 2) names the processes of a workload node when
 	// there are several; Process then joins them with commas.
 	Processes []string `json:"processes,omitempty"`
@@ -52,6 +56,9 @@ type Node struct {
 	Listener *ListenerState `json:"listener,omitempty"`
 	// Services (format 2) are the services a workload node listens on.
 	Services []Service `json:"services,omitempty"`
+	// DNS are the client's lookups over the range, per resolver (AddDNS);
+	// JudgeDNS sets their health and folds it into the node's.
+	DNS []DNSStats `json:"dns,omitempty"`
 	// Unhealthy marks a service that dropped connections; Reasons says
 	// why, one phrase each. Health (set by Judge) is ok, degraded or
 	// unhealthy.
@@ -79,9 +86,12 @@ type Edge struct {
 	tracer.Counters
 	// ConnectLatencyAvgUs is connect_latency_sum_us / connect_latency_count
 	// (0 when nothing was measured).
-	ConnectLatencyAvgUs uint64    `json:"connect_latency_avg_us"`
-	FirstSeen           time.Time `json:"first_seen"`
-	LastSeen            time.Time `json:"last_seen"`
+	ConnectLatencyAvgUs uint64 `json:"connect_latency_avg_us"`
+	// RTTAvgUs is rtt_sum_us / rtt_samples (0 without a sample): the
+	// average smoothed RTT of the edge's TCP connections.
+	RTTAvgUs  uint64    `json:"rtt_avg_us"`
+	FirstSeen time.Time `json:"first_seen"`
+	LastSeen  time.Time `json:"last_seen"`
 	// Unhealthy: failed connections, resets or retransmissions at rates
 	// over the thresholds (Health); Reasons says which, with the numbers.
 	// Health (set by Judge) is ok, degraded or unhealthy.
@@ -165,6 +175,10 @@ type side struct {
 	process                string
 	c                      tracer.Counters // the client's point of view
 	first, last            time.Time
+	// remoteName is the server's DNS name (outbound to an external
+	// server), from the latest flow that had one; nameSeen its time.
+	remoteName string
+	nameSeen   time.Time
 }
 
 // clientView turns a server's counters to the client's point of view.
@@ -179,6 +193,9 @@ func clientView(c tracer.Counters, outbound bool) tracer.Counters {
 
 func (s *side) add(o store.Observation, outbound bool) {
 	s.c.Add(clientView(o.Counters, outbound))
+	if o.RemoteName != "" && (s.remoteName == "" || !o.LastSeen.Before(s.nameSeen)) {
+		s.remoteName, s.nameSeen = o.RemoteName, o.LastSeen
+	}
 	if s.first.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(s.first)) {
 		s.first = o.FirstSeen
 	}
@@ -266,6 +283,7 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 			to = g.nodeOf(nodeKey{'e', out.serverAddr, out.proto, out.port}, "", func() Node {
 				return Node{ID: ExternalID(out.serverAddr, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto}
 			})
+			g.name(to, out)
 		} else {
 			ik := inKey{out.server, out.proto, out.port, out.client, ""}
 			process := ""
@@ -398,6 +416,8 @@ type builder struct {
 	byKey map[nodeKey]int32
 	edges map[[2]int32]int32 // (from, to) node indices to an index in edgeList
 	list  []Edge
+	// nameSeen: when the remote name of an external node was seen.
+	nameSeen map[int32]time.Time
 }
 
 func newBuilder(sizeHint int) *builder {
@@ -441,6 +461,21 @@ func (b *builder) node(n Node) int32 {
 	b.byID[n.ID] = i
 	b.nodes = append(b.nodes, n)
 	return i
+}
+
+// name gives external node i the remote name of s when s saw it later
+// than the name the node has (several clients, one address).
+func (b *builder) name(i int32, s *side) {
+	if s.remoteName == "" {
+		return
+	}
+	if b.nameSeen == nil {
+		b.nameSeen = map[int32]time.Time{}
+	}
+	n := &b.nodes[i]
+	if seen, ok := b.nameSeen[i]; !ok || !s.nameSeen.Before(seen) {
+		n.RemoteName, n.Name, b.nameSeen[i] = s.remoteName, s.remoteName, s.nameSeen
+	}
 }
 
 func (b *builder) edge(from, to int32, s *side) {
@@ -488,6 +523,7 @@ func (b *builder) graph() Graph {
 	for _, r := range es {
 		e := b.list[r.i]
 		e.health()
+		e.RTTAvgUs = e.Counters.RTTAvgUs()
 		g.Edges = append(g.Edges, e)
 	}
 	return g

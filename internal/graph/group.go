@@ -153,6 +153,7 @@ func Group(g Graph, by string) Graph {
 		if n.Process != "" && !slices.Contains(w.Processes, n.Process) {
 			w.Processes = append(w.Processes, n.Process)
 		}
+		w.DNS = mergeDNS(w.DNS, n.DNS)
 		if n.Kind == KindService {
 			s := Service{Proto: n.Proto, Port: n.Port, Process: n.Process, Listener: n.Listener, Unhealthy: n.Unhealthy, Reasons: n.Reasons}
 			if n.Proto == "unix" {
@@ -220,6 +221,7 @@ func Group(g Graph, by string) Graph {
 	}
 	for i := range out.Edges {
 		out.Edges[i].health()
+		out.Edges[i].RTTAvgUs = out.Edges[i].Counters.RTTAvgUs()
 	}
 	slices.SortFunc(out.Edges, func(a, b Edge) int {
 		return cmp.Or(cmp.Compare(a.From, b.From), cmp.Compare(a.To, b.To), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port))

@@ -166,6 +166,9 @@ func (e *jsonEncoder) node(n *Node) {
 	if n.Name != "" {
 		e.str("name", n.Name)
 	}
+	if n.RemoteName != "" {
+		e.str("remote_name", n.RemoteName)
+	}
 	if len(n.Processes) > 0 {
 		e.key("processes")
 		e.b = append(e.b, '[')
@@ -185,6 +188,9 @@ func (e *jsonEncoder) node(n *Node) {
 	}
 	if len(n.Services) > 0 {
 		e.services(n.Services)
+	}
+	if len(n.DNS) > 0 {
+		e.dns(n.DNS)
 	}
 	e.bool("unhealthy", n.Unhealthy)
 	e.reasons(n.Reasons)
@@ -288,6 +294,84 @@ func (e *jsonEncoder) services(ss []Service) {
 	e.b = append(e.b, ']')
 }
 
+// dns writes a client node's DNS stats, one level deeper than the
+// node's fields (as encoding/json indents them).
+func (e *jsonEncoder) dns(ds []DNSStats) {
+	e.key("dns")
+	deeper := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		return s + "  "
+	}
+	in1, in2, in3 := e.lay.inner, deeper(e.lay.inner), deeper(deeper(e.lay.inner))
+	e.b = append(e.b, '[')
+	for i := range ds {
+		d := &ds[i]
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = append(e.b, in1...)
+		e.b = append(e.b, '{')
+		first := true
+		field := func(k string) {
+			if !first {
+				e.b = append(e.b, ',')
+			}
+			first = false
+			e.b = append(e.b, in2...)
+			e.b = append(e.b, '"')
+			e.b = append(e.b, k...)
+			e.b = append(e.b, '"')
+			e.b = append(e.b, e.lay.colon...)
+		}
+		str := func(k, v string) {
+			field(k)
+			e.b = jsonenc.AppendString(e.b, v)
+		}
+		num := func(k string, v uint64) {
+			field(k)
+			e.b = strconv.AppendUint(e.b, v, 10)
+		}
+		str("proto", d.Proto)
+		str("resolver", d.Resolver)
+		c := &d.DNSCounters
+		num("queries", c.Queries)
+		num("answers", c.Answers)
+		num("noerror", c.NoError)
+		num("nxdomain", c.NXDomain)
+		num("servfail", c.ServFail)
+		num("other_errors", c.OtherErrors)
+		num("timeouts", c.Timeouts)
+		num("latency_count", c.LatencyCount)
+		num("latency_sum_us", c.LatencySumUs)
+		num("latency_max_us", c.LatencyMaxUs)
+		num("unparsed", c.Unparsed)
+		num("latency_avg_us", d.LatencyAvgUs)
+		num("failed", d.FailedLookups)
+		if len(d.Reasons) > 0 {
+			field("reasons")
+			e.b = append(e.b, '[')
+			for j, r := range d.Reasons {
+				if j > 0 {
+					e.b = append(e.b, ',')
+				}
+				e.b = append(e.b, in3...)
+				e.b = jsonenc.AppendString(e.b, r)
+			}
+			e.b = append(e.b, in2...)
+			e.b = append(e.b, ']')
+		}
+		if d.Health != "" {
+			str("health", d.Health)
+		}
+		e.b = append(e.b, in1...)
+		e.b = append(e.b, '}')
+	}
+	e.b = append(e.b, e.lay.innerEnd...)
+	e.b = append(e.b, ']')
+}
+
 func (e *jsonEncoder) edge(x *Edge) {
 	e.b = append(e.b, '{')
 	e.first = true
@@ -317,6 +401,7 @@ func (e *jsonEncoder) edge(x *Edge) {
 	e.uint("rtt_min_us", c.RTTMinUs)
 	e.uint("rtt_max_us", c.RTTMaxUs)
 	e.uint("connect_latency_avg_us", x.ConnectLatencyAvgUs)
+	e.uint("rtt_avg_us", x.RTTAvgUs)
 	e.time("first_seen", x.FirstSeen)
 	e.time("last_seen", x.LastSeen)
 	e.bool("unhealthy", x.Unhealthy)

@@ -49,9 +49,16 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 						{Proto: "unix", Addr: "/run/a\"b", Process: "pgbouncer"},
 					},
 					Unhealthy: true, Reasons: []string{"tcp/5432: 7 dropped"}},
-				{ID: "host:h1", Kind: KindHost, Host: "h1", Name: "h1", Process: "app"},
+				{ID: "host:h1", Kind: KindHost, Host: "h1", Name: "h1", Process: "app", DNS: []DNSStats{
+					{Proto: "udp", Resolver: "127.0.0.53:53", DNSCounters: tracer.DNSCounters{Queries: 1, Answers: 2, NoError: 3, NXDomain: 4, ServFail: 5,
+						OtherErrors: 6, Timeouts: 7, LatencyCount: 8, LatencySumUs: 9, LatencyMaxUs: 10, Unparsed: 11}, LatencyAvgUs: 12, FailedLookups: 13,
+						Reasons: []string{"6 of 10 lookups <failed>", "b"}, Health: HealthUnhealthy},
+					{Proto: "tcp", Resolver: "[2001:db8::53]:53"},
+				}, Unhealthy: true, Reasons: []string{"DNS via x: y"}},
+				{ID: "external:203.0.113.7:443", Kind: KindExternal, Addr: "203.0.113.7", Port: 443, Proto: "tcp", Name: "api.example.com", RemoteName: "api.example.com"},
 			},
-			Edges: []Edge{{From: "host:h1", To: "workload:h2/Deployment/db", Proto: "tcp", Port: 5432}},
+			Edges: []Edge{{From: "host:h1", To: "workload:h2/Deployment/db", Proto: "tcp", Port: 5432},
+				{From: "host:h1", To: "external:203.0.113.7:443", Proto: "tcp", Port: 443, Counters: tracer.Counters{RTTSamples: 2, RTTSumUs: 3, RTTMinUs: 1, RTTMaxUs: 2}, RTTAvgUs: 1}},
 		},
 	}
 	for i, g := range graphs {

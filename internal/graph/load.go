@@ -26,7 +26,12 @@ func Load(ctx context.Context, st *store.Store, r store.Range) (Graph, []store.H
 	if err != nil {
 		return Graph{}, nil, err
 	}
+	dns, err := st.DNS(ctx, r)
+	if err != nil {
+		return Graph{}, nil, err
+	}
 	g := Build(obs, hosts, listeners)
+	AddDNS(&g, dns, hosts)
 	Name(&g, ids)
 	return g, hosts, nil
 }

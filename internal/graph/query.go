@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/deptrace/deptrace/internal/store"
@@ -72,7 +73,8 @@ func (ix *index) incoming(id string) []Edge {
 
 // Resolve finds what a user means by target: "addr:port" (one service or
 // external endpoint), a unix socket path ("/run/app.sock", "@name"), an address (everything on the host that holds it, or
-// the external endpoint), a host id or name (everything on it), a
+// the external endpoint), the DNS name of external servers ("api.example.com",
+// any case, every port; "api.example.com:443" one), a host id or name (everything on it), a
 // workload, pod, container or systemd unit (see IdentityMatches), or a
 // process name. Except for addr:port, results are entities: a process on a
 // host, with all its services (see ProcessID).
@@ -128,6 +130,14 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 		host := owner[addr]
 		entities(func(n Node) bool { return (host != "" && n.Host == host) || (n.Kind == KindExternal && n.Addr == addr) })
 	} else {
+		// A DNS name an external server was answered for, or name:port.
+		name := strings.TrimSuffix(target, ".")
+		for _, n := range g.Nodes {
+			if n.Kind == KindExternal && n.RemoteName != "" && (strings.EqualFold(n.RemoteName, name) ||
+				strings.EqualFold(n.RemoteName+":"+strconv.Itoa(int(n.Port)), name)) {
+				add(n.ID)
+			}
+		}
 		for _, h := range hosts {
 			if h.ID == target || h.Name == target {
 				entities(func(n Node) bool { return n.Host == h.ID })

@@ -53,6 +53,14 @@ func Label(n Node) string {
 		}
 		return fmt.Sprintf("%s on %s", name, n.Host)
 	case KindExternal:
+		if n.RemoteName != "" {
+			// By name, the address kept: "tcp api.example.com:443
+			// (external 203.0.113.7)".
+			if n.Port != 0 {
+				return fmt.Sprintf("%s %s:%d (external %s)", n.Proto, n.RemoteName, n.Port, n.Addr)
+			}
+			return fmt.Sprintf("%s (external %s)", n.RemoteName, n.Addr)
+		}
 		if n.Port != 0 {
 			return fmt.Sprintf("%s %s (external)", n.Proto, endpoint(n.Addr, n.Port))
 		}
@@ -174,6 +182,9 @@ func counters(e Edge) string {
 	if c.Retransmits > 0 {
 		fmt.Fprintf(&sb, " retrans=%d", c.Retransmits)
 	}
+	if c.RTTSamples > 0 {
+		fmt.Fprintf(&sb, " rtt=%s/%s", us(c.RTTAvgUs()), us(c.RTTMaxUs))
+	}
 	fmt.Fprintf(&sb, " last=%s", e.LastSeen.Local().Format(time.DateTime))
 	return sb.String()
 }
@@ -245,6 +256,7 @@ func WriteTrees(w io.Writer, trees []Tree, outbound, inbound bool) {
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintln(w, Label(t.Root)+nodeHealth(t.Root))
+		writeDNS(w, t.Root)
 		if outbound {
 			fmt.Fprintln(w, "  depends on (outbound):")
 			writeBranches(w, t.Outbound, "    ", true)
@@ -253,6 +265,36 @@ func WriteTrees(w io.Writer, trees []Tree, outbound, inbound bool) {
 			fmt.Fprintln(w, "  depended on by (inbound):")
 			writeBranches(w, t.Inbound, "    ", false)
 		}
+	}
+}
+
+// writeDNS lists a client's lookups per resolver under its label:
+// "127.0.0.53:53/udp queries=20 nxdomain=2 servfail=0 other=0
+// timeouts=2 latency=100µs/5ms UNHEALTHY: ...".
+func writeDNS(w io.Writer, n Node) {
+	if len(n.DNS) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "  DNS lookups (per resolver):")
+	for _, d := range n.DNS {
+		fmt.Fprintf(w, "    %s/%s queries=%d answers=%d nxdomain=%d servfail=%d other=%d timeouts=%d", d.Resolver, d.Proto,
+			d.Queries, d.Answers, d.NXDomain, d.ServFail, d.OtherErrors, d.Timeouts)
+		if d.LatencyCount > 0 {
+			fmt.Fprintf(w, " latency=%s/%s", us(d.LatencySumUs/d.LatencyCount), us(d.LatencyMaxUs))
+		}
+		if d.Unparsed > 0 {
+			fmt.Fprintf(w, " unparsed=%d", d.Unparsed)
+		}
+		switch d.Health {
+		case HealthUnhealthy:
+			fmt.Fprint(w, "  UNHEALTHY")
+		case HealthDegraded:
+			fmt.Fprint(w, "  DEGRADED")
+		}
+		if len(d.Reasons) > 0 {
+			fmt.Fprint(w, ": "+strings.Join(d.Reasons, "; "))
+		}
+		fmt.Fprintln(w)
 	}
 }
 
@@ -328,6 +370,14 @@ func pictureLabel(n Node, br string) string {
 			ss = append(ss, sv.String())
 		}
 		l += br + "listens " + strings.Join(ss, ", ")
+	}
+	var q, failed uint64
+	for _, d := range n.DNS {
+		q += d.Queries
+		failed += d.Failed()
+	}
+	if failed > 0 {
+		l += br + fmt.Sprintf("DNS: %d of %d lookups failed", failed, q)
 	}
 	return l
 }

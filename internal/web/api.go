@@ -1,13 +1,17 @@
 package web
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
+	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // notFoundError is a target that matches nothing in the selected range:
@@ -137,6 +141,7 @@ func (s *Server) selected(ctx context.Context, f filters, v1 bool) (graph.Graph,
 		g = graph.Group(g, f.groupBy)
 	}
 	g.Judge(s.health)
+	g.JudgeDNS(graph.DefaultDNSHealth)
 	g, err = f.around(f.protoPort(g), hosts)
 	return g, hosts, err
 }
@@ -236,6 +241,7 @@ func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
 	}
 	g = graph.Group(g, f.groupBy)
 	g.Judge(s.health)
+	g.JudgeDNS(graph.DefaultDNSHealth)
 	g = f.protoPort(g)
 	roots, err := graph.Resolve(g, hosts, f.target)
 	if err != nil {
@@ -340,4 +346,145 @@ func nonNil[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+// dnsClient is one client's lookups in /api/dns: the process on its host
+// (with its identity, when deptrace knows it), summed over its resolvers,
+// and per resolver.
+type dnsClient struct {
+	Host    string `json:"host"`
+	Process string `json:"process"`
+	PID     uint32 `json:"pid"`
+	tracer.Identity
+	// Name is how the page names the client: its workload, pod,
+	// container, unit, or process.
+	Name          string           `json:"name"`
+	Queries       uint64           `json:"queries"`
+	FailedLookups uint64           `json:"failed"`
+	Health        string           `json:"health"`
+	Resolvers     []graph.DNSStats `json:"resolvers"`
+	FirstSeen     time.Time        `json:"first_seen"`
+	LastSeen      time.Time        `json:"last_seen"`
+}
+
+type dnsAnswer struct {
+	Since   *time.Time  `json:"since"`
+	Until   *time.Time  `json:"until"`
+	Clients []dnsClient `json:"clients"`
+	// Total is the number of clients that matched; Clients holds the
+	// first limit of them, the worst health first, then the most failed
+	// lookups.
+	Total int `json:"total"`
+}
+
+// Limits of /api/dns's limit parameter.
+const (
+	dnsDefaultLimit = 500
+	dnsMaxLimit     = 10000
+)
+
+var dnsParams = []string{"since", "until", "host", "process", "resolver", "failing", "limit"}
+
+// handleDNS answers each client's DNS lookups over [since, until), per
+// resolver, judged by graph.DefaultDNSHealth: host, process and resolver
+// select exactly; failing=true keeps the clients that are unhealthy or
+// degraded; limit bounds the answer (default 500, at most 10000).
+func (s *Server) handleDNS(w http.ResponseWriter, r *http.Request) {
+	q, err := newQuery(r.URL.Query(), s.now(), dnsParams...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	since, until, err := q.window()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	failing, err := q.bool("failing")
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	limit, err := q.limit(dnsDefaultLimit, dnsMaxLimit)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	resolver := q.str("resolver")
+	if resolver != "" {
+		if _, err := netip.ParseAddrPort(resolver); err != nil {
+			s.fail(w, r, badParam("invalid resolver %q: allowed ADDRESS:PORT, such as 127.0.0.53:53 or [2001:db8::53]:53", resolver))
+			return
+		}
+	}
+	host, process := q.str("host"), q.str("process")
+	ds, err := s.st.DNS(r.Context(), store.Range{Since: since, Until: until})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	type key struct{ host, comm, container, unit, pod string }
+	byClient := map[key]*dnsClient{}
+	var order []key
+	for _, d := range ds {
+		if (host != "" && d.HostID != host) || (process != "" && d.Comm != process) || (resolver != "" && d.Resolver != resolver) {
+			continue
+		}
+		k := key{d.HostID, d.Comm, d.ContainerID, d.Unit, d.PodUID}
+		c := byClient[k]
+		if c == nil {
+			c = &dnsClient{Host: d.HostID, Process: d.Comm, Identity: d.Identity, FirstSeen: d.FirstSeen}
+			byClient[k] = c
+			order = append(order, k)
+		}
+		if !d.LastSeen.Before(c.LastSeen) {
+			c.PID, c.LastSeen = d.PID, d.LastSeen
+		}
+		if d.FirstSeen.Before(c.FirstSeen) {
+			c.FirstSeen = d.FirstSeen
+		}
+		st := graph.DNSStats{Proto: d.Proto, Resolver: d.Resolver, DNSCounters: d.DNSCounters}
+		st.Judge(graph.DefaultDNSHealth)
+		c.Resolvers = append(c.Resolvers, st)
+	}
+	ans := dnsAnswer{Since: timePtr(since), Until: timePtr(until), Clients: []dnsClient{}}
+	rank := map[string]int{graph.HealthUnhealthy: 0, graph.HealthDegraded: 1, graph.HealthOK: 2}
+	for _, k := range order {
+		c := byClient[k]
+		c.Health = graph.HealthOK
+		for _, st := range c.Resolvers {
+			c.Queries += st.Queries
+			c.FailedLookups += st.FailedLookups
+			if rank[st.Health] < rank[c.Health] {
+				c.Health = st.Health
+			}
+		}
+		if failing && c.Health == graph.HealthOK {
+			continue
+		}
+		c.Name = clientName(c.Identity, c.Process)
+		ans.Clients = append(ans.Clients, *c)
+	}
+	slices.SortStableFunc(ans.Clients, func(a, b dnsClient) int {
+		return cmp.Or(cmp.Compare(rank[a.Health], rank[b.Health]), cmp.Compare(b.FailedLookups, a.FailedLookups))
+	})
+	ans.Total = len(ans.Clients)
+	ans.Clients = ans.Clients[:min(limit, len(ans.Clients))]
+	s.json(w, ans)
+}
+
+// clientName is how a client is called: its workload, pod, container
+// or systemd unit, else its process.
+func clientName(id tracer.Identity, process string) string {
+	switch {
+	case id.Workload != "":
+		return id.Workload
+	case id.PodName != "":
+		return id.PodNamespace + "/" + id.PodName
+	case id.ContainerName != "":
+		return id.ContainerName
+	case id.Unit != "":
+		return id.Unit
+	}
+	return process
 }

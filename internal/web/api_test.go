@@ -123,6 +123,8 @@ func TestGraphIsTheCLIJSON(t *testing.T) {
 		if c.by != "" {
 			g = graph.Group(g, c.by)
 		}
+		g.Judge(graph.DefaultHealth) // as the CLI's look, graph and diff judge it
+		g.JudgeDNS(graph.DefaultDNSHealth)
 		var want bytes.Buffer
 		if err := graph.Write(&want, g, c.format); err != nil {
 			t.Fatal(err)
@@ -286,7 +288,14 @@ func TestBadParameters(t *testing.T) {
 		{"/api/diff?since=1h&before_since=junk", 400, `invalid before_since "junk"`},
 		{"/api/diff?since=1h&before_since=1h&before_until=2h", 400, "invalid range: before_since"},
 		{"/api/diff?since=1h&until=nope", 400, `invalid until "nope"`},
-		{"/api/nothing", 404, "no endpoint GET /api/nothing: allowed GET /api/graph, /api/look, /api/diff, /api/series"},
+		{"/api/nothing", 404, "no endpoint GET /api/nothing: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns"},
+		{"/api/dns?limit=0", 400, `invalid limit "0": allowed 1 to 10000`},
+		{"/api/dns?limit=many", 400, `invalid limit "many": allowed 1 to 10000`},
+		{"/api/dns?limit=10001", 400, `invalid limit "10001"`},
+		{"/api/dns?resolver=dns.example", 400, `invalid resolver "dns.example": allowed ADDRESS:PORT`},
+		{"/api/dns?failing=perhaps", 400, `invalid failing "perhaps": allowed true or false`},
+		{"/api/dns?since=1h&until=2h", 400, "invalid range: since"},
+		{"/api/dns?target=nginx", 400, `unknown parameter "target": allowed since, until, host, process, resolver, failing, limit`},
 	}
 	for _, c := range cases {
 		code, body, hdr := get(t, srv.URL, c.path)

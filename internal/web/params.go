@@ -129,3 +129,17 @@ func (q query) port() (int, error) {
 	}
 	return p, nil
 }
+
+// limit reads limit: how many items an answer holds at most (1 to max,
+// def when not given).
+func (q query) limit(def, most int) (int, error) {
+	v := q.str("limit")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > most {
+		return 0, badParam("invalid limit %q: allowed 1 to %d", v, most)
+	}
+	return n, nil
+}

@@ -83,8 +83,9 @@ func New(st *store.Store, opt Options) *Server {
 	s.mux.HandleFunc("GET /api/look", s.handleLook)
 	s.mux.HandleFunc("GET /api/diff", s.handleDiff)
 	s.mux.HandleFunc("GET /api/series", s.handleSeries)
+	s.mux.HandleFunc("GET /api/dns", s.handleDNS)
 	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: allowed GET /api/graph, /api/look, /api/diff, /api/series", r.Method, r.URL.Path)})
+		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns", r.Method, r.URL.Path)})
 	})
 	files := http.FileServerFS(static)
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", files))
