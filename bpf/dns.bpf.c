@@ -1,0 +1,225 @@
+//go:build ignore
+/* deptrace's DNS capture: cgroup_skb programs at the cgroup v2 root that
+ * copy DNS packets (UDP and TCP, port 53) into a ring buffer for
+ * internal/dnswatch, which parses them in user space.
+ *
+ * Every packet of every socket runs these programs, so the test that
+ * leaves for non-DNS traffic comes first and reads only what it must: on
+ * egress the socket's remote port (a connected client's resolver as it
+ * addressed it, before any NAT rule rewrote the packet: Docker's
+ * 127.0.0.11:53 goes to another port), then the packet's destination
+ * port; on ingress the packet's source port (replies through such a NAT
+ * rule have had their source translated back to :53 by then). A DNS
+ * packet is copied with its socket's cookie, cgroup, namespace and, on
+ * egress (which runs in the sending process), the process.
+ *
+ * Not seen: a query sent with sendto() from an unconnected socket to an
+ * address a NAT rule redirects (musl's resolver behind Docker's embedded
+ * DNS): its reply is seen, so the names still come, but not the query.
+ * IPv6 extension headers before the transport header are not walked.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "dns.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+const struct dns_event *_btf_dns_event __attribute__((unused));
+const enum dns_stat *_btf_dns_stat __attribute__((unused));
+const enum dns_dir *_btf_dns_dir __attribute__((unused));
+
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define DNS_PORT 53
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+
+extern void *bpf_cast_to_kern_ctx(void *) __ksym;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} dns_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct dns_event);
+} dns_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DNS_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} dns_stats SEC(".maps");
+
+static __always_inline void dns_stat_inc(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&dns_stats, &idx);
+	if (c)
+		*c += 1; /* per-CPU: no other writer */
+}
+
+/* l4 finds the transport header: its protocol and offset from the network
+ * header; false for anything but UDP and TCP. */
+static __always_inline bool l4(struct __sk_buff *ctx, __u8 *proto, __u32 *off, __u8 *family)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (ctx->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data;
+		if ((void *)(ip + 1) > end)
+			return false;
+		*proto = ip->protocol;
+		*off = ip->ihl * 4;
+		*family = 4;
+	} else if (ctx->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data;
+		if ((void *)(ip6 + 1) > end)
+			return false;
+		*proto = ip6->nexthdr;
+		*off = sizeof(*ip6);
+		*family = 6;
+	} else {
+		return false;
+	}
+	return *proto == IPPROTO_UDP || *proto == IPPROTO_TCP;
+}
+
+static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, __u32 off, __u8 family)
+{
+	__u32 zero = 0;
+	struct dns_event *ev = bpf_map_lookup_elem(&dns_scratch, &zero);
+	if (!ev)
+		return 1;
+	__u32 hdr = 8;
+	ev->tcp_flags = 0;
+	ev->tcp_seq = 0;
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr th;
+		if (bpf_skb_load_bytes(ctx, off, &th, sizeof(th)))
+			return 1;
+		hdr = th.doff * 4;
+		ev->tcp_seq = bpf_ntohl(th.seq);
+		ev->tcp_flags = ((__u8 *)&th)[13];
+		if (hdr < sizeof(th))
+			return 1;
+	}
+	__u32 poff = off + hdr;
+	if (ctx->len < poff)
+		return 1;
+	__u32 plen = ctx->len - poff;
+	if (proto == IPPROTO_TCP && plen == 0 && !(ev->tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST)))
+		return 1; /* a pure ACK */
+	__u32 n = plen;
+	if (n > DNS_MAX_PAYLOAD) {
+		n = DNS_MAX_PAYLOAD;
+		dns_stat_inc(DNS_STAT_CUT);
+	}
+	ev->ts_ns = bpf_ktime_get_ns();
+	ev->cgroup_id = bpf_skb_cgroup_id(ctx);
+	ev->cookie = bpf_get_socket_cookie(ctx);
+	ev->dir = dir;
+	ev->proto = proto;
+	ev->family = family;
+	ev->payload_len = plen;
+	ev->pid = 0;
+	__builtin_memset(ev->comm, 0, sizeof(ev->comm));
+	if (dir == DNS_EGRESS) {
+		ev->pid = bpf_get_current_pid_tgid() >> 32;
+		/* The process's name (its thread-group leader's), not the
+		 * sending thread's. */
+		struct task_struct *task = bpf_get_current_task_btf();
+		bpf_probe_read_kernel_str(ev->comm, sizeof(ev->comm), task->group_leader->comm);
+	}
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(ctx);
+	struct sock *sk = kskb->sk;
+	ev->netns = 0;
+	if (sk)
+		ev->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	__builtin_memset(ev->saddr, 0, sizeof(ev->saddr));
+	__builtin_memset(ev->daddr, 0, sizeof(ev->daddr));
+	__builtin_memset(ev->sk_raddr, 0, sizeof(ev->sk_raddr));
+	if (family == 4) {
+		bpf_skb_load_bytes(ctx, 12, ev->saddr, 4);
+		bpf_skb_load_bytes(ctx, 16, ev->daddr, 4);
+		*(__u32 *)ev->sk_raddr = ctx->remote_ip4;
+	} else {
+		bpf_skb_load_bytes(ctx, 8, ev->saddr, 16);
+		bpf_skb_load_bytes(ctx, 24, ev->daddr, 16);
+		__u32 *r = (__u32 *)ev->sk_raddr;
+		r[0] = ctx->remote_ip6[0];
+		r[1] = ctx->remote_ip6[1];
+		r[2] = ctx->remote_ip6[2];
+		r[3] = ctx->remote_ip6[3];
+	}
+	ev->sk_rport = bpf_ntohs(ctx->remote_port >> 16);
+	__u16 ports[2];
+	if (bpf_skb_load_bytes(ctx, off, ports, sizeof(ports)))
+		return 1;
+	ev->sport = bpf_ntohs(ports[0]);
+	ev->dport = bpf_ntohs(ports[1]);
+	n &= 0x1fff;
+	if (n > DNS_MAX_PAYLOAD)
+		n = DNS_MAX_PAYLOAD;
+	if (n > 0 && bpf_skb_load_bytes(ctx, poff, ev->payload, n))
+		n = 0;
+	ev->cap_len = n;
+	if (bpf_ringbuf_output(&dns_events, ev, offsetof(struct dns_event, payload) + n, 0))
+		dns_stat_inc(DNS_STAT_RINGBUF_FULL);
+	else
+		dns_stat_inc(DNS_STAT_EVENTS);
+	return 1;
+}
+
+/* ports reads the transport header's two ports (network order). */
+static __always_inline bool ports(struct __sk_buff *ctx, __u32 off, __u16 *sport, __u16 *dport)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	if (off > 60)
+		return false;
+	__u16 *p = data + off;
+	if ((void *)(p + 2) > end)
+		return false;
+	*sport = p[0];
+	*dport = p[1];
+	return true;
+}
+
+SEC("cgroup_skb/egress")
+int dns_egress(struct __sk_buff *ctx)
+{
+	__u8 proto, family;
+	__u32 off;
+	/* A connected socket's remote port: no packet read. */
+	bool connected_dns = ctx->remote_port == (__u32)bpf_htons(DNS_PORT) << 16;
+	if (!l4(ctx, &proto, &off, &family))
+		return 1;
+	if (connected_dns)
+		return capture(ctx, DNS_EGRESS, proto, off, family);
+	__u16 sport, dport;
+	if (!ports(ctx, off, &sport, &dport) || dport != bpf_htons(DNS_PORT))
+		return 1;
+	return capture(ctx, DNS_EGRESS, proto, off, family);
+}
+
+SEC("cgroup_skb/ingress")
+int dns_ingress(struct __sk_buff *ctx)
+{
+	__u8 proto, family;
+	__u32 off;
+	if (!l4(ctx, &proto, &off, &family))
+		return 1;
+	__u16 sport, dport;
+	if (!ports(ctx, off, &sport, &dport) || sport != bpf_htons(DNS_PORT))
+		return 1;
+	return capture(ctx, DNS_INGRESS, proto, off, family);
+}

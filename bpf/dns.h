@@ -1,0 +1,48 @@
+/* dns.h: the record bpf/dns.bpf.c writes into its ring buffer for every
+ * DNS packet, shared with internal/dnswatch (bpf2go -type dns_event). */
+#ifndef DNS_H
+#define DNS_H
+
+/* Most payload bytes copied per packet: a UDP answer up to an EDNS buffer
+ * of 4096 fits whole; a TCP segment longer than this is cut, and the
+ * message it belongs to counted as unparsed in user space. */
+#define DNS_MAX_PAYLOAD 4096
+
+enum dns_dir {
+	DNS_EGRESS = 0,
+	DNS_INGRESS = 1,
+};
+
+/* Counters in the stats array. */
+enum dns_stat {
+	DNS_STAT_EVENTS = 0,       /* records written */
+	DNS_STAT_RINGBUF_FULL = 1, /* records lost: the ring buffer was full */
+	DNS_STAT_CUT = 2,          /* payloads longer than DNS_MAX_PAYLOAD */
+	DNS_STAT_MAX = 3,
+};
+
+struct dns_event {
+	__u64 ts_ns;     /* bpf_ktime_get_ns */
+	__u64 cgroup_id; /* the socket's cgroup v2 id */
+	__u64 cookie;    /* the socket's cookie */
+	__u32 netns;     /* network namespace inode */
+	__u32 pid;       /* thread-group id on egress (0 on ingress) */
+	__u8 comm[16];   /* the process's name on egress */
+	__u8 dir;        /* enum dns_dir */
+	__u8 proto;      /* IPPROTO_UDP or IPPROTO_TCP */
+	__u8 family;     /* 4 or 6 */
+	__u8 tcp_flags;  /* TCP header flags (SYN, FIN, RST) */
+	__u16 sport;     /* packet's ports, host order */
+	__u16 dport;
+	__u8 saddr[16]; /* packet's addresses (IPv4 in the first 4 bytes) */
+	__u8 daddr[16];
+	__u8 sk_raddr[16]; /* the socket's remote address and port (a connected */
+	__u16 sk_rport;    /* socket: what it addressed, before any NAT) */
+	__u16 pad;
+	__u32 tcp_seq;     /* sequence number of the first payload byte */
+	__u32 payload_len; /* L4 payload length in the packet */
+	__u32 cap_len;     /* bytes of it that follow this header */
+	__u8 payload[DNS_MAX_PAYLOAD];
+};
+
+#endif

@@ -1,0 +1,208 @@
+package dnswatch
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/kernel"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// Config configures a Watcher.
+type Config struct {
+	// NetNS, when not 0, keeps only the DNS packets of that namespace.
+	NetNS uint32
+	// Timeout is how long a query waits for its answer before it is
+	// counted as timed out.
+	Timeout time.Duration
+	// Grace is how long past its TTL an answer still names its
+	// addresses (clients connect after the answer, some cache it).
+	Grace time.Duration
+	// MaxNames bounds the addresses named at once, over every namespace.
+	MaxNames int
+}
+
+// Defaults and bounds of Config.
+const (
+	DefaultTimeout  = 5 * time.Second
+	MinTimeout      = 100 * time.Millisecond
+	MaxTimeout      = 5 * time.Minute
+	DefaultGrace    = 2 * time.Minute
+	DefaultMaxNames = 100_000
+)
+
+// DefaultConfig is the watcher of every namespace with the defaults.
+func DefaultConfig() Config {
+	return Config{Timeout: DefaultTimeout, Grace: DefaultGrace, MaxNames: DefaultMaxNames}
+}
+
+// Validate names the first bad field and what is allowed.
+func (c Config) Validate() error {
+	if c.Timeout < MinTimeout || c.Timeout > MaxTimeout {
+		return fmt.Errorf("invalid --dns-timeout %s: allowed %s to %s", c.Timeout, MinTimeout, MaxTimeout)
+	}
+	if c.Grace < 0 {
+		return fmt.Errorf("invalid DNS name grace %s: allowed 0 or more", c.Grace)
+	}
+	if c.MaxNames < 1 {
+		return fmt.Errorf("invalid DNS name cache size %d: allowed 1 or more", c.MaxNames)
+	}
+	return nil
+}
+
+// Watcher captures DNS packets and keeps what they say. Apply hands its
+// findings to each interval.
+type Watcher struct {
+	objs  dnsObjects
+	links []link.Link
+	rd    *ringbuf.Reader
+
+	mu sync.Mutex // guards st
+	st *state
+
+	applyMu sync.Mutex    // one Apply at a time
+	flushed chan struct{} // the reader reached a Flush
+	done    chan struct{} // the reader stopped
+}
+
+// New loads bpf/dns.bpf.c, attaches its programs at the cgroup v2 root
+// and starts reading.
+func New(cfg Config) (*Watcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := kernel.Prepare(); err != nil {
+		return nil, err
+	}
+	root, err := kernel.CgroupV2Root()
+	if err != nil {
+		return nil, fmt.Errorf("dns: %w", err)
+	}
+	w := &Watcher{st: newState(cfg), flushed: make(chan struct{}, 1), done: make(chan struct{})}
+	if err := loadDnsObjects(&w.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("dns: load the kernel side: %w", ve)
+		}
+		return nil, fmt.Errorf("dns: load the kernel side: %w", err)
+	}
+	for _, a := range []struct {
+		prog   *ebpf.Program
+		attach ebpf.AttachType
+	}{{w.objs.DnsEgress, ebpf.AttachCGroupInetEgress}, {w.objs.DnsIngress, ebpf.AttachCGroupInetIngress}} {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
+		if err != nil {
+			w.close()
+			return nil, fmt.Errorf("dns: attach %s at %s: %w", a.attach, root, err)
+		}
+		w.links = append(w.links, l)
+	}
+	if w.rd, err = ringbuf.NewReader(w.objs.DnsEvents); err != nil {
+		w.close()
+		return nil, fmt.Errorf("dns: ring buffer: %w", err)
+	}
+	go w.read()
+	return w, nil
+}
+
+func (w *Watcher) read() {
+	defer close(w.done)
+	var rec ringbuf.Record
+	var e Event
+	for {
+		err := w.rd.ReadInto(&rec)
+		switch {
+		case err == nil:
+			if decodeEvent(rec.RawSample, &e) != nil {
+				continue
+			}
+			now := clockNow()
+			w.mu.Lock()
+			w.st.handle(&e, now)
+			w.mu.Unlock()
+		case errors.Is(err, ringbuf.ErrFlushed):
+			select {
+			case w.flushed <- struct{}{}:
+			default:
+			}
+		case errors.Is(err, os.ErrClosed), errors.Is(err, ringbuf.ErrClosed):
+			return
+		default:
+			// A read error other than closing: retry after a pause
+			// rather than spin.
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func clockNow() clock {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail on Linux
+	return clock{wall: time.Now(), mono: uint64(ts.Nano())}
+}
+
+// Apply reads every DNS packet the kernel side has handed over so far,
+// then names iv's outbound tcp and udp flows (RemoteName) and appends to
+// iv.DNS each client's lookups since the last Apply. Identity is left
+// for the caller to fill from CgroupID.
+func (w *Watcher) Apply(iv *tracer.Interval) {
+	w.applyMu.Lock()
+	defer w.applyMu.Unlock()
+	if err := w.rd.Flush(); err == nil {
+		select {
+		case <-w.flushed:
+		case <-w.done:
+		case <-time.After(time.Second):
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.st.apply(iv, clockNow())
+}
+
+// Stats returns the watcher's counters since it started, with what the
+// kernel side lost.
+func (w *Watcher) Stats() Stats {
+	w.mu.Lock()
+	s := w.st.stats
+	w.mu.Unlock()
+	var per []uint64
+	for idx, into := range map[dnsDnsStat]*uint64{dnsDnsStatDNS_STAT_RINGBUF_FULL: &s.Lost} {
+		if err := w.objs.DnsStats.Lookup(uint32(idx), &per); err == nil {
+			*into = 0
+			for _, v := range per {
+				*into += v
+			}
+		}
+	}
+	return s
+}
+
+// Close detaches the programs and stops reading.
+func (w *Watcher) Close() error {
+	err := w.close()
+	<-w.done
+	return err
+}
+
+func (w *Watcher) close() error {
+	var errs []error
+	if w.rd != nil {
+		errs = append(errs, w.rd.Close())
+	} else {
+		close(w.done)
+	}
+	for _, l := range w.links {
+		errs = append(errs, l.Close())
+	}
+	errs = append(errs, w.objs.Close())
+	return errors.Join(errs...)
+}
