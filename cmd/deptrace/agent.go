@@ -35,6 +35,7 @@ func newAgentCmd() *cobra.Command {
 		spoolMax  int64
 		pinPath   string
 		idf       identityFlags
+		df        dnsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -58,6 +59,10 @@ are deleted first. See docs/operations.md, "Disk use and retention".
 Local ends in a systemd unit, a container or a Kubernetes pod are named by
 it (from the cgroup and the runtime's own API), in the store, the graph and
 the metrics; --no-identity turns this off. See docs/flows.md.
+
+Outbound flows to an address a DNS answer gave are stored with the name asked
+for, and each client's lookups (answers by code, timeouts, latency) per
+resolver; --no-dns turns both off.
 
 It serves Prometheus metrics at http://` + metrics.DefaultListen + `/metrics
 (--metrics-listen; "" turns them off): one counter per dependency, listener
@@ -117,19 +122,39 @@ killed agent left.`,
 			if err != nil {
 				return err
 			}
+			dnsCfg, err := df.config(tcfg.NetNS)
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			log := slog.With("component", "agent")
 			// The resolver starts before the tracer, as in trace: it
 			// learns cgroups and containers as they appear, so that one
 			// gone by the first drain is still named.
+			var names *identity.Resolver
 			if idCfg != nil {
-				names, err := identity.New(*idCfg)
-				if err != nil {
+				if names, err = identity.New(*idCfg); err != nil {
 					log.Warn("local ends will not be named by unit or container", "err", err)
 				} else {
 					defer func() { _ = names.Close() }() // stops watching; nothing to report at exit
 					cfg.Annotate = names.Annotate
+				}
+			}
+			if dns := startDNS(dnsCfg, log); dns != nil {
+				defer func() { _ = dns.Close() }() // detaches; nothing to report at exit
+				var lost uint64
+				cfg.DNS = func(iv *tracer.Interval) {
+					dns.Apply(iv)
+					if st := dns.Stats(); st.Lost > lost {
+						log.Warn("DNS packets lost: the ring buffer was full", "lost", st.Lost-lost)
+						lost = st.Lost
+					}
+					if names != nil { // identity on: name the DNS clients too
+						for i := range iv.DNS {
+							iv.DNS[i].Identity = names.Resolve(iv.DNS[i].CgroupID)
+						}
+					}
 				}
 			}
 			return agent.Run(ctx, cfg, log)
@@ -160,6 +185,7 @@ killed agent left.`,
 	cmd.Flags().Var(agent.IntFlag(&cfg.MaxEdgesPerNode, agent.DefaultMaxEdgesPerNode, 1, agent.MaxEdgesPerNodeLimit, "no cap"), "max-edges-per-node", "most distinct edges (peers) one local process keeps in the store and the metrics; past it its new peers' flows are added to one edge to _other (docs/operations.md)")
 	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxSeries, metrics.DefaultMaxSeries, 1, 1<<24, ""), "metrics-max-series", "most dependency and listener series held; past it new ones are not created and are counted in deptrace_metrics_series_dropped_total")
 	idf.register(cmd)
+	df.register(cmd)
 	return cmd
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/netns"
@@ -28,6 +29,7 @@ func newTraceCmd() *cobra.Command {
 		proto    string
 		ports    []string
 		idf      identityFlags
+		df       dnsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "trace",
@@ -37,8 +39,10 @@ dependency seen in that interval: local end, direction arrow (--> the local end
 is the client, <-- it is the server), peer, process, connections, failed
 connection attempts and bytes each way. Local ends in a systemd unit, a
 container or a Kubernetes pod are named by it (from the cgroup and the
-runtime's own API; --no-identity turns this off). Ctrl-C or SIGTERM prints the last
-partial interval before exiting.`,
+runtime's own API; --no-identity turns this off). Outbound flows to an address a
+DNS answer gave carry the name asked for, and each client's lookups are counted
+per resolver in a DNS section (--no-dns turns both off). Ctrl-C or SIGTERM prints
+the last partial interval before exiting.`,
 		Example: `  deptrace trace
   deptrace trace --output jsonl --duration 10s
   deptrace trace --proto tcp --port 5432,6379 --netns self`,
@@ -68,11 +72,19 @@ partial interval before exiting.`,
 			if err != nil {
 				return err
 			}
+			dw, err := output.NewDNS(format, os.Stdout, netns.Names())
+			if err != nil {
+				return err
+			}
 			idCfg, err := idf.config()
 			if err != nil {
 				return err
 			}
-			return runTrace(cmd.Context(), cfg, duration, filter, w, idCfg)
+			dnsCfg, err := df.config(cfg.NetNS)
+			if err != nil {
+				return err
+			}
+			return runTrace(cmd.Context(), cfg, duration, filter, w, dw, idCfg, dnsCfg)
 		},
 	}
 	tf.register(cmd)
@@ -82,7 +94,47 @@ partial interval before exiting.`,
 	cmd.Flags().StringVar(&proto, "proto", "all", "protocols to show: tcp, udp, unix, all (comma list)")
 	cmd.Flags().StringSliceVar(&ports, "port", nil, "server ports to show (comma list); default all")
 	idf.register(cmd)
+	df.register(cmd)
 	return cmd
+}
+
+// dnsFlags turn the DNS watcher (names of remote ends, each client's
+// lookups) on or off; trace and agent share them.
+type dnsFlags struct {
+	off     bool
+	timeout time.Duration
+}
+
+func (f *dnsFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.off, "no-dns", false, "do not watch DNS packets: no names of remote ends (remote_name), no per-client DNS records")
+	cmd.Flags().DurationVar(&f.timeout, "dns-timeout", dnswatch.DefaultTimeout, fmt.Sprintf("a DNS query without an answer for this long counts as a timeout (%s to %s)", dnswatch.MinTimeout, dnswatch.MaxTimeout))
+}
+
+// config returns nil when DNS watching is off.
+func (f *dnsFlags) config(netns uint32) (*dnswatch.Config, error) {
+	if f.off {
+		return nil, nil
+	}
+	cfg := dnswatch.DefaultConfig()
+	cfg.NetNS, cfg.Timeout = netns, f.timeout
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+// startDNS starts the DNS watcher; on failure tracing goes on without it
+// (a warning says why).
+func startDNS(cfg *dnswatch.Config, log *slog.Logger) *dnswatch.Watcher {
+	if cfg == nil {
+		return nil
+	}
+	w, err := dnswatch.New(*cfg)
+	if err != nil {
+		log.Warn("DNS names and per-client DNS records are off", "err", err)
+		return nil
+	}
+	return w
 }
 
 // identityFlags turn naming of local ends (systemd unit, container,
@@ -117,7 +169,7 @@ func (f *identityFlags) config() (*identity.Config, error) {
 	return &cfg, nil
 }
 
-func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration, filter output.Filter, w output.Writer, idCfg *identity.Config) error {
+func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration, filter output.Filter, w output.Writer, dw output.DNSWriter, idCfg *identity.Config, dnsCfg *dnswatch.Config) error {
 	log := slog.With("component", "trace")
 	// Signals first: a SIGTERM at any time after start must end with the
 	// last interval printed, never kill the process mid-load.
@@ -142,6 +194,11 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		return err
 	}
 	defer func() { _ = t.Close() }() // unloads the kernel side at exit; the trace is written
+	dns := startDNS(dnsCfg, log)
+	if dns != nil {
+		defer func() { _ = dns.Close() }() // detaches; nothing to report at exit
+	}
+	var dnsLost uint64
 	hooks.LogUncovered(log, t.Hooks())
 	if nsCount, ports, err := t.Seeded(); err != nil {
 		log.Warn("seeding listening ports failed; older connections may show the wrong direction", "err", err)
@@ -157,16 +214,32 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 
 	var flows, lost uint64
 	err = t.Run(ctx, func(iv tracer.Interval) error {
+		if dns != nil {
+			dns.Apply(&iv)
+			if st := dns.Stats(); st.Lost > dnsLost {
+				log.Warn("DNS packets lost: the ring buffer was full", "lost", st.Lost-dnsLost)
+				dnsLost = st.Lost
+			}
+		}
 		shown := filter.Apply(iv.Flows)
 		flows += uint64(len(shown))
 		if names != nil {
 			names.Annotate(shown)
+			for i := range iv.DNS {
+				iv.DNS[i].Identity = names.Resolve(iv.DNS[i].CgroupID)
+			}
 		}
 		if l := iv.Lost; l.Total() > 0 {
 			lost += l.Total()
 			log.Warn("events lost this interval", lossAttrs(l, cfg)...)
 		}
-		return w.Write(shown, filter.ApplyListeners(iv.Listeners))
+		if err := w.Write(shown, filter.ApplyListeners(iv.Listeners)); err != nil {
+			return err
+		}
+		if filter.DNSShown() {
+			return dw.WriteDNS(iv.DNS)
+		}
+		return nil
 	})
 	log.Info("stopped", "flows", flows, "events_lost", lost)
 	return err

@@ -50,7 +50,11 @@ type Config struct {
 	// Annotate, when set, fills each interval's flows' Identity (unit,
 	// container, pod) before they are counted and stored.
 	Annotate func([]tracer.Flow)
-	EdgeCap  // MaxEdgesPerNode: folds a local end's flows past it (fold.go)
+	// DNS, when set, names each interval's outbound flows (RemoteName)
+	// and fills its DNS records (with their Identity) before they are
+	// counted and stored: the DNS watcher's Apply.
+	DNS     func(*tracer.Interval)
+	EdgeCap // MaxEdgesPerNode: folds a local end's flows past it (fold.go)
 }
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
@@ -139,12 +143,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}()
 
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	servicesDue := 0     // intervals until listening services are written again
-	observed := ""       // the last interval counted in the metrics
-	againBefore := false // the last drain collected an interval again
+	servicesDue := 0         // intervals until listening services are written again
+	observed := ""           // the last interval counted in the metrics
+	againBefore := false     // the last drain collected an interval again
+	var lastDNS []tracer.DNS // the DNS records given to the last interval
+	lastDNSBatch := ""
 	emit := func(iv tracer.Interval) error {
 		if cfg.Annotate != nil {
 			cfg.Annotate(iv.Flows)
+		}
+		if cfg.DNS != nil {
+			cfg.DNS(&iv)
+			// DNS records come from this process, not from the kernel
+			// side: an interval collected again (not stored the first
+			// time) gets them again with what came since.
+			if iv.Recovered && iv.BatchID != "" && iv.BatchID == lastDNSBatch {
+				iv.DNS = mergeDNS(lastDNS, iv.DNS)
+			}
+			lastDNS, lastDNSBatch = iv.DNS, iv.BatchID
 		}
 		cfg.EdgeCap.fold(&iv, log, m) // before the metrics and the store see the flows
 		if iv.Recovered {
@@ -179,7 +195,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			servicesDue = 30
 		}
 		servicesDue--
-		if len(b.Observations)+len(b.Services)+len(b.Listeners) == 0 {
+		if len(b.Observations)+len(b.Services)+len(b.Listeners)+len(b.DNS) == 0 {
 			// Nothing to store: committed here, its error a failed drain.
 			_ = iv.Commit()
 			return nil
@@ -239,7 +255,53 @@ func batchOf(iv tracer.Interval, ids *hostIDs) store.Batch {
 		}
 		b.Listeners = append(b.Listeners, Listener(h.ID, l, store.DefaultBucket))
 	}
+	for _, d := range iv.DNS {
+		h := ids.host(d.NetNS)
+		if !seen[d.NetNS] {
+			seen[d.NetNS] = true
+			b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: d.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
+		}
+		b.DNS = append(b.DNS, DNSObservation(h.ID, d, store.DefaultBucket))
+	}
 	return b
+}
+
+// DNSObservation turns one client's DNS record, seen on host, into a
+// stored DNS observation.
+func DNSObservation(host string, d tracer.DNS, bucket time.Duration) store.DNSObservation {
+	return store.DNSObservation{
+		Bucket: d.Time.Truncate(bucket), HostID: host, Comm: d.Comm, PID: d.PID, Identity: d.Identity,
+		Proto: string(d.Proto), Resolver: d.Resolver, DNSCounters: d.DNSCounters, FirstSeen: d.Time, LastSeen: d.Time,
+	}
+}
+
+// mergeDNS adds b's records into a copy of a, one record per client and
+// resolver.
+func mergeDNS(a, b []tracer.DNS) []tracer.DNS {
+	type key struct {
+		netns, pid uint32
+		comm       string
+		cgroup     uint64
+		id         tracer.Identity
+		proto      tracer.Proto
+		resolver   string
+	}
+	out := append([]tracer.DNS(nil), a...)
+	at := map[key]int{}
+	for i, d := range out {
+		at[key{d.NetNS, d.PID, d.Comm, d.CgroupID, d.Identity, d.Proto, d.Resolver}] = i
+	}
+	for _, d := range b {
+		k := key{d.NetNS, d.PID, d.Comm, d.CgroupID, d.Identity, d.Proto, d.Resolver}
+		if i, ok := at[k]; ok {
+			out[i].DNSCounters.Add(d.DNSCounters)
+			out[i].Time = d.Time
+			continue
+		}
+		at[k] = len(out)
+		out = append(out, d)
+	}
+	return out
 }
 
 // testHaltEnv names a test hook: the agent stops dead at one point of
@@ -267,7 +329,7 @@ func Observation(host string, f tracer.Flow, bucket time.Duration) store.Observa
 	return store.Observation{
 		Bucket: f.Time.Truncate(bucket), HostID: host, Direction: string(f.Direction), Proto: string(f.Proto),
 		LocalAddr: f.LocalAddr, RemoteAddr: f.RemoteAddr, Port: f.Port, Comm: f.Comm, PID: f.PID,
-		PeerPID: f.PeerPID, PeerComm: f.PeerComm, Identity: f.Identity, Counters: f.Counters,
+		PeerPID: f.PeerPID, PeerComm: f.PeerComm, RemoteName: f.RemoteName, Identity: f.Identity, Counters: f.Counters,
 		FirstSeen: f.FirstSeen, LastSeen: f.LastSeen,
 	}
 }
@@ -526,10 +588,13 @@ func batchBytes(b store.Batch) int64 {
 		n += int64(unsafe.Sizeof(sv)) + int64(len(sv.HostID)+len(sv.Proto)+len(sv.Comm))
 	}
 	for _, o := range b.Observations {
-		n += int64(unsafe.Sizeof(o)) + int64(len(o.HostID)+len(o.Direction)+len(o.Proto)+len(o.LocalAddr)+len(o.RemoteAddr)+len(o.Comm)+len(o.PeerComm))
+		n += int64(unsafe.Sizeof(o)) + int64(len(o.HostID)+len(o.Direction)+len(o.Proto)+len(o.LocalAddr)+len(o.RemoteAddr)+len(o.Comm)+len(o.PeerComm)+len(o.RemoteName))
 	}
 	for _, l := range b.Listeners {
 		n += int64(unsafe.Sizeof(l)) + int64(len(l.HostID)+len(l.Proto)+len(l.LocalAddr)+len(l.Comm))
+	}
+	for _, d := range b.DNS {
+		n += int64(unsafe.Sizeof(d)) + int64(len(d.HostID)+len(d.Comm)+len(d.Proto)+len(d.Resolver))
 	}
 	return n
 }

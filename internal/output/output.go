@@ -106,6 +106,7 @@ func TableRow(f tracer.Flow, names map[uint32]string) []string {
 			local, peer = f.LocalAddr, other
 		}
 	}
+	peer = NamedPeer(f, peer)
 	process := Process(f)
 	conns := strconv.FormatUint(f.Connections, 10)
 	if f.Proto == tracer.ProtoUDP || (f.Proto == tracer.ProtoUnix && f.Connections == 0 && f.DatagramsSent+f.DatagramsReceived > 0) {

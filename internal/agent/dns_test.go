@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// A named flow keeps its name in the store; DNS records become DNS
+// observations on their namespace's host.
+func TestBatchCarriesNamesAndDNS(t *testing.T) {
+	ids, err := newHostIDs("testhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 2, 12, 0, 30, 0, time.UTC)
+	iv := tracer.Interval{Time: now, BatchID: "b1",
+		Flows: []tracer.Flow{{Kind: tracer.KindFlow, Time: now, NetNS: ids.rootNS, Proto: tracer.ProtoTCP, Direction: tracer.Outbound,
+			LocalAddr: "10.0.0.1", RemoteAddr: "203.0.113.7", Port: 443, RemoteName: "api.example.com", Comm: "curl", PID: 5}},
+		DNS: []tracer.DNS{{Kind: tracer.KindDNS, Time: now, NetNS: ids.rootNS, PID: 5, Comm: "curl", Identity: tracer.Identity{Unit: "x.service"},
+			Proto: tracer.ProtoUDP, Resolver: "127.0.0.53:53", DNSCounters: tracer.DNSCounters{Queries: 2, Answers: 1, NXDomain: 1, Timeouts: 1}}},
+	}
+	b := batchOf(iv, ids)
+	if len(b.Observations) != 1 || b.Observations[0].RemoteName != "api.example.com" {
+		t.Fatalf("observations %+v", b.Observations)
+	}
+	if len(b.DNS) != 1 {
+		t.Fatalf("dns %+v", b.DNS)
+	}
+	d := b.DNS[0]
+	if d.HostID != "testhost" || d.Comm != "curl" || d.PID != 5 || d.Unit != "x.service" || d.Proto != "udp" || d.Resolver != "127.0.0.53:53" ||
+		d.Queries != 2 || d.NXDomain != 1 || d.Timeouts != 1 || !d.Bucket.Equal(now.Truncate(time.Minute)) || !d.LastSeen.Equal(now) {
+		t.Errorf("dns observation %+v", d)
+	}
+	if len(b.Hosts) != 1 || batchBytes(b) <= batchBytes(batchOf(tracer.Interval{Flows: iv.Flows}, ids)) {
+		t.Errorf("hosts %+v; the DNS records must count in the batch's size", b.Hosts)
+	}
+	// Only DNS: still a host for it.
+	b = batchOf(tracer.Interval{Time: now, DNS: iv.DNS}, ids)
+	if len(b.Hosts) != 1 || len(b.DNS) != 1 {
+		t.Errorf("DNS-only batch %+v", b)
+	}
+}
+
+func TestMergeDNSAddsPerClientAndResolver(t *testing.T) {
+	a := []tracer.DNS{{PID: 1, Resolver: "r:53", DNSCounters: tracer.DNSCounters{Queries: 1, LatencyMaxUs: 5}}}
+	b := []tracer.DNS{{PID: 1, Resolver: "r:53", DNSCounters: tracer.DNSCounters{Queries: 2, LatencyMaxUs: 3}}, {PID: 2, Resolver: "r:53", DNSCounters: tracer.DNSCounters{Queries: 7}}}
+	got := mergeDNS(a, b)
+	if len(got) != 2 || got[0].Queries != 3 || got[0].LatencyMaxUs != 5 || got[1].Queries != 7 || a[0].Queries != 1 {
+		t.Errorf("merged %+v (a %+v)", got, a)
+	}
+}
