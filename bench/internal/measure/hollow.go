@@ -47,6 +47,63 @@ var cgroupHooks = map[string]struct {
 	"recvmsg6":     {ebpf.CGroupSockAddr, ebpf.AttachCGroupUDP6Recvmsg},
 	"sendmsg_unix": {ebpf.CGroupSockAddr, ebpf.AttachCgroupUnixSendmsg},
 	"sock_release": {ebpf.CGroupSock, ebpf.AttachCgroupInetSockRelease},
+	"sock_create":  {ebpf.CGroupSock, ebpf.AttachCGroupInetSockCreate},
+	// The sockops variants below: every one is a sockops program on the
+	// root cgroup; they differ in the callbacks they enable per socket.
+	"sockops":                  {ebpf.SockOps, ebpf.AttachCGroupSockOps},
+	"sockops+state-connecting": {ebpf.SockOps, ebpf.AttachCGroupSockOps},
+	"sockops+state":            {ebpf.SockOps, ebpf.AttachCGroupSockOps},
+}
+
+// The sockops operations and callback flags the hollow sockops programs
+// use (include/uapi/linux/bpf.h).
+const (
+	sockOpsConnectCB            = 3
+	sockOpsActiveEstablishedCB  = 4
+	sockOpsPassiveEstablishedCB = 5
+	sockOpsStateCBFlag          = 4
+)
+
+// sockOpsProgram is the least a sockops program must do to see what
+// deptrace needs of a TCP connection: its connect and its open (the
+// established callbacks run whatever the flags), and where the state
+// callback is wanted, enable it per socket (bpf_sock_ops_cb_flags_set):
+// from the connect until the open ("+state-connecting": a refused or
+// timed-out connect is then seen at SYN_SENT -> CLOSE with its sk_err),
+// or from the connect and from a server's open on ("+state": every later
+// state change, the close included, calls it). The plain variant enables
+// nothing: the callbacks every socket gets (TIMEOUT_INIT, RWND_INIT,
+// NEEDS_ECN, the connect and the established ones). bpf_sock_ops.op is
+// at offset 0; the program returns 1.
+func sockOpsProgram(variant string) asm.Instructions {
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1),
+		asm.LoadMem(asm.R2, asm.R1, 0, asm.Word),
+	}
+	setFlags := func(label string, flags int32) asm.Instructions {
+		return asm.Instructions{
+			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol(label),
+			asm.Mov.Imm(asm.R2, flags),
+			asm.FnSockOpsCbFlagsSet.Call(),
+			asm.Ja.Label("out"),
+		}
+	}
+	switch variant {
+	case "sockops+state-connecting":
+		insns = append(insns,
+			asm.JEq.Imm(asm.R2, sockOpsConnectCB, "on"),
+			asm.JEq.Imm(asm.R2, sockOpsActiveEstablishedCB, "off"),
+			asm.Ja.Label("out"))
+		insns = append(insns, setFlags("on", sockOpsStateCBFlag)...)
+		insns = append(insns, setFlags("off", 0)...)
+	case "sockops+state":
+		insns = append(insns,
+			asm.JEq.Imm(asm.R2, sockOpsConnectCB, "on"),
+			asm.JEq.Imm(asm.R2, sockOpsPassiveEstablishedCB, "on"),
+			asm.Ja.Label("out"))
+		insns = append(insns, setFlags("on", sockOpsStateCBFlag)...)
+	}
+	return append(insns, asm.Mov.Imm(asm.R0, 1).WithSymbol("out"), asm.Return())
 }
 
 // getsockoptGuard is the least a getsockopt program must do: kernels
@@ -93,8 +150,11 @@ func hollowSpec(hook string) (*ebpf.ProgramSpec, error) {
 			return nil, fmt.Errorf("hook %q: no empty program for this cgroup hook (allowed: %s)", hook, strings.Join(slices.Sorted(maps.Keys(cgroupHooks)), ", "))
 		}
 		spec.Type, spec.AttachType = t.prog, t.attach
-		if target == "getsockopt" {
+		switch {
+		case target == "getsockopt":
 			spec.Instructions = getsockoptGuard
+		case t.prog == ebpf.SockOps:
+			spec.Instructions = sockOpsProgram(target)
 		}
 	default:
 		return nil, fmt.Errorf("hook %q: no empty program for hooks of kind %q (allowed: tp_btf, fexit, tracepoint, iter, cgroup)", hook, kind)
@@ -180,6 +240,20 @@ func (h *Hollow) Runs(hook string) (uint64, error) {
 		return s.RunCount, nil
 	}
 	return 0, fmt.Errorf("no empty program on %s", hook)
+}
+
+// Stats is each empty program's run count and run time (ns), in the
+// order of h.Hooks, while bpf_stats is on.
+func (h *Hollow) Stats() (runs, ns []uint64, err error) {
+	for _, p := range h.progs {
+		s, err := p.Stats()
+		if err != nil {
+			return nil, nil, err
+		}
+		runs = append(runs, s.RunCount)
+		ns = append(ns, uint64(s.Runtime))
+	}
+	return runs, ns, nil
 }
 
 // Close detaches and frees every empty program.
