@@ -64,19 +64,26 @@ func (d *DNSObservation) merge(o DNSObservation) {
 
 // writeDNS adds a batch's DNS counters to every level, in the writer's
 // transaction (so a batch's id covers them), and records each client's
-// identity with the flows' (end_identities).
+// identity with the flows' (end_identities). Records without a host or a
+// resolver are left out.
 func (s *Store) writeDNS(ctx context.Context, tx *sql.Tx, ds []DNSObservation) error {
 	if len(ds) == 0 {
 		return nil
 	}
+	// A record without a host or resolver names no client or no resolver:
+	// it is left out rather than failing the batch (which the agent would
+	// then spool and retry for ever).
 	ends := make([]Observation, 0, len(ds))
+	kept := make([]DNSObservation, 0, len(ds))
 	for i := range ds {
 		d := &ds[i]
 		if d.HostID == "" || d.Resolver == "" {
-			return fmt.Errorf("write DNS counters: a record without a host or resolver (host %q, resolver %q)", d.HostID, d.Resolver)
+			continue
 		}
+		kept = append(kept, *d)
 		ends = append(ends, Observation{Bucket: d.Bucket, HostID: d.HostID, Comm: d.Comm, Identity: d.Identity, FirstSeen: d.FirstSeen, LastSeen: d.LastSeen})
 	}
+	ds = kept
 	cols := "bucket, host_id, comm, container_id, unit, pod_uid, proto, resolver, pid, " + strings.Join(dnsCounterColumns, ", ") + ", first_seen, last_seen"
 	ncol := 11 + len(dnsCounterColumns)
 	for i, l := range levels {

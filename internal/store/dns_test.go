@@ -136,12 +136,19 @@ func TestDNSRoundTrip(t *testing.T) {
 	}
 }
 
-// A DNS record without a host or resolver is refused with one line.
-func TestDNSWithoutResolverIsRefused(t *testing.T) {
+// A DNS record without a host or resolver is left out; the rest of the
+// batch is written.
+func TestDNSWithoutResolverIsLeftOut(t *testing.T) {
 	s := open(t, t.TempDir()+"/deptrace.db")
-	err := s.Write(context.Background(), store.Batch{DNS: []store.DNSObservation{{Bucket: t0, HostID: "client", Comm: "curl"}}})
-	if err == nil || err.Error() != `write DNS counters: a record without a host or resolver (host "client", resolver "")` {
-		t.Errorf("got %v", err)
+	b := dnsBatch(t0)
+	b.DNS = append(b.DNS, store.DNSObservation{Bucket: t0, HostID: "client", Comm: "curl", Proto: "udp", DNSCounters: tracer.DNSCounters{Queries: 1}},
+		store.DNSObservation{Bucket: t0, Comm: "curl", Proto: "udp", Resolver: resolver, DNSCounters: tracer.DNSCounters{Queries: 1}})
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.DNS(context.Background(), store.Range{})
+	if err != nil || len(got) != 3 {
+		t.Errorf("%+v, %v", got, err)
 	}
 }
 

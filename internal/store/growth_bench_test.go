@@ -106,7 +106,8 @@ func BenchmarkGrowth(b *testing.B) {
 }
 
 // growthObs is dependency i's minute at at, with a busy service's
-// counters: a few hundred connections and a few MB a minute.
+// counters: a few hundred connections and a few MB a minute, and an RTT
+// sample per connection and harvest.
 func growthObs(i int, at time.Time) store.Observation {
 	dir := "outbound"
 	if i%2 == 1 {
@@ -116,7 +117,8 @@ func growthObs(i int, at time.Time) store.Observation {
 		Bucket: at, HostID: "web-17.prod.example", Direction: dir, Proto: "tcp",
 		LocalAddr: "10.20.30.40", RemoteAddr: fmt.Sprintf("10.20.%d.%d", i/200, 1+i%200), Port: uint16(1000 + i), Comm: "service-" + fmt.Sprint(i%17), PID: 4242,
 		Counters: tracer.Counters{Connections: 300 + uint64(i), BytesSent: 2_000_000 + uint64(i)*977, BytesReceived: 9_000_000 + uint64(i)*313,
-			ConnectLatencyCount: 300, ConnectLatencySumUs: 90_000, ConnectLatencyMaxUs: 1_900, Retransmits: uint64(i % 3)},
+			ConnectLatencyCount: 300, ConnectLatencySumUs: 90_000, ConnectLatencyMaxUs: 1_900, Retransmits: uint64(i % 3),
+			RTTSamples: 312, RTTSumUs: 312 * (400 + uint64(i)), RTTMinUs: 120 + uint64(i%50), RTTMaxUs: 2_100 + uint64(i)},
 		FirstSeen: at.Add(time.Second), LastSeen: at.Add(59 * time.Second),
 	}
 }
