@@ -91,8 +91,13 @@ func mapData(t *testing.T, ctx context.Context) map[string]string {
 	return js[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#map').dataset)`)
 }
 
+// docScreenshots are the screenshots docs/web.md shows: with
+// DEPTRACE_UPDATE_SCREENSHOTS=1 the test writes them into docs/images/.
+var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true}
+
 // screenshot saves the page (into $DEPTRACE_SCREENSHOTS when set, to look
-// at) and returns it decoded.
+// at; the documentation's into docs/images/ with
+// DEPTRACE_UPDATE_SCREENSHOTS=1) and returns it decoded.
 func screenshot(t *testing.T, ctx context.Context, name string) image.Image {
 	t.Helper()
 	buf, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
@@ -105,6 +110,11 @@ func screenshot(t *testing.T, ctx context.Context, name string) image.Image {
 	}
 	if err := os.WriteFile(filepath.Join(dir, name+".png"), buf, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	if os.Getenv("DEPTRACE_UPDATE_SCREENSHOTS") == "1" && docScreenshots[name] {
+		if err := os.WriteFile(filepath.Join("..", "..", "docs", "images", name+".png"), buf, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	img, err := png.Decode(bytes.NewReader(buf))
 	if err != nil {
@@ -142,10 +152,29 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	if n := js[int](t, ctx, `document.querySelectorAll('#map canvas').length`); n == 0 {
 		t.Error("no canvas: sigma did not start")
 	}
-	// Layered left to right: every client left of what it depends on.
-	if l := js[string](t, ctx, `document.querySelector('#map').dataset.layout`); l != "layered" {
-		t.Errorf("layout %q, want layered", l)
+	// Layered left to right by the worker (the map is drawn at once with
+	// the grouped layout, then moves): every client left of what it
+	// depends on, every node labelled, each namespace a box.
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	until(t, ctx, `window.deptrace.labelled().length === window.deptrace.display.order`, `[window.deptrace.labelled(), window.deptrace.display.nodes()]`)
+	if l := js[[]string](t, ctx, `window.deptrace.display.nodes().map(id => window.deptrace.display.getNodeAttribute(id, 'label')).sort()`); strings.Join(l, ",") != "192.0.2.53:53,nginx,postgres,redis-server" {
+		t.Errorf("node labels %q", l)
 	}
+	if b := js[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "cache-1 ▾ cache-1 (1),db-1 ▾ db-1 (1),external ▾ external (1),web-1 ▾ web-1 (1)" {
+		t.Errorf("boxes %q", b)
+	}
+	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
+		t.Errorf("status %q", s)
+	}
+	// WebGL really drew: the workload colour is on the screen, and the
+	// red of the unhealthy edge.
+	img := screenshot(t, ctx, "map")
+	for name, c := range map[string]uint32{"workload node": 0x3366cc, "unhealthy edge": 0xe03131} {
+		if n := pixels(img, c); n < 20 {
+			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
+		}
+	}
+
 	x := func(id string) float64 {
 		return js[float64](t, ctx, `window.deptrace.position('`+id+`').x`)
 	}
@@ -169,17 +198,74 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: 3 of 8 connection attempts failed") {
 		t.Errorf("edge details lack the reason:\n%s", h)
 	}
-	screenshot(t, ctx, "edge-history")
-	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
-		t.Errorf("status %q", s)
+	// Its other charts: failures by cause (here no cause was reported:
+	// "other"), connect latency, bytes; a point per step each.
+	charts := js[[]string](t, ctx, `[...document.querySelectorAll('#details svg.history-chart')].map(s => s.dataset.chart + ' ' + s.dataset.points + ' ' + s.getAttribute('aria-label'))`)
+	n := js[string](t, ctx, `document.querySelector('#details svg.history-chart').dataset.points`)
+	want := []string{
+		"volume " + n + " connections per 2 min: 5 in all, 3 failed",
+		"failures " + n + " Failed connections by cause: refused 0 in all, timed out 0 in all, reset 0 in all, unreachable 0 in all, other 3 in all",
+		"latency " + n + " Connect latency: avg max 0 µs, max max 0 µs",
+		"bytes " + n + " Bytes per 2 min: sent 500 B in all, received 4.9 KiB in all",
 	}
-	// WebGL really drew: the workload colour is on the screen, and the
-	// red of the unhealthy edge.
-	img := screenshot(t, ctx, "map")
-	for name, c := range map[string]uint32{"workload node": 0x3366cc, "unhealthy edge": 0xe03131} {
-		if n := pixels(img, c); n < 20 {
-			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
-		}
+	if strings.Join(charts, "|") != strings.Join(want, "|") {
+		t.Errorf("edge history charts:\n%q\nwant\n%q", charts, want)
+	}
+	js[bool](t, ctx, `document.querySelector('#details .history').scrollIntoView(), true`)
+	screenshot(t, ctx, "edge-history")
+
+	// Clicking a node shows its history: connections/s in and out,
+	// failures by cause, latency and bytes, a point per step each.
+	js[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
+	until(t, ctx, `!!document.querySelector('#details .history[data-node] svg[data-chart="bytes"]')`, `document.querySelector('#details').innerText`)
+	nodeCharts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] svg.history-chart')].map(s => s.dataset.chart + ' ' + s.dataset.points)`)
+	if m := js[string](t, ctx, `document.querySelector('#details .history[data-node] svg.history-chart').dataset.points`); (m != "30" && m != "31") ||
+		strings.Join(nodeCharts, ",") != "connections "+m+",failures "+m+",latency "+m+",bytes "+m {
+		t.Errorf("node history charts %q, want 4 of 30 (or 31) points", nodeCharts)
+	}
+	if l := js[string](t, ctx, `document.querySelector('#details svg[data-chart="bytes"]').getAttribute('aria-label')`); l != "Bytes per 2 min: to it 14.6 KiB in all, from it 1.5 KiB in all" {
+		// nginx, a client only: received 1,000 B per connection (15,000 B),
+		// sent 100 B per connection (1,500 B).
+		t.Errorf("node bytes chart %q", l)
+	}
+	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "health\tok") && !strings.Contains(h, "health\nok") {
+		t.Errorf("node details lack its health:\n%s", h)
+	}
+	js[bool](t, ctx, `document.querySelector('#details .history[data-node]').scrollIntoView(), true`)
+	screenshot(t, ctx, "node-history")
+	// A box collapses its group into one node.
+	open(t, ctx, srv.URL+"/?view=map")
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#boxes .box[data-group="db-1"] button`))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `window.deptrace.display.hasNode('group:db-1') && !window.deptrace.display.hasNode('`+idPostgres+`')`, `window.deptrace.display.nodes()`)
+}
+
+// The degraded state: python3's 2 resets in 3 connections are too few to
+// be unhealthy, and amber with the reason on the map, in the details and
+// in the table.
+func TestBrowserDegradedEdge(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map&range=all")
+	if d := mapData(t, ctx); d["degraded"] != "1" || d["unhealthy"] != "1" {
+		t.Errorf("map of all history: %v, want 1 degraded and 1 unhealthy edge", d)
+	}
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	img := screenshot(t, ctx, "degraded")
+	if n := pixels(img, 0xf59f00); n < 20 {
+		t.Errorf("degraded colour drawn on %d pixels", n)
+	}
+	js[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idPython+`', '`+idPostgres+`')), true`)
+	until(t, ctx, `!!document.querySelector('#details svg.history-chart')`, `document.querySelector('#details').innerText`)
+	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") || !strings.Contains(h, "1 degraded") {
+		t.Errorf("degraded edge details:\n%s", h)
+	}
+	open(t, ctx, srv.URL+"/?view=table&range=all")
+	if r := js[string](t, ctx, `document.querySelector('#edges tbody tr.degraded').innerText.replace(/\s+/g, ' ')`); !strings.Contains(r, "python3 on worker-1") || !strings.Contains(r, "degraded") {
+		t.Errorf("degraded row %q", r)
 	}
 }
 

@@ -14,7 +14,8 @@ import (
 // The seeded store, relative to now:
 //
 //	90 min ago: nginx on web-1 -> postgres on db-1:5432 (tcp)
-//	            python3 on worker-1 -> postgres on db-1:5432 (gone since)
+//	            python3 on worker-1 -> postgres on db-1:5432 (gone since;
+//	            2 resets in 3 connections: degraded, too few to be unhealthy)
 //	10 min ago: nginx on web-1 -> postgres on db-1:5432 again (one
 //	            retransmitted segment: healthy)
 //	            nginx on web-1 -> redis-server on cache-1:6379 (new; 3 failed
@@ -47,6 +48,7 @@ func seed(t testing.TB) (path string, now time.Time) {
 			Counters: tracer.Counters{Connections: conns, FailedConnections: failed, BytesSent: 100 * conns, BytesReceived: 1000 * conns}, FirstSeen: at, LastSeen: at.Add(time.Second)}
 	}
 	retransmitted := func(x store.Observation, n uint64) store.Observation { x.Retransmits = n; return x }
+	reset := func(x store.Observation, n uint64) store.Observation { x.ResetsReceived = n; return x }
 	b := store.Batch{
 		Hosts: []store.Host{
 			{ID: "web-1", Name: "web-1", Addrs: []string{"198.51.100.1"}, LastSeen: now},
@@ -57,7 +59,7 @@ func seed(t testing.TB) (path string, now time.Time) {
 		Observations: []store.Observation{
 			o("web-1", "outbound", "tcp", "198.51.100.1", "198.51.100.2", 5432, "nginx", old, 7, 0),
 			o("db-1", "inbound", "tcp", "198.51.100.2", "198.51.100.1", 5432, "postgres", old, 7, 0),
-			o("worker-1", "outbound", "tcp", "198.51.100.4", "198.51.100.2", 5432, "python3", old, 3, 0),
+			reset(o("worker-1", "outbound", "tcp", "198.51.100.4", "198.51.100.2", 5432, "python3", old, 3, 0), 2),
 			o("db-1", "inbound", "tcp", "198.51.100.2", "198.51.100.4", 5432, "postgres", old, 3, 0),
 			retransmitted(o("web-1", "outbound", "tcp", "198.51.100.1", "198.51.100.2", 5432, "nginx", recent, 10, 0), 1),
 			o("db-1", "inbound", "tcp", "198.51.100.2", "198.51.100.1", 5432, "postgres", recent, 10, 0),

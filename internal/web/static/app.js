@@ -29,7 +29,7 @@
     state.until = p.get('until') || '';
     state.diff = p.get('diff') === '1';
     state.weight = pick('weight', ['connections', 'bytes']) || 'connections';
-    state.group = pick('group', ['namespace', 'host']) || 'namespace';
+    state.group = pick('group', ['namespace', 'host', 'k8s']) || 'namespace';
     state.by = pick('by', ['workload', 'process', 'host']) || 'workload';
     state.sort = p.get('sort') || 'client';
     state.dir = pick('dir', ['asc', 'desc']) || 'asc';
@@ -129,6 +129,11 @@
   // "Health"): a red edge is one it marks unhealthy, never one
   // retransmitted segment.
   const unhealthy = (e) => !!e.unhealthy;
+  // health is ok, degraded or unhealthy (a server older than the
+  // degraded state only says unhealthy or not).
+  const healthOf = (x) => x.health || (x.unhealthy ? 'unhealthy' : 'ok');
+  const RANK = { ok: 0, degraded: 1, unhealthy: 2 };
+  const worst = (a, b) => (RANK[b] > RANK[a] ? b : a);
   const weightOf = (e) => (state.weight === 'bytes'
     ? (e.bytes_sent || 0) + (e.bytes_received || 0)
     : (e.connections || 0) || (e.datagrams_sent || 0) + (e.datagrams_received || 0));
@@ -163,6 +168,7 @@
       x.key = edgeKey(x);
       x.status = status;
       x.bad = unhealthy(x);
+      x.health = healthOf(x);
       D.edges.push(x);
       D.byKey.set(x.key, x);
       if (!D.out.has(x.from)) D.out.set(x.from, []);
@@ -264,7 +270,11 @@
   let display = null;
   let pinned = false;
 
+  // groupOf is the box a node sits in: its network namespace (an agent's
+  // host id), its machine (the part of the id before the first /), or
+  // its Kubernetes namespace ('' when it has none: no box).
   const groupOf = (n) => {
+    if (state.group === 'k8s') return n.pod_namespace ? 'k8s/' + n.pod_namespace : n.kind === 'external' ? 'external' : '';
     const h = n.host || 'external';
     return state.group === 'host' ? h.split('/')[0] : h;
   };
@@ -276,7 +286,7 @@
       if (e.status === 'disappeared') return '#f08c00';
       return e.bad ? '#e8a0a0' : '#c8ced8';
     }
-    return e.bad ? '#e03131' : '#9aa5b8';
+    return e.bad ? '#e03131' : e.health === 'degraded' ? '#f59f00' : '#9aa5b8';
   }
   const edgeSize = (w, big) => (big ? Math.min(3, 0.3 + Math.log10(1 + w) / 3) : Math.min(8, 1.5 + Math.log10(1 + w)));
 
@@ -294,6 +304,7 @@
     const deg = (id) => (data.out.get(id) || []).length + (data.inn.get(id) || []).length;
     const nodeAttrs = (n, x, y) => ({
       x, y, label: shortLabel(n), size: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), color: COLORS[n.kind] || '#555', kind: n.kind,
+      box: state.focus ? '' : groupOf(n),
     });
     let place; // node id -> displayed node id
     if (state.focus) {
@@ -349,56 +360,141 @@
         a.keys.push(e.key);
         a.w += w;
         a.bad = a.bad || e.bad;
+        a.health = worst(a.health, e.health);
         if (e.status !== 'same') a.status = e.status;
         continue;
       }
-      G.addEdge(s, t, { keys: [e.key], w, bad: e.bad, status: e.status });
+      G.addEdge(s, t, { keys: [e.key], w, bad: e.bad, health: e.health, status: e.status });
     }
     G.forEachEdge((k, a) => {
       a.size = edgeSize(a.w, big);
       a.color = edgeColor(a);
     });
-    G.setAttribute('layout', layered(G) ? 'layered' : 'grouped');
+    G.setAttribute('layout', state.focus ? 'radial' : 'grouped');
     return G;
   }
 
-  // layered lays out a graph of up to LAYERED nodes left to right with
-  // dagre (vendored, MIT): clients left, what they depend on to their
+  // A map of up to LAYERED nodes (after grouping and collapsing) is laid
+  // out left to right by dagre (vendored, MIT) in a web worker
+  // (layout-worker.js): clients left, what they depend on to their
   // right, one column per hop, ordered so that edges cross as little as
-  // the layers allow. Larger graphs keep the grouped layout above, which
-  // is linear; dagre's crossing minimisation is not.
-  const LAYERED = 250;
-  function layered(G) {
-    if (G.order > LAYERED || typeof dagre === 'undefined') return false;
-    const d = new dagre.graphlib.Graph({ multigraph: false });
-    d.setGraph({ rankdir: 'LR', nodesep: 12, ranksep: 90, edgesep: 6, marginx: 0, marginy: 0 });
-    d.setDefaultEdgeLabel(() => ({}));
-    G.forEachNode((id, a) => d.setNode(id, { width: 40 + Math.min(120, (a.label || '').length * 5), height: 16 }));
-    G.forEachEdge((k, a, s, t) => { if (s !== t) d.setEdge(s, t, { weight: 1 }); });
-    dagre.layout(d);
-    // Sigma's y axis points up; dagre's down.
-    d.nodes().forEach((id) => { const n = d.node(id); G.mergeNodeAttributes(id, { x: n.x, y: -n.y }); });
-    return true;
+  // the layers allow, each box's nodes kept together. The map is drawn
+  // and usable at once with the grouped layout, and moves to the layered
+  // one when the worker answers (progressive rendering). Larger maps keep
+  // the grouped layout, which is linear; dagre's crossing minimisation
+  // is not.
+  const LAYERED = 2000;
+  let worker = null, workerBusy = false, layoutGen = 0;
+  const wantsLayered = (G) => !state.focus && G.order <= LAYERED && typeof Worker !== 'undefined';
+
+  function requestLayout(G) {
+    const gen = ++layoutGen;
+    if (!wantsLayered(G)) return;
+    if (worker && workerBusy) { worker.terminate(); worker = null; } // a stale layout: drop it
+    if (!worker) {
+      worker = new Worker('/static/layout-worker.js');
+      worker.onmessage = onLayout;
+      worker.onerror = (ev) => { workerBusy = false; $('#map').dataset.layout = 'grouped'; setStatus('layout failed: ' + (ev.message || 'worker error')); };
+    }
+    const nodes = [], edges = [];
+    G.forEachNode((id, a) => nodes.push([id, 40 + Math.min(120, (a.label || '').length * 5), 16, a.box || '']));
+    G.forEachEdge((k, a, s, t) => edges.push([s, t]));
+    workerBusy = true;
+    $('#map').dataset.layout = 'laying-out';
+    worker.postMessage({ gen, nodes, edges, compound: true });
   }
+
+  function onLayout(ev) {
+    workerBusy = false;
+    const m = ev.data;
+    if (m.gen !== layoutGen || !display || !renderer) return; // a map since replaced
+    if (m.error) { $('#map').dataset.layout = 'grouped'; setStatus('layout failed: ' + m.error); return; }
+    // Sigma's y axis points up; dagre's down.
+    display.updateEachNodeAttributes((id, a) => {
+      const p = m.positions[id];
+      if (p) { a.x = p[0]; a.y = -p[1]; }
+      return a;
+    });
+    display.setAttribute('layout', 'layered');
+    renderer.getCamera().setState({ x: 0.5, y: 0.5, ratio: 1, angle: 0 });
+    measureBoxes();
+    renderer.refresh();
+    const box = $('#map');
+    box.dataset.layoutMs = String(m.ms);
+    box.dataset.layout = 'layered';
+    document.body.dataset.layeredMs = String(Math.round(performance.now()));
+  }
+
   // position is where the map draws a node (window.deptrace, for tests).
   const position = (id) => (display && display.hasNode(id) ? { x: display.getNodeAttribute(id, 'x'), y: display.getNodeAttribute(id, 'y') } : null);
+
+  // ---- boxes: groups drawn around their nodes -------------------------
+  // Each group (namespace, host or Kubernetes namespace) with nodes on the
+  // map gets a box around them, in graph coordinates, redrawn in screen
+  // coordinates after each frame; its title collapses it.
+  const MAXBOXES = 200;
+  let boxes = [];
+  function measureBoxes() {
+    const by = new Map();
+    if (display && !state.focus) {
+      display.forEachNode((id, a) => {
+        if (!a.box || a.kind === 'group') return;
+        let b = by.get(a.box);
+        if (!b) by.set(a.box, b = { key: a.box, n: 0, lw: 0, x0: Infinity, y0: Infinity, x1: -Infinity, y1: -Infinity });
+        b.n++;
+        if (a.x >= b.x1) b.lw = (a.label || '').length; // the label right of the rightmost node
+        b.x0 = Math.min(b.x0, a.x); b.x1 = Math.max(b.x1, a.x);
+        b.y0 = Math.min(b.y0, a.y); b.y1 = Math.max(b.y1, a.y);
+      });
+    }
+    boxes = by.size <= MAXBOXES ? [...by.values()].sort((a, b) => (a.key < b.key ? -1 : 1)) : [];
+    const layer = $('#boxes');
+    layer.textContent = '';
+    for (const b of boxes) {
+      const d = el('div', undefined, 'box');
+      d.dataset.group = b.key;
+      const t = el('button', '▾ ' + b.key + ' (' + b.n + ')');
+      t.type = 'button';
+      t.title = 'Collapse ' + b.key + ' into one node';
+      t.addEventListener('click', () => { collapsed.add(b.key); renderGroups(); renderMap(); });
+      d.append(t);
+      layer.append(d);
+      b.el = d;
+    }
+    $('#map').dataset.boxes = String(boxes.length);
+    placeBoxes();
+  }
+  function placeBoxes() {
+    if (!renderer) return;
+    const pad = 12, title = 18;
+    for (const b of boxes) {
+      const p = renderer.graphToViewport({ x: b.x0, y: b.y1 });
+      const q = renderer.graphToViewport({ x: b.x1, y: b.y0 });
+      // Wide enough for the labels of its rightmost nodes and its title.
+      const w = Math.max(Math.abs(q.x - p.x) + 2 * pad + b.lw * 7 + 6, (b.key.length + 7) * 6.5 + 12);
+      const l = Math.min(p.x, q.x) - pad, t = Math.min(p.y, q.y) - pad - title;
+      b.el.style.transform = 'translate(' + l.toFixed(1) + 'px,' + t.toFixed(1) + 'px)';
+      b.el.style.width = w.toFixed(1) + 'px';
+      b.el.style.height = (Math.abs(q.y - p.y) + 2 * pad + title).toFixed(1) + 'px';
+    }
+  }
 
   function renderMap() {
     const box = $('#map');
     if (renderer) { renderer.kill(); renderer = null; }
     display = buildDisplay();
     const big = display.order > LARGE;
-    const layeredView = display.getAttribute('layout') === 'layered';
+    const layeredView = wantsLayered(display);
     box.dataset.layout = display.getAttribute('layout');
     try {
       renderer = new Sigma(display, box, {
         defaultEdgeType: big ? 'line' : 'arrow', // arrow heads are invisible at that scale
         renderEdgeLabels: false,
         enableEdgeEvents: display.size <= 20000,
-        hideEdgesOnMove: big,
-        // A layered map labels every node: it is small enough to read.
-        labelRenderedSizeThreshold: big ? 10 : layeredView ? 0 : 4,
-        labelDensity: big ? 0.05 : layeredView ? 10 : 1,
+        hideEdgesOnMove: big || display.size > 5000,
+        // A layered map labels every node it can: up to 250, all of them.
+        labelRenderedSizeThreshold: big ? 10 : layeredView && display.order <= 250 ? 0 : 4,
+        labelDensity: big ? 0.05 : layeredView && display.order <= 250 ? 10 : 1,
         zIndex: true,
         stagePadding: layeredView ? 150 : 50, // room for the labels of the rightmost column
         nodeReducer: (id, a) => reduceNode(id, a),
@@ -419,14 +515,21 @@
     renderer.on('enterEdge', ({ edge }) => { if (!pinned) showEdge(edge); });
     renderer.on('clickEdge', ({ edge }) => { pinned = true; showEdge(edge); });
     renderer.on('clickStage', () => { pinned = false; });
+    renderer.on('afterRender', placeBoxes);
     box.dataset.nodes = String(display.order);
     box.dataset.edges = String(display.size);
-    let bad = 0, app = 0, gone = 0;
-    display.forEachEdge((k, a) => { bad += a.bad ? 1 : 0; app += a.status === 'appeared' ? 1 : 0; gone += a.status === 'disappeared' ? 1 : 0; });
+    let bad = 0, deg = 0, app = 0, gone = 0;
+    display.forEachEdge((k, a) => {
+      bad += a.bad ? 1 : 0; deg += !a.bad && a.health === 'degraded' ? 1 : 0;
+      app += a.status === 'appeared' ? 1 : 0; gone += a.status === 'disappeared' ? 1 : 0;
+    });
     box.dataset.unhealthy = String(bad);
+    box.dataset.degraded = String(deg);
     box.dataset.appeared = String(app);
     box.dataset.disappeared = String(gone);
     box.dataset.focus = state.focus;
+    measureBoxes();
+    requestLayout(display);
   }
 
   let matchSet = new Set();
@@ -484,7 +587,12 @@
     return pairs;
   }
 
-  function showNode(id) {
+  // healthText is a state with its reasons: "degraded: 2 of 12 …".
+  const healthText = (x) => { const h = healthOf(x); return (x.reasons || []).length && h !== 'ok' ? h + ': ' + x.reasons.join('; ') : h; };
+
+  // showNode fills the details with a node's counters; with history (a
+  // click, not a hover), also its history over the range.
+  function showNode(id, history) {
     const box = $('#details');
     box.textContent = '';
     const a = display && display.hasNode(id) ? display.getNodeAttributes(id) : null;
@@ -506,10 +614,14 @@
       ['kind', n.kind], ['host', n.host || '—'], ['address', n.addr || '—'],
       ...(n.kind === 'workload' || n.kind === 'host' ? [['listens', services(n)]] : [['port', n.port ? n.proto + '/' + n.port : '—']]),
       ['process', n.process || '—'],
+      ...(n.remote_name ? [['DNS name', n.remote_name]] : []),
       ...identityPairs(n),
+      ['health', healthText(n)],
       ['edges', num(es.length)], ['first seen', when(first)], ['last seen', when(last)],
       ...counterPairs(sum),
     ]));
+    if (history) nodeHistory(n, box);
+    else historyFor = '';
   }
 
   function showEdge(key) {
@@ -521,7 +633,7 @@
       if (!e) continue;
       box.append(el('h3', label(data.nodes.get(e.from)) + ' → ' + label(data.nodes.get(e.to))), dl([
         ['protocol', e.proto + '/' + e.port], ['processes', processesOf(e)],
-        ['health', e.bad ? 'unhealthy: ' + (e.reasons || []).join('; ') : 'ok'], ['change', e.status],
+        ['health', healthText(e)], ['change', e.status],
         ['first seen', when(e.first_seen)], ['last seen', when(e.last_seen)],
         ...counterPairs(e),
       ]));
@@ -529,62 +641,166 @@
     if (keys.length > 20) box.append(el('p', '… and ' + (keys.length - 20) + ' more edges in this group'));
     const first = data.byKey.get(keys[0]);
     if (pinned && first && first.status !== 'disappeared') edgeHistory(first, box); // on click, not on hover
+    else historyFor = '';
+  }
+
+  // ---- history charts ------------------------------------------------
+  // Small SVG charts of a series from /api/series, one bar (or one point
+  // of a line) per step; data-points is the number of steps, data-chart
+  // what it shows, and each bar's tooltip gives its time and values.
+  const NS = 'http://www.w3.org/2000/svg';
+  const W = 260, H = 60;
+  function svgEl(tag, attrs) {
+    const x = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) x.setAttribute(k, v);
+    return x;
+  }
+  // chart: series [{name, color, get(pt)}]; kind 'bars' stacks them, 'lines'
+  // draws each as a line. Returns [heading, svg, totals].
+  function chart(id, title, pts, series, kind, fmt, unit) {
+    fmt = fmt || num;
+    const svg = svgEl('svg', { viewBox: '0 0 ' + W + ' ' + H, width: W, height: H, role: 'img' });
+    svg.classList.add('history-chart');
+    svg.dataset.chart = id;
+    svg.dataset.points = String(pts.length);
+    const bw = W / Math.max(1, pts.length);
+    const vals = pts.map((pt) => series.map((sr) => sr.get(pt) || 0));
+    const top = Math.max(1e-9, ...vals.map((v) => (kind === 'bars' ? v.reduce((a, b) => a + b, 0) : Math.max(...v))));
+    const totals = series.map(() => 0);
+    const tip = (i) => new Date(pts[i].t).toLocaleTimeString() + ': ' + series.map((sr, j) => sr.name + ' ' + fmt(vals[i][j]) + (unit || '')).join(', ');
+    if (kind === 'bars') {
+      vals.forEach((v, i) => {
+        let y = H;
+        v.forEach((x, j) => {
+          totals[j] += x;
+          if (!x) return;
+          const h = Math.max(1, (x / top) * (H - 2));
+          y -= h;
+          const r = svgEl('rect', { x: (i * bw + 0.5).toFixed(2), width: Math.max(1, bw - 1).toFixed(2), y: y.toFixed(2), height: h.toFixed(2), fill: series[j].color });
+          r.append(svgEl('title'));
+          r.lastChild.textContent = tip(i);
+          svg.append(r);
+        });
+      });
+    } else {
+      series.forEach((sr, j) => {
+        const d = vals.map((v, i) => (i ? 'L' : 'M') + ((i + 0.5) * bw).toFixed(1) + ' ' + (H - 1 - (v[j] / top) * (H - 2)).toFixed(1)).join(' ');
+        vals.forEach((v) => { totals[j] = Math.max(totals[j], v[j]); });
+        if (totals[j] > 0) svg.append(svgEl('path', { d, fill: 'none', stroke: sr.color, 'stroke-width': 1.5 }));
+      });
+      vals.forEach((v, i) => { // hover targets with the step's values
+        const r = svgEl('rect', { x: (i * bw).toFixed(2), width: bw.toFixed(2), y: 0, height: H, fill: 'transparent' });
+        r.append(svgEl('title'));
+        r.lastChild.textContent = tip(i);
+        svg.append(r);
+      });
+    }
+    svg.setAttribute('aria-label', title + ': ' + series.map((sr, j) => sr.name + ' ' + (kind === 'bars' ? fmt(totals[j]) + (unit || '') + ' in all' : 'max ' + fmt(totals[j]) + (unit || ''))).join(', '));
+    const h = el('h4', title + ' ');
+    series.forEach((sr) => { const k = el('span', sr.name, 'key'); k.style.setProperty('--c', sr.color); h.append(k); });
+    return [h, svg, totals];
+  }
+  const CAUSES = [['failed_refused', 'refused', '#e03131'], ['failed_timeout', 'timed out', '#f08c00'], ['failed_reset', 'reset', '#ae3ec9'], ['failed_unreachable', 'unreachable', '#5c7cfa']];
+  // causes are the failure series of a point's counters: each known cause,
+  // and what the failed count has beyond them (an agent that did not say).
+  const causes = (c) => [...CAUSES.map(([k, name, color]) => ({ name, color, get: (pt) => c(pt)[k] })),
+    { name: 'other', color: '#868e96', get: (pt) => Math.max(0, (c(pt).failed_connections || 0) - CAUSES.reduce((a, [k]) => a + (c(pt)[k] || 0), 0)) }];
+  const us = (v) => (v >= 1000 ? (v / 1000).toFixed(v >= 10000 ? 0 : 1) + ' ms' : Math.round(v) + ' µs');
+
+  // seriesParams are /api/series's range and grouping for the page's state.
+  function seriesParams(p) {
+    Object.assign(p, rangeParams());
+    if (state.by !== 'workload') p.group_by = state.by;
+    if (!p.since) p.since = '24h'; // all history: the last day, per step
+    return new URLSearchParams(Object.entries(p).filter(([, v]) => v)).toString();
   }
 
   // edgeHistory draws an edge's counters over the range, per step, from
   // /api/series: connections (datagrams for UDP) as bars, failed
-  // connections in red over them. The chart's data-points is the number
-  // of steps.
+  // connections in red over them; then failures by cause, connect
+  // latency and bytes.
   let historyFor = '';
   async function edgeHistory(e, box) {
-    const want = e.key + '|' + JSON.stringify(rangeParams());
+    const want = 'edge ' + e.key + '|' + JSON.stringify(rangeParams()) + state.by;
     historyFor = want;
     const holder = el('div', 'loading history…', 'history');
     box.append(holder);
-    const p = Object.assign({}, rangeParams(), { from: e.from, to: e.to, proto: e.proto, port: String(e.port) });
-    if (state.by !== 'workload') p.group_by = state.by;
-    if (!p.since) p.since = '24h'; // all history: the last day, per step
     let ans;
     try {
-      ans = await getJSON('/api/series?' + new URLSearchParams(p).toString());
+      ans = await getJSON('/api/series?' + seriesParams({ from: e.from, to: e.to, proto: e.proto, port: String(e.port) }));
     } catch (err) {
       holder.textContent = 'history: ' + err.message;
       return;
     }
     if (historyFor !== want) return;
     const udp = e.proto === 'udp';
-    const vol = (pt) => (udp ? (pt.datagrams_sent || 0) + (pt.datagrams_received || 0) : pt.connections || 0);
+    const per = ans.step_seconds / 60 + ' min';
     const pts = ans.points;
-    const W = 260, H = 70, bw = W / Math.max(1, pts.length);
-    const top = Math.max(1, ...pts.map((pt) => vol(pt) + (pt.failed_connections || 0)));
-    const NS = 'http://www.w3.org/2000/svg';
-    const svg = document.createElementNS(NS, 'svg');
-    svg.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
-    svg.setAttribute('width', W);
-    svg.setAttribute('height', H);
-    svg.setAttribute('role', 'img');
-    svg.classList.add('history-chart');
-    svg.dataset.points = String(pts.length);
-    const bar = (x, h, y, color, title) => {
-      const b = document.createElementNS(NS, 'rect');
-      b.setAttribute('x', x + 0.5); b.setAttribute('width', Math.max(1, bw - 1));
-      b.setAttribute('y', y); b.setAttribute('height', h); b.setAttribute('fill', color);
-      const t = document.createElementNS(NS, 'title'); t.textContent = title; b.append(t);
-      svg.append(b);
-    };
-    let total = 0, failed = 0;
-    pts.forEach((pt, i) => {
-      const v = vol(pt), f = pt.failed_connections || 0;
-      total += v; failed += f;
-      const hv = (v / top) * (H - 2), hf = (f / top) * (H - 2);
-      const when = new Date(pt.t).toLocaleTimeString();
-      if (v) bar(i * bw, hv, H - hv, '#3366cc', when + ': ' + num(v) + (udp ? ' datagrams' : ' connections') +
-        (pt.connect_latency_max_us ? ', connect avg ' + pt.connect_latency_avg_us + ' µs max ' + pt.connect_latency_max_us + ' µs' : ''));
-      if (f) bar(i * bw, hf, H - hv - hf, '#e03131', when + ': ' + num(f) + ' failed');
-    });
-    svg.setAttribute('aria-label', (udp ? 'datagrams' : 'connections') + ' per ' + (ans.step_seconds / 60) + ' min: ' + num(total) + ' in all, ' + num(failed) + ' failed');
+    const vol = (pt) => (udp ? (pt.datagrams_sent || 0) + (pt.datagrams_received || 0) : pt.connections || 0);
+    const [h, svg, t] = chart('volume', 'History: ' + (udp ? 'datagrams' : 'connections') + ' per ' + per, pts, [
+      { name: udp ? 'datagrams' : 'connections', color: '#3366cc', get: vol },
+      { name: 'failed', color: '#e03131', get: (pt) => pt.failed_connections },
+    ], 'bars');
+    // The first chart's label reads as before: "connections per 2 min: 5 in all, 3 failed".
+    svg.setAttribute('aria-label', (udp ? 'datagrams' : 'connections') + ' per ' + per + ': ' + num(t[0]) + ' in all, ' + num(t[1]) + ' failed');
     holder.textContent = '';
-    holder.append(el('h4', 'History: ' + (udp ? 'datagrams' : 'connections') + ' per ' + (ans.step_seconds / 60) + ' min' + (failed ? ' (failed in red)' : '')), svg);
+    holder.append(h, svg);
+    if (!udp) {
+      if (t[1]) holder.append(...chart('failures', 'Failed connections by cause', pts, causes((pt) => pt), 'bars').slice(0, 2));
+      holder.append(...chart('latency', 'Connect latency', pts, [
+        { name: 'avg', color: '#3366cc', get: (pt) => pt.connect_latency_avg_us },
+        { name: 'max', color: '#f08c00', get: (pt) => pt.connect_latency_max_us },
+      ], 'lines', us).slice(0, 2));
+    }
+    holder.append(...chart('bytes', 'Bytes per ' + per, pts, [
+      { name: 'sent', color: '#1098ad', get: (pt) => pt.bytes_sent },
+      { name: 'received', color: '#74b816', get: (pt) => pt.bytes_received },
+    ], 'bars', bytes).slice(0, 2));
+    const bad = pts.filter((pt) => pt.health === 'unhealthy').length, deg = pts.filter((pt) => pt.health === 'degraded').length;
+    if (bad || deg) holder.append(el('p', (bad ? bad + ' steps unhealthy' : '') + (bad && deg ? ', ' : '') + (deg ? deg + ' degraded' : ''), bad ? 'bad' : 'warn'));
+  }
+
+  // nodeHistory draws a node's traffic over the range from
+  // /api/series?node=: connections per second in (it serves) and out (it
+  // is the client), failures by cause, connect latency and bytes.
+  async function nodeHistory(n, box) {
+    if (n.kind === 'group') return;
+    const want = 'node ' + n.id + '|' + JSON.stringify(rangeParams()) + state.by;
+    historyFor = want;
+    const holder = el('div', 'loading history…', 'history');
+    holder.dataset.node = n.id;
+    box.append(holder);
+    let ans;
+    try {
+      ans = await getJSON('/api/series?' + seriesParams({ node: n.id }));
+    } catch (err) {
+      holder.textContent = 'history: ' + err.message;
+      return;
+    }
+    if (historyFor !== want) return;
+    const pts = ans.points, step = ans.step_seconds;
+    const rate = (v) => (v || 0) / step;
+    const r2 = (v) => (v >= 10 ? Math.round(v).toLocaleString('en') : v.toFixed(v >= 1 ? 1 : 2));
+    const both = (pt) => { const o = {}; for (const k of ['failed_connections', ...CAUSES.map((c) => c[0])]) o[k] = (pt.in[k] || 0) + (pt.out[k] || 0); return o; };
+    holder.textContent = '';
+    holder.append(...chart('connections', 'Connections/s (' + step / 60 + '-min steps)', pts, [
+      { name: 'in', color: '#3366cc', get: (pt) => rate(pt.in.connections) },
+      { name: 'out', color: '#1098ad', get: (pt) => rate(pt.out.connections) },
+    ], 'lines', r2).slice(0, 2));
+    const [fh, fsvg, ft] = chart('failures', 'Failed connections by cause (in and out)', pts, causes(both), 'bars');
+    if (ft.some((x) => x)) holder.append(fh, fsvg);
+    else holder.append(el('h4', 'No failed connections'));
+    holder.append(...chart('latency', 'Connect latency', pts, [
+      { name: 'avg in', color: '#3366cc', get: (pt) => pt.in.connect_latency_avg_us },
+      { name: 'max in', color: '#f08c00', get: (pt) => pt.in.connect_latency_max_us },
+      { name: 'avg out', color: '#1098ad', get: (pt) => pt.out.connect_latency_avg_us },
+    ], 'lines', us).slice(0, 2));
+    // Edge counters are the client's view: what reaches a node is what
+    // its clients sent and what it received as a client.
+    holder.append(...chart('bytes', 'Bytes per ' + step / 60 + ' min', pts, [
+      { name: 'to it', color: '#74b816', get: (pt) => (pt.in.bytes_sent || 0) + (pt.out.bytes_received || 0) },
+      { name: 'from it', color: '#1098ad', get: (pt) => (pt.in.bytes_received || 0) + (pt.out.bytes_sent || 0) },
+    ], 'bars', bytes).slice(0, 2));
   }
 
   function edgeItem(e, peer) {
@@ -592,7 +808,7 @@
     const b = el('button', label(data.nodes.get(peer)), 'link');
     b.type = 'button';
     b.addEventListener('click', () => setFocus(peer));
-    li.append(b, el('span', ' ' + e.proto + '/' + e.port + ' · ' + num(e.connections) + ' conns' + (e.bad ? ' · unhealthy' : '') + (e.status !== 'same' ? ' · ' + e.status : ''), e.bad ? 'bad' : ''));
+    li.append(b, el('span', ' ' + e.proto + '/' + e.port + ' · ' + num(e.connections) + ' conns' + (e.health !== 'ok' ? ' · ' + e.health : '') + (e.status !== 'same' ? ' · ' + e.status : ''), e.bad ? 'bad' : e.health === 'degraded' ? 'warn' : ''));
     return li;
   }
 
@@ -642,6 +858,7 @@
     }
     const ul = $('#groups');
     ul.textContent = '';
+    groups.delete(''); // nodes in no box (Kubernetes namespace: not in a pod)
     const keys = [...groups.keys()].sort();
     const q = state.q.toLowerCase();
     const shown = keys.filter((k) => !q || k.toLowerCase().includes(q)).slice(0, 300);
@@ -667,7 +884,7 @@
     writeURL();
     renderFocus();
     if (state.view === 'map') renderMap();
-    if (id) showNode(id);
+    if (id) { showNode(id, true); pinned = true; } // its history stays until a click elsewhere
   }
 
   // ---- table ---------------------------------------------------------
@@ -681,7 +898,7 @@
     { key: 'failed_connections', label: 'Failed', get: (e) => e.failed_connections || 0, num: true },
     { key: 'bytes_sent', label: 'Sent', get: (e) => e.bytes_sent || 0, num: true, fmt: bytes },
     { key: 'bytes_received', label: 'Received', get: (e) => e.bytes_received || 0, num: true, fmt: bytes },
-    { key: 'health', label: 'Health', get: (e) => (e.bad ? 'unhealthy' : 'ok') },
+    { key: 'health', label: 'Health', get: (e) => e.health },
     { key: 'first_seen', label: 'First seen', get: (e) => e.first_seen || '', fmt: when },
     { key: 'last_seen', label: 'Last seen', get: (e) => e.last_seen || '', fmt: when },
   ];
@@ -742,7 +959,7 @@
     for (const r of rows.slice(0, state.rows)) {
       r.v = cols.map((c) => c.get(r.e));
       const tr = el('tr');
-      tr.className = (r.e.bad ? 'unhealthy ' : '') + (r.e.status !== 'same' ? r.e.status : '');
+      tr.className = (r.e.bad ? 'unhealthy ' : r.e.health === 'degraded' ? 'degraded ' : '') + (r.e.status !== 'same' ? r.e.status : '');
       cols.forEach((c, i) => {
         const td = el('td', c.fmt ? c.fmt(r.v[i]) : c.num ? num(r.v[i]) : String(r.v[i]), (c.num ? 'num ' : '') + c.key);
         tr.append(td);
@@ -774,6 +991,9 @@
       renderMap();
     } else {
       if (renderer) { renderer.kill(); renderer = null; }
+      layoutGen++; // a layout still running is for a map no longer shown
+      boxes = [];
+      $('#boxes').textContent = '';
       renderTable();
     }
     // Ready once a frame has been painted with the data (sigma draws in
@@ -838,7 +1058,7 @@
     $('#depth').addEventListener('change', (ev) => { state.depth = ev.target.value; writeURL(); render(); });
     $('#clear-focus').addEventListener('click', () => { setFocus(''); render(); });
     $('#collapse-all').addEventListener('click', () => {
-      for (const n of data.nodes.values()) collapsed.add(groupOf(n));
+      for (const n of data.nodes.values()) if (groupOf(n)) collapsed.add(groupOf(n));
       renderGroups();
       renderMap();
     });
@@ -853,5 +1073,11 @@
   wire();
   render();
   load();
-  window.deptrace = { state, get data() { return data; }, get display() { return display; }, neighbourhood, position, clickEdge: (k) => { pinned = true; showEdge(k); } };
+  window.deptrace = {
+    state, get data() { return data; }, get display() { return display; }, neighbourhood, position,
+    clickEdge: (k) => { pinned = true; showEdge(k); },
+    clickNode: (id) => setFocus(id),
+    // labelled lists the nodes whose label sigma drew in the last frame.
+    labelled: () => (renderer ? [...renderer.displayedNodeLabels] : []),
+  };
 })();
