@@ -44,6 +44,8 @@ command -v gunicorn >/dev/null || real_need+=(gunicorn)
 command -v curl >/dev/null || real_need+=(curl)
 command -v nft >/dev/null || real_need+=(nftables)
 command -v psql >/dev/null || real_need+=(postgresql-client)
+command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || real_need+=(dnsmasq-base)  # DNS watcher tests (internal/dnswatch, cmd/deptrace)
+command -v dig >/dev/null || real_need+=(bind9-dnsutils)
 if [ ${#real_need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "deps: missing ${real_need[*]}; run as root or: sudo apt-get install ${real_need[*]}" >&2
