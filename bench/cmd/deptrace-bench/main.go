@@ -155,7 +155,6 @@ func newBenchOverheadCmd() *cobra.Command {
 	var pairPhase time.Duration
 	var attribute, hollow bool
 	var minReached float64
-	var hollowSet string
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -205,12 +204,6 @@ tables for docs/performance.md.`,
 			if attribute && pairs == 0 {
 				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
 			}
-			if hollowSet != "" && !slices.Contains(measure.HollowSetNames(), hollowSet) {
-				return fmt.Errorf("invalid --hollow-set %q: allowed %s", hollowSet, strings.Join(measure.HollowSetNames(), ", "))
-			}
-			if hollowSet != "" {
-				hollow = true
-			}
 			if hollow && pairs == 0 {
 				return fmt.Errorf("--hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more")
 			}
@@ -226,7 +219,7 @@ tables for docs/performance.md.`,
 				measure.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached}
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, MinReached: minReached}
 				rs, err := measure.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
 				if err != nil {
 					return err
@@ -250,7 +243,6 @@ tables for docs/performance.md.`,
 	cmd.Flags().DurationVar(&pairPhase, "pair-phase", 3*time.Second, "length of each run of a pair")
 	cmd.Flags().Float64Var(&minReached, "min-reached", measure.DefaultMinReached, "fraction of its rate each run of a pair must reach, or the pair is made again (3 tries, then an error); 0: no check")
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
-	cmd.Flags().StringVar(&hollowSet, "hollow-set", "", "with --hollow, the hook set of the empty programs (deptrace: today's; sockops...: the alternatives for TCP; implies --hollow)")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }

@@ -3,6 +3,7 @@ package measure
 import (
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,13 @@ func TestPointsCoverTheSweep(t *testing.T) {
 		if v, ok := want[args[i]]; ok && args[i+1] != v {
 			t.Errorf("%s = %s, want %s", args[i], args[i+1], v)
 		}
+	}
+	if slices.Contains(args, "--realtime") {
+		t.Errorf("--realtime without CompareConfig.Realtime: %v", args)
+	}
+	c.Realtime = true
+	if args := c.loadArgs(ps[0]); !slices.Contains(args, "--realtime") {
+		t.Errorf("no --realtime with CompareConfig.Realtime: %v", args)
 	}
 }
 

@@ -46,6 +46,8 @@ type CompareConfig struct {
 	MinReached float64
 	Attempts   int
 	Tolerance  float64
+	// Realtime runs the load under SCHED_FIFO (loadgen.Realtime).
+	Realtime bool
 }
 
 // Defaults of the harness's own checks.
@@ -113,6 +115,9 @@ func (c CompareConfig) loadArgs(p point) []string {
 		conc = c.Persistent
 	}
 	args := append([]string{}, c.LoadCommand[1:]...)
+	if c.Realtime {
+		args = append(args, "--realtime")
+	}
 	return append(args, "--workload", p.workload, "--rate", strconv.FormatFloat(p.rate, 'f', -1, 64),
 		"--concurrency", strconv.Itoa(conc), "--msg-size", strconv.Itoa(c.MsgSize), "--duration", c.Duration.String(),
 		"--clients", strconv.Itoa(p.peers), "--serve", "127.0.0.1:0", "--output", "json")

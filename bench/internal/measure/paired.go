@@ -79,9 +79,6 @@ type PairedConfig struct {
 	// MinReached is the fraction of its rate each run of a pair must
 	// reach (0: no check), see checkPair.
 	MinReached float64
-	// HollowSet names the hook set of the empty programs (floor.go);
-	// empty: the hooks deptrace runs today.
-	HollowSet string
 }
 
 // Paired runs each load cfg.Pairs times without and with deptrace (tracer
@@ -106,11 +103,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 	}
 	var hollowHooks []string
 	if cfg.Hollow {
-		set := cfg.HollowSet
-		if set == "" {
-			set = "deptrace"
-		}
-		hooks, err := HollowSetHooks(set)
+		hooks, err := perEventHooks()
 		if err != nil {
 			return nil, err
 		}
