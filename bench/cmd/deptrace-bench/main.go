@@ -43,12 +43,13 @@ DEPTRACE_DURATION, and so on.`,
 
 func newBenchLoadCmd() *cobra.Command {
 	var (
-		cfg     loadgen.Config
-		addrs   []string
-		serve   string
-		ports   int
-		clients int
-		format  string
+		cfg      loadgen.Config
+		addrs    []string
+		serve    string
+		ports    int
+		clients  int
+		format   string
+		realtime bool
 	)
 	cmd := &cobra.Command{
 		Use:   "load",
@@ -69,6 +70,14 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if format != "table" && format != "json" {
 				return fmt.Errorf("invalid --output %q: allowed table, json", format)
+			}
+			if realtime {
+				if cfg.Rate == 0 {
+					return fmt.Errorf("--realtime needs a --rate: a load as fast as it goes would take the whole machine")
+				}
+				if err := loadgen.Realtime(); err != nil {
+					return fmt.Errorf("--realtime: %w", err)
+				}
 			}
 			var err error
 			if cfg.Sources, err = loadgen.Sources(clients); err != nil {
@@ -114,6 +123,7 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response (1 to 65000)")
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to drive the load")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
+	cmd.Flags().BoolVar(&realtime, "realtime", false, "run the load under SCHED_FIFO (root), so that other work on the machine cannot hold a paced load below its rate")
 	return cmd
 }
 
@@ -155,6 +165,8 @@ func newBenchOverheadCmd() *cobra.Command {
 	var pairPhase time.Duration
 	var attribute, hollow bool
 	var minReached float64
+	var realtime bool
+	var hollowSet string
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -204,6 +216,12 @@ tables for docs/performance.md.`,
 			if attribute && pairs == 0 {
 				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
 			}
+			if hollowSet != "" && !slices.Contains(measure.HollowSetNames(), hollowSet) {
+				return fmt.Errorf("invalid --hollow-set %q: allowed %s", hollowSet, strings.Join(measure.HollowSetNames(), ", "))
+			}
+			if hollowSet != "" {
+				hollow = true
+			}
 			if hollow && pairs == 0 {
 				return fmt.Errorf("--hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more")
 			}
@@ -219,7 +237,7 @@ tables for docs/performance.md.`,
 				measure.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, MinReached: minReached}
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime}
 				rs, err := measure.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
 				if err != nil {
 					return err
@@ -241,8 +259,10 @@ tables for docs/performance.md.`,
 	cmd.Flags().Float64Var(&cfg.Rate, "rate", 0, "pace the bpf_stats view's load (round trips/s; 0: flat out)")
 	cmd.Flags().IntVar(&pairs, "pairs", 10, "interleaved untraced/traced pairs per load of the whole-machine measurement (0 skips it)")
 	cmd.Flags().DurationVar(&pairPhase, "pair-phase", 3*time.Second, "length of each run of a pair")
+	cmd.Flags().BoolVar(&realtime, "realtime", true, "run the pairs' paced loads under SCHED_FIFO (deptrace-bench load --realtime), so that other work on the machine does not hold them below their rate")
 	cmd.Flags().Float64Var(&minReached, "min-reached", measure.DefaultMinReached, "fraction of its rate each run of a pair must reach, or the pair is made again (3 tries, then an error); 0: no check")
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
+	cmd.Flags().StringVar(&hollowSet, "hollow-set", "", "with --hollow, the hook set of the empty programs (deptrace: today's; sockops...: the alternatives for TCP; implies --hollow)")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }
@@ -358,6 +378,7 @@ rows finished before are kept in --out.`,
 	cmd.Flags().IntVar(&cfg.Persistent, "persistent", 100, "connections held open for tcp-persistent")
 	cmd.Flags().IntVar(&cfg.MsgSize, "msg-size", 64, "bytes per request and response")
 	cmd.Flags().BoolVar(&cfg.KernelStats, "kernel-stats", true, "also measure kernel program time (one more run per eBPF method)")
+	cmd.Flags().BoolVar(&cfg.Realtime, "realtime", true, "run the load under SCHED_FIFO (deptrace-bench load --realtime), so that other work on the machine does not hold it below its rate")
 	cmd.Flags().Float64Var(&cfg.MinReached, "min-reached", measure.DefaultMinReached, "fraction of the asked rate every run must reach (0: no check)")
 	cmd.Flags().IntVar(&cfg.Attempts, "attempts", measure.DefaultAttempts, "runs of a point's run that falls short before the sweep fails")
 	cmd.Flags().Float64Var(&cfg.Tolerance, "tolerance", measure.DefaultTolerance, "how far a row's kernel CPU may disagree with ns per round trip × rate (fraction)")

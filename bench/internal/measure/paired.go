@@ -79,6 +79,12 @@ type PairedConfig struct {
 	// MinReached is the fraction of its rate each run of a pair must
 	// reach (0: no check), see checkPair.
 	MinReached float64
+	// Realtime runs the loads that are not asked above reach under
+	// SCHED_FIFO (loadgen.Realtime).
+	Realtime bool
+	// HollowSet names the hook set of the empty programs (floor.go);
+	// empty: the hooks deptrace runs today.
+	HollowSet string
 }
 
 // Paired runs each load cfg.Pairs times without and with deptrace (tracer
@@ -103,7 +109,11 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 	}
 	var hollowHooks []string
 	if cfg.Hollow {
-		hooks, err := perEventHooks()
+		set := cfg.HollowSet
+		if set == "" {
+			set = "deptrace"
+		}
+		hooks, err := HollowSetHooks(set)
 		if err != nil {
 			return nil, err
 		}
@@ -114,7 +124,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 	measure := func(l PairedLoad) (res loadgen.Result, busy time.Duration, c SampleCounts, err error) {
 		var wall time.Duration
 		run := func() error {
-			res, busy, wall, err = busyDuring(ctx, loadCmd, l, phase)
+			res, busy, wall, err = busyDuring(ctx, loadCmd, l, phase, cfg.Realtime && !l.AboveReach)
 			return err
 		}
 		if !attribute {
@@ -248,7 +258,7 @@ const pairedClients = 64
 
 // busyDuring runs the load process and returns the machine's busy CPU time
 // over the load's run, and the wall time it was measured over.
-func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.Duration) (loadgen.Result, time.Duration, time.Duration, error) {
+func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.Duration, realtime bool) (loadgen.Result, time.Duration, time.Duration, error) {
 	clients := pairedClients
 	if l.Workload == loadgen.TCPPersistent {
 		clients = 8
@@ -258,6 +268,9 @@ func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.
 		"--concurrency", strconv.Itoa(clients), "--duration", phase.String(), "--serve", "127.0.0.1:0", "--output", "json")
 	if l.Clients > 0 {
 		args = append(args, "--clients", strconv.Itoa(l.Clients))
+	}
+	if realtime {
+		args = append(args, "--realtime")
 	}
 	b0, err := machineBusy()
 	if err != nil {
