@@ -476,8 +476,19 @@ func ReadResults(path string) ([]Row, error) {
 // WriteCompareMarkdown prints the rows as the tables of docs/benchmarks.md.
 func WriteCompareMarkdown(w io.Writer, rows []Row, c CompareConfig) {
 	if c.Duration > 0 {
-		fmt.Fprintf(w, "Sweep: %s per run, flows handed over every %s, %d clients (tcp-short, udp), %d connections (tcp-persistent), %d-byte messages.\n\n",
-			c.Duration, c.Interval, c.Concurrency, c.Persistent, c.MsgSize)
+		sched := ""
+		if c.Realtime {
+			sched = ", loads under SCHED_FIFO"
+		}
+		fmt.Fprintf(w, "Sweep: %s per run, flows handed over every %s, %d clients (tcp-short, udp), %d connections (tcp-persistent), %d-byte messages%s; every run reached %.0f %% of its rate or was made again (at most %d runs).\n\n",
+			c.Duration, c.Interval, c.Concurrency, c.Persistent, c.MsgSize, sched, c.MinReached*100, max(c.Attempts, 1))
+	}
+	retried := 0
+	for _, r := range rows {
+		retried += r.Retries
+	}
+	if retried > 0 {
+		fmt.Fprintf(w, "Runs made again because they fell short of the rate: %d.\n\n", retried)
 	}
 	fmt.Fprintln(w, "| sweep | workload | target/s | peers | method | achieved/s | reached | tracer process CPU % | kernel programs CPU % | total CPU % | kernel ns per round trip | records | recall | losses |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
