@@ -412,6 +412,25 @@ func TestBrowserTokenCookie(t *testing.T) {
 	}
 }
 
+// A map beyond dagre's size (400 nodes, 300 edges) is layered by the
+// worker's linear layout: every edge points left to right.
+func TestBrowserLinearLayeredLayout(t *testing.T) {
+	path := t.TempDir() + "/mid.db"
+	history(t, path, time.Now(), 100, 3, 1)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map")
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	d := mapData(t, ctx)
+	if d["nodes"] != "400" || d["edges"] != "300" || d["layoutEngine"] != "linear" || d["boxes"] != "100" {
+		t.Errorf("map %v: want 400 nodes, 300 edges, 100 boxes, laid out by the linear layout", d)
+	}
+	backwards := js[[]string](t, ctx, `(() => { const G = window.deptrace.display; return G.edges().filter(e => { const [s, t] = G.extremities(e); return G.getNodeAttribute(s, 'x') >= G.getNodeAttribute(t, 'x'); }); })()`)
+	if len(backwards) > 0 {
+		t.Errorf("%d edges do not point left to right: %q", len(backwards), backwards[:min(5, len(backwards))])
+	}
+}
+
 // A graph beyond 2,000 nodes opens on the table; the map is one click
 // away and draws all of it (collapsing groups works on it).
 func TestBrowserLargeGraphOpensOnTable(t *testing.T) {

@@ -375,14 +375,14 @@
   }
 
   // A map of up to LAYERED nodes (after grouping and collapsing) is laid
-  // out left to right by dagre (vendored, MIT) in a web worker
-  // (layout-worker.js): clients left, what they depend on to their
-  // right, one column per hop, ordered so that edges cross as little as
-  // the layers allow, each box's nodes kept together. The map is drawn
+  // out left to right in a web worker (layout-worker.js): clients left,
+  // what they depend on to their right, one column per hop, ordered so
+  // that edges cross as little as the layers allow, each box's nodes kept
+  // together; by dagre (vendored, MIT) up to 250 nodes and 1,000 edges,
+  // beyond by the worker's own linear layered layout. The map is drawn
   // and usable at once with the grouped layout, and moves to the layered
   // one when the worker answers (progressive rendering). Larger maps keep
-  // the grouped layout, which is linear; dagre's crossing minimisation
-  // is not.
+  // the grouped layout.
   const LAYERED = 2000;
   let worker = null, workerBusy = false, layoutGen = 0;
   const wantsLayered = (G) => !state.focus && G.order <= LAYERED && typeof Worker !== 'undefined';
@@ -421,6 +421,7 @@
     renderer.refresh();
     const box = $('#map');
     box.dataset.layoutMs = String(m.ms);
+    box.dataset.layoutEngine = m.engine;
     box.dataset.layout = 'layered';
     document.body.dataset.layeredMs = String(Math.round(performance.now()));
   }
