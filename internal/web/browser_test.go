@@ -93,7 +93,7 @@ func mapData(t *testing.T, ctx context.Context) map[string]string {
 
 // docScreenshots are the screenshots docs/web.md shows: with
 // DEPTRACE_UPDATE_SCREENSHOTS=1 the test writes them into docs/images/.
-var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true}
+var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true, "map-400": true}
 
 // screenshot saves the page (into $DEPTRACE_SCREENSHOTS when set, to look
 // at; the documentation's into docs/images/ with
@@ -429,6 +429,7 @@ func TestBrowserLinearLayeredLayout(t *testing.T) {
 	if len(backwards) > 0 {
 		t.Errorf("%d edges do not point left to right: %q", len(backwards), backwards[:min(5, len(backwards))])
 	}
+	screenshot(t, ctx, "map-400")
 }
 
 // A graph beyond 2,000 nodes opens on the table; the map is one click

@@ -409,10 +409,17 @@
     const m = ev.data;
     if (m.gen !== layoutGen || !display || !renderer) return; // a map since replaced
     if (m.error) { $('#map').dataset.layout = 'grouped'; setStatus('layout failed: ' + m.error); return; }
-    // Sigma's y axis points up; dagre's down.
+    // A layout much taller than the map (few columns of many nodes) is
+    // stretched sideways up to the map's proportions, so that its edges
+    // show when it is seen whole.
+    let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+    for (const p of Object.values(m.positions)) { x0 = Math.min(x0, p[0]); x1 = Math.max(x1, p[0]); y0 = Math.min(y0, p[1]); y1 = Math.max(y1, p[1]); }
+    const el0 = $('#map'), aspect = el0.clientWidth / Math.max(1, el0.clientHeight);
+    const stretch = x1 > x0 ? Math.min(30, Math.max(1, ((y1 - y0) * aspect) / (x1 - x0))) : 1;
+    // Sigma's y axis points up; the layout's down.
     display.updateEachNodeAttributes((id, a) => {
       const p = m.positions[id];
-      if (p) { a.x = p[0]; a.y = -p[1]; }
+      if (p) { a.x = p[0] * stretch; a.y = -p[1]; }
       return a;
     });
     display.setAttribute('layout', 'layered');
@@ -477,6 +484,8 @@
       b.el.style.transform = 'translate(' + l.toFixed(1) + 'px,' + t.toFixed(1) + 'px)';
       b.el.style.width = w.toFixed(1) + 'px';
       b.el.style.height = (Math.abs(q.y - p.y) + 2 * pad + title).toFixed(1) + 'px';
+      // Zoomed out, a box too small for its title keeps only its outline.
+      b.el.classList.toggle('small', Math.abs(q.y - p.y) < 8 && boxes.length > 20);
     }
   }
 

@@ -42,7 +42,7 @@ function withDagre(msg, compound) {
 //  3. each rank ordered by group, then four barycentre sweeps (down, up)
 //     that order a rank's nodes by the mean place of their neighbours in
 //     other ranks, a group's nodes kept together at its mean;
-//  4. x from the rank, y from the order, each rank centred.
+//  4. x from the rank; y from the group's band and the order in it.
 function linear(msg) {
   const n = msg.nodes.length;
   const index = new Map(msg.nodes.map(([id], i) => [id, i]));
@@ -132,19 +132,44 @@ function linear(msg) {
       L.forEach((v, i) => { pos[v] = L.length > 1 ? i / (L.length - 1) : 0.5; });
     }
   }
-  // 4. Coordinates: columns as wide as their widest node, rows centred,
-  // a gap between groups.
+  // 4. Coordinates: columns as wide as their widest node; each group a
+  // horizontal band across the columns (so that group boxes do not
+  // overlap), as tall as its largest column, bands ordered by their
+  // nodes' mean place; a node without a group is a band of its own.
+  const band = (v) => group[v] || '\u0000' + v;
+  const bands = new Map(); // band -> {sum, n, rows: Map(rank -> count)}
+  for (const L of layers) {
+    for (const v of L) {
+      const k = band(v);
+      let b = bands.get(k);
+      if (!b) bands.set(k, b = { sum: 0, n: 0, rows: new Map() });
+      b.sum += pos[v]; b.n++;
+      b.rows.set(rank[v], (b.rows.get(rank[v]) || 0) + 1);
+    }
+  }
+  const rowH = Math.max(...height, 16) + NODESEP;
+  const order = [...bands.entries()].sort((a, b) => a[1].sum / a[1].n - b[1].sum / b[1].n || (a[0] < b[0] ? -1 : 1));
+  let y = 0;
+  for (const [, b] of order) {
+    b.y = y;
+    y += Math.max(...b.rows.values()) * rowH + (order.length > 1 ? NODESEP * 2 : 0);
+  }
+  const total = y;
   const positions = {};
   let x = 0;
   for (const L of layers) {
-    let w = 0, total = 0;
-    L.forEach((v, i) => { w = Math.max(w, width[v]); total += height[v] + NODESEP + (i && group[v] !== group[L[i - 1]] ? NODESEP * 2 : 0); });
-    let y = -total / 2;
-    L.forEach((v, i) => {
-      if (i && group[v] !== group[L[i - 1]]) y += NODESEP * 2;
-      positions[msg.nodes[v][0]] = [x + w / 2, y + height[v] / 2];
-      y += height[v] + NODESEP;
-    });
+    let w = 0;
+    const used = new Map();
+    for (const v of L) {
+      w = Math.max(w, width[v]);
+    }
+    for (const v of L) { // L is in barycentre order: kept within a band
+      const b = bands.get(band(v));
+      const i = used.get(b) || 0;
+      used.set(b, i + 1);
+      const rows = b.rows.get(rank[v]), tallest = Math.max(...b.rows.values());
+      positions[msg.nodes[v][0]] = [x + w / 2, b.y + ((tallest - rows) / 2 + i) * rowH + rowH / 2 - total / 2];
+    }
     x += w + RANKSEP;
   }
   return positions;
