@@ -143,7 +143,8 @@ func TestDockerOneShotClientJoined(t *testing.T) {
 	// look finds the client by its container's name, and its server.
 	out, err := exec.Command(bin, "look", "oneshot", "--store", store, "--since", "1h").CombinedOutput()
 	t.Logf("deptrace look oneshot:\n%s", out)
-	if err != nil || !strings.Contains(string(out), "oneshot") || !strings.Contains(string(out), "web") || strings.Contains(string(out), "external") {
+	if err != nil || !strings.Contains(string(out), "oneshot (wget) on "+clientHost) ||
+		!strings.Contains(string(out), "-> tcp/8080 web (httpd) on "+serverHost) || strings.Contains(string(out), "external") {
 		t.Errorf("look oneshot (%v): want the client and web, no external end", err)
 	}
 	if t.Failed() {
