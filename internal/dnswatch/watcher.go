@@ -100,13 +100,13 @@ func New(cfg Config) (*Watcher, error) {
 	}{{w.objs.DnsEgress, ebpf.AttachCGroupInetEgress}, {w.objs.DnsIngress, ebpf.AttachCGroupInetIngress}} {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
 		if err != nil {
-			w.close()
+			_ = w.close() // the attach error is the one to report
 			return nil, fmt.Errorf("dns: attach %s at %s: %w", a.attach, root, err)
 		}
 		w.links = append(w.links, l)
 	}
 	if w.rd, err = ringbuf.NewReader(w.objs.DnsEvents); err != nil {
-		w.close()
+		_ = w.close() // the ring buffer error is the one to report
 		return nil, fmt.Errorf("dns: ring buffer: %w", err)
 	}
 	go w.read()
@@ -205,4 +205,19 @@ func (w *Watcher) close() error {
 	}
 	errs = append(errs, w.objs.Close())
 	return errors.Join(errs...)
+}
+
+// ProgramStats are the kernel's run count and run time of the watcher's
+// two programs (egress and ingress, summed): the run time only counts
+// while kernel.bpf_stats_enabled is on.
+func (w *Watcher) ProgramStats() (runs uint64, runtime time.Duration, err error) {
+	for _, p := range []*ebpf.Program{w.objs.DnsEgress, w.objs.DnsIngress} {
+		s, err := p.Stats()
+		if err != nil {
+			return 0, 0, err
+		}
+		runs += s.RunCount
+		runtime += s.Runtime
+	}
+	return runs, runtime, nil
 }
