@@ -59,7 +59,7 @@ func answerA(b *testing.B, h *testnet.Host) {
 				continue
 			}
 			out := append([]byte(nil), buf[:n]...)
-			out[2] |= 0x80                          // QR
+			out[2] |= 0x80                         // QR
 			binary.BigEndian.PutUint16(out[6:], 1) // ANCOUNT
 			out = append(out, 0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 203, 0, 113, 9)
 			_, _ = pc.WriteTo(out, from)
