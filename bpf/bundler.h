@@ -49,6 +49,13 @@ struct flow_value {
 	__u64 latency_count; /* connect latency, SYN sent to ESTABLISHED */
 	__u64 latency_sum_us;
 	__u64 latency_max_us;
+	/* TCP: the socket's smoothed RTT (srtt), one sample per read of the
+	 * socket (at close, and at a drain that folds its counters); min is
+	 * 0 on a CPU that took no sample */
+	__u64 rtt_samples;
+	__u64 rtt_sum_us;
+	__u64 rtt_min_us;
+	__u64 rtt_max_us;
 	__u64 first_seen_ns;      /* CLOCK_BOOTTIME */
 	__u64 retransmits;        /* segments */
 	__u64 failed_connections; /* opens that never did: the four causes below */
@@ -62,7 +69,7 @@ struct flow_value {
 	char comm[16]; /* the process's name (its thread-group leader's) */
 	char peer_comm[16];
 };
-_Static_assert(sizeof(struct flow_value) == 200, "flow_value layout");
+_Static_assert(sizeof(struct flow_value) == 232, "flow_value layout");
 
 /* A bundled flow kept in the spill, the preallocated overflow of the
  * flow maps for new flows whose insert failed (bundler.bpf.c, spill). One
@@ -79,7 +86,7 @@ struct spill_slot {
 	struct flow_key key;
 	struct flow_value value;
 };
-_Static_assert(sizeof(struct spill_slot) == 248, "spill_slot layout");
+_Static_assert(sizeof(struct spill_slot) == 280, "spill_slot layout");
 
 /* A unix socket path, by the hash the flow key carries. */
 struct unix_path {

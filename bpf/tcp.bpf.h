@@ -57,6 +57,34 @@ static __always_inline void tcp_start_counting(struct sock_state *st, struct tcp
 
 #define TCPF_FIN_SENT (TCPF_FIN_WAIT1 | TCPF_FIN_WAIT2 | TCPF_CLOSING | TCPF_LAST_ACK)
 
+/* The socket's smoothed RTT in microseconds, 0 before the first sample
+ * (tcp_sock.srtt_us holds 8 times it; under 1 us reads as 1). */
+static __always_inline __u32 tcp_srtt_us(const struct tcp_sock *tp)
+{
+	__u32 srtt8 = tp->srtt_us;
+	if (!srtt8)
+		return 0;
+	return srtt8 < 8 ? 1 : srtt8 >> 3;
+}
+
+/* One RTT sample into the flow, taken by a read of the socket that
+ * updates the flow anyway (a close or drain that reports bytes,
+ * retransmissions or the open): never a flow update of its own. Like
+ * latency_max_us, min and max are plain compares: a race with another
+ * CPU's spill update can keep the other value, never a value no socket
+ * had. */
+static __always_inline void flow_rtt(struct flow_value *v, __u32 rtt)
+{
+	if (!rtt)
+		return;
+	__sync_fetch_and_add(&v->rtt_samples, 1);
+	__sync_fetch_and_add(&v->rtt_sum_us, rtt);
+	if (!v->rtt_min_us || rtt < v->rtt_min_us)
+		v->rtt_min_us = rtt;
+	if (rtt > v->rtt_max_us)
+		v->rtt_max_us = rtt;
+}
+
 /* Fold a connection's counter growth into its bundled flow.
  *
  * bytes_acked counts the SYN (active side) and our FIN once acked;
@@ -78,6 +106,7 @@ static __always_inline void tcp_fold(struct sock *sk, struct sock_state *st, boo
 	__u64 acked = tp->bytes_acked;
 	__u64 raw_received = tp->bytes_received;
 	__u32 retrans = tp->total_retrans;
+	__u32 rtt = tcp_srtt_us(tp);
 	if (!at_close) {
 		barrier();
 		state = sk->__sk_common.skc_state;
@@ -102,6 +131,8 @@ static __always_inline void tcp_fold(struct sock *sk, struct sock_state *st, boo
 	__u32 opened = 0;
 	if (st->open_pending)
 		opened = __sync_lock_test_and_set(&st->open_pending, 0);
+	/* A read that reports nothing takes no RTT sample either: an idle
+	 * connection does not make its flow active at every drain. */
 	if (!d_sent && !d_received && !d_retrans && !opened)
 		return;
 
@@ -124,6 +155,7 @@ static __always_inline void tcp_fold(struct sock *sk, struct sock_state *st, boo
 		__sync_fetch_and_add(&v->bytes_received, d_received);
 	if (d_retrans)
 		__sync_fetch_and_add(&v->retransmits, d_retrans);
+	flow_rtt(v, rtt);
 	name_flow(v, st);
 }
 
@@ -408,8 +440,9 @@ static __always_inline void tcp_close_untagged(struct sock *sk, int oldstate)
 	if (received && fin_done)
 		received--; /* the peer's FIN */
 	__u32 retrans = tp->total_retrans;
+	__u32 rtt = tcp_srtt_us(tp);
 	if (!sent && !received && !retrans)
-		return;
+		return; /* no sample either: no flow update for it alone */
 	struct flow_key k = {};
 	tcp_key(sk, &k, dir);
 	struct flow_value *v = flow_entry(&k);
@@ -421,6 +454,7 @@ static __always_inline void tcp_close_untagged(struct sock *sk, int oldstate)
 		__sync_fetch_and_add(&v->bytes_received, received);
 	if (retrans)
 		__sync_fetch_and_add(&v->retransmits, retrans);
+	flow_rtt(v, rtt);
 	if (dir == DIR_INBOUND)
 		name_from_listener(v, k.netns, k.port);
 }

@@ -62,10 +62,13 @@ type Counters struct {
 	ResetsSent     uint64 `json:"resets_sent"`
 	ResetsReceived uint64 `json:"resets_received"`
 	Retransmits    uint64 `json:"retransmits"`
-	// Smoothed RTT (the socket's srtt) of TCP connections, read where
-	// deptrace already reads the socket (at close and at each harvest),
-	// never per packet: one sample per read. RTTSumUs/RTTSamples is the
-	// average; RTTMinUs and RTTMaxUs bound the samples (0 without one).
+	// Smoothed RTT (the socket's srtt, as ss -ti shows it) of TCP
+	// connections, read where deptrace already reads the socket (at close
+	// and at each harvest), never per packet: one sample per read that
+	// reports the connection's bytes, retransmissions or open (an idle
+	// connection's drain and a connection that moved no byte give none;
+	// neither does a failed connect). RTTSumUs/RTTSamples is the average;
+	// RTTMinUs and RTTMaxUs bound the samples (0 without one).
 	RTTSamples uint64 `json:"rtt_samples"`
 	RTTSumUs   uint64 `json:"rtt_sum_us"`
 	RTTMinUs   uint64 `json:"rtt_min_us"`

@@ -468,6 +468,10 @@ func countersOf(c bundler.Counts) Counters {
 		ResetsSent:          c.ResetsSent,
 		ResetsReceived:      c.ResetsReceived,
 		Retransmits:         c.Retransmits,
+		RTTSamples:          c.RTTSamples,
+		RTTSumUs:            c.RTTSumUs,
+		RTTMinUs:            c.RTTMinUs,
+		RTTMaxUs:            c.RTTMaxUs,
 	}
 }
 

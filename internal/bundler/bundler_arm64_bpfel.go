@@ -65,6 +65,10 @@ type bundlerFlowValue struct {
 	LatencyCount      uint64
 	LatencySumUs      uint64
 	LatencyMaxUs      uint64
+	RttSamples        uint64
+	RttSumUs          uint64
+	RttMinUs          uint64
+	RttMaxUs          uint64
 	FirstSeenNs       uint64
 	Retransmits       uint64
 	FailedConnections uint64
@@ -182,6 +186,10 @@ type bundlerSpillSlot struct {
 		LatencyCount      uint64
 		LatencySumUs      uint64
 		LatencyMaxUs      uint64
+		RttSamples        uint64
+		RttSumUs          uint64
+		RttMinUs          uint64
+		RttMaxUs          uint64
 		FirstSeenNs       uint64
 		Retransmits       uint64
 		FailedConnections uint64

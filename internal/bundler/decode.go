@@ -28,6 +28,13 @@ type Counts struct {
 	ResetsSent        uint64
 	ResetsReceived    uint64
 	Retransmits       uint64
+	// TCP: the sockets' smoothed RTT, one sample per read of a socket
+	// (its close, or a drain that folded its counters); min and max are 0
+	// without a sample.
+	RTTSamples uint64
+	RTTSumUs   uint64
+	RTTMinUs   uint64
+	RTTMaxUs   uint64
 }
 
 // Entry is one bundled flow drained from the kernel.
@@ -124,6 +131,14 @@ func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 		c.ResetsSent += v.ResetsSent
 		c.ResetsReceived += v.ResetsReceived
 		c.Retransmits += v.Retransmits
+		if v.RttSamples > 0 {
+			if c.RTTSamples == 0 || v.RttMinUs < c.RTTMinUs {
+				c.RTTMinUs = v.RttMinUs
+			}
+			c.RTTSamples += v.RttSamples
+			c.RTTSumUs += v.RttSumUs
+			c.RTTMaxUs = max(c.RTTMaxUs, v.RttMaxUs)
+		}
 		if v.FirstSeenNs != 0 && (e.FirstSeenBootNs == 0 || v.FirstSeenNs < e.FirstSeenBootNs) {
 			e.FirstSeenBootNs = v.FirstSeenNs
 		}

@@ -16,6 +16,7 @@ import (
 // decoded as the new one.
 var layoutFingerprints = map[uint32]string{
 	2: "2d071c76",
+	3: "edf301a0",
 }
 
 func layoutFingerprint() string {

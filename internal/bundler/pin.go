@@ -170,7 +170,7 @@ func (b *Bundler) pin() error {
 // of them: a replaced side's counts are salvaged only when its layout is
 // this one (TestFlowLayoutFingerprint fails until it is changed). Sides
 // pinned before the number existed have none (0): never read.
-const flowLayout = 2
+const flowLayout = 3
 
 type pinnedSide struct {
 	hash   []byte
