@@ -155,6 +155,14 @@ func TestShortLivedTCPExactCounts(t *testing.T) {
 	if !l.Counted(in.Connections, n) || in.FailedConnections != 0 || !l.CountedBytes(in.BytesReceived, n*req, req) || !l.CountedBytes(in.BytesSent, n*resp, resp) {
 		t.Errorf("server flow: %+v; want %d connections, %d received, %d sent", in.Counters, n, n*req, n*resp)
 	}
+	// One RTT sample per connection, at its close (the kernel matrix's
+	// tier runs this test: srtt is read on every kernel; the values are
+	// checked against TCP_INFO by TestRTTFromTheSocket).
+	for _, f := range []tracer.Flow{out, in} {
+		if !l.Counted(f.RTTSamples, n) || f.RTTMinUs == 0 || f.RTTMinUs > f.RTTAvgUs() || f.RTTAvgUs() > f.RTTMaxUs {
+			t.Errorf("%s flow RTT: %d samples, min %d avg %d max %d us; want %d samples, 0 < min <= avg <= max", f.Direction, f.RTTSamples, f.RTTMinUs, f.RTTAvgUs(), f.RTTMaxUs, n)
+		}
+	}
 	if out.Comm != testComm() || out.PID != uint32(os.Getpid()) || in.PID != uint32(os.Getpid()) {
 		t.Errorf("process not named: client %d/%q server %d/%q; want %d/%q", out.PID, out.Comm, in.PID, in.Comm, os.Getpid(), testComm())
 	}
