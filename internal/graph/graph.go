@@ -271,6 +271,33 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 	}
 
+	// A client of a loopback address whose server end was redirected by a
+	// NAT rule (Docker's embedded DNS: queries to 127.0.0.11:53 reach
+	// dockerd on a random port of 127.0.0.11 in the same namespace) has no
+	// inbound at the port it asked for; the server reports the port it
+	// really listens on. Join them when exactly one such inbound is free.
+	direct := map[inKey]bool{}
+	for i := range outs {
+		if out := &outs[i]; out.server != "" {
+			direct[inKey{out.server, out.proto, out.port, out.client, ""}] = true
+		}
+	}
+	type natKey struct{ server, proto, serverAddr, client string }
+	natIns := map[natKey][]inKey{}
+	for k, in := range ins {
+		if ip, err := netip.ParseAddr(in.serverAddr); err == nil && ip.IsLoopback() && !direct[k] && in.client != "" {
+			nk := natKey{in.server, in.proto, in.serverAddr, in.client}
+			natIns[nk] = append(natIns[nk], k)
+		}
+	}
+	redirected := func(out *side) (inKey, bool) {
+		if ip, err := netip.ParseAddr(out.serverAddr); err != nil || !ip.IsLoopback() || out.server != out.client {
+			return inKey{}, false
+		}
+		c := natIns[natKey{out.server, out.proto, out.serverAddr, out.client}]
+		return firstIfOne(c)
+	}
+
 	g := newBuilder(len(obs))
 	matched := map[inKey]bool{}
 	for i := range outs {
@@ -290,6 +317,9 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 			if in, ok := ins[ik]; ok {
 				matched[ik] = true
 				process = in.process
+			} else if nk, ok := redirected(out); ok {
+				matched[nk] = true
+				process = ins[nk].process
 			}
 			to = g.nodeOf(nodeKey{'s', out.server, out.proto, out.port}, process, func() Node {
 				return Node{ID: ServiceID(out.server, out.proto, out.port), Kind: KindService, Host: out.server,
@@ -555,4 +585,13 @@ func Name(g *Graph, ids []store.EndIdentity) {
 			n.Identity = e.Identity
 		}
 	}
+}
+
+// firstIfOne returns the only element of ks, if there is exactly one.
+func firstIfOne[T any](ks []T) (T, bool) {
+	var zero T
+	if len(ks) != 1 {
+		return zero, false
+	}
+	return ks[0], true
 }

@@ -433,3 +433,42 @@ func TestProcessNamesMatchAsTyped(t *testing.T) {
 		t.Errorf("mysql: %v", err)
 	}
 }
+
+// Docker's embedded DNS: clients ask 127.0.0.11:53, a NAT rule sends the
+// queries to dockerd on a random port of 127.0.0.11 in the same namespace.
+// Each client's edge joins dockerd's end: one edge per client process to
+// the DNS service, none from an unknown client into dockerd's real port.
+// Two free inbounds on one address are ambiguous and stay apart.
+func TestLoopbackNATJoinsTheRedirectedServer(t *testing.T) {
+	udp := func(ob store.Observation) store.Observation {
+		ob.Proto = "udp"
+		ob.Counters = tracer.Counters{DatagramsSent: ob.Connections, DatagramsReceived: ob.Connections}
+		return ob
+	}
+	g := Build([]store.Observation{
+		udp(o("web", "outbound", "127.0.0.1", "127.0.0.11", 53, "nslookup", 3, 0, 0)),
+		udp(o("web", "outbound", "127.0.0.1", "127.0.0.11", 53, "wget", 1, 0, 0)),
+		udp(o("web", "inbound", "127.0.0.11", "127.0.0.1", 43868, "dockerd", 4, 0, 0)),
+	}, hosts, nil)
+	if len(g.Edges) != 2 {
+		t.Fatalf("want the two clients' edges only, got %+v", g.Edges)
+	}
+	for _, c := range []string{"nslookup", "wget"} {
+		edge(t, g, ProcessID("web", c), ServiceID("web", "udp", 53))
+	}
+	if n := node(t, g, ServiceID("web", "udp", 53)); n.Process != "dockerd" {
+		t.Errorf("the DNS service is served by %q, want dockerd", n.Process)
+	}
+
+	g = Build([]store.Observation{
+		udp(o("web", "outbound", "127.0.0.1", "127.0.0.11", 53, "nslookup", 3, 0, 0)),
+		udp(o("web", "inbound", "127.0.0.11", "127.0.0.1", 43868, "dockerd", 2, 0, 0)),
+		udp(o("web", "inbound", "127.0.0.11", "127.0.0.1", 51000, "other", 1, 0, 0)),
+	}, hosts, nil)
+	if len(g.Edges) != 3 {
+		t.Fatalf("two candidate servers: want no join (3 edges), got %+v", g.Edges)
+	}
+	if n := node(t, g, ServiceID("web", "udp", 53)); n.Process != "" {
+		t.Errorf("ambiguous: the DNS service got process %q, want none", n.Process)
+	}
+}
