@@ -891,6 +891,7 @@
   function setFocus(id) {
     state.focus = id || '';
     pinned = false;
+    $('#groups-panel').hidden = state.view !== 'map' || !!state.focus;
     writeURL();
     renderFocus();
     if (state.view === 'map') renderMap();
