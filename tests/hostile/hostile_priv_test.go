@@ -122,8 +122,10 @@ func startAgent(t *testing.T, ns string, args ...string) *agent {
 	}()
 	t.Cleanup(func() {
 		if a.cmd.ProcessState == nil {
-			_ = a.cmd.Process.Kill() // a failed test's agent; its error is reported already
-			<-a.done
+			_ = a.cmd.Process.Kill() // a failed test's agent, killed on purpose
+			if err := <-a.done; err != nil {
+				t.Logf("agent killed: %v", err)
+			}
 		}
 	})
 	select {
