@@ -471,3 +471,24 @@ func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
 	until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
 	screenshot(t, ctx, "large-collapsed")
 }
+
+// Grouped by Kubernetes namespace: the checkout pod's workload sits in
+// the box of its namespace, nodes outside pods in none (the external DNS
+// server in "external"); the box collapses the namespace into one node.
+func TestBrowserKubernetesNamespaceBoxes(t *testing.T) {
+	path, _ := seedNamed(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map&group=k8s")
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if b := js[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "external ▾ external (1),k8s/shop ▾ k8s/shop (1)" {
+		t.Errorf("boxes %q", b)
+	}
+	if g := js[string](t, ctx, `document.querySelector('#groups').innerText.replace(/\s+/g, ' ')`); !strings.Contains(g, "k8s/shop (1)") || strings.Contains(g, "db-1") {
+		t.Errorf("groups panel %q", g)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#boxes .box[data-group="k8s/shop"] button`))); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `window.deptrace.display.hasNode('group:k8s/shop') && !window.deptrace.display.hasNode('`+idCheckout+`')`, `window.deptrace.display.nodes()`)
+}

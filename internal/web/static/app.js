@@ -643,6 +643,7 @@
       if (!e) continue;
       box.append(el('h3', label(data.nodes.get(e.from)) + ' → ' + label(data.nodes.get(e.to))), dl([
         ['protocol', e.proto + '/' + e.port], ['processes', processesOf(e)],
+        ...(e.rtt_samples ? [['RTT', us(e.rtt_avg_us || e.rtt_sum_us / e.rtt_samples) + ' avg, ' + us(e.rtt_min_us) + ' to ' + us(e.rtt_max_us) + ' (' + num(e.rtt_samples) + ' samples)']] : []),
         ['health', healthText(e)], ['change', e.status],
         ['first seen', when(e.first_seen)], ['last seen', when(e.last_seen)],
         ...counterPairs(e),
