@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			m.ObserveInterval(iv, hostID, iv.Drain)
 			m.ObserveListeners(iv.Listeners, hostID)
 			if l := iv.Lost; l.Total() > 0 {
-				log.Warn("events lost this interval", "total", l.Total(), "flow_map_full", l.FlowMapFull, "udp_peer_unknown", l.UDPPeerUnknown)
+				log.Warn("events lost this interval", lostAttrs(l, cfg.Tracer)...)
 			}
 		}
 		b := batchOf(iv, ids)

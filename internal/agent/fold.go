@@ -308,3 +308,31 @@ func nodeOf(f *tracer.Flow) foldNode {
 func edgeOf(f *tracer.Flow) foldEdge {
 	return foldEdge{dir: f.Direction, proto: f.Proto, local: f.LocalAddr, remote: f.RemoteAddr, peer: f.PeerComm, port: f.Port}
 }
+
+// lostAttrs names every cause of an interval's losses in the agent's log
+// line, in the order of tracer.Losses: the total, then each cause that
+// lost something, with a hint where a flag helps.
+func lostAttrs(l tracer.Losses, cfg tracer.Config) []any {
+	attrs := []any{"total", l.Total()}
+	for _, c := range []struct {
+		name string
+		n    uint64
+		hint string
+	}{
+		{"flow_map_full", l.FlowMapFull, fmt.Sprintf("raise --flow-map-size (now %d) or shorten --interval", cfg.FlowMapSize)},
+		{"flow_alloc_failed", l.FlowAllocFailed, ""},
+		{"port_map_full", l.PortMapFull, fmt.Sprintf("raise --port-map-size (now %d)", cfg.PortMapSize)},
+		{"udp_peer_unknown", l.UDPPeerUnknown, ""},
+		{"sock_storage_failed", l.SockStorageFailed, ""},
+		{"recursion_misses", l.RecursionMisses, ""},
+	} {
+		if c.n == 0 {
+			continue
+		}
+		attrs = append(attrs, c.name, c.n)
+		if c.hint != "" {
+			attrs = append(attrs, c.name+"_hint", c.hint)
+		}
+	}
+	return attrs
+}

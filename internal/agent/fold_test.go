@@ -203,3 +203,12 @@ func TestIntFlag(t *testing.T) {
 		t.Errorf("Set(0) without a meaning for 0: %v", err)
 	}
 }
+
+func TestLostAttrsNameEveryCause(t *testing.T) {
+	l := tracer.Losses{FlowMapFull: 3, FlowAllocFailed: 2, RecursionMisses: 1}
+	got := fmt.Sprint(lostAttrs(l, tracer.Config{FlowMapSize: 64, PortMapSize: 128}))
+	want := "[total 6 flow_map_full 3 flow_map_full_hint raise --flow-map-size (now 64) or shorten --interval flow_alloc_failed 2 recursion_misses 1]"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}

@@ -374,6 +374,10 @@ func checkLosses(t *testing.T, a *agent, m map[string]float64) uint64 {
 			metric += v
 			if v > 0 {
 				causes = append(causes, fmt.Sprintf("%s %v", strings.TrimPrefix(k, "deptrace_events_lost_total"), v))
+				reason := strings.TrimSuffix(strings.TrimPrefix(k, `deptrace_events_lost_total{reason="`), `"}`)
+				if !strings.Contains(a.log(), " "+reason+"=") {
+					t.Errorf("the agent's log never names the loss cause %s", reason)
+				}
 			}
 		}
 	}
