@@ -300,6 +300,7 @@ type stored struct {
 	other   tracer.Counters // the edges to _other
 	total   tracer.Counters
 	obsRows int
+	bytes   int64 // the SQLite file and its WAL
 }
 
 func readStore(t *testing.T, db string) stored {
@@ -327,6 +328,13 @@ func readStore(t *testing.T, db string) stored {
 			s.other.Add(o.Counters)
 		}
 	}
+	var size int64
+	for _, suffix := range []string{"", "-wal"} {
+		if fi, err := os.Stat(db + suffix); err == nil {
+			size += fi.Size()
+		}
+	}
+	s.bytes = size
 	return s
 }
 
@@ -448,8 +456,8 @@ func TestPortScan(t *testing.T) {
 	lost := checkLosses(t, a, m)
 	folded := checkFolded(t, a, m)
 	s := readStore(t, a.db)
-	t.Logf("store: %d distinct edges of %s, %d rows; folded %d flows; lost %d; metrics: %v series, %d bytes a scrape",
-		len(s.edges), comm, s.obsRows, folded, lost, m["deptrace_metrics_series{}"], size)
+	t.Logf("store: %d distinct edges of %s, %d rows, %.1f MiB; folded %d flows; lost %d; metrics: %v series, %d bytes a scrape",
+		len(s.edges), comm, s.obsRows, mib(s.bytes), folded, lost, m["deptrace_metrics_series{}"], size)
 	// Every refused connect is stored or counted lost.
 	if s.total.FailedRefused+lost != ports || s.total.FailedConnections != s.total.FailedRefused || s.total.Connections != 0 {
 		t.Errorf("store: %d refused (+ %d lost) of %d failed, %d connections; want %d refused and lost, 0 connections", s.total.FailedRefused, lost, s.total.FailedConnections, s.total.Connections, ports)
@@ -564,8 +572,8 @@ func TestFiftyThousandUDPPeers(t *testing.T) {
 	lost := checkLosses(t, a, m)
 	folded := checkFolded(t, a, m)
 	s := readStore(t, a.db)
-	t.Logf("store: %d distinct edges of %s, %d rows; folded %d flows; lost %d; metrics: %v series, %d bytes a scrape",
-		len(s.edges), comm, s.obsRows, folded, lost, m["deptrace_metrics_series{}"], size)
+	t.Logf("store: %d distinct edges of %s, %d rows, %.1f MiB; folded %d flows; lost %d; metrics: %v series, %d bytes a scrape",
+		len(s.edges), comm, s.obsRows, mib(s.bytes), folded, lost, m["deptrace_metrics_series{}"], size)
 	// One datagram per peer: each is stored or counted lost.
 	if s.total.DatagramsReceived+lost != peers {
 		t.Errorf("store: %d datagrams received + %d lost; want %d", s.total.DatagramsReceived, lost, peers)
@@ -634,8 +642,8 @@ func TestHundredThousandFlowsInOneInterval(t *testing.T) {
 	lost := checkLosses(t, a, m)
 	folded := checkFolded(t, a, m)
 	s := readStore(t, a.db)
-	t.Logf("store: %d distinct edges of %s, %d rows; folded %d flows; lost %d; metrics: %v series, %d bytes a scrape",
-		len(s.edges), comm, s.obsRows, folded, lost, m["deptrace_metrics_series{}"], size)
+	t.Logf("store: %d distinct edges of %s, %d rows, %.1f MiB; folded %d flows; lost %d; metrics: %v series, %d bytes a scrape",
+		len(s.edges), comm, s.obsRows, mib(s.bytes), folded, lost, m["deptrace_metrics_series{}"], size)
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		t.Fatal(err)
