@@ -33,7 +33,7 @@ import (
 const (
 	DefaultListen    = "127.0.0.1:9477"
 	DefaultTTL       = 10 * time.Minute
-	DefaultMaxSeries = 100000
+	DefaultMaxSeries = 20000
 	// DefaultMaxIdentityValues bounds the distinct (workload,
 	// container) label pairs with Options.Identity.
 	DefaultMaxIdentityValues = 1000
@@ -55,7 +55,7 @@ type Options struct {
 	// series. Off by default: client addresses are unbounded.
 	ClientAddr bool
 	// MaxSeries bounds the dependency and listener series held; past it
-	// new series are dropped and counted (default 100000).
+	// new series are dropped and counted (default 20000: a scrape costs about 7 KiB a series, docs/performance.md).
 	MaxSeries int
 	// Identity adds workload and container labels to the dependency
 	// series (the local end's workload, and its container's name: never
