@@ -9,6 +9,7 @@ package tracertest
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -50,13 +51,21 @@ func Start(t testing.TB, mutate func(*tracer.Config)) *tracer.Tracer {
 	return tr
 }
 
+// AbsentHooksEnv names (comma-separated) hooks Check lets be inactive and
+// not replaced. Only the arm64 kernel matrix sets it, on 6.1 (no fexit
+// there, no byte tracepoints before 6.3): the tests that need those hooks
+// then fail on their own counts, expected failures it lists with the
+// reason (scripts/kernel-matrix/arm64-expected), and the others run.
+const AbsentHooksEnv = "DEPTRACE_TEST_ABSENT_HOOKS"
+
 // Check fails a tracer on which a capability does not work, through its
 // primary hook or a fallback (fexit where a tracepoint is missing): a test
 // never passes because a hook is missing. Seeding must have worked too.
 func Check(tr *tracer.Tracer) error {
 	all := tr.Hooks()
+	absent := strings.Split(os.Getenv(AbsentHooksEnv), ",")
 	for _, h := range all {
-		if !hooks.Covered(h, all) {
+		if !hooks.Covered(h, all) && !slices.Contains(absent, h.Hook) {
 			return fmt.Errorf("hook %s inactive and not replaced on this kernel: %s", h.Hook, h.Reason)
 		}
 	}

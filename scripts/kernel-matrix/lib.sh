@@ -3,7 +3,7 @@
 # private apt configuration, build a small initramfs around static test
 # binaries, boot it in qemu (KVM when it is usable, else TCG) and collect what
 # the guest printed.
-# Sourced by scripts/kernel-matrix/matrix and scripts/kernel-matrix/run.
+# Sourced by scripts/kernel-matrix/matrix, run and arm64.
 
 KM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KM_ROOT=$(cd "$KM_DIR/../.." && pwd)
@@ -91,9 +91,12 @@ km_host_deps() {
 
 # km_cpu prints the guest CPU model: under KVM host; under TCG max, or max
 # without cx16 on QEMU older than 8 (its TCG double-faults 6.12+ guests at
-# cmpxchg16b). KMATRIX_CPU overrides.
+# cmpxchg16b); for arm64 (KM_ARCH=arm64, TCG only) max with the cheaper
+# pointer authentication, several times faster under TCG. KMATRIX_CPU
+# overrides.
 km_cpu() {
   local cpu=max
+  [ "${KM_ARCH:-amd64}" = arm64 ] && { echo "${KMATRIX_CPU:-max,pauth-impdef=on}"; return 0; }
   [ "$(km_qemu_major)" -lt 8 ] && cpu=max,-cx16
   [ "${KM_ACCEL:-tcg}" = kvm ] && cpu=host
   echo "${KMATRIX_CPU:-$cpu}"
@@ -320,10 +323,23 @@ km_initramfs() {
 # km_boot ABI INITRD OUTDIR [interactive]: boots the guest under a time
 # limit. The guest's results go to OUTDIR/results.log (second serial port),
 # the kernel console to OUTDIR/console.log. Returns qemu's (or timeout's) status.
+# With KM_ARCH=arm64: qemu-system-aarch64 -machine virt under TCG, whose one
+# serial port (ttyAMA0) carries both (kmatrix.out=); results.log is then a
+# copy of console.log (batch mode only).
 km_boot() {
   local abi=$1 initrd=$2 dir=$3 mode=${4:-batch} cpu
   local kdir="$KM_CACHE/kernels/$abi"
   cpu=$(km_cpu)
+  if [ "${KM_ARCH:-amd64}" = arm64 ]; then
+    local rc=0
+    : >"$dir/console.log"
+    timeout -k 10 "$KM_TIMEOUT" qemu-system-aarch64 -machine virt -accel tcg -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" \
+      -no-reboot -nodefaults -display none -kernel "$kdir/vmlinuz" -initrd "$initrd" \
+      -append "console=ttyAMA0 panic=-1 oops=panic loglevel=4 rdinit=/init kmatrix.mode=batch kmatrix.out=/dev/ttyAMA0" \
+      -serial "file:$dir/console.log" </dev/null || rc=$?
+    cp "$dir/console.log" "$dir/results.log"
+    return $rc
+  fi
   local append="console=ttyS0 panic=-1 oops=panic loglevel=4 rdinit=/init kmatrix.mode=$mode"
   : >"$dir/results.log"; : >"$dir/console.log"
   local args=(-accel "${KM_ACCEL:-tcg}" -cpu "$cpu" -m "$KM_MEM" -smp "$KM_SMP" -no-reboot -nodefaults -display none
@@ -333,4 +349,64 @@ km_boot() {
   else
     timeout -k 10 "$KM_TIMEOUT" qemu-system-x86_64 "${args[@]}" -serial "file:$dir/console.log" -serial "file:$dir/results.log" </dev/null
   fi
+}
+
+# km_tier_read reads scripts/kernel-matrix/tier (the CI tier's tests) into
+# tier_run (per test binary, its tests' names joined by |), tier_tests (one
+# "binary test" each) and KM_PKGS (the packages whose test binaries hold
+# them, in the order the tier names them).
+km_tier_read() {
+  declare -gA tier_run=()
+  tier_tests=()
+  local pkgs=() pkg test bin _
+  while read -r pkg test _; do
+    case "$pkg" in ''|'#'*) continue ;; esac
+    [ -n "$test" ] || km_die "tier: package $pkg has no test name"
+    bin=$(echo "${pkg#./}" | tr / _)
+    [ -n "${tier_run[$bin]:-}" ] || pkgs+=("$pkg")
+    tier_run[$bin]="${tier_run[$bin]:+${tier_run[$bin]}|}$test"
+    tier_tests+=("$bin $test")
+  done <"$KM_DIR/tier"
+  KM_PKGS="${pkgs[*]}"
+}
+
+# km_guest_script MODE TIER OUT writes the guest's steps (guest-steps.sh)
+# with their settings: MODE (full or doctor), and with TIER=1 the tier's
+# shared load (DEPTRACE_TEST_SHARED_LOAD=1) and -test.run patterns (from
+# km_tier_read). KMATRIX_TEST_TIMEOUT: go test -test.timeout per binary
+# (default 900 in the tier, else 1500).
+km_guest_script() {
+  local mode=$1 tier=$2 out=$3 bin
+  {
+    echo "MODE=$mode"
+    # The tier's tracer tests share one load of the kernel side (tier).
+    [ "$tier" -eq 1 ] && echo "export DEPTRACE_TEST_SHARED_LOAD=1"
+    echo "TEST_TIMEOUT=${KMATRIX_TEST_TIMEOUT:-$([ "$tier" -eq 1 ] && echo 900 || echo 1500)}"
+    # testrun BINARY prints the -test.run pattern of BINARY (empty: every test).
+    echo 'testrun() { case "$1" in'
+    if [ "$tier" -eq 1 ]; then
+      for bin in "${!tier_run[@]}"; do echo "  $bin) echo '^(${tier_run[$bin]})\$' ;;"; done
+    fi
+    echo '  *) echo "" ;; esac; }'
+    cat "$KM_DIR/guest-steps.sh"
+  } >"$out"
+}
+
+# km_tier_check ABI ROWS appends to ROWS (parse.awk's rows of one kernel) a
+# FAIL row for each test of the tier that skipped or never ran: a tier test
+# exists to run its hook path, so a renamed test or a pattern that matches
+# nothing fails here, not silently. It sets KM_TIER_MISSED to how many.
+km_tier_check() {
+  local abi=$1 rows=$2 bt bin test
+  KM_TIER_MISSED=0
+  for bt in "${tier_tests[@]}"; do
+    bin=${bt% *}; test=${bt#* }
+    if grep -Eq "^KERNEL +[^ ]+ +$bin +$test +SKIP" "$rows"; then
+      printf 'KERNEL %-28s %-18s %-52s FAIL  (in scripts/kernel-matrix/tier but skipped)\n' "$abi" "$bin" "$test" >>"$rows"
+      KM_TIER_MISSED=$((KM_TIER_MISSED + 1))
+    elif ! grep -Eq "^KERNEL +[^ ]+ +$bin +$test +(PASS|FAIL)" "$rows"; then
+      printf 'KERNEL %-28s %-18s %-52s FAIL  (in scripts/kernel-matrix/tier but never ran)\n' "$abi" "$bin" "$test" >>"$rows"
+      KM_TIER_MISSED=$((KM_TIER_MISSED + 1))
+    fi
+  done
 }
