@@ -258,6 +258,7 @@ enum udp_role {
 	UDP_ROLE_UNDECIDED = 0, /* one peer so far: counted in storage, as a client */
 	UDP_ROLE_CLIENT = 1,    /* sent first to its second peer */
 	UDP_ROLE_SERVER = 2,    /* heard first from its second peer: it answers */
+	UDP_ROLE_FRESH = 3,     /* bound while deptrace watched, nothing yet: its first datagram decides */
 };
 
 struct {
@@ -718,6 +719,41 @@ int udp_recvmsg6(struct bpf_sock_addr *ctx)
 {
 	remember_peer6(ctx);
 	return 1;
+}
+
+/* A UDP socket bound with bind() while deptrace watches: its whole life is
+ * seen, so its first datagram tells which end it is (udp_count_unconnected):
+ * received first, nobody could have sent to a port the kernel chose but a
+ * peer told of it or a NAT rule (Docker's embedded DNS: dockerd binds
+ * 127.0.0.11:0 in the container's namespace, a rule sends 127.0.0.11:53
+ * there), so it is a server from its first datagram on, never reported as
+ * a client of its first peer's port when a drain falls before its second
+ * peer. A socket bound to a fixed port is a server anyway (udp_direction);
+ * an autobound one (sendto without bind) never runs this hook. */
+static __always_inline int udp_post_bind(struct bpf_sock *ctx)
+{
+	if (ctx->protocol != IPPROTO_UDP)
+		return 1;
+	struct sock_state *st = bpf_sk_storage_get(&socks, ctx, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st) {
+		stat_inc(STAT_SOCK_STORAGE_FAILED);
+		return 1;
+	}
+	if (st->kind == 0 && st->udp_role == UDP_ROLE_UNDECIDED)
+		st->udp_role = UDP_ROLE_FRESH;
+	return 1;
+}
+
+SEC("cgroup/post_bind4")
+int udp_post_bind4(struct bpf_sock *ctx)
+{
+	return udp_post_bind(ctx);
+}
+
+SEC("cgroup/post_bind6")
+int udp_post_bind6(struct bpf_sock *ctx)
+{
+	return udp_post_bind(ctx);
 }
 
 /* A connected UDP socket's last counts, before its storage goes. Runs for

@@ -232,6 +232,8 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 	st->tid = 0;
 	__u8 dir = udp_direction(sk);
 	if (dir == DIR_OUTBOUND) {
+		if (st->udp_role == UDP_ROLE_FRESH)
+			st->udp_role = send ? UDP_ROLE_CLIENT : UDP_ROLE_SERVER;
 		if (st->udp_role == UDP_ROLE_UNDECIDED && udp_undecided(sk, st, bytes, send))
 			return;
 		if (st->udp_role == UDP_ROLE_SERVER)

@@ -419,3 +419,51 @@ func TestUDPUnconnectedClientOlderThanTracer(t *testing.T) {
 		t.Errorf("client: %+v; want %d datagrams sent, %d (%d bytes) received", out.Counters, rounds, rounds+1, (rounds+1)*25)
 	}
 }
+
+// A drain between the forwarder's first peer and its second, as when a
+// container resolves once at start and again later: the forwarder, bound
+// after deptrace started, is the server from its first query on, never a
+// client of that query's ephemeral port.
+func TestDNSForwarderDrainBeforeSecondPeer(t *testing.T) {
+	nw := testnet.New(t, 1)
+	h := nw.Hosts[0]
+	tr := startTracer(t, nil)
+	_, port := startForwarder(t, h, dockerDNS.String())
+	natDockerDNS(t, h, port)
+	c, err := h.Dial("udp4", dockerDNS.String()+":53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
+	if err := roundTrip(c, dnsQuery, dnsAnswer); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// Drains until the answer is counted at both ends, in whatever
+	// flows (the checks below say which): one peer so far.
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		var sent, recv uint64
+		for _, f := range l.Of(h) {
+			sent += f.DatagramsSent
+			recv += f.DatagramsReceived
+		}
+		return sent >= 2 && recv >= 2
+	})
+	flows := l.Of(h)
+	if len(flows) != 2 {
+		t.Fatalf("want the client's and the forwarder's flows, have %d: %+v", len(flows), flows)
+	}
+	for _, f := range flows {
+		if f.Direction == tracer.Outbound {
+			checkFlow(t, f, "udp", tracer.Outbound, client, dockerDNS, 53)
+		} else {
+			checkFlow(t, f, "udp", tracer.Inbound, dockerDNS, client, uint16(port))
+		}
+		if !l.Counted(f.DatagramsSent, 1) || !l.Counted(f.DatagramsReceived, 1) {
+			t.Errorf("%s flow: %+v; want one datagram each way", f.Direction, f.Counters)
+		}
+	}
+	// The next queries, from other sockets, go on the same two flows.
+	dockerCase(t, tr, h, port)
+}

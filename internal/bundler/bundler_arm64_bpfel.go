@@ -280,6 +280,8 @@ const (
 	bundlerProgOnUnixStreamSendFexit   = "on_unix_stream_send_fexit"
 	bundlerProgSeedListeners           = "seed_listeners"
 	bundlerProgTagConnections          = "tag_connections"
+	bundlerProgUdpPostBind4            = "udp_post_bind4"
+	bundlerProgUdpPostBind6            = "udp_post_bind6"
 	bundlerProgUdpRecvmsg4             = "udp_recvmsg4"
 	bundlerProgUdpRecvmsg6             = "udp_recvmsg6"
 	bundlerProgUdpRelease              = "udp_release"
@@ -377,6 +379,8 @@ type bundlerProgramSpecs struct {
 	OnUnixStreamSendFexit   *ebpf.ProgramSpec `ebpf:"on_unix_stream_send_fexit"`
 	SeedListeners           *ebpf.ProgramSpec `ebpf:"seed_listeners"`
 	TagConnections          *ebpf.ProgramSpec `ebpf:"tag_connections"`
+	UdpPostBind4            *ebpf.ProgramSpec `ebpf:"udp_post_bind4"`
+	UdpPostBind6            *ebpf.ProgramSpec `ebpf:"udp_post_bind6"`
 	UdpRecvmsg4             *ebpf.ProgramSpec `ebpf:"udp_recvmsg4"`
 	UdpRecvmsg6             *ebpf.ProgramSpec `ebpf:"udp_recvmsg6"`
 	UdpRelease              *ebpf.ProgramSpec `ebpf:"udp_release"`
@@ -544,6 +548,8 @@ type bundlerPrograms struct {
 	OnUnixStreamSendFexit   *ebpf.Program `ebpf:"on_unix_stream_send_fexit"`
 	SeedListeners           *ebpf.Program `ebpf:"seed_listeners"`
 	TagConnections          *ebpf.Program `ebpf:"tag_connections"`
+	UdpPostBind4            *ebpf.Program `ebpf:"udp_post_bind4"`
+	UdpPostBind6            *ebpf.Program `ebpf:"udp_post_bind6"`
 	UdpRecvmsg4             *ebpf.Program `ebpf:"udp_recvmsg4"`
 	UdpRecvmsg6             *ebpf.Program `ebpf:"udp_recvmsg6"`
 	UdpRelease              *ebpf.Program `ebpf:"udp_release"`
@@ -580,6 +586,8 @@ func (p *bundlerPrograms) Close() error {
 		p.OnUnixStreamSendFexit,
 		p.SeedListeners,
 		p.TagConnections,
+		p.UdpPostBind4,
+		p.UdpPostBind6,
 		p.UdpRecvmsg4,
 		p.UdpRecvmsg6,
 		p.UdpRelease,
