@@ -193,3 +193,69 @@ func TestHealthValidate(t *testing.T) {
 		}
 	}
 }
+
+// look, DOT and Mermaid mark degraded edges and services apart from
+// unhealthy ones, the way the page draws them (orange dashed, red).
+func TestHealthRendered(t *testing.T) {
+	g := Graph{
+		Nodes: []Node{
+			{ID: ProcessID("h", "curl"), Kind: KindProcess, Host: "h", Process: "curl"},
+			{ID: ServiceID("h", "tcp", 80), Kind: KindService, Host: "h", Proto: "tcp", Port: 80, Process: "nginx",
+				Listener: &ListenerState{BacklogLimit: 16, QueueMax: 16, Drops: 2}},
+			{ID: ServiceID("h", "tcp", 81), Kind: KindService, Host: "h", Proto: "tcp", Port: 81, Process: "bad"},
+			{ID: ServiceID("h", "tcp", 82), Kind: KindService, Host: "h", Proto: "tcp", Port: 82, Process: "fine"},
+		},
+		Edges: []Edge{
+			// 2 of 302 failed, 2 of 302 dropped: 0.66 %, over half of 1 %: degraded.
+			{From: ProcessID("h", "curl"), To: ServiceID("h", "tcp", 80), Proto: "tcp", Port: 80, Counters: tracer.Counters{Connections: 300, FailedConnections: 2}},
+			{From: ProcessID("h", "curl"), To: ServiceID("h", "tcp", 81), Proto: "tcp", Port: 81, Counters: tracer.Counters{Connections: 10, FailedConnections: 5}},
+			{From: ProcessID("h", "curl"), To: ServiceID("h", "tcp", 82), Proto: "tcp", Port: 82, Counters: tracer.Counters{Connections: 10}},
+		},
+	}
+	g.Judge(DefaultHealth)
+	if g.Edges[0].Health != HealthDegraded || g.Edges[1].Health != HealthUnhealthy || g.Edges[2].Health != HealthOK {
+		t.Fatalf("edges judged %s %s %s, want degraded unhealthy ok", g.Edges[0].Health, g.Edges[1].Health, g.Edges[2].Health)
+	}
+	if n := g.Nodes[1]; n.Health != HealthDegraded {
+		t.Fatalf("nginx judged %s %v, want degraded", n.Health, n.Reasons)
+	}
+
+	var buf bytes.Buffer
+	WriteTrees(&buf, Look(g, []string{g.Nodes[0].ID}, 1, true, false), true, false)
+	out := buf.String()
+	for _, want := range []string{
+		"-> tcp :80 nginx on h  [listen backlog=16 queue_max=16 drops=2 DEGRADED]  DEGRADED  conns=300 failed=2",
+		"bad on h  UNHEALTHY  conns=10 failed=5",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("look: no %q in\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "DEGRADED") != 2 || strings.Count(out, "UNHEALTHY") != 1 {
+		t.Errorf("look marks:\n%s", out)
+	}
+
+	buf.Reset()
+	if err := Write(&buf, g, "dot"); err != nil {
+		t.Fatal(err)
+	}
+	dot := buf.String()
+	if strings.Count(dot, "color=orange style=dashed") != 2 || strings.Count(dot, "color=red") != 1 {
+		t.Errorf("dot: want 2 orange dashed (nginx, its edge) and 1 red:\n%s", dot)
+	}
+
+	buf.Reset()
+	if err := Write(&buf, g, "mermaid"); err != nil {
+		t.Fatal(err)
+	}
+	mm := buf.String()
+	for _, want := range []string{"  linkStyle 0 stroke:orange,stroke-dasharray:5 5\n", "  linkStyle 1 stroke:red\n",
+		"  classDef degraded stroke:orange,stroke-dasharray:5 5\n  class n1 degraded\n"} {
+		if !strings.Contains(mm, want) {
+			t.Errorf("mermaid: no %q in\n%s", want, mm)
+		}
+	}
+	if strings.Contains(mm, "class n3") || strings.Contains(mm, "linkStyle 2") {
+		t.Errorf("mermaid marks the healthy service or edge:\n%s", mm)
+	}
+}

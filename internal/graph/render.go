@@ -210,6 +210,8 @@ func nodeHealth(n Node) string {
 	s := fmt.Sprintf("  [listen backlog=%d queue_max=%d drops=%d", n.Listener.BacklogLimit, n.Listener.QueueMax, n.Listener.Drops)
 	if n.Unhealthy {
 		s += " DROPPING"
+	} else if n.Health == HealthDegraded {
+		s += " DEGRADED"
 	}
 	return s + "]"
 }
@@ -223,6 +225,8 @@ func serviceHealth(sv Service) string {
 	}
 	if sv.Unhealthy {
 		s += " DROPPING"
+	} else if sv.Health == HealthDegraded {
+		s += " DEGRADED"
 	}
 	return s
 }
@@ -235,15 +239,20 @@ func viaHealth(e Edge, n Node) string {
 			if sv.Listener == nil {
 				return ""
 			}
-			return nodeHealth(Node{Listener: sv.Listener, Unhealthy: sv.Unhealthy})
+			return nodeHealth(Node{Listener: sv.Listener, Unhealthy: sv.Unhealthy, Health: sv.Health})
 		}
 	}
 	return nodeHealth(n)
 }
 
+// edgeMark is UNHEALTHY or DEGRADED after an edge's peer, as the page
+// colours it (red, orange dashed).
 func edgeMark(e Edge) string {
 	if e.Unhealthy {
 		return "  UNHEALTHY"
+	}
+	if e.Health == HealthDegraded {
+		return "  DEGRADED"
 	}
 	return ""
 }
@@ -400,6 +409,8 @@ func writeDOT(w io.Writer, g Graph) error {
 		extra := ""
 		if n.Unhealthy {
 			extra = " color=red"
+		} else if n.Health == HealthDegraded {
+			extra = " color=orange style=dashed"
 		}
 		fmt.Fprintf(&sb, "  %s [label=%s shape=%s%s];\n", dotQuote(n.ID), strings.ReplaceAll(dotQuote(pictureLabel(n, "\x00")), "\x00", `\n`), shape, extra)
 	}
@@ -407,6 +418,8 @@ func writeDOT(w io.Writer, g Graph) error {
 		extra := ""
 		if e.Unhealthy {
 			extra = " color=red"
+		} else if e.Health == HealthDegraded {
+			extra = " color=orange style=dashed"
 		}
 		fmt.Fprintf(&sb, "  %s -> %s [label=%s%s];\n", dotQuote(e.From), dotQuote(e.To),
 			dotQuote(edgeProto(e)+" "+shortVolume(e)), extra)
@@ -434,24 +447,34 @@ func writeMermaid(w io.Writer, g Graph) error {
 		}
 		fmt.Fprintf(&sb, "  %s%s\"%s\"%s\n", ids[n.ID], open, esc(pictureLabel(n, "<br/>")), close)
 	}
-	var bad []string
+	var bad, degraded []string
 	for i, e := range g.Edges {
 		fmt.Fprintf(&sb, "  %s -->|\"%s %s\"| %s\n", ids[e.From], esc(edgeProto(e)), shortVolume(e), ids[e.To])
 		if e.Unhealthy {
 			bad = append(bad, strconv.Itoa(i))
+		} else if e.Health == HealthDegraded {
+			degraded = append(degraded, strconv.Itoa(i))
 		}
 	}
 	if len(bad) > 0 {
 		fmt.Fprintf(&sb, "  linkStyle %s stroke:red\n", strings.Join(bad, ","))
 	}
-	var badNodes []string
+	if len(degraded) > 0 {
+		fmt.Fprintf(&sb, "  linkStyle %s stroke:orange,stroke-dasharray:5 5\n", strings.Join(degraded, ","))
+	}
+	var badNodes, degradedNodes []string
 	for _, n := range g.Nodes {
 		if n.Unhealthy {
 			badNodes = append(badNodes, ids[n.ID])
+		} else if n.Health == HealthDegraded {
+			degradedNodes = append(degradedNodes, ids[n.ID])
 		}
 	}
 	if len(badNodes) > 0 {
 		fmt.Fprintf(&sb, "  classDef unhealthy stroke:red\n  class %s unhealthy\n", strings.Join(badNodes, ","))
+	}
+	if len(degradedNodes) > 0 {
+		fmt.Fprintf(&sb, "  classDef degraded stroke:orange,stroke-dasharray:5 5\n  class %s degraded\n", strings.Join(degradedNodes, ","))
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err
