@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // chromium finds the headless shell; without it the test skips on a
@@ -491,4 +494,41 @@ func TestBrowserKubernetesNamespaceBoxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, ctx, `window.deptrace.display.hasNode('group:k8s/shop') && !window.deptrace.display.hasNode('`+idCheckout+`')`, `window.deptrace.display.nodes()`)
+}
+
+// A client whose lookups fail is drawn red like an unhealthy node, and
+// its details list the lookups per resolver with the failures by rcode,
+// timeouts, latency and the reasons.
+func TestBrowserClientDNSFailures(t *testing.T) {
+	path, now := seed(t)
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now.Add(-10 * time.Minute)
+	err = s.Write(context.Background(), store.Batch{DNS: []store.DNSObservation{{
+		Bucket: at.Truncate(store.DefaultBucket), HostID: "web-1", Comm: "nginx", Proto: "udp", Resolver: "192.0.2.53:53",
+		DNSCounters: tracer.DNSCounters{Queries: 10, Answers: 4, NoError: 4, NXDomain: 1, ServFail: 2, Timeouts: 3,
+			LatencyCount: 7, LatencySumUs: 14000, LatencyMaxUs: 9000},
+		FirstSeen: at, LastSeen: at.Add(time.Second)}}})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map")
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if c := js[string](t, ctx, `window.deptrace.display.getNodeAttribute('`+idNginx+`', 'color') + ' ' + window.deptrace.display.getNodeAttribute('`+idNginx+`', 'health')`); c != "#e03131 unhealthy" {
+		t.Errorf("nginx with failing lookups drawn %q, want #e03131 unhealthy", c)
+	}
+	js[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
+	until(t, ctx, `!!document.querySelector('#details table.dns tr.unhealthy')`, `document.querySelector('#details').innerText`)
+	row := js[string](t, ctx, `document.querySelector('#details table.dns tr.unhealthy').innerText.replace(/\s+/g, ' ')`)
+	if want := "192.0.2.53:53/udp 10 1 2 0 3 2.0 ms / 9.0 ms unhealthy: 5 of 10 lookups failed (50.0 %): 2 SERVFAIL, 3 timed out"; strings.TrimSpace(row) != want {
+		t.Errorf("DNS row %q, want %q", row, want)
+	}
+	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: DNS via 192.0.2.53:53/udp: 5 of 10 lookups failed") {
+		t.Errorf("node health without the DNS reason:\n%s", h)
+	}
 }

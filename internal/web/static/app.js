@@ -303,7 +303,11 @@
     const base = big ? 1.5 : 5;
     const deg = (id) => (data.out.get(id) || []).length + (data.inn.get(id) || []).length;
     const nodeAttrs = (n, x, y) => ({
-      x, y, label: shortLabel(n), size: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), color: COLORS[n.kind] || '#555', kind: n.kind,
+      x, y, label: shortLabel(n), size: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), kind: n.kind,
+      // A node the server judged (dropping service, failing DNS) is red or
+      // orange like its edges; its reasons are in the details.
+      color: healthOf(n) === 'unhealthy' ? '#e03131' : healthOf(n) === 'degraded' ? '#f59f00' : COLORS[n.kind] || '#555',
+      health: healthOf(n),
       box: state.focus ? '' : groupOf(n),
     });
     let place; // node id -> displayed node id
@@ -630,8 +634,30 @@
       ['edges', num(es.length)], ['first seen', when(first)], ['last seen', when(last)],
       ...counterPairs(sum),
     ]));
+    if (n.dns && n.dns.length) box.append(dnsTable(n.dns));
     if (history) nodeHistory(n, box);
     else historyFor = '';
+  }
+
+  // dnsTable lists a client's lookups per resolver (docs/graph.md, "DNS
+  // per client"): queries, failures by rcode, timeouts, latency, health.
+  function dnsTable(dns) {
+    const t = el('table', '', 'dns');
+    t.dataset.dns = String(dns.length);
+    const head = el('tr');
+    for (const c of ['resolver', 'queries', 'NXDOMAIN', 'SERVFAIL', 'other', 'timeouts', 'latency avg/max', 'health']) head.append(el('th', c));
+    t.append(el('caption', 'DNS lookups per resolver'), head);
+    for (const d of dns) {
+      const tr = el('tr');
+      const h = healthOf(d);
+      tr.className = h === 'unhealthy' ? 'unhealthy' : h === 'degraded' ? 'degraded' : '';
+      tr.dataset.resolver = d.resolver + '/' + d.proto;
+      const lat = d.latency_count ? us(d.latency_avg_us || d.latency_sum_us / d.latency_count) + ' / ' + us(d.latency_max_us) : '—';
+      for (const v of [d.resolver + '/' + d.proto, num(d.queries), num(d.nxdomain || 0), num(d.servfail || 0), num(d.other_errors || 0),
+        num(d.timeouts || 0), lat, healthText(d) + (d.unparsed ? ' (' + num(d.unparsed) + ' unparsed)' : '')]) tr.append(el('td', v));
+      t.append(tr);
+    }
+    return t;
   }
 
   function showEdge(key) {
