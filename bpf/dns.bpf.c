@@ -11,7 +11,8 @@
  * port; on ingress the packet's source port (replies through such a NAT
  * rule have had their source translated back to :53 by then). A DNS
  * packet is copied with its socket's cookie, cgroup, namespace and, on
- * egress (which runs in the sending process), the process.
+ * egress (which runs in the sending process), the process. The programs
+ * come in three variants (at the end) by what the kernel lets them call.
  *
  * Not seen: a query sent with sendto() from an unconnected socket to an
  * address a NAT rule redirects (musl's resolver behind Docker's embedded
@@ -29,6 +30,7 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 const struct dns_event *_btf_dns_event __attribute__((unused));
 const enum dns_stat *_btf_dns_stat __attribute__((unused));
 const enum dns_dir *_btf_dns_dir __attribute__((unused));
+const enum dns_variant *_btf_dns_variant __attribute__((unused));
 
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
@@ -40,6 +42,8 @@ const enum dns_dir *_btf_dns_dir __attribute__((unused));
 #define TCP_RST 0x04
 
 extern void *bpf_cast_to_kern_ctx(void *) __ksym;
+
+_Static_assert((DNS_MAX_PAYLOAD & (DNS_MAX_PAYLOAD - 1)) == 0, "DNS_MAX_PAYLOAD must be a power of 2");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -93,7 +97,25 @@ static __always_inline bool l4(struct __sk_buff *ctx, __u8 *proto, __u32 *off, _
 	return *proto == IPPROTO_UDP || *proto == IPPROTO_TCP;
 }
 
-static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, __u32 off, __u8 family)
+/* sk_netns reads the namespace of the packet's socket without
+ * bpf_cast_to_kern_ctx (6.2 and later): ctx->sk points at the socket's
+ * struct sock_common, but the verifier forbids arithmetic on it. Copying
+ * the pointer's value through bpf_probe_read_kernel makes it a plain
+ * number (allowed to a loader with CAP_PERFMON, which may read kernel
+ * memory anyway), which BPF_CORE_READ then follows. */
+static __always_inline __u32 sk_netns(struct __sk_buff *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	__u64 addr = 0;
+	if (bpf_probe_read_kernel(&addr, sizeof(addr), &sk) || !addr)
+		return 0;
+	struct sock_common *skc = (void *)addr;
+	return BPF_CORE_READ(skc, skc_net.net, ns.inum);
+}
+
+static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, __u32 off, __u8 family, int variant)
 {
 	__u32 zero = 0;
 	struct dns_event *ev = bpf_map_lookup_elem(&dns_scratch, &zero);
@@ -132,18 +154,27 @@ static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, 
 	ev->payload_len = plen;
 	ev->pid = 0;
 	__builtin_memset(ev->comm, 0, sizeof(ev->comm));
-	if (dir == DNS_EGRESS) {
-		ev->pid = bpf_get_current_pid_tgid() >> 32;
-		/* The process's name (its thread-group leader's), not the
-		 * sending thread's. */
-		struct task_struct *task = bpf_get_current_task_btf();
-		bpf_probe_read_kernel_str(ev->comm, sizeof(ev->comm), task->group_leader->comm);
-	}
-	struct sk_buff *kskb = bpf_cast_to_kern_ctx(ctx);
-	struct sock *sk = kskb->sk;
 	ev->netns = 0;
-	if (sk)
-		ev->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	if (variant == DNS_VARIANT_KCTX) {
+		if (dir == DNS_EGRESS) {
+			ev->pid = bpf_get_current_pid_tgid() >> 32;
+			/* The process's name (its thread-group leader's),
+			 * not the sending thread's. */
+			struct task_struct *task = bpf_get_current_task_btf();
+			bpf_probe_read_kernel_str(ev->comm, sizeof(ev->comm), task->group_leader->comm);
+		}
+		struct sk_buff *kskb = bpf_cast_to_kern_ctx(ctx);
+		struct sock *sk = kskb->sk;
+		if (sk)
+			ev->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	} else {
+		if (variant == DNS_VARIANT_TASK && dir == DNS_EGRESS) {
+			struct task_struct *task = (void *)bpf_get_current_task();
+			ev->pid = BPF_CORE_READ(task, tgid);
+			bpf_probe_read_kernel_str(ev->comm, sizeof(ev->comm), BPF_CORE_READ(task, group_leader, comm));
+		}
+		ev->netns = sk_netns(ctx);
+	}
 	__builtin_memset(ev->saddr, 0, sizeof(ev->saddr));
 	__builtin_memset(ev->daddr, 0, sizeof(ev->daddr));
 	__builtin_memset(ev->sk_raddr, 0, sizeof(ev->sk_raddr));
@@ -166,13 +197,20 @@ static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, 
 		return 1;
 	ev->sport = bpf_ntohs(ports[0]);
 	ev->dport = bpf_ntohs(ports[1]);
-	n &= 0x1fff;
-	if (n > DNS_MAX_PAYLOAD)
-		n = DNS_MAX_PAYLOAD;
-	if (n > 0 && bpf_skb_load_bytes(ctx, poff, ev->payload, n))
-		n = 0;
-	ev->cap_len = n;
-	if (bpf_ringbuf_output(&dns_events, ev, offsetof(struct dns_event, payload) + n, 0))
+	/* n is 0 to DNS_MAX_PAYLOAD; the copy's size must be proven 1 to
+	 * DNS_MAX_PAYLOAD to the verifier, and 6.1's loses a bound the
+	 * compiler's code keeps on another register: the mask, hidden from
+	 * the compiler, gives it one on the register passed. */
+	__u64 m = n;
+	if (m > 0) {
+		m -= 1;
+		asm volatile("%0 &= %1" : "+r"(m) : "i"(DNS_MAX_PAYLOAD - 1));
+		m += 1;
+		if (bpf_skb_load_bytes(ctx, poff, ev->payload, m))
+			m = 0;
+	}
+	ev->cap_len = m;
+	if (bpf_ringbuf_output(&dns_events, ev, offsetof(struct dns_event, payload) + m, 0))
 		dns_stat_inc(DNS_STAT_RINGBUF_FULL);
 	else
 		dns_stat_inc(DNS_STAT_EVENTS);
@@ -194,8 +232,7 @@ static __always_inline bool ports(struct __sk_buff *ctx, __u32 off, __u16 *sport
 	return true;
 }
 
-SEC("cgroup_skb/egress")
-int dns_egress(struct __sk_buff *ctx)
+static __always_inline int egress(struct __sk_buff *ctx, int variant)
 {
 	__u8 proto, family;
 	__u32 off;
@@ -204,15 +241,14 @@ int dns_egress(struct __sk_buff *ctx)
 	if (!l4(ctx, &proto, &off, &family))
 		return 1;
 	if (connected_dns)
-		return capture(ctx, DNS_EGRESS, proto, off, family);
+		return capture(ctx, DNS_EGRESS, proto, off, family, variant);
 	__u16 sport, dport;
 	if (!ports(ctx, off, &sport, &dport) || dport != bpf_htons(DNS_PORT))
 		return 1;
-	return capture(ctx, DNS_EGRESS, proto, off, family);
+	return capture(ctx, DNS_EGRESS, proto, off, family, variant);
 }
 
-SEC("cgroup_skb/ingress")
-int dns_ingress(struct __sk_buff *ctx)
+static __always_inline int ingress(struct __sk_buff *ctx, int variant)
 {
 	__u8 proto, family;
 	__u32 off;
@@ -221,5 +257,31 @@ int dns_ingress(struct __sk_buff *ctx)
 	__u16 sport, dport;
 	if (!ports(ctx, off, &sport, &dport) || sport != bpf_htons(DNS_PORT))
 		return 1;
-	return capture(ctx, DNS_INGRESS, proto, off, family);
+	return capture(ctx, DNS_INGRESS, proto, off, family, variant);
 }
+
+/* Three variants of the pair, the first that loads is attached (see
+ * internal/dnswatch): the names they give are the same. */
+
+/* 6.2 and later: the socket through bpf_cast_to_kern_ctx, the process
+ * through bpf_get_current_pid_tgid. */
+SEC("cgroup_skb/egress")
+int dns_egress(struct __sk_buff *ctx) { return egress(ctx, DNS_VARIANT_KCTX); }
+
+SEC("cgroup_skb/ingress")
+int dns_ingress(struct __sk_buff *ctx) { return ingress(ctx, DNS_VARIANT_KCTX); }
+
+/* Kernels whose cgroup_skb refuses both (6.1): the socket through
+ * sk_netns, the process through bpf_get_current_task. */
+SEC("cgroup_skb/egress")
+int dns_egress_task(struct __sk_buff *ctx) { return egress(ctx, DNS_VARIANT_TASK); }
+
+SEC("cgroup_skb/ingress")
+int dns_ingress_task(struct __sk_buff *ctx) { return ingress(ctx, DNS_VARIANT_TASK); }
+
+/* Kernels that refuse bpf_get_current_task too: no process (pid 0). */
+SEC("cgroup_skb/egress")
+int dns_egress_bare(struct __sk_buff *ctx) { return egress(ctx, DNS_VARIANT_BARE); }
+
+SEC("cgroup_skb/ingress")
+int dns_ingress_bare(struct __sk_buff *ctx) { return ingress(ctx, DNS_VARIANT_BARE); }

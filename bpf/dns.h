@@ -6,11 +6,19 @@
 /* Most payload bytes copied per packet: a UDP answer up to an EDNS buffer
  * of 4096 fits whole; a TCP segment longer than this is cut, and the
  * message it belongs to counted as unparsed in user space. */
-#define DNS_MAX_PAYLOAD 4096
+#define DNS_MAX_PAYLOAD 4096 /* a power of 2: bpf/dns.bpf.c masks with it */
 
 enum dns_dir {
 	DNS_EGRESS = 0,
 	DNS_INGRESS = 1,
+};
+
+/* Variants of the programs (bpf/dns.bpf.c), by what the kernel lets
+ * cgroup_skb call. */
+enum dns_variant {
+	DNS_VARIANT_KCTX = 0, /* bpf_cast_to_kern_ctx, bpf_get_current_pid_tgid */
+	DNS_VARIANT_TASK = 1, /* bpf_get_current_task; the socket's pointer read */
+	DNS_VARIANT_BARE = 2, /* no process */
 };
 
 /* Counters in the stats array. */
@@ -26,7 +34,7 @@ struct dns_event {
 	__u64 cgroup_id; /* the socket's cgroup v2 id */
 	__u64 cookie;    /* the socket's cookie */
 	__u32 netns;     /* network namespace inode */
-	__u32 pid;       /* thread-group id on egress (0 on ingress) */
+	__u32 pid;       /* thread-group id on egress (0 on ingress, and in DNS_VARIANT_BARE) */
 	__u8 comm[16];   /* the process's name on egress */
 	__u8 dir;        /* enum dns_dir */
 	__u8 proto;      /* IPPROTO_UDP or IPPROTO_TCP */

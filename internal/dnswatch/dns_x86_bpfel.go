@@ -54,18 +54,31 @@ const (
 	dnsDnsStatDNS_STAT_MAX          dnsDnsStat = 3
 )
 
+type dnsDnsVariant uint32
+
+const (
+	dnsDnsVariantDNS_VARIANT_KCTX dnsDnsVariant = 0
+	dnsDnsVariantDNS_VARIANT_TASK dnsDnsVariant = 1
+	dnsDnsVariantDNS_VARIANT_BARE dnsDnsVariant = 2
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	dnsMapDnsEvents   = "dns_events"
-	dnsMapDnsScratch  = "dns_scratch"
-	dnsMapDnsStats    = "dns_stats"
-	dnsProgDnsEgress  = "dns_egress"
-	dnsProgDnsIngress = "dns_ingress"
-	dnsVarBtfDnsDir   = "_btf_dns_dir"
-	dnsVarBtfDnsEvent = "_btf_dns_event"
-	dnsVarBtfDnsStat  = "_btf_dns_stat"
+	dnsMapDnsEvents       = "dns_events"
+	dnsMapDnsScratch      = "dns_scratch"
+	dnsMapDnsStats        = "dns_stats"
+	dnsProgDnsEgress      = "dns_egress"
+	dnsProgDnsEgressBare  = "dns_egress_bare"
+	dnsProgDnsEgressTask  = "dns_egress_task"
+	dnsProgDnsIngress     = "dns_ingress"
+	dnsProgDnsIngressBare = "dns_ingress_bare"
+	dnsProgDnsIngressTask = "dns_ingress_task"
+	dnsVarBtfDnsDir       = "_btf_dns_dir"
+	dnsVarBtfDnsEvent     = "_btf_dns_event"
+	dnsVarBtfDnsStat      = "_btf_dns_stat"
+	dnsVarBtfDnsVariant   = "_btf_dns_variant"
 )
 
 // loadDns returns the embedded CollectionSpec for dns.
@@ -110,8 +123,12 @@ type dnsSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type dnsProgramSpecs struct {
-	DnsEgress  *ebpf.ProgramSpec `ebpf:"dns_egress"`
-	DnsIngress *ebpf.ProgramSpec `ebpf:"dns_ingress"`
+	DnsEgress      *ebpf.ProgramSpec `ebpf:"dns_egress"`
+	DnsEgressBare  *ebpf.ProgramSpec `ebpf:"dns_egress_bare"`
+	DnsEgressTask  *ebpf.ProgramSpec `ebpf:"dns_egress_task"`
+	DnsIngress     *ebpf.ProgramSpec `ebpf:"dns_ingress"`
+	DnsIngressBare *ebpf.ProgramSpec `ebpf:"dns_ingress_bare"`
+	DnsIngressTask *ebpf.ProgramSpec `ebpf:"dns_ingress_task"`
 }
 
 // dnsMapSpecs contains maps before they are loaded into the kernel.
@@ -127,9 +144,10 @@ type dnsMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type dnsVariableSpecs struct {
-	BtfDnsDir   *ebpf.VariableSpec `ebpf:"_btf_dns_dir"`
-	BtfDnsEvent *ebpf.VariableSpec `ebpf:"_btf_dns_event"`
-	BtfDnsStat  *ebpf.VariableSpec `ebpf:"_btf_dns_stat"`
+	BtfDnsDir     *ebpf.VariableSpec `ebpf:"_btf_dns_dir"`
+	BtfDnsEvent   *ebpf.VariableSpec `ebpf:"_btf_dns_event"`
+	BtfDnsStat    *ebpf.VariableSpec `ebpf:"_btf_dns_stat"`
+	BtfDnsVariant *ebpf.VariableSpec `ebpf:"_btf_dns_variant"`
 }
 
 // dnsObjects contains all objects after they have been loaded into the kernel.
@@ -169,23 +187,32 @@ func (m *dnsMaps) Close() error {
 //
 // It can be passed to loadDnsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type dnsVariables struct {
-	BtfDnsDir   *ebpf.Variable `ebpf:"_btf_dns_dir"`
-	BtfDnsEvent *ebpf.Variable `ebpf:"_btf_dns_event"`
-	BtfDnsStat  *ebpf.Variable `ebpf:"_btf_dns_stat"`
+	BtfDnsDir     *ebpf.Variable `ebpf:"_btf_dns_dir"`
+	BtfDnsEvent   *ebpf.Variable `ebpf:"_btf_dns_event"`
+	BtfDnsStat    *ebpf.Variable `ebpf:"_btf_dns_stat"`
+	BtfDnsVariant *ebpf.Variable `ebpf:"_btf_dns_variant"`
 }
 
 // dnsPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadDnsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type dnsPrograms struct {
-	DnsEgress  *ebpf.Program `ebpf:"dns_egress"`
-	DnsIngress *ebpf.Program `ebpf:"dns_ingress"`
+	DnsEgress      *ebpf.Program `ebpf:"dns_egress"`
+	DnsEgressBare  *ebpf.Program `ebpf:"dns_egress_bare"`
+	DnsEgressTask  *ebpf.Program `ebpf:"dns_egress_task"`
+	DnsIngress     *ebpf.Program `ebpf:"dns_ingress"`
+	DnsIngressBare *ebpf.Program `ebpf:"dns_ingress_bare"`
+	DnsIngressTask *ebpf.Program `ebpf:"dns_ingress_task"`
 }
 
 func (p *dnsPrograms) Close() error {
 	return _DnsClose(
 		p.DnsEgress,
+		p.DnsEgressBare,
+		p.DnsEgressTask,
 		p.DnsIngress,
+		p.DnsIngressBare,
+		p.DnsIngressTask,
 	)
 }
 

@@ -8,4 +8,4 @@ package dnswatch
 // The generated dns_x86_bpfel.go/.o (amd64) and dns_arm64_bpfel.go/.o
 // (arm64) are committed, as internal/bundler's are; `make generate`
 // rebuilds them and `make check-generate` compares them.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target amd64,arm64 -type dns_event -type dns_stat -type dns_dir dns ../../bpf/dns.bpf.c -- -I../../bpf -I../../bpf/include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target amd64,arm64 -type dns_event -type dns_stat -type dns_dir -type dns_variant dns ../../bpf/dns.bpf.c -- -I../../bpf -I../../bpf/include

@@ -28,6 +28,9 @@ type Config struct {
 	Grace time.Duration
 	// MaxNames bounds the addresses named at once, over every namespace.
 	MaxNames int
+	// Variant names the programs to load (one of Variants); "" loads the
+	// first that the kernel accepts.
+	Variant string
 }
 
 // Defaults and bounds of Config.
@@ -55,13 +58,16 @@ func (c Config) Validate() error {
 	if c.MaxNames < 1 {
 		return fmt.Errorf("invalid DNS name cache size %d: allowed 1 or more", c.MaxNames)
 	}
+	if _, ok := lookupVariant(c.Variant); c.Variant != "" && !ok {
+		return fmt.Errorf("invalid DNS program variant %q: allowed %s", c.Variant, variantNames())
+	}
 	return nil
 }
 
 // Watcher captures DNS packets and keeps what they say. Apply hands its
 // findings to each interval.
 type Watcher struct {
-	objs  dnsObjects
+	k     *kernelSide
 	links []link.Link
 	rd    *ringbuf.Reader
 
@@ -87,17 +93,13 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, fmt.Errorf("dns: %w", err)
 	}
 	w := &Watcher{st: newState(cfg), flushed: make(chan struct{}, 1), done: make(chan struct{})}
-	if err := loadDnsObjects(&w.objs, nil); err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("dns: load the kernel side: %w", ve)
-		}
-		return nil, fmt.Errorf("dns: load the kernel side: %w", err)
+	if w.k, _, err = load(cfg.Variant); err != nil {
+		return nil, err
 	}
 	for _, a := range []struct {
 		prog   *ebpf.Program
 		attach ebpf.AttachType
-	}{{w.objs.DnsEgress, ebpf.AttachCGroupInetEgress}, {w.objs.DnsIngress, ebpf.AttachCGroupInetIngress}} {
+	}{{w.k.egress, ebpf.AttachCGroupInetEgress}, {w.k.ingress, ebpf.AttachCGroupInetIngress}} {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
 		if err != nil {
 			_ = w.close() // the attach error is the one to report
@@ -105,7 +107,7 @@ func New(cfg Config) (*Watcher, error) {
 		}
 		w.links = append(w.links, l)
 	}
-	if w.rd, err = ringbuf.NewReader(w.objs.DnsEvents); err != nil {
+	if w.rd, err = ringbuf.NewReader(w.k.events); err != nil {
 		_ = w.close() // the ring buffer error is the one to report
 		return nil, fmt.Errorf("dns: ring buffer: %w", err)
 	}
@@ -176,7 +178,7 @@ func (w *Watcher) Stats() Stats {
 	w.mu.Unlock()
 	var per []uint64
 	for idx, into := range map[dnsDnsStat]*uint64{dnsDnsStatDNS_STAT_RINGBUF_FULL: &s.Lost} {
-		if err := w.objs.DnsStats.Lookup(uint32(idx), &per); err == nil {
+		if err := w.k.stats.Lookup(uint32(idx), &per); err == nil {
 			*into = 0
 			for _, v := range per {
 				*into += v
@@ -185,6 +187,9 @@ func (w *Watcher) Stats() Stats {
 	}
 	return s
 }
+
+// Variant is the pair of programs the kernel loaded.
+func (w *Watcher) Variant() Variant { return w.k.variant }
 
 // Close detaches the programs and stops reading.
 func (w *Watcher) Close() error {
@@ -203,7 +208,7 @@ func (w *Watcher) close() error {
 	for _, l := range w.links {
 		errs = append(errs, l.Close())
 	}
-	errs = append(errs, w.objs.Close())
+	errs = append(errs, w.k.Close())
 	return errors.Join(errs...)
 }
 
@@ -211,7 +216,7 @@ func (w *Watcher) close() error {
 // two programs (egress and ingress, summed): the run time only counts
 // while kernel.bpf_stats_enabled is on.
 func (w *Watcher) ProgramStats() (runs uint64, runtime time.Duration, err error) {
-	for _, p := range []*ebpf.Program{w.objs.DnsEgress, w.objs.DnsIngress} {
+	for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
 		s, err := p.Stats()
 		if err != nil {
 			return 0, 0, err
