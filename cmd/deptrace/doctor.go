@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/agent"
+	"github.com/deptrace/deptrace/internal/dnswatch"
 	deptracehooks "github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/store"
@@ -163,6 +164,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		}
 	}
 
+	fmt.Fprintln(out)
+	doctorDNS(out, dnswatch.Probe)
+
 	nsCount, ports, seedErr := t.Seeded()
 	fmt.Fprintln(out)
 	if seedErr != nil {
@@ -230,4 +234,30 @@ func explainMissing(h tracer.Hook, goarch string) string {
 		return "this kernel cannot attach fentry/fexit programs (BPF trampolines unsupported in its build); a kernel of 6.3 or later has the tracepoints these fexits stand in for"
 	}
 	return ""
+}
+
+// doctorDNS says whether the DNS watcher (names of remote ends, DNS
+// health) loads here, which of its program variants, and what that
+// variant does not see; probe loads the variants without attaching them.
+func doctorDNS(out io.Writer, probe func() ([]dnswatch.VariantResult, error)) {
+	tried, err := probe()
+	for _, r := range tried {
+		if r.Err != nil {
+			fmt.Fprintf(out, "dns watcher   variant %s refused (needs %s): %v\n", r.Name, r.Needs, r.Err)
+		}
+	}
+	if err != nil {
+		why := "no variant loads"
+		if len(tried) == 0 {
+			why = err.Error()
+		}
+		fmt.Fprintf(out, "dns watcher   CANNOT LOAD (%s): trace and agent run without remote names and DNS records\n", why)
+		return
+	}
+	v := tried[len(tried)-1].Variant
+	lost := "nothing lost"
+	if v.Lost != "" {
+		lost = "lost: " + v.Lost
+	}
+	fmt.Fprintf(out, "dns watcher   loads: variant %s (%s); %s\n", v.Name, v.Needs, lost)
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -25,5 +27,39 @@ func TestExplainMissing(t *testing.T) {
 	tp := tracer.Hook{Hook: "tp_btf/sock_send_length", Reason: "attach: not supported"}
 	if got := explainMissing(tp, "arm64"); got != "" {
 		t.Errorf("a tracepoint: got %q, want none", got)
+	}
+}
+
+// doctor names the DNS watcher's variant, what it loses and why the
+// better ones were refused, and says plainly when none loads.
+func TestDoctorDNS(t *testing.T) {
+	v := dnswatch.Variants
+	refused := errors.New("load program: permission denied: unknown func bpf_get_current_pid_tgid#14")
+	cases := []struct {
+		name  string
+		tried []dnswatch.VariantResult
+		err   error
+		want  []string
+	}{
+		{"first", []dnswatch.VariantResult{{Variant: v[0]}}, nil,
+			[]string{"dns watcher   loads: variant " + v[0].Name, "nothing lost"}},
+		{"fallback", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2]}}, nil,
+			[]string{"variant " + v[0].Name + " refused", "bpf_get_current_pid_tgid", "variant " + v[1].Name + " refused", "loads: variant " + v[2].Name, "lost: " + v[2].Lost}},
+		{"none", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2], Err: refused}}, errors.New("dns: all refused"),
+			[]string{"CANNOT LOAD (no variant loads)", "without remote names"}},
+		{"before loading", nil, errors.New("raise memlock: operation not permitted"),
+			[]string{"CANNOT LOAD (raise memlock: operation not permitted)"}},
+	}
+	for _, c := range cases {
+		var out strings.Builder
+		doctorDNS(&out, func() ([]dnswatch.VariantResult, error) { return c.tried, c.err })
+		for _, w := range c.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%s: output %q lacks %q", c.name, out.String(), w)
+			}
+		}
+		if c.err == nil && strings.Contains(out.String(), "CANNOT") {
+			t.Errorf("%s: output %q says it cannot load", c.name, out.String())
+		}
 	}
 }
