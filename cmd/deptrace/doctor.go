@@ -35,7 +35,8 @@ func newDoctorCmd() *cobra.Command {
 		Short: "Show which hooks work on this kernel, what is missing and why, and the loss counters",
 		Long: `doctor checks the kernel and the process's capabilities, loads the flow bundler,
 lists every hook as active or inactive (with the reason and what is lost without
-it), seeds the listening-port table, then traces for --sample and reports the
+it), says whether the DNS watcher loads (which variant, what it loses), seeds the
+listening-port table, then traces for --sample and reports the
 loss counters. It exits with status 1 when deptrace cannot run here.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
