@@ -191,11 +191,13 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	// step of the range (the last hour, 30 steps of 2 minutes, or 31 when
 	// the range starts inside a minute), from /api/series.
 	js[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idNginx+`', '`+idRedis+`')), true`)
-	until(t, ctx, `!!document.querySelector('#details svg.history-chart')`, `document.querySelector('#details').innerText`)
-	if n := js[string](t, ctx, `document.querySelector('#details svg.history-chart').dataset.points`); n != "30" && n != "31" {
-		t.Errorf("history of the last hour has %s points, want 30 (2-minute steps)", n)
+	until(t, ctx, `!!document.querySelector('#details .history-chart canvas')`, `document.querySelector('#details').innerText`)
+	// The number of points is uPlot's own: its x values, and every series'
+	// values, one per step.
+	if n := js[string](t, ctx, `(u => u.data.map(d => d.length).join(' ') + ' ' + u.series.length)(document.querySelector('#details .history-chart').uplot)`); n != "30 30 30 3" && n != "31 31 31 3" {
+		t.Errorf("history of the last hour: uPlot data lengths and series %q, want 30 (2-minute steps) for x, connections and failed", n)
 	}
-	if l := js[string](t, ctx, `document.querySelector('#details svg.history-chart').getAttribute('aria-label')`); l != "connections per 2 min: 5 in all, 3 failed" {
+	if l := js[string](t, ctx, `document.querySelector('#details .history-chart').getAttribute('aria-label')`); l != "connections per 2 min: 5 in all, 3 failed" {
 		t.Errorf("history chart %q", l)
 	}
 	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: 3 of 8 connection attempts failed") {
@@ -203,8 +205,8 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	}
 	// Its other charts: failures by cause (here no cause was reported:
 	// "other"), connect latency, bytes; a point per step each.
-	charts := js[[]string](t, ctx, `[...document.querySelectorAll('#details svg.history-chart')].map(s => s.dataset.chart + ' ' + s.dataset.points + ' ' + s.getAttribute('aria-label'))`)
-	n := js[string](t, ctx, `document.querySelector('#details svg.history-chart').dataset.points`)
+	charts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length + ' ' + s.getAttribute('aria-label'))`)
+	n := js[string](t, ctx, `String(document.querySelector('#details .history-chart').uplot.data[0].length)`)
 	want := []string{
 		"volume " + n + " connections per 2 min: 5 in all, 3 failed",
 		"failures " + n + " Failed connections by cause: refused 0 in all, timed out 0 in all, reset 0 in all, unreachable 0 in all, other 3 in all",
@@ -220,13 +222,13 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	// Clicking a node shows its history: connections/s in and out,
 	// failures by cause, latency and bytes, a point per step each.
 	js[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
-	until(t, ctx, `!!document.querySelector('#details .history[data-node] svg[data-chart="bytes"]')`, `document.querySelector('#details').innerText`)
-	nodeCharts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] svg.history-chart')].map(s => s.dataset.chart + ' ' + s.dataset.points)`)
-	if m := js[string](t, ctx, `document.querySelector('#details .history[data-node] svg.history-chart').dataset.points`); (m != "30" && m != "31") ||
+	until(t, ctx, `!!document.querySelector('#details .history[data-node] .history-chart[data-chart="bytes"] canvas')`, `document.querySelector('#details').innerText`)
+	nodeCharts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length)`)
+	if m := js[string](t, ctx, `String(document.querySelector('#details .history[data-node] .history-chart').uplot.data[0].length)`); (m != "30" && m != "31") ||
 		strings.Join(nodeCharts, ",") != "connections "+m+",failures "+m+",latency "+m+",bytes "+m {
 		t.Errorf("node history charts %q, want 4 of 30 (or 31) points", nodeCharts)
 	}
-	if l := js[string](t, ctx, `document.querySelector('#details svg[data-chart="bytes"]').getAttribute('aria-label')`); l != "Bytes per 2 min: to it 14.6 KiB in all, from it 1.5 KiB in all" {
+	if l := js[string](t, ctx, `document.querySelector('#details .history-chart[data-chart="bytes"]').getAttribute('aria-label')`); l != "Bytes per 2 min: to it 14.6 KiB in all, from it 1.5 KiB in all" {
 		// nginx, a client only: received 1,000 B per connection (15,000 B),
 		// sent 100 B per connection (1,500 B).
 		t.Errorf("node bytes chart %q", l)
@@ -262,7 +264,7 @@ func TestBrowserDegradedEdge(t *testing.T) {
 		t.Errorf("degraded colour drawn on %d pixels", n)
 	}
 	js[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idPython+`', '`+idPostgres+`')), true`)
-	until(t, ctx, `!!document.querySelector('#details svg.history-chart')`, `document.querySelector('#details').innerText`)
+	until(t, ctx, `!!document.querySelector('#details .history-chart canvas')`, `document.querySelector('#details').innerText`)
 	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") || !strings.Contains(h, "1 degraded") {
 		t.Errorf("degraded edge details:\n%s", h)
 	}

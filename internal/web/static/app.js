@@ -682,60 +682,53 @@
   }
 
   // ---- history charts ------------------------------------------------
-  // Small SVG charts of a series from /api/series, one bar (or one point
-  // of a line) per step; data-points is the number of steps, data-chart
-  // what it shows, and each bar's tooltip gives its time and values.
-  const NS = 'http://www.w3.org/2000/svg';
-  const W = 260, H = 60;
-  function svgEl(tag, attrs) {
-    const x = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) x.setAttribute(k, v);
-    return x;
-  }
+  // Small charts of a series from /api/series, drawn by uPlot (vendored,
+  // ../vendor/README.md): one bar (or one point of a line) per step.
+  // The chart's element has data-chart (what it shows), data-points (the
+  // number of steps, read back from uPlot's data), its uPlot instance as
+  // .uplot, and an aria-label with its totals; hovering a step shows its
+  // time and values in the legend under it.
+  const CHART_W = 280, CHART_H = 100;
   // chart: series [{name, color, get(pt)}]; kind 'bars' stacks them, 'lines'
-  // draws each as a line. Returns [heading, svg, totals].
+  // draws each as a line. Returns [heading, chart element, totals].
   function chart(id, title, pts, series, kind, fmt, unit) {
     fmt = fmt || num;
-    const svg = svgEl('svg', { viewBox: '0 0 ' + W + ' ' + H, width: W, height: H, role: 'img' });
-    svg.classList.add('history-chart');
-    svg.dataset.chart = id;
-    svg.dataset.points = String(pts.length);
-    const bw = W / Math.max(1, pts.length);
+    const bars = kind === 'bars';
     const vals = pts.map((pt) => series.map((sr) => sr.get(pt) || 0));
-    const top = Math.max(1e-9, ...vals.map((v) => (kind === 'bars' ? v.reduce((a, b) => a + b, 0) : Math.max(...v))));
     const totals = series.map(() => 0);
-    const tip = (i) => new Date(pts[i].t).toLocaleTimeString() + ': ' + series.map((sr, j) => sr.name + ' ' + fmt(vals[i][j]) + (unit || '')).join(', ');
-    if (kind === 'bars') {
-      vals.forEach((v, i) => {
-        let y = H;
-        v.forEach((x, j) => {
-          totals[j] += x;
-          if (!x) return;
-          const h = Math.max(1, (x / top) * (H - 2));
-          y -= h;
-          const r = svgEl('rect', { x: (i * bw + 0.5).toFixed(2), width: Math.max(1, bw - 1).toFixed(2), y: y.toFixed(2), height: h.toFixed(2), fill: series[j].color });
-          r.append(svgEl('title'));
-          r.lastChild.textContent = tip(i);
-          svg.append(r);
-        });
-      });
-    } else {
-      series.forEach((sr, j) => {
-        const d = vals.map((v, i) => (i ? 'L' : 'M') + ((i + 0.5) * bw).toFixed(1) + ' ' + (H - 1 - (v[j] / top) * (H - 2)).toFixed(1)).join(' ');
-        vals.forEach((v) => { totals[j] = Math.max(totals[j], v[j]); });
-        if (totals[j] > 0) svg.append(svgEl('path', { d, fill: 'none', stroke: sr.color, 'stroke-width': 1.5 }));
-      });
-      vals.forEach((v, i) => { // hover targets with the step's values
-        const r = svgEl('rect', { x: (i * bw).toFixed(2), width: bw.toFixed(2), y: 0, height: H, fill: 'transparent' });
-        r.append(svgEl('title'));
-        r.lastChild.textContent = tip(i);
-        svg.append(r);
-      });
-    }
-    svg.setAttribute('aria-label', title + ': ' + series.map((sr, j) => sr.name + ' ' + (kind === 'bars' ? fmt(totals[j]) + (unit || '') + ' in all' : 'max ' + fmt(totals[j]) + (unit || ''))).join(', '));
-    const h = el('h4', title + ' ');
-    series.forEach((sr) => { const k = el('span', sr.name, 'key'); k.style.setProperty('--c', sr.color); h.append(k); });
-    return [h, svg, totals];
+    for (const v of vals) v.forEach((x, j) => { totals[j] = bars ? totals[j] + x : Math.max(totals[j], x); });
+    const xs = pts.map((pt) => Date.parse(pt.t) / 1000);
+    // Stacked bars: series j is drawn as the sum of it and those after it,
+    // first to last, so each shows its own share on top of the next.
+    const ys = series.map((sr, j) => vals.map((v) => (bars ? v.slice(j).reduce((a, b) => a + b, 0) : v[j])));
+    const step = xs.length > 1 ? xs[1] - xs[0] : 60;
+    const div = el('div', '', 'history-chart');
+    div.dataset.chart = id;
+    div.setAttribute('role', 'img');
+    const axis = { font: '10px sans-serif', stroke: '#555', grid: { stroke: '#e3e6eb', width: 1 }, ticks: { show: false } };
+    const u = new uPlot({
+      width: CHART_W, height: CHART_H,
+      cursor: { points: { show: false }, drag: { x: false, y: false } },
+      scales: {
+        x: { time: true, range: (_, mn, mx) => [mn - step / 2, mx + step / 2] },
+        y: { range: (_, mn, mx) => [0, mx > 0 ? mx : 1] },
+      },
+      // Times as hh:mm; the value axis marks 0 and the top only.
+      axes: [Object.assign({ size: 20, values: (_, vs) => vs.map((v) => new Date(v * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })) }, axis),
+        Object.assign({ size: 46, splits: (u) => [0, u.scales.y.max], values: (_, vs) => vs.map((v) => fmt(v)) }, axis)],
+      series: [{ value: (_, v) => (v == null ? '' : new Date(v * 1000).toLocaleTimeString()) },
+        ...series.map((sr, j) => ({
+          label: sr.name, stroke: sr.color, fill: bars ? sr.color : undefined, width: bars ? 0 : 1.5,
+          paths: bars ? uPlot.paths.bars({ size: [0.85, Infinity], gap: 1 }) : undefined,
+          points: { show: false },
+          value: (u, v, si, i) => (i == null ? '' : fmt(vals[i][j]) + (unit || '')),
+          show: bars || totals[j] > 0,
+        }))],
+    }, [xs, ...ys], div);
+    div.uplot = u;
+    div.dataset.points = String(u.data[0].length);
+    div.setAttribute('aria-label', title + ': ' + series.map((sr, j) => sr.name + ' ' + (bars ? fmt(totals[j]) + (unit || '') + ' in all' : 'max ' + fmt(totals[j]) + (unit || ''))).join(', '));
+    return [el('h4', title), div, totals];
   }
   const CAUSES = [['failed_refused', 'refused', '#e03131'], ['failed_timeout', 'timed out', '#f08c00'], ['failed_reset', 'reset', '#ae3ec9'], ['failed_unreachable', 'unreachable', '#5c7cfa']];
   // causes are the failure series of a point's counters: each known cause,
@@ -774,20 +767,27 @@
     const per = ans.step_seconds / 60 + ' min';
     const pts = ans.points;
     const vol = (pt) => (udp ? (pt.datagrams_sent || 0) + (pt.datagrams_received || 0) : pt.connections || 0);
-    const [h, svg, t] = chart('volume', 'History: ' + (udp ? 'datagrams' : 'connections') + ' per ' + per, pts, [
+    const [h, vc, t] = chart('volume', 'History: ' + (udp ? 'datagrams' : 'connections') + ' per ' + per, pts, [
       { name: udp ? 'datagrams' : 'connections', color: '#3366cc', get: vol },
       { name: 'failed', color: '#e03131', get: (pt) => pt.failed_connections },
     ], 'bars');
     // The first chart's label reads as before: "connections per 2 min: 5 in all, 3 failed".
-    svg.setAttribute('aria-label', (udp ? 'datagrams' : 'connections') + ' per ' + per + ': ' + num(t[0]) + ' in all, ' + num(t[1]) + ' failed');
+    vc.setAttribute('aria-label', (udp ? 'datagrams' : 'connections') + ' per ' + per + ': ' + num(t[0]) + ' in all, ' + num(t[1]) + ' failed');
     holder.textContent = '';
-    holder.append(h, svg);
+    holder.append(h, vc);
     if (!udp) {
       if (t[1]) holder.append(...chart('failures', 'Failed connections by cause', pts, causes((pt) => pt), 'bars').slice(0, 2));
       holder.append(...chart('latency', 'Connect latency', pts, [
         { name: 'avg', color: '#3366cc', get: (pt) => pt.connect_latency_avg_us },
         { name: 'max', color: '#f08c00', get: (pt) => pt.connect_latency_max_us },
       ], 'lines', us).slice(0, 2));
+      // Smoothed RTT, when the agent measured it (docs/flows.md).
+      if (pts.some((pt) => pt.rtt_samples)) {
+        holder.append(...chart('rtt', 'RTT', pts, [
+          { name: 'avg', color: '#3366cc', get: (pt) => (pt.rtt_samples ? pt.rtt_sum_us / pt.rtt_samples : 0) },
+          { name: 'max', color: '#f08c00', get: (pt) => pt.rtt_max_us },
+        ], 'lines', us).slice(0, 2));
+      }
     }
     holder.append(...chart('bytes', 'Bytes per ' + per, pts, [
       { name: 'sent', color: '#1098ad', get: (pt) => pt.bytes_sent },
@@ -824,8 +824,8 @@
       { name: 'in', color: '#3366cc', get: (pt) => rate(pt.in.connections) },
       { name: 'out', color: '#1098ad', get: (pt) => rate(pt.out.connections) },
     ], 'lines', r2).slice(0, 2));
-    const [fh, fsvg, ft] = chart('failures', 'Failed connections by cause (in and out)', pts, causes(both), 'bars');
-    if (ft.some((x) => x)) holder.append(fh, fsvg);
+    const [fh, fc, ft] = chart('failures', 'Failed connections by cause (in and out)', pts, causes(both), 'bars');
+    if (ft.some((x) => x)) holder.append(fh, fc);
     else holder.append(el('h4', 'No failed connections'));
     holder.append(...chart('latency', 'Connect latency', pts, [
       { name: 'avg in', color: '#3366cc', get: (pt) => pt.in.connect_latency_avg_us },
