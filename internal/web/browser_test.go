@@ -171,7 +171,7 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	}
 	// WebGL really drew: the workload colour is on the screen, and the
 	// red of the unhealthy edge.
-	img := screenshot(t, ctx, "map")
+	img := screenshot(t, ctx, "map-seeded")
 	for name, c := range map[string]uint32{"workload node": 0x3366cc, "unhealthy edge": 0xe03131} {
 		if n := pixels(img, c); n < 20 {
 			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
@@ -532,5 +532,39 @@ func TestBrowserClientDNSFailures(t *testing.T) {
 	}
 	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: DNS via 192.0.2.53:53/udp: 5 of 10 lookups failed") {
 		t.Errorf("node health without the DNS reason:\n%s", h)
+	}
+}
+
+// A real chain (seedChain: curl -> nginx -> gunicorn -> postgres and
+// redis) is layered left to right in the order of its calls, with its
+// degraded and unhealthy edges and the client whose lookups time out; it
+// is the map docs/web.md shows.
+func TestBrowserChainMap(t *testing.T) {
+	path, _ := seedChain(t)
+	srv, _ := serve(t, path, Options{})
+	ctx := browser(t, 90*time.Second)
+	open(t, ctx, srv.URL+"/?view=map")
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	until(t, ctx, `window.deptrace.labelled().length === window.deptrace.display.order`, `[window.deptrace.labelled(), window.deptrace.display.nodes()]`)
+	if d := mapData(t, ctx); d["nodes"] != "6" || d["edges"] != "6" || d["unhealthy"] != "1" || d["degraded"] != "1" {
+		t.Errorf("chain map %v, want 6 nodes, 6 edges, 1 unhealthy (redis), 1 degraded (postgres)", d)
+	}
+	x := func(id string) float64 {
+		return js[float64](t, ctx, `window.deptrace.display.getNodeAttribute('`+id+`', 'x')`)
+	}
+	chain := []string{"workload:client-1/curl", "workload:web-1/nginx", "workload:app-1/gunicorn", "workload:db-1/postgres"}
+	for i := 1; i < len(chain); i++ {
+		if x(chain[i-1]) >= x(chain[i]) {
+			t.Errorf("%s (x=%g) is not left of %s (x=%g)", chain[i-1], x(chain[i-1]), chain[i], x(chain[i]))
+		}
+	}
+	if h := js[string](t, ctx, `window.deptrace.display.getNodeAttribute('workload:client-1/curl', 'health')`); h != "unhealthy" {
+		t.Errorf("curl, whose lookups time out, is %q, want unhealthy", h)
+	}
+	img := screenshot(t, ctx, "map")
+	for name, c := range map[string]uint32{"workload node": 0x3366cc, "unhealthy": 0xe03131, "degraded edge": 0xf59f00} {
+		if n := pixels(img, c); n < 20 {
+			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
+		}
 	}
 }

@@ -88,3 +88,51 @@ func serve(t testing.TB, path string, opt Options) (*httptest.Server, *store.Sto
 	t.Cleanup(func() { srv.Close(); st.Close() })
 	return srv, st
 }
+
+// seedChain writes a small real chain, 10 minutes ago, for the map in
+// docs/web.md: curl on client-1 -> nginx on web-1:80 -> gunicorn on
+// app-1:8080 -> postgres on db-1:5432 (3 resets in 400 connections:
+// degraded) and -> redis-server on cache-1:6379 (4 failed connects of
+// 30: unhealthy); nginx and gunicorn look names up through 192.0.2.53:53
+// (external), and curl's lookups time out (DNS: unhealthy).
+func seedChain(t testing.TB) (path string, now time.Time) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "chain.db")
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now = time.Now()
+	at := now.Add(-10 * time.Minute)
+	addr := map[string]string{"client-1": "198.51.100.10", "web-1": "198.51.100.1", "app-1": "198.51.100.5", "db-1": "198.51.100.2", "cache-1": "198.51.100.3"}
+	b := store.Batch{}
+	for _, h := range []string{"client-1", "web-1", "app-1", "db-1", "cache-1"} {
+		b.Hosts = append(b.Hosts, store.Host{ID: h, Name: h, Addrs: []string{addr[h]}, LastSeen: now})
+	}
+	obs := func(host, dir, proto, remote string, port uint16, comm string, c tracer.Counters) {
+		b.Observations = append(b.Observations, store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: proto,
+			LocalAddr: addr[host], RemoteAddr: remote, Port: port, Comm: comm, Counters: c, FirstSeen: at, LastSeen: at.Add(time.Second)})
+	}
+	// call is one TCP dependency seen from both ends.
+	call := func(client, ccomm, server, scomm string, port uint16, c tracer.Counters) {
+		c.BytesSent, c.BytesReceived = 200*c.Connections, 2000*c.Connections
+		obs(client, "outbound", "tcp", addr[server], port, ccomm, c)
+		in := c
+		in.FailedConnections, in.FailedTimeout, in.FailedRefused = 0, 0, 0
+		obs(server, "inbound", "tcp", addr[client], port, scomm, in)
+	}
+	call("client-1", "curl", "web-1", "nginx", 80, tracer.Counters{Connections: 20})
+	call("web-1", "nginx", "app-1", "gunicorn", 8080, tracer.Counters{Connections: 60})
+	call("app-1", "gunicorn", "db-1", "postgres", 5432, tracer.Counters{Connections: 400, ResetsReceived: 3})
+	call("app-1", "gunicorn", "cache-1", "redis-server", 6379, tracer.Counters{Connections: 26, FailedConnections: 4, FailedTimeout: 4})
+	obs("web-1", "outbound", "udp", "192.0.2.53", 53, "nginx", tracer.Counters{DatagramsSent: 10, DatagramsReceived: 10})
+	obs("app-1", "outbound", "udp", "192.0.2.53", 53, "gunicorn", tracer.Counters{DatagramsSent: 30, DatagramsReceived: 30})
+	b.DNS = []store.DNSObservation{{Bucket: at.Truncate(store.DefaultBucket), HostID: "client-1", Comm: "curl", Proto: "udp", Resolver: "192.0.2.53:53",
+		DNSCounters: tracer.DNSCounters{Queries: 12, Answers: 8, NoError: 8, Timeouts: 4, LatencyCount: 8, LatencySumUs: 8000, LatencyMaxUs: 3000},
+		FirstSeen:   at, LastSeen: at.Add(time.Second)}}
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return path, now
+}
