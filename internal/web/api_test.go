@@ -350,7 +350,9 @@ func TestPageAndAssets(t *testing.T) {
 		t.Errorf("CSP %q", csp)
 	}
 	for _, p := range []string{"/static/app.js", "/static/app.css", "/static/vendor/sigma-3.0.3.min.js", "/static/vendor/graphology-0.26.0.umd.min.js",
-		"/static/vendor/sigma-LICENSE.txt", "/static/vendor/graphology-LICENSE.txt"} {
+		"/static/vendor/sigma-LICENSE.txt", "/static/vendor/graphology-LICENSE.txt",
+		"/static/layout-worker.js", "/static/vendor/dagre-3.1.3.min.js", "/static/vendor/dagre-LICENSE.txt",
+		"/static/vendor/uplot-1.6.32.iife.min.js", "/static/vendor/uplot-1.6.32.min.css", "/static/vendor/uplot-LICENSE.txt"} {
 		if code, body, _ := get(t, srv.URL, p); code != 200 || len(body) < 100 {
 			t.Errorf("GET %s: %d, %d bytes", p, code, len(body))
 		}
