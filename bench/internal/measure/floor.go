@@ -114,3 +114,7 @@ func HollowSetHooks(name string) ([]string, error) {
 	}
 	return set(today), nil
 }
+
+// hollowSetOf is the hook set named name, given today's hooks (one
+// tracer load for every set).
+func hollowSetOf(name string, today []string) []string { return hollowSets[name](today) }

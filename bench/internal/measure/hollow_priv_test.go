@@ -170,12 +170,12 @@ func TestHollowSetRuns(t *testing.T) {
 	}
 	defer stats.Close()
 	const conns = 500
+	today, err := perEventHooks()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, set := range HollowSetNames() {
-		hooks, err := HollowSetHooks(set)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := AttachHollow(hooks)
+		h, err := AttachHollow(hollowSetOf(set, today))
 		if err != nil {
 			t.Fatalf("%s: %v", set, err)
 		}
