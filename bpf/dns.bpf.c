@@ -204,7 +204,9 @@ static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, 
 	__u64 m = n;
 	if (m > 0) {
 		m -= 1;
-		asm volatile("%0 &= %1" : "+r"(m) : "i"(DNS_MAX_PAYLOAD - 1));
+		asm volatile("%0 &= %1"
+		             : "+r"(m)
+		             : "i"(DNS_MAX_PAYLOAD - 1));
 		m += 1;
 		if (bpf_skb_load_bytes(ctx, poff, ev->payload, m))
 			m = 0;
@@ -266,22 +268,40 @@ static __always_inline int ingress(struct __sk_buff *ctx, int variant)
 /* 6.2 and later: the socket through bpf_cast_to_kern_ctx, the process
  * through bpf_get_current_pid_tgid. */
 SEC("cgroup_skb/egress")
-int dns_egress(struct __sk_buff *ctx) { return egress(ctx, DNS_VARIANT_KCTX); }
+int dns_egress(struct __sk_buff *ctx)
+{
+	return egress(ctx, DNS_VARIANT_KCTX);
+}
 
 SEC("cgroup_skb/ingress")
-int dns_ingress(struct __sk_buff *ctx) { return ingress(ctx, DNS_VARIANT_KCTX); }
+int dns_ingress(struct __sk_buff *ctx)
+{
+	return ingress(ctx, DNS_VARIANT_KCTX);
+}
 
 /* Kernels whose cgroup_skb refuses both (6.1): the socket through
  * sk_netns, the process through bpf_get_current_task. */
 SEC("cgroup_skb/egress")
-int dns_egress_task(struct __sk_buff *ctx) { return egress(ctx, DNS_VARIANT_TASK); }
+int dns_egress_task(struct __sk_buff *ctx)
+{
+	return egress(ctx, DNS_VARIANT_TASK);
+}
 
 SEC("cgroup_skb/ingress")
-int dns_ingress_task(struct __sk_buff *ctx) { return ingress(ctx, DNS_VARIANT_TASK); }
+int dns_ingress_task(struct __sk_buff *ctx)
+{
+	return ingress(ctx, DNS_VARIANT_TASK);
+}
 
 /* Kernels that refuse bpf_get_current_task too: no process (pid 0). */
 SEC("cgroup_skb/egress")
-int dns_egress_bare(struct __sk_buff *ctx) { return egress(ctx, DNS_VARIANT_BARE); }
+int dns_egress_bare(struct __sk_buff *ctx)
+{
+	return egress(ctx, DNS_VARIANT_BARE);
+}
 
 SEC("cgroup_skb/ingress")
-int dns_ingress_bare(struct __sk_buff *ctx) { return ingress(ctx, DNS_VARIANT_BARE); }
+int dns_ingress_bare(struct __sk_buff *ctx)
+{
+	return ingress(ctx, DNS_VARIANT_BARE);
+}
