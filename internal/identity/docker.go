@@ -189,7 +189,9 @@ func (d *dockerClient) follow(ctx context.Context) error {
 		switch ev.Action {
 		case "create", "start":
 			d.learn(ctx, ev.Actor.ID, ev.Actor.Attributes)
-		case "destroy":
+		case "destroy", "remove":
+			// Docker says "destroy"; podman's Docker-compatible stream
+			// says "remove" (podman 4.3, and Docker's "destroy" never).
 			d.mu.Lock()
 			if c, ok := d.containers[ev.Actor.ID]; ok && c.gone.IsZero() {
 				c.gone = time.Now()
