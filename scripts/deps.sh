@@ -69,6 +69,7 @@ id_need=()
 command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || id_need+=(docker.io)
 command -v containerd >/dev/null || id_need+=(containerd)  # the CRI test runs its own, with the CRI plugin
 command -v runc >/dev/null || [ -x /usr/sbin/runc ] || id_need+=(runc)
+command -v podman >/dev/null || id_need+=(podman)  # the podman test runs its own `podman system service`
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || id_need+=(busybox-static)
 if [ ${#id_need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
