@@ -48,6 +48,8 @@ var cgroupHooks = map[string]struct {
 	"sendmsg_unix": {ebpf.CGroupSockAddr, ebpf.AttachCgroupUnixSendmsg},
 	"sock_release": {ebpf.CGroupSock, ebpf.AttachCgroupInetSockRelease},
 	"sock_create":  {ebpf.CGroupSock, ebpf.AttachCGroupInetSockCreate},
+	"post_bind4":   {ebpf.CGroupSock, ebpf.AttachCGroupInet4PostBind},
+	"post_bind6":   {ebpf.CGroupSock, ebpf.AttachCGroupInet6PostBind},
 	// The sockops variants below: every one is a sockops program on the
 	// root cgroup; they differ in the callbacks they enable per socket.
 	"sockops":                  {ebpf.SockOps, ebpf.AttachCGroupSockOps},
