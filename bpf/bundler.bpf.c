@@ -207,6 +207,21 @@ enum sock_kind {
  * The reported values only advance, by compare-and-swap, so the drain and
  * the close path can race on one socket without counting a byte twice:
  * each adds only what it advanced. */
+/* The peer of one datagram in flight on an unconnected UDP socket, learnt
+ * by the cgroup sendmsg/recvmsg hook and taken by the byte tracepoint of
+ * the same system call, thread tid's. Sends and receives have slots of
+ * their own, two each: a server answering one query on one thread while
+ * another thread reads the next (dockerd's DNS forwarder does) or two
+ * threads sending at once must not take each other's peer, which would
+ * lose a datagram. */
+struct udp_peer {
+	__u32 tid;
+	__u16 port; /* network byte order */
+	__u16 pad;
+	__u8 addr[16];
+};
+#define UDP_PEER_SLOTS 2
+
 struct sock_state {
 	struct flow_key key; /* the socket's bundled flow */
 	__u32 kind;          /* enum sock_kind */
@@ -235,15 +250,12 @@ struct sock_state {
 	__u64 udp_dgrams_received;
 	__u8 udp_daddr[16]; /* the peer the key was built for */
 	__u16 udp_dport;
-	/* unconnected UDP: the peer of the datagram in flight, learnt by the
-	 * cgroup sendmsg/recvmsg hook and consumed by the byte tracepoint of
-	 * the same syscall. tid tells whose syscall it belongs to: two threads
-	 * sending on one socket at once must not swap peers. */
-	__u16 peer_port; /* network byte order */
-	__u32 tid;
-	__u8 peer[16];
+	/* unconnected UDP: the peers of the datagrams in flight, sends and
+	 * receives apart (udp_peer) */
+	struct udp_peer inflight[2][UDP_PEER_SLOTS];
 	/* unconnected unix datagram socket: the destination path's hash of
 	 * the send in flight (thread tid), from cgroup/sendmsg_unix */
+	__u32 tid;
 	__u64 unix_dest;
 	/* listeners: the drop counter already reported (32-bit, as the
 	 * kernel's counter is, so a wrap is followed) */
@@ -672,14 +684,14 @@ int on_connect_exit(struct connect_exit_args *ctx)
 SEC("cgroup/sendmsg4")
 int udp_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	remember_peer4(ctx);
+	remember_peer4(ctx, true);
 	return 1;
 }
 
 SEC("cgroup/sendmsg6")
 int udp_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	remember_peer6(ctx);
+	remember_peer6(ctx, true);
 	return 1;
 }
 
@@ -710,14 +722,14 @@ int unix_sendmsg(struct bpf_sock_addr *ctx)
 SEC("cgroup/recvmsg4")
 int udp_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	remember_peer4(ctx);
+	remember_peer4(ctx, false);
 	return 1;
 }
 
 SEC("cgroup/recvmsg6")
 int udp_recvmsg6(struct bpf_sock_addr *ctx)
 {
-	remember_peer6(ctx);
+	remember_peer6(ctx, false);
 	return 1;
 }
 

@@ -155,10 +155,10 @@ static __always_inline void udp_count_connected(struct sock *sk, struct sock_sta
 
 /* Whether the datagram in flight on an unconnected socket has the peer
  * its storage counts for. */
-static __always_inline bool first_peer(const struct sock_state *st)
+static __always_inline bool first_peer(const struct sock_state *st, const struct udp_peer *p)
 {
-	const __u32 *a = (const __u32 *)st->udp_daddr, *b = (const __u32 *)st->peer;
-	return st->peer_port == st->udp_dport && a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+	const __u32 *a = (const __u32 *)st->udp_daddr, *b = (const __u32 *)p->addr;
+	return p->port == st->udp_dport && a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
 }
 
 /* An unconnected socket bound to a port the kernel chose, before it has
@@ -175,7 +175,8 @@ static __always_inline bool first_peer(const struct sock_state *st)
  * decides: received, the socket answers its peers and is the server, and
  * the first peer's counts move to the server's flow; sent, a client.
  * Returns whether the datagram was counted. */
-static __always_inline bool udp_undecided(struct sock *sk, struct sock_state *st, int bytes, bool send)
+static __always_inline bool udp_undecided(struct sock *sk, struct sock_state *st, const struct udp_peer *p, int bytes,
+        bool send)
 {
 	if (st->kind != SK_UDP || !st->udp_dport) {
 		if (st->kind == SK_UDP)
@@ -185,12 +186,12 @@ static __always_inline bool udp_undecided(struct sock *sk, struct sock_state *st
 		st->udp_bytes_received = 0;
 		st->udp_dgrams_sent = 0;
 		st->udp_dgrams_received = 0;
-		udp_key_dir(sk, &st->key, bpf_ntohs(st->peer_port), DIR_OUTBOUND);
+		udp_key_dir(sk, &st->key, bpf_ntohs(p->port), DIR_OUTBOUND);
 		fill_addrs(sk, sk->__sk_common.skc_family, &st->key);
-		__builtin_memcpy(st->key.remote_addr, st->peer, sizeof(st->key.remote_addr));
-		__builtin_memcpy(st->udp_daddr, st->peer, sizeof(st->udp_daddr));
-		st->udp_dport = st->peer_port;
-	} else if (!first_peer(st)) {
+		__builtin_memcpy(st->key.remote_addr, p->addr, sizeof(st->key.remote_addr));
+		__builtin_memcpy(st->udp_daddr, p->addr, sizeof(st->udp_daddr));
+		st->udp_dport = p->port;
+	} else if (!first_peer(st, p)) {
 		if (send) {
 			st->udp_role = UDP_ROLE_CLIENT;
 			return false;
@@ -220,29 +221,45 @@ static __always_inline bool udp_undecided(struct sock *sk, struct sock_state *st
 	return true;
 }
 
+/* Take this thread's peer from a socket's slots for one direction. */
+static __always_inline bool peer_take(struct udp_peer *slots, __u32 tid, struct udp_peer *p)
+{
+	if (slots[0].tid == tid) {
+		*p = slots[0];
+		slots[0].tid = 0;
+		return true;
+	}
+	if (slots[1].tid == tid) {
+		*p = slots[1];
+		slots[1].tid = 0;
+		return true;
+	}
+	return false;
+}
+
 /* An unconnected socket: every datagram may have another peer, which the
  * cgroup hook of this same syscall saw. */
 static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_state *st, int bytes, bool send)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	if (!st || st->tid != tid) {
+	struct udp_peer p;
+	if (!st || !peer_take(st->inflight[send], tid, &p)) {
 		stat_inc(STAT_UDP_PEER_UNKNOWN);
 		return;
 	}
-	st->tid = 0;
 	__u8 dir = udp_direction(sk);
 	if (dir == DIR_OUTBOUND) {
 		if (st->udp_role == UDP_ROLE_FRESH)
 			st->udp_role = send ? UDP_ROLE_CLIENT : UDP_ROLE_SERVER;
-		if (st->udp_role == UDP_ROLE_UNDECIDED && udp_undecided(sk, st, bytes, send))
+		if (st->udp_role == UDP_ROLE_UNDECIDED && udp_undecided(sk, st, &p, bytes, send))
 			return;
 		if (st->udp_role == UDP_ROLE_SERVER)
 			dir = DIR_INBOUND;
 	}
 	struct flow_key k = {};
-	udp_key_dir(sk, &k, bpf_ntohs(st->peer_port), dir);
+	udp_key_dir(sk, &k, bpf_ntohs(p.port), dir);
 	fill_addrs(sk, sk->__sk_common.skc_family, &k);
-	__builtin_memcpy(k.remote_addr, st->peer, sizeof(k.remote_addr));
+	__builtin_memcpy(k.remote_addr, p.addr, sizeof(k.remote_addr));
 	struct flow_value *v = flow_entry(&k);
 	if (!v)
 		return;
@@ -282,7 +299,11 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 		udp_count_unconnected(sk, st, ret, send);
 }
 
-static __always_inline struct sock_state *peer_slot(struct bpf_sock_addr *ctx)
+/* A slot for this thread's datagram in flight: the one its thread id
+ * picks, or the other if that one is another thread's and the other is
+ * free (or already this thread's, from a call that never reached the
+ * tracepoint). */
+static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, bool send)
 {
 	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
 		return NULL;
@@ -291,24 +312,30 @@ static __always_inline struct sock_state *peer_slot(struct bpf_sock_addr *ctx)
 		stat_inc(STAT_SOCK_STORAGE_FAILED);
 		return NULL;
 	}
-	st->tid = (__u32)bpf_get_current_pid_tgid();
-	st->peer_port = (__u16)ctx->user_port;
-	return st;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct udp_peer *slots = st->inflight[send];
+	__u32 i = tid & 1;
+	if (slots[i].tid && slots[i].tid != tid && (!slots[i ^ 1].tid || slots[i ^ 1].tid == tid))
+		i ^= 1;
+	struct udp_peer *p = &slots[i & 1];
+	p->tid = tid;
+	p->port = (__u16)ctx->user_port;
+	return p;
 }
 
-static __always_inline void remember_peer4(struct bpf_sock_addr *ctx)
+static __always_inline void remember_peer4(struct bpf_sock_addr *ctx, bool send)
 {
-	struct sock_state *st = peer_slot(ctx);
-	if (st)
-		set_v4mapped(st->peer, ctx->user_ip4);
+	struct udp_peer *p = peer_slot(ctx, send);
+	if (p)
+		set_v4mapped(p->addr, ctx->user_ip4);
 }
 
-static __always_inline void remember_peer6(struct bpf_sock_addr *ctx)
+static __always_inline void remember_peer6(struct bpf_sock_addr *ctx, bool send)
 {
-	struct sock_state *st = peer_slot(ctx);
-	if (!st)
+	struct udp_peer *p = peer_slot(ctx, send);
+	if (!p)
 		return;
-	__u32 *a = (__u32 *)st->peer;
+	__u32 *a = (__u32 *)p->addr;
 	a[0] = ctx->user_ip6[0];
 	a[1] = ctx->user_ip6[1];
 	a[2] = ctx->user_ip6[2];

@@ -467,3 +467,87 @@ func TestDNSForwarderDrainBeforeSecondPeer(t *testing.T) {
 	// The next queries, from other sockets, go on the same two flows.
 	dockerCase(t, tr, h, port)
 }
+
+// A forwarder that answers on other threads while its reader takes the
+// next query, as dockerd's does (one goroutine reads, one per query
+// answers): a send and a receive on one unconnected socket at the same
+// moment, each needing the peer its own cgroup hook saw. Clients send two
+// queries at once and then read both answers, as busybox's and glibc's
+// resolvers do for A and AAAA. Every datagram must be counted at both
+// ends: a peer taken by the other direction's call would lose one.
+func TestUDPForwarderAnswersWhileReading(t *testing.T) {
+	nw := testnet.New(t, 1)
+	h := nw.Hosts[0]
+	tr := startTracer(t, nil)
+	fwd, port := startConcurrentForwarder(t, h, dockerDNS.String())
+	defer fwd.Close()
+	natDockerDNS(t, h, port)
+
+	const clients, rounds = 4, 150
+	errs := make(chan error, clients)
+	for c := 0; c < clients; c++ {
+		go func() {
+			errs <- func() error {
+				uc, err := h.Dial("udp4", dockerDNS.String()+":53")
+				if err != nil {
+					return err
+				}
+				defer uc.Close()
+				buf := make([]byte, 512)
+				for i := 0; i < rounds; i++ {
+					for q := 0; q < 2; q++ {
+						if _, err := uc.Write(make([]byte, dnsQuery)); err != nil {
+							return err
+						}
+					}
+					for q := 0; q < 2; q++ {
+						uc.SetReadDeadline(time.Now().Add(5 * time.Second))
+						if n, err := uc.Read(buf); err != nil || n != dnsAnswer {
+							return fmt.Errorf("round %d answer %d: %d bytes, %v", i, q, n, err)
+						}
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for c := 0; c < clients; c++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	const queries = clients * rounds * 2
+	l := tracertest.NewLedger()
+	var in tracer.Flow
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		in = tracer.Flow{}
+		for _, f := range l.Of(h) {
+			if f.Proto == "udp" && f.Direction == tracer.Inbound && f.Port == uint16(port) {
+				in.Counters.Add(f.Counters)
+			}
+		}
+		return in.DatagramsReceived >= queries && in.DatagramsSent >= queries
+	})
+	if !l.Counted(in.DatagramsReceived, queries) || !l.Counted(in.DatagramsSent, queries) ||
+		!l.CountedBytes(in.BytesReceived, queries*dnsQuery, dnsQuery) || !l.CountedBytes(in.BytesSent, queries*dnsAnswer, dnsAnswer) {
+		t.Errorf("forwarder on port %d: %+v; want %d datagrams each way", port, in.Counters, queries)
+	}
+}
+
+// startConcurrentForwarder is startForwarder whose answers are written by
+// a goroutine per query while the reader goes on.
+func startConcurrentForwarder(t *testing.T, h *testnet.Host, bindAddr string) (*net.UDPConn, int) {
+	t.Helper()
+	uc := h.ListenPacket(t, "udp4", bindAddr+":0").(*net.UDPConn)
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			_, from, err := uc.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			go uc.WriteToUDP(make([]byte, dnsAnswer), from)
+		}
+	}()
+	return uc, uc.LocalAddr().(*net.UDPAddr).Port
+}

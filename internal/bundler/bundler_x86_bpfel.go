@@ -159,12 +159,18 @@ type bundlerSockState struct {
 	UdpDgramsReceived uint64
 	UdpDaddr          [16]uint8
 	UdpDport          uint16
-	PeerPort          uint16
-	Tid               uint32
-	Peer              [16]uint8
-	UnixDest          uint64
-	RepDrops          uint32
-	UdpRole           uint32
+	_                 [2]byte
+	Inflight          [2][2]struct {
+		_    structs.HostLayout
+		Tid  uint32
+		Port uint16
+		Pad  uint16
+		Addr [16]uint8
+	}
+	Tid      uint32
+	UnixDest uint64
+	RepDrops uint32
+	UdpRole  uint32
 }
 
 type bundlerSpillSlot struct {
