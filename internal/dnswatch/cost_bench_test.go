@@ -41,8 +41,8 @@ import (
 const (
 	costRate    = 5000 // lookups per second
 	costWorkers = 4
-	costPairs   = 6
-	costPhase   = 3 * time.Second
+	costPairs   = 10
+	costPhase   = 5 * time.Second
 )
 
 // answerA serves DNS on h's IPv4 address: every query gets one A record.

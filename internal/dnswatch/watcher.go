@@ -115,13 +115,24 @@ func New(cfg Config) (*Watcher, error) {
 	return w, nil
 }
 
+// readEvery is how often the reader takes what the ring holds. The kernel
+// side wakes it early only when a quarter of the ring waits (bpf/dns.bpf.c),
+// so a busy resolver costs one wakeup per batch, not one per packet; and
+// Apply flushes first, so no interval misses a packet. Records carry the
+// kernel's timestamps: the delay changes no latency or timeout.
+const readEvery = 100 * time.Millisecond
+
 func (w *Watcher) read() {
 	defer close(w.done)
 	var rec ringbuf.Record
 	var e Event
+	w.rd.SetDeadline(time.Now().Add(readEvery))
 	for {
 		err := w.rd.ReadInto(&rec)
 		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// Every record that waited was read before this.
+			w.rd.SetDeadline(time.Now().Add(readEvery))
 		case err == nil:
 			if decodeEvent(rec.RawSample, &e) != nil {
 				continue
