@@ -14,10 +14,11 @@
  * egress (which runs in the sending process), the process. The programs
  * come in three variants (at the end) by what the kernel lets them call.
  *
- * Not seen: a query sent with sendto() from an unconnected socket to an
- * address a NAT rule redirects (musl's resolver behind Docker's embedded
- * DNS): its reply is seen, so the names still come, but not the query.
- * IPv6 extension headers before the transport header are not walked.
+ * A query sent with sendto() from an unconnected socket to an address a
+ * NAT rule redirects (musl's resolver behind Docker's embedded DNS) has
+ * lost its port 53 by egress: the cgroup sendmsg hooks note such sends
+ * (dns_dests). IPv6 extension headers before the transport header are
+ * not walked.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -118,7 +119,87 @@ static __always_inline __u32 sk_netns(struct __sk_buff *ctx)
 	return BPF_CORE_READ(skc, skc_net.net, ns.inum);
 }
 
-static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, __u32 off, __u8 family, int variant)
+/* The resolver of a datagram sent with sendto() to port 53 from an
+ * unconnected socket, for the egress program of the same datagram: that
+ * one sees the packet after NAT (musl's resolver sends to 127.0.0.11:53
+ * this way, and Docker's rule changes the port), the socket-address hook
+ * before it. */
+struct dns_dest {
+	__u8 addr[16]; /* IPv4 in the first 4 bytes */
+	__u32 pending; /* set by the hook, taken by the egress program */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct dns_dest);
+} dns_dests SEC(".maps");
+
+/* dest_slot returns where to note a sendto()'s resolver: a socket's
+ * storage when the datagram goes to port 53, NULL (and any earlier note
+ * forgotten) when it goes elsewhere. Only datagrams sent with an address
+ * run this hook; a connected socket's remote port tells egress itself. */
+static __always_inline struct dns_dest *dest_slot(struct bpf_sock_addr *ctx)
+{
+	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
+		return NULL;
+	if (ctx->user_port != bpf_htons(DNS_PORT)) {
+		struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, 0);
+		if (d)
+			d->pending = 0;
+		return NULL;
+	}
+	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (d)
+		d->pending = 1;
+	return d;
+}
+
+SEC("cgroup/sendmsg4")
+int dns_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	struct dns_dest *d = dest_slot(ctx);
+	if (d) {
+		__builtin_memset(d->addr, 0, sizeof(d->addr));
+		*(__u32 *)d->addr = ctx->user_ip4;
+	}
+	return 1;
+}
+
+SEC("cgroup/sendmsg6")
+int dns_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	struct dns_dest *d = dest_slot(ctx);
+	if (d) {
+		__u32 *a = (__u32 *)d->addr;
+		a[0] = ctx->user_ip6[0];
+		a[1] = ctx->user_ip6[1];
+		a[2] = ctx->user_ip6[2];
+		a[3] = ctx->user_ip6[3];
+	}
+	return 1;
+}
+
+/* sent_to_dns returns the note of a datagram from an unconnected UDP
+ * socket whose sendto() addressed port 53, taking it. */
+static __always_inline struct dns_dest *sent_to_dns(struct __sk_buff *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return NULL;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return NULL;
+	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, sk, 0, 0);
+	if (!d || !d->pending)
+		return NULL;
+	d->pending = 0;
+	return d;
+}
+
+static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, __u32 off, __u8 family, int variant,
+        const struct dns_dest *dest)
 {
 	__u32 zero = 0;
 	struct dns_event *ev = bpf_map_lookup_elem(&dns_scratch, &zero);
@@ -195,6 +276,12 @@ static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, 
 		r[3] = ctx->remote_ip6[3];
 	}
 	ev->sk_rport = bpf_ntohs(ctx->remote_port >> 16);
+	if (dest) {
+		/* sendto() named the resolver before NAT: the socket's "remote
+		 * end" for this datagram. */
+		__builtin_memcpy(ev->sk_raddr, dest->addr, sizeof(ev->sk_raddr));
+		ev->sk_rport = DNS_PORT;
+	}
 	__u16 ports[2];
 	if (bpf_skb_load_bytes(ctx, off, ports, sizeof(ports)))
 		return 1;
@@ -251,11 +338,20 @@ static __always_inline int egress(struct __sk_buff *ctx, int variant)
 	if (!l4(ctx, &proto, &off, &family))
 		return 1;
 	if (connected_dns)
-		return capture(ctx, DNS_EGRESS, proto, off, family, variant);
+		return capture(ctx, DNS_EGRESS, proto, off, family, variant, NULL);
 	__u16 sport, dport;
-	if (!ports(ctx, off, &sport, &dport) || dport != bpf_htons(DNS_PORT))
+	if (!ports(ctx, off, &sport, &dport))
 		return 1;
-	return capture(ctx, DNS_EGRESS, proto, off, family, variant);
+	if (dport == bpf_htons(DNS_PORT))
+		return capture(ctx, DNS_EGRESS, proto, off, family, variant, NULL);
+	/* An unconnected UDP socket's datagram whose port a NAT rule changed:
+	 * only these pay the storage lookup. */
+	if (proto != IPPROTO_UDP || ctx->remote_port)
+		return 1;
+	struct dns_dest *dest = sent_to_dns(ctx);
+	if (!dest)
+		return 1;
+	return capture(ctx, DNS_EGRESS, proto, off, family, variant, dest);
 }
 
 static __always_inline int ingress(struct __sk_buff *ctx, int variant)
@@ -267,7 +363,7 @@ static __always_inline int ingress(struct __sk_buff *ctx, int variant)
 	__u16 sport, dport;
 	if (!ports(ctx, off, &sport, &dport) || sport != bpf_htons(DNS_PORT))
 		return 1;
-	return capture(ctx, DNS_INGRESS, proto, off, family, variant);
+	return capture(ctx, DNS_INGRESS, proto, off, family, variant, NULL);
 }
 
 /* Three variants of the pair, the first that loads is attached (see

@@ -13,6 +13,12 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type dnsDnsDest struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Pending uint32
+}
+
 type dnsDnsDir uint32
 
 const (
@@ -66,6 +72,7 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	dnsMapDnsDests        = "dns_dests"
 	dnsMapDnsEvents       = "dns_events"
 	dnsMapDnsScratch      = "dns_scratch"
 	dnsMapDnsStats        = "dns_stats"
@@ -75,6 +82,8 @@ const (
 	dnsProgDnsIngress     = "dns_ingress"
 	dnsProgDnsIngressBare = "dns_ingress_bare"
 	dnsProgDnsIngressTask = "dns_ingress_task"
+	dnsProgDnsSendmsg4    = "dns_sendmsg4"
+	dnsProgDnsSendmsg6    = "dns_sendmsg6"
 	dnsVarBtfDnsDir       = "_btf_dns_dir"
 	dnsVarBtfDnsEvent     = "_btf_dns_event"
 	dnsVarBtfDnsStat      = "_btf_dns_stat"
@@ -129,12 +138,15 @@ type dnsProgramSpecs struct {
 	DnsIngress     *ebpf.ProgramSpec `ebpf:"dns_ingress"`
 	DnsIngressBare *ebpf.ProgramSpec `ebpf:"dns_ingress_bare"`
 	DnsIngressTask *ebpf.ProgramSpec `ebpf:"dns_ingress_task"`
+	DnsSendmsg4    *ebpf.ProgramSpec `ebpf:"dns_sendmsg4"`
+	DnsSendmsg6    *ebpf.ProgramSpec `ebpf:"dns_sendmsg6"`
 }
 
 // dnsMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type dnsMapSpecs struct {
+	DnsDests   *ebpf.MapSpec `ebpf:"dns_dests"`
 	DnsEvents  *ebpf.MapSpec `ebpf:"dns_events"`
 	DnsScratch *ebpf.MapSpec `ebpf:"dns_scratch"`
 	DnsStats   *ebpf.MapSpec `ebpf:"dns_stats"`
@@ -170,6 +182,7 @@ func (o *dnsObjects) Close() error {
 //
 // It can be passed to loadDnsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type dnsMaps struct {
+	DnsDests   *ebpf.Map `ebpf:"dns_dests"`
 	DnsEvents  *ebpf.Map `ebpf:"dns_events"`
 	DnsScratch *ebpf.Map `ebpf:"dns_scratch"`
 	DnsStats   *ebpf.Map `ebpf:"dns_stats"`
@@ -177,6 +190,7 @@ type dnsMaps struct {
 
 func (m *dnsMaps) Close() error {
 	return _DnsClose(
+		m.DnsDests,
 		m.DnsEvents,
 		m.DnsScratch,
 		m.DnsStats,
@@ -203,6 +217,8 @@ type dnsPrograms struct {
 	DnsIngress     *ebpf.Program `ebpf:"dns_ingress"`
 	DnsIngressBare *ebpf.Program `ebpf:"dns_ingress_bare"`
 	DnsIngressTask *ebpf.Program `ebpf:"dns_ingress_task"`
+	DnsSendmsg4    *ebpf.Program `ebpf:"dns_sendmsg4"`
+	DnsSendmsg6    *ebpf.Program `ebpf:"dns_sendmsg6"`
 }
 
 func (p *dnsPrograms) Close() error {
@@ -213,6 +229,8 @@ func (p *dnsPrograms) Close() error {
 		p.DnsIngress,
 		p.DnsIngressBare,
 		p.DnsIngressTask,
+		p.DnsSendmsg4,
+		p.DnsSendmsg6,
 	)
 }
 

@@ -511,11 +511,17 @@ func TestNATForwarder(t *testing.T) {
 		mustRun(t, client, "dig", "+short", "+tries=1", "@"+dockerDNS.String(), "-t", "AAAA", "fwd6.test.example")
 	}
 	dial(t, client, addr(app.IPv6))
+	// musl's resolver (Alpine images): sendto() from an unconnected
+	// socket, whose datagrams reach egress with the port NAT gave them.
+	const sendtoLookups = 4
+	lookupWithSendto(t, client, netip.AddrPortFrom(dockerDNS, 53), "fwd.test.example", sendtoLookups)
 	resolver := dockerDNS.String() + ":53"
+	self := selfComm(t)
 	a.settle("the client's flows and lookups", func() bool {
 		_, ok1 := a.named(client, tracer.ProtoTCP, addr(app.IPv4), 8080)
 		_, ok2 := a.named(client, tracer.ProtoTCP, addr(app.IPv6), 8080)
-		return ok1 && ok2 && a.counters(client, "dig", tracer.ProtoUDP, resolver).Answers >= 3
+		return ok1 && ok2 && a.counters(client, "dig", tracer.ProtoUDP, resolver).Answers >= 3 &&
+			a.counters(client, self, tracer.ProtoUDP, resolver).Answers >= sendtoLookups
 	})
 	time.Sleep(time.Second)
 	a.collect()
@@ -533,5 +539,49 @@ func TestNATForwarder(t *testing.T) {
 	c := a.counters(client, "curl", tracer.ProtoUDP, resolver)
 	if c.Queries < 1 || c.Answers != c.Queries || c.Timeouts != 0 {
 		t.Errorf("curl (getaddrinfo) through %s: %+v\n%s", resolver, c, a.dnsList())
+	}
+	m := a.counters(client, self, tracer.ProtoUDP, resolver)
+	if m.LatencyCount != sendtoLookups || m.LatencyMaxUs == 0 {
+		t.Errorf("sendto() client through %s: latency of %d lookups (max %d us), want %d", resolver, m.LatencyCount, m.LatencyMaxUs, sendtoLookups)
+	}
+	m.LatencySumUs, m.LatencyMaxUs = 0, 0
+	if want := (tracer.DNSCounters{Queries: sendtoLookups, Answers: sendtoLookups, NoError: sendtoLookups, LatencyCount: sendtoLookups}); m != want {
+		t.Errorf("sendto() client through %s:\n got  %+v\n want %+v\n%s", resolver, m, want, a.dnsList())
+	}
+}
+
+// selfComm is this test process's name as the kernel has it.
+func selfComm(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// lookupWithSendto asks server for name's A record n times, as musl's
+// resolver does: from one unconnected socket, with sendto() and
+// recvfrom(), each answer awaited.
+func lookupWithSendto(t *testing.T, h *testnet.Host, server netip.AddrPort, name string, n int) {
+	t.Helper()
+	pc := h.ListenPacket(t, "udp4", ":0")
+	defer pc.Close()
+	buf := make([]byte, 1500)
+	for i := range n {
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: uint16(0x5a00 + i), RecursionDesired: true})
+		_ = b.StartQuestions()
+		_ = b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name + "."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
+		q, err := b.Finish()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pc.WriteTo(q, net.UDPAddrFromAddrPort(server)); err != nil {
+			t.Fatalf("sendto %s: %v", server, err)
+		}
+		_ = pc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, _, err := pc.ReadFrom(buf); err != nil {
+			t.Fatalf("lookup %d of %s with sendto: %v", i, name, err)
+		}
 	}
 }

@@ -59,8 +59,11 @@ type kernelSide struct {
 	coll    *ebpf.Collection
 	egress  *ebpf.Program
 	ingress *ebpf.Program
-	events  *ebpf.Map
-	stats   *ebpf.Map
+	// sendmsg4/6 note the resolver of a sendto() to port 53 before a NAT
+	// rule changes it (the same in every variant).
+	sendmsg4, sendmsg6 *ebpf.Program
+	events             *ebpf.Map
+	stats              *ebpf.Map
 }
 
 func (k *kernelSide) Close() error {
@@ -78,7 +81,7 @@ func loadVariant(v Variant) (*kernelSide, error) {
 		return nil, err
 	}
 	for name := range spec.Programs {
-		if name != v.egress && name != v.ingress {
+		if name != v.egress && name != v.ingress && name != dnsProgDnsSendmsg4 && name != dnsProgDnsSendmsg6 {
 			delete(spec.Programs, name)
 		}
 	}
@@ -92,6 +95,7 @@ func loadVariant(v Variant) (*kernelSide, error) {
 	}
 	return &kernelSide{variant: v, coll: coll,
 		egress: coll.Programs[v.egress], ingress: coll.Programs[v.ingress],
+		sendmsg4: coll.Programs[dnsProgDnsSendmsg4], sendmsg6: coll.Programs[dnsProgDnsSendmsg6],
 		events: coll.Maps[dnsMapDnsEvents], stats: coll.Maps[dnsMapDnsStats]}, nil
 }
 

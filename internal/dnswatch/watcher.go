@@ -99,7 +99,10 @@ func New(cfg Config) (*Watcher, error) {
 	for _, a := range []struct {
 		prog   *ebpf.Program
 		attach ebpf.AttachType
-	}{{w.k.egress, ebpf.AttachCGroupInetEgress}, {w.k.ingress, ebpf.AttachCGroupInetIngress}} {
+	}{
+		{w.k.egress, ebpf.AttachCGroupInetEgress}, {w.k.ingress, ebpf.AttachCGroupInetIngress},
+		{w.k.sendmsg4, ebpf.AttachCGroupUDP4Sendmsg}, {w.k.sendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+	} {
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
 		if err != nil {
 			_ = w.close() // the attach error is the one to report
