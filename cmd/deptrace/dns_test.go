@@ -12,11 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
@@ -190,6 +193,172 @@ func TestBadDNSFlagsAreOneLine(t *testing.T) {
 		{[]string{"trace"}, []string{"DEPTRACE_NO_DNS=maybe"}, `invalid DEPTRACE_NO_DNS="maybe" for --no-dns`},
 	} {
 		stdout, stderr, code := run(t, c.env, c.args...)
+		if code != 1 || stdout != "" || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+			t.Errorf("%v %v: exit %d, stderr %q; want one line with %q", c.env, c.args, code, stderr, c.want)
+		}
+	}
+}
+
+// seedDNSHealth writes curl on app connecting to postgres on db and
+// resolving through 192.0.2.53:53: 2 of its 100 lookups timed out, which
+// the default DNS thresholds leave ok (under 3 errors and 2.5 %).
+func seedDNSHealth(t *testing.T, path string) string {
+	t.Helper()
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "deptrace.db")
+	}
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	at := time.Now().Add(-5 * time.Minute)
+	o := func(host, dir, local, remote, comm string) store.Observation {
+		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local,
+			RemoteAddr: remote, Port: 5432, Comm: comm, Counters: tracer.Counters{Connections: 9, BytesSent: 90, BytesReceived: 900}, FirstSeen: at, LastSeen: at}
+	}
+	err = s.Write(context.Background(), store.Batch{
+		Hosts: []store.Host{{ID: "app", Name: "app", Addrs: []string{"198.51.100.3"}, LastSeen: at}, {ID: "db", Name: "db", Addrs: []string{"198.51.100.4"}, LastSeen: at}},
+		Observations: []store.Observation{
+			o("app", "outbound", "198.51.100.3", "198.51.100.4", "curl"),
+			o("db", "inbound", "198.51.100.4", "198.51.100.3", "postgres"),
+		},
+		DNS: []store.DNSObservation{{Bucket: at.Truncate(time.Minute), HostID: "app", Comm: "curl", PID: 7, Proto: "udp", Resolver: "192.0.2.53:53",
+			DNSCounters: tracer.DNSCounters{Queries: 100, Answers: 98, NoError: 98, Timeouts: 2, LatencyCount: 98, LatencySumUs: 98000, LatencyMaxUs: 7000},
+			FirstSeen:   at, LastSeen: at}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The --health-dns-* flags (and --health-degraded-factor) move the DNS
+// thresholds of look, graph and serve, on both stores: curl's 2 timeouts
+// in 100 lookups are ok by default, unhealthy at 1 % on 2 errors,
+// degraded at 3 %, ok again with a degraded factor of 0.9.
+func TestDNSHealthFlags(t *testing.T) {
+	for name, spec := range map[string]string{"sqlite": "", "postgres": pgtest.Start(t)} {
+		t.Run(name, func(t *testing.T) { dnsHealthFlags(t, seedDNSHealth(t, spec)) })
+	}
+}
+
+func dnsHealthFlags(t *testing.T, db string) {
+	const line = "192.0.2.53:53/udp queries=100 answers=98 nxdomain=0 servfail=0 other=0 timeouts=2 latency=1ms/7ms"
+	for _, c := range []struct {
+		env   []string
+		flags []string
+		want  string
+	}{
+		{nil, nil, line + "\n"},
+		{nil, []string{"--health-dns-error-ratio", "0.01", "--health-dns-min-events", "2"}, line + "  UNHEALTHY: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
+		{[]string{"DEPTRACE_HEALTH_DNS_ERROR_RATIO=0.01", "DEPTRACE_HEALTH_DNS_MIN_EVENTS=2"}, nil, line + "  UNHEALTHY: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
+		{nil, []string{"--health-dns-error-ratio", "0.03"}, line + "  DEGRADED: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
+		{nil, []string{"--health-dns-error-ratio", "0.03", "--health-degraded-factor", "0.9"}, line + "\n"},
+	} {
+		out, errOut, code := run(t, c.env, append([]string{"look", "curl", "--store", db}, c.flags...)...)
+		if code != 0 {
+			t.Fatalf("look curl %v %v: %d %s", c.env, c.flags, code, errOut)
+		}
+		if !strings.Contains(out, "  DNS lookups (per resolver):\n    "+c.want) {
+			t.Errorf("look curl %v %v:\n%s\nwant the DNS line %q", c.env, c.flags, out, c.want)
+		}
+	}
+	// graph: the client's node is unhealthy with the DNS reason, and
+	// drawn red in DOT.
+	strict := []string{"--health-dns-error-ratio", "0.01", "--health-dns-min-events", "2", "--store", db}
+	for _, flags := range [][]string{{"--store", db}, strict} {
+		out, errOut, code := run(t, nil, append([]string{"graph"}, flags...)...)
+		if code != 0 {
+			t.Fatalf("graph %v: %d %s", flags, code, errOut)
+		}
+		var g graph.Graph
+		if err := json.Unmarshal([]byte(out), &g); err != nil {
+			t.Fatal(err)
+		}
+		curl := nodeByID(g, "workload:app/curl")
+		wantBad := len(flags) > 2
+		if curl.Unhealthy != wantBad || (wantBad && (len(curl.Reasons) != 1 || curl.Reasons[0] != "DNS via 192.0.2.53:53/udp: 2 of 100 lookups failed (2.0 %): 2 timed out")) ||
+			(!wantBad && curl.Health != graph.HealthOK) {
+			t.Errorf("graph %v: curl %+v", flags, curl)
+		}
+		dot, _, _ := run(t, nil, append([]string{"graph", "--format", "dot"}, flags...)...)
+		if red := strings.Contains(dot, `"workload:app/curl" [label="curl on app (198.51.100.3)\nDNS: 2 of 100 lookups failed" shape=box color=red]`); red != wantBad {
+			t.Errorf("graph --format dot %v: curl red %v, want %v\n%s", flags, red, wantBad, dot)
+		}
+	}
+	// serve hands the thresholds to the API: /api/dns, /api/graph and
+	// /api/look judge curl by them.
+	p := startReady(t, "msg=serving", append([]string{"serve", "--listen", "127.0.0.1:0"}, strict...)...)
+	base := regexp.MustCompile(`url=(http://\S+/)`).FindStringSubmatch(p.errText())
+	if base == nil {
+		t.Fatalf("no url in %q", p.errText())
+	}
+	get := func(path string, v any) {
+		t.Helper()
+		resp, err := http.Get(base[1] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s", path, resp.Status)
+		}
+		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+	}
+	var dns struct {
+		Clients []struct {
+			Process, Health string
+			Resolvers       []graph.DNSStats
+		}
+	}
+	get("api/dns?since=1h", &dns)
+	if len(dns.Clients) != 1 || dns.Clients[0].Process != "curl" || dns.Clients[0].Health != graph.HealthUnhealthy ||
+		len(dns.Clients[0].Resolvers) != 1 || strings.Join(dns.Clients[0].Resolvers[0].Reasons, ";") != "2 of 100 lookups failed (2.0 %): 2 timed out" {
+		t.Errorf("serve %v: /api/dns %+v", strict, dns)
+	}
+	var g graph.Graph
+	get("api/graph?since=1h", &g)
+	if curl := nodeByID(g, "workload:app/curl"); !curl.Unhealthy {
+		t.Errorf("serve %v: /api/graph curl %+v", strict, curl)
+	}
+	var look struct{ Trees []struct{ Root graph.Node } }
+	get("api/look?target=curl", &look)
+	if len(look.Trees) != 1 || !look.Trees[0].Root.Unhealthy || len(look.Trees[0].Root.DNS) != 1 || look.Trees[0].Root.DNS[0].Health != graph.HealthUnhealthy {
+		t.Errorf("serve %v: /api/look %+v", strict, look)
+	}
+}
+
+func nodeByID(g graph.Graph, id string) graph.Node {
+	for _, n := range g.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	return graph.Node{}
+}
+
+// A DNS threshold out of range is one line naming the flag and what is
+// allowed, on every command that takes it.
+func TestBadDNSHealthFlags(t *testing.T) {
+	db := seedDNSHealth(t, "")
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{[]string{"look", "curl", "--health-dns-error-ratio", "1.5"}, nil, "invalid --health-dns-error-ratio 1.5: allowed 0 to 1"},
+		{[]string{"graph", "--health-dns-error-ratio", "-0.1"}, nil, "invalid --health-dns-error-ratio -0.1: allowed 0 to 1"},
+		{[]string{"graph", "--health-dns-error-ratio", "NaN"}, nil, "invalid --health-dns-error-ratio NaN: allowed 0 to 1"},
+		{[]string{"diff", "--since", "1h", "--health-dns-min-events", "0"}, nil, "invalid --health-dns-min-events 0: allowed 1 to 1000000"},
+		{[]string{"look", "curl", "--health-dns-min-events", "1000001"}, nil, "invalid --health-dns-min-events 1000001: allowed 1 to 1000000"},
+		{[]string{"serve", "--listen", "127.0.0.1:0", "--health-dns-error-ratio", "2"}, nil, "invalid --health-dns-error-ratio 2: allowed 0 to 1"},
+		{[]string{"serve", "--listen", "127.0.0.1:0"}, []string{"DEPTRACE_HEALTH_DNS_MIN_EVENTS=0"}, "invalid --health-dns-min-events 0: allowed 1 to 1000000"},
+		{[]string{"look", "curl", "--health-degraded-factor", "0"}, nil, "invalid --health-degraded-factor 0: allowed more than 0, up to 1"},
+	} {
+		stdout, stderr, code := run(t, c.env, append(c.args, "--store", db)...)
 		if code != 1 || stdout != "" || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 			t.Errorf("%v %v: exit %d, stderr %q; want one line with %q", c.env, c.args, code, stderr, c.want)
 		}

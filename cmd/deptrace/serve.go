@@ -44,7 +44,7 @@ Listening beyond loopback requires --token-file: every request must then carry
 			if cacheMB < 0 {
 				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
 			}
-			if err := health.h.Validate(); err != nil {
+			if err := health.validate(); err != nil {
 				return err
 			}
 			var token string
@@ -89,7 +89,7 @@ Listening beyond loopback requires --token-file: every request must then carry
 					log.Info("cache warmed with the last 24 hours", "took", time.Since(t0).Round(time.Millisecond))
 				}()
 			}
-			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log, Health: health.h}), log)
+			return web.Serve(ctx, ln, web.New(st, web.Options{Token: token, Log: log, Health: health.h, DNSHealth: health.dns}), log)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", web.DefaultListen, "HOST:PORT to answer on; beyond loopback needs --token-file")

@@ -48,18 +48,33 @@ func parseTime(flag, v string, now time.Time) (time.Time, error) {
 	return t, nil
 }
 
-// healthFlags are the thresholds that make an edge unhealthy (look,
-// graph, diff and serve).
-type healthFlags struct{ h graph.Health }
+// healthFlags are the thresholds that make an edge, a service or a
+// client's lookups unhealthy (look, graph, diff and serve).
+type healthFlags struct {
+	h   graph.Health
+	dns graph.DNSHealth
+}
 
 func (f *healthFlags) register(cmd *cobra.Command) {
-	d := graph.DefaultHealth
+	d, dd := graph.DefaultHealth, graph.DefaultDNSHealth
 	cmd.Flags().Uint64Var(&f.h.MinEvents, "health-min-events", d.MinEvents, "fewest failed connections, resets or retransmits that can make an edge unhealthy")
 	cmd.Flags().Float64Var(&f.h.FailedRatio, "health-failed-ratio", d.FailedRatio, "failed connections over attempts that make an edge unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.ResetRatio, "health-reset-ratio", d.ResetRatio, "resets over connections that make an edge unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.RetransmitsPerConn, "health-retransmits-per-conn", d.RetransmitsPerConn, "retransmitted segments per connection above which an edge is unhealthy")
 	cmd.Flags().Float64Var(&f.h.ListenDropRatio, "health-listen-drop-ratio", d.ListenDropRatio, "connections a full accept queue dropped over those that reached the service that make it unhealthy (0 to 1)")
-	cmd.Flags().Float64Var(&f.h.DegradedFactor, "health-degraded-factor", d.DegradedFactor, "fraction of each threshold from which an edge or service is degraded (over 0, up to 1)")
+	cmd.Flags().Float64Var(&f.h.DegradedFactor, "health-degraded-factor", d.DegradedFactor, "fraction of each threshold from which an edge, service or client's lookups are degraded (over 0, up to 1)")
+	cmd.Flags().Float64Var(&f.dns.ErrorRatio, "health-dns-error-ratio", dd.ErrorRatio, "failed lookups (SERVFAIL, other error codes, no answer in time) over queries that make a client's lookups through a resolver unhealthy (0 to 1)")
+	cmd.Flags().Uint64Var(&f.dns.MinEvents, "health-dns-min-events", dd.MinEvents, "fewest failed lookups, or NXDOMAIN answers with no address answered, that can make a client's lookups unhealthy (1 to 1000000)")
+}
+
+// validate checks every threshold, naming the flag out of range, and
+// gives the DNS thresholds the edges' degraded factor.
+func (f *healthFlags) validate() error {
+	if err := f.h.Validate(); err != nil {
+		return err
+	}
+	f.dns.DegradedFactor = f.h.DegradedFactor
+	return f.dns.Validate()
 }
 
 // queryFlags are shared by look, graph and diff.
@@ -112,7 +127,7 @@ func (q *queryFlags) graph(ctx context.Context) (graph.Graph, []store.Host, erro
 	}
 	g = graph.Group(g, q.groupBy)
 	g.Judge(q.health.h)
-	g.JudgeDNS(graph.DefaultDNSHealth)
+	g.JudgeDNS(q.health.dns)
 	return g, hosts, nil
 }
 
@@ -122,7 +137,7 @@ func (q *queryFlags) ungrouped(ctx context.Context) (graph.Graph, []store.Host, 
 	if err := graph.ValidGroupBy(q.groupBy); err != nil {
 		return graph.Graph{}, nil, err
 	}
-	if err := q.health.h.Validate(); err != nil {
+	if err := q.health.validate(); err != nil {
 		return graph.Graph{}, nil, err
 	}
 	r, st, err := q.rangeAndStore(ctx)
@@ -132,7 +147,7 @@ func (q *queryFlags) ungrouped(ctx context.Context) (graph.Graph, []store.Host, 
 	defer func() { _ = st.Close() }() // a read-only command
 	g, hosts, err := loadGraph(ctx, st, r)
 	g.Judge(q.health.h)
-	g.JudgeDNS(graph.DefaultDNSHealth)
+	g.JudgeDNS(q.health.dns)
 	return g, hosts, err
 }
 
@@ -259,7 +274,7 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 			if err := graph.ValidGroupBy(q.groupBy); err != nil {
 				return err
 			}
-			if err := q.health.h.Validate(); err != nil {
+			if err := q.health.validate(); err != nil {
 				return err
 			}
 			ctx := cmd.Context()

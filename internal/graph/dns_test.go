@@ -2,6 +2,7 @@ package graph
 
 import (
 	"bytes"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -181,12 +182,49 @@ func TestDNSHealthRules(t *testing.T) {
 		t.Error(err)
 	}
 	for h, want := range map[DNSHealth]string{
-		{MinEvents: 3, ErrorRatio: 1.5, DegradedFactor: 0.5}: "invalid DNS error ratio 1.5: allowed 0 to 1",
-		{MinEvents: 0, ErrorRatio: 0.1, DegradedFactor: 0.5}: "invalid DNS minimum events 0: allowed 1 to 1000000",
-		{MinEvents: 3, ErrorRatio: 0.1, DegradedFactor: 0}:   "invalid DNS degraded factor 0: allowed more than 0, up to 1",
+		{MinEvents: 3, ErrorRatio: 1.5, DegradedFactor: 0.5}:         "invalid --health-dns-error-ratio 1.5: allowed 0 to 1",
+		{MinEvents: 3, ErrorRatio: -0.1, DegradedFactor: 0.5}:        "invalid --health-dns-error-ratio -0.1: allowed 0 to 1",
+		{MinEvents: 3, ErrorRatio: math.NaN(), DegradedFactor: 0.5}:  "invalid --health-dns-error-ratio NaN: allowed 0 to 1",
+		{MinEvents: 0, ErrorRatio: 0.1, DegradedFactor: 0.5}:         "invalid --health-dns-min-events 0: allowed 1 to 1000000",
+		{MinEvents: 1_000_001, ErrorRatio: 0.1, DegradedFactor: 0.5}: "invalid --health-dns-min-events 1000001: allowed 1 to 1000000",
+		{MinEvents: 3, ErrorRatio: 0.1, DegradedFactor: 0}:           "invalid --health-degraded-factor 0: allowed more than 0, up to 1",
 	} {
 		if err := h.Validate(); err == nil || err.Error() != want {
 			t.Errorf("%+v: %v, want %s", h, err, want)
 		}
+	}
+	for _, h := range []DNSHealth{{MinEvents: 1, ErrorRatio: 0, DegradedFactor: 1}, {MinEvents: 1_000_000, ErrorRatio: 1, DegradedFactor: 0.01}} {
+		if err := h.Validate(); err != nil {
+			t.Errorf("%+v at the ends of the allowed ranges: %v", h, err)
+		}
+	}
+}
+
+// Thresholds other than the defaults move each side: 2 timeouts in 100
+// queries are ok by default (under 3 errors and 2.5 %), unhealthy at 1 %
+// on 2 errors, degraded at 4 % with the default factor (2 % is half of
+// it), ok again when the factor is 0.9.
+func TestDNSHealthThresholdsMove(t *testing.T) {
+	c := tracer.DNSCounters{Queries: 100, Answers: 98, NoError: 98, Timeouts: 2}
+	for _, x := range []struct {
+		h    DNSHealth
+		want string
+	}{
+		{DefaultDNSHealth, HealthOK},
+		{DNSHealth{MinEvents: 2, ErrorRatio: 0.01, DegradedFactor: 0.5}, HealthUnhealthy},
+		{DNSHealth{MinEvents: 3, ErrorRatio: 0.01, DegradedFactor: 0.5}, HealthDegraded}, // over the ratio on too few errors
+		{DNSHealth{MinEvents: 2, ErrorRatio: 0.04, DegradedFactor: 0.5}, HealthDegraded},
+		{DNSHealth{MinEvents: 2, ErrorRatio: 0.04, DegradedFactor: 0.9}, HealthOK},
+	} {
+		d := DNSStats{DNSCounters: c}
+		d.Judge(x.h)
+		if d.Health != x.want {
+			t.Errorf("%+v: %s %v, want %s", x.h, d.Health, d.Reasons, x.want)
+		}
+	}
+	// NXDOMAIN without an address: the minimum count moves it too.
+	d := DNSStats{DNSCounters: tracer.DNSCounters{Queries: 2, Answers: 2, NXDomain: 2}}
+	if d.Judge(DNSHealth{MinEvents: 2, ErrorRatio: 0.05, DegradedFactor: 0.5}); d.Health != HealthUnhealthy {
+		t.Errorf("2 NXDOMAIN, minimum 2: %s", d.Health)
 	}
 }

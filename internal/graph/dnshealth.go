@@ -25,19 +25,22 @@ type DNSHealth struct {
 }
 
 // DefaultDNSHealth: 3 errors and 5 % of the queries make a client's
-// lookups through a resolver unhealthy, 2.5 % degraded.
+// lookups through a resolver unhealthy, 2.5 % degraded. look, graph, diff
+// and serve use it unless told otherwise (--health-dns-error-ratio,
+// --health-dns-min-events, --health-degraded-factor).
 var DefaultDNSHealth = DNSHealth{MinEvents: 3, ErrorRatio: 0.05, DegradedFactor: 0.5}
 
-// Validate names the threshold out of range.
+// Validate names the flag of a threshold out of range (the degraded
+// factor is the edges' --health-degraded-factor).
 func (h DNSHealth) Validate() error {
 	if h.ErrorRatio < 0 || h.ErrorRatio > 1 || h.ErrorRatio != h.ErrorRatio {
-		return fmt.Errorf("invalid DNS error ratio %g: allowed 0 to 1", h.ErrorRatio)
+		return fmt.Errorf("invalid --health-dns-error-ratio %g: allowed 0 to 1", h.ErrorRatio)
 	}
 	if h.DegradedFactor <= 0 || h.DegradedFactor > 1 || h.DegradedFactor != h.DegradedFactor {
-		return fmt.Errorf("invalid DNS degraded factor %g: allowed more than 0, up to 1", h.DegradedFactor)
+		return fmt.Errorf("invalid --health-degraded-factor %g: allowed more than 0, up to 1", h.DegradedFactor)
 	}
 	if h.MinEvents < 1 || h.MinEvents > 1_000_000 {
-		return fmt.Errorf("invalid DNS minimum events %d: allowed 1 to 1000000", h.MinEvents)
+		return fmt.Errorf("invalid --health-dns-min-events %d: allowed 1 to 1000000", h.MinEvents)
 	}
 	return nil
 }

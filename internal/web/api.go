@@ -141,7 +141,7 @@ func (s *Server) selected(ctx context.Context, f filters, v1 bool) (graph.Graph,
 		g = graph.Group(g, f.groupBy)
 	}
 	g.Judge(s.health)
-	g.JudgeDNS(graph.DefaultDNSHealth)
+	g.JudgeDNS(s.dns)
 	g, err = f.around(f.protoPort(g), hosts)
 	return g, hosts, err
 }
@@ -241,7 +241,7 @@ func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
 	}
 	g = graph.Group(g, f.groupBy)
 	g.Judge(s.health)
-	g.JudgeDNS(graph.DefaultDNSHealth)
+	g.JudgeDNS(s.dns)
 	g = f.protoPort(g)
 	roots, err := graph.Resolve(g, hosts, f.target)
 	if err != nil {
@@ -386,7 +386,7 @@ const (
 var dnsParams = []string{"since", "until", "host", "process", "resolver", "failing", "limit"}
 
 // handleDNS answers each client's DNS lookups over [since, until), per
-// resolver, judged by graph.DefaultDNSHealth: host, process and resolver
+// resolver, judged by the server's DNS thresholds (Options.DNSHealth): host, process and resolver
 // select exactly; failing=true keeps the clients that are unhealthy or
 // degraded; limit bounds the answer (default 500, at most 10000).
 func (s *Server) handleDNS(w http.ResponseWriter, r *http.Request) {
@@ -444,7 +444,7 @@ func (s *Server) handleDNS(w http.ResponseWriter, r *http.Request) {
 			c.FirstSeen = d.FirstSeen
 		}
 		st := graph.DNSStats{Proto: d.Proto, Resolver: d.Resolver, DNSCounters: d.DNSCounters}
-		st.Judge(graph.DefaultDNSHealth)
+		st.Judge(s.dns)
 		c.Resolvers = append(c.Resolvers, st)
 	}
 	ans := dnsAnswer{Since: timePtr(since), Until: timePtr(until), Clients: []dnsClient{}}

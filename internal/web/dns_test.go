@@ -132,3 +132,40 @@ func TestDNSEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// Options.DNSHealth (serve's --health-dns-* flags) judges the clients'
+// lookups everywhere the API shows them: curl's 6 failed of 10 are
+// unhealthy by default, degraded at a ratio of 0.7 (60 % is over half of
+// it), ok with a degraded factor of 0.9 too.
+func TestDNSHealthOptions(t *testing.T) {
+	path := seedNames(t)
+	for _, c := range []struct {
+		h    graph.DNSHealth
+		want string
+	}{
+		{graph.DNSHealth{}, graph.HealthUnhealthy},
+		{graph.DNSHealth{MinEvents: 3, ErrorRatio: 0.7, DegradedFactor: 0.5}, graph.HealthDegraded},
+		{graph.DNSHealth{MinEvents: 3, ErrorRatio: 0.7, DegradedFactor: 0.9}, graph.HealthOK},
+		{graph.DNSHealth{MinEvents: 7, ErrorRatio: 0.05, DegradedFactor: 0.5}, graph.HealthDegraded}, // over the ratio on fewer errors than the minimum
+	} {
+		srv, _ := serve(t, path, Options{DNSHealth: c.h})
+		dns := getDNS(t, srv.URL, "?process=curl")
+		g := getGraph(t, srv.URL, "/api/graph?since=1h")
+		var look lookAnswer
+		code, body, _ := get(t, srv.URL, "/api/look?target=curl")
+		if code != 200 || json.Unmarshal(body, &look) != nil || len(look.Trees) != 1 {
+			t.Fatalf("look curl: %d %s", code, body)
+		}
+		var node graph.Node
+		for _, n := range g.Nodes {
+			if n.ID == "workload:web-1/curl" {
+				node = n
+			}
+		}
+		root := look.Trees[0].Root
+		if len(dns.Clients) != 1 || dns.Clients[0].Health != c.want || dns.Clients[0].Resolvers[0].Health != c.want ||
+			node.Health != c.want || node.Unhealthy != (c.want == graph.HealthUnhealthy) || root.Health != c.want || root.DNS[0].Health != c.want {
+			t.Errorf("%+v: /api/dns %+v, /api/graph node %+v, /api/look root %+v; want %s", c.h, dns.Clients, node, root, c.want)
+		}
+	}
+}

@@ -48,6 +48,9 @@ type Options struct {
 	// Health are the thresholds that make an edge unhealthy; the zero
 	// value is graph.DefaultHealth.
 	Health graph.Health
+	// DNSHealth are the thresholds that make a client's lookups through
+	// a resolver unhealthy; the zero value is graph.DefaultDNSHealth.
+	DNSHealth graph.DNSHealth
 }
 
 // Server answers the API and serves the page.
@@ -57,14 +60,18 @@ type Server struct {
 	log    *slog.Logger
 	now    func() time.Time
 	health graph.Health
+	dns    graph.DNSHealth
 	mux    *http.ServeMux
 }
 
 // New returns the handler of deptrace serve over st.
 func New(st *store.Store, opt Options) *Server {
-	s := &Server{st: st, log: opt.Log, now: opt.Now, health: opt.Health, mux: http.NewServeMux()}
+	s := &Server{st: st, log: opt.Log, now: opt.Now, health: opt.Health, dns: opt.DNSHealth, mux: http.NewServeMux()}
 	if s.health == (graph.Health{}) {
 		s.health = graph.DefaultHealth
+	}
+	if s.dns == (graph.DNSHealth{}) {
+		s.dns = graph.DefaultDNSHealth
 	}
 	if opt.Token != "" {
 		s.token = []byte(opt.Token)
