@@ -199,9 +199,10 @@ func TestBadDNSFlagsAreOneLine(t *testing.T) {
 	}
 }
 
-// seedDNSHealth writes curl on app connecting to postgres on db and
-// resolving through 192.0.2.53:53: 2 of its 100 lookups timed out, which
-// the default DNS thresholds leave ok (under 3 errors and 2.5 %).
+// seedDNSHealth writes curl in container shop-curl on app connecting to
+// postgres on db and resolving through 192.0.2.53:53: 2 of its 100
+// lookups timed out, which the default DNS thresholds leave ok (under 3
+// errors and 2.5 %).
 func seedDNSHealth(t *testing.T, path string) string {
 	t.Helper()
 	if path == "" {
@@ -217,15 +218,16 @@ func seedDNSHealth(t *testing.T, path string) string {
 		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp", LocalAddr: local,
 			RemoteAddr: remote, Port: 5432, Comm: comm, Counters: tracer.Counters{Connections: 9, BytesSent: 90, BytesReceived: 900}, FirstSeen: at, LastSeen: at}
 	}
+	client := o("app", "outbound", "198.51.100.3", "198.51.100.4", "curl")
+	client.Identity = tracer.Identity{ContainerID: "c0ffee0123456789", ContainerName: "shop-curl"}
+	lookups := store.DNSObservation{Bucket: at.Truncate(time.Minute), HostID: "app", Comm: "curl", PID: 7, Proto: "udp", Resolver: "192.0.2.53:53",
+		DNSCounters: tracer.DNSCounters{Queries: 100, Answers: 98, NoError: 98, Timeouts: 2, LatencyCount: 98, LatencySumUs: 98000, LatencyMaxUs: 7000},
+		FirstSeen:   at, LastSeen: at}
+	lookups.Identity = client.Identity
 	err = s.Write(context.Background(), store.Batch{
-		Hosts: []store.Host{{ID: "app", Name: "app", Addrs: []string{"198.51.100.3"}, LastSeen: at}, {ID: "db", Name: "db", Addrs: []string{"198.51.100.4"}, LastSeen: at}},
-		Observations: []store.Observation{
-			o("app", "outbound", "198.51.100.3", "198.51.100.4", "curl"),
-			o("db", "inbound", "198.51.100.4", "198.51.100.3", "postgres"),
-		},
-		DNS: []store.DNSObservation{{Bucket: at.Truncate(time.Minute), HostID: "app", Comm: "curl", PID: 7, Proto: "udp", Resolver: "192.0.2.53:53",
-			DNSCounters: tracer.DNSCounters{Queries: 100, Answers: 98, NoError: 98, Timeouts: 2, LatencyCount: 98, LatencySumUs: 98000, LatencyMaxUs: 7000},
-			FirstSeen:   at, LastSeen: at}},
+		Hosts:        []store.Host{{ID: "app", Name: "app", Addrs: []string{"198.51.100.3"}, LastSeen: at}, {ID: "db", Name: "db", Addrs: []string{"198.51.100.4"}, LastSeen: at}},
+		Observations: []store.Observation{client, o("db", "inbound", "198.51.100.4", "198.51.100.3", "postgres")},
+		DNS:          []store.DNSObservation{lookups},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -243,25 +245,35 @@ func TestDNSHealthFlags(t *testing.T) {
 	}
 }
 
+const curlID = "workload:app/container:c0ffee0123456789"
+
 func dnsHealthFlags(t *testing.T, db string) {
 	const line = "192.0.2.53:53/udp queries=100 answers=98 nxdomain=0 servfail=0 other=0 timeouts=2 latency=1ms/7ms"
 	for _, c := range []struct {
-		env   []string
-		flags []string
-		want  string
+		env        []string
+		flags      []string
+		mark, want string
 	}{
-		{nil, nil, line + "\n"},
-		{nil, []string{"--health-dns-error-ratio", "0.01", "--health-dns-min-events", "2"}, line + "  UNHEALTHY: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
-		{[]string{"DEPTRACE_HEALTH_DNS_ERROR_RATIO=0.01", "DEPTRACE_HEALTH_DNS_MIN_EVENTS=2"}, nil, line + "  UNHEALTHY: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
-		{nil, []string{"--health-dns-error-ratio", "0.03"}, line + "  DEGRADED: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
-		{nil, []string{"--health-dns-error-ratio", "0.03", "--health-degraded-factor", "0.9"}, line + "\n"},
+		{nil, nil, "", line + "\n"},
+		{nil, []string{"--health-dns-error-ratio", "0.01", "--health-dns-min-events", "2"}, "  [DNS UNHEALTHY]", line + "  UNHEALTHY: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
+		{[]string{"DEPTRACE_HEALTH_DNS_ERROR_RATIO=0.01", "DEPTRACE_HEALTH_DNS_MIN_EVENTS=2"}, nil, "  [DNS UNHEALTHY]", line + "  UNHEALTHY: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
+		{nil, []string{"--health-dns-error-ratio", "0.03"}, "  [DNS DEGRADED]", line + "  DEGRADED: 2 of 100 lookups failed (2.0 %): 2 timed out\n"},
+		{nil, []string{"--health-dns-error-ratio", "0.03", "--health-degraded-factor", "0.9"}, "", line + "\n"},
 	} {
-		out, errOut, code := run(t, c.env, append([]string{"look", "curl", "--store", db}, c.flags...)...)
-		if code != 0 {
-			t.Fatalf("look curl %v %v: %d %s", c.env, c.flags, code, errOut)
+		// The client by its container's name, and by its process.
+		for _, target := range []string{"shop-curl", "curl"} {
+			out, errOut, code := run(t, c.env, append([]string{"look", target, "--store", db}, c.flags...)...)
+			if code != 0 {
+				t.Fatalf("look %s %v %v: %d %s", target, c.env, c.flags, code, errOut)
+			}
+			if !strings.HasPrefix(out, "shop-curl (curl) on app (198.51.100.3)"+c.mark+"\n  DNS lookups (per resolver):\n    "+c.want) {
+				t.Errorf("look %s %v %v:\n%s\nwant the mark %q and the DNS line %q", target, c.env, c.flags, out, c.mark, c.want)
+			}
 		}
-		if !strings.Contains(out, "  DNS lookups (per resolver):\n    "+c.want) {
-			t.Errorf("look curl %v %v:\n%s\nwant the DNS line %q", c.env, c.flags, out, c.want)
+		// The server's view marks the client among its dependents.
+		out, _, _ := run(t, c.env, append([]string{"look", "postgres", "--store", db}, c.flags...)...)
+		if want := "    └─ <- shop-curl (curl) on app (198.51.100.3)" + c.mark + "  via tcp/5432  conns=9 "; !strings.Contains(out, want) {
+			t.Errorf("look postgres %v %v:\n%s\nwant %q", c.env, c.flags, out, want)
 		}
 	}
 	// graph: the client's node is unhealthy with the DNS reason, and
@@ -276,14 +288,14 @@ func dnsHealthFlags(t *testing.T, db string) {
 		if err := json.Unmarshal([]byte(out), &g); err != nil {
 			t.Fatal(err)
 		}
-		curl := nodeByID(g, "workload:app/curl")
+		curl := nodeByID(g, curlID)
 		wantBad := len(flags) > 2
 		if curl.Unhealthy != wantBad || (wantBad && (len(curl.Reasons) != 1 || curl.Reasons[0] != "DNS via 192.0.2.53:53/udp: 2 of 100 lookups failed (2.0 %): 2 timed out")) ||
 			(!wantBad && curl.Health != graph.HealthOK) {
 			t.Errorf("graph %v: curl %+v", flags, curl)
 		}
 		dot, _, _ := run(t, nil, append([]string{"graph", "--format", "dot"}, flags...)...)
-		if red := strings.Contains(dot, `"workload:app/curl" [label="curl on app (198.51.100.3)\nDNS: 2 of 100 lookups failed" shape=box color=red]`); red != wantBad {
+		if red := strings.Contains(dot, `"`+curlID+`" [label="shop-curl (curl) on app (198.51.100.3)\nDNS: 2 of 100 lookups failed" shape=box color=red]`); red != wantBad {
 			t.Errorf("graph --format dot %v: curl red %v, want %v\n%s", flags, red, wantBad, dot)
 		}
 	}
@@ -321,11 +333,11 @@ func dnsHealthFlags(t *testing.T, db string) {
 	}
 	var g graph.Graph
 	get("api/graph?since=1h", &g)
-	if curl := nodeByID(g, "workload:app/curl"); !curl.Unhealthy {
+	if curl := nodeByID(g, curlID); !curl.Unhealthy {
 		t.Errorf("serve %v: /api/graph curl %+v", strict, curl)
 	}
 	var look struct{ Trees []struct{ Root graph.Node } }
-	get("api/look?target=curl", &look)
+	get("api/look?target=shop-curl", &look)
 	if len(look.Trees) != 1 || !look.Trees[0].Root.Unhealthy || len(look.Trees[0].Root.DNS) != 1 || look.Trees[0].Root.DNS[0].Health != graph.HealthUnhealthy {
 		t.Errorf("serve %v: /api/look %+v", strict, look)
 	}

@@ -171,7 +171,11 @@ Deployment/checkout or just checkout, a pod, a container's name, a systemd
 unit such as nginx.service or nginx), or a process name. Ends in a container,
 a pod or a unit are labelled by it. --depth follows dependencies transitively (0: all the way);
 a node reached twice is shown once and marked. --reverse shows only what
-depends on TARGET, all the way up: the impact of taking it down.`,
+depends on TARGET, all the way up: the impact of taking it down.
+A TARGET that resolved names lists its DNS lookups per resolver under its
+line (queries, answers, NXDOMAIN, SERVFAIL, other errors, timeouts, latency
+avg/max, health and reasons); [DNS UNHEALTHY] or [DNS DEGRADED] follows any
+node whose lookups fail, by the --health-dns-* thresholds.`,
 		Example: `  deptrace look postgres
   deptrace look 10.0.1.10:5432 --reverse
   deptrace look web-1 --depth 3 --since 1h

@@ -3,6 +3,7 @@ package graph
 import (
 	"bytes"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -226,5 +227,42 @@ func TestDNSHealthThresholdsMove(t *testing.T) {
 	d := DNSStats{DNSCounters: tracer.DNSCounters{Queries: 2, Answers: 2, NXDomain: 2}}
 	if d.Judge(DNSHealth{MinEvents: 2, ErrorRatio: 0.05, DegradedFactor: 0.5}); d.Health != HealthUnhealthy {
 		t.Errorf("2 NXDOMAIN, minimum 2: %s", d.Health)
+	}
+}
+
+// look flags a node whose lookups fail wherever it shows, by the
+// thresholds given: the root's line and a peer's line (curl as nginx's
+// client) end their label with [DNS UNHEALTHY] or [DNS DEGRADED]; a
+// client whose lookups are ok has no mark.
+func TestLookMarksClientsWithFailingLookups(t *testing.T) {
+	g := Build(chain(), hosts, nil)
+	AddDNS(&g, []store.DNSObservation{
+		dnsObs("web", "nginx", "127.0.0.53:53", tracer.DNSCounters{Queries: 100, Answers: 100, NoError: 100}),
+		dnsObs("client", "curl", "10.96.0.10:53", tracer.DNSCounters{Queries: 10, Answers: 7, NoError: 7, ServFail: 1, Timeouts: 2}),
+	}, hosts)
+	g = Group(g, ByWorkload)
+	for _, c := range []struct {
+		h    DNSHealth
+		mark string
+	}{
+		{DefaultDNSHealth, "  [DNS UNHEALTHY]"},
+		{DNSHealth{MinEvents: 3, ErrorRatio: 0.5, DegradedFactor: 0.5}, "  [DNS DEGRADED]"}, // 30 % is over half of 50 %
+		{DNSHealth{MinEvents: 3, ErrorRatio: 1, DegradedFactor: 0.5}, ""},
+	} {
+		gg := g
+		gg.Nodes = slices.Clone(g.Nodes)
+		gg.Judge(DefaultHealth)
+		gg.JudgeDNS(c.h)
+		var b bytes.Buffer
+		WriteTrees(&b, Look(gg, []string{"workload:client/curl"}, 1, true, true), true, true)
+		if first, _, _ := strings.Cut(b.String(), "\n"); first != "curl on client (198.51.100.1)"+c.mark {
+			t.Errorf("%+v: look curl's first line %q, want the mark %q", c.h, first, c.mark)
+		}
+		b.Reset()
+		WriteTrees(&b, Look(gg, []string{"workload:web/nginx"}, 1, true, true), true, true)
+		want := "    └─ <- curl on client (198.51.100.1)" + c.mark + "  via tcp/80  conns=5 "
+		if !strings.Contains(b.String(), want) || strings.Count(b.String(), "[DNS ") != strings.Count(want, "[DNS ") {
+			t.Errorf("%+v: look nginx without %q (or with another mark):\n%s", c.h, want, b.String())
+		}
 	}
 }

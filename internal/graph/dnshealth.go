@@ -106,3 +106,22 @@ func cmp0(s string) string {
 	}
 	return s
 }
+
+// dnsMark is what look adds after the label of a node whose lookups
+// through some resolver are unhealthy or degraded, wherever the node
+// shows (the root of a tree or a peer in it): "  [DNS UNHEALTHY]" or
+// "  [DNS DEGRADED]", like the edges' marks; the DNS lines under the
+// node as a root give the numbers and reasons.
+func dnsMark(n Node) string {
+	h := HealthOK
+	for _, d := range n.DNS {
+		h = worse(h, d.Health)
+	}
+	switch h {
+	case HealthUnhealthy:
+		return "  [DNS UNHEALTHY]"
+	case HealthDegraded:
+		return "  [DNS DEGRADED]"
+	}
+	return ""
+}

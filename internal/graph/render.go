@@ -264,7 +264,7 @@ func WriteTrees(w io.Writer, trees []Tree, outbound, inbound bool) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintln(w, Label(t.Root)+nodeHealth(t.Root))
+		fmt.Fprintln(w, Label(t.Root)+nodeHealth(t.Root)+dnsMark(t.Root))
 		writeDNS(w, t.Root)
 		if outbound {
 			fmt.Fprintln(w, "  depends on (outbound):")
@@ -337,7 +337,7 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		if b.Repeat {
 			repeat = "  (shown above)"
 		}
-		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), peerHealth, via, edgeMark(b.Edge), counters(b.Edge), repeat)
+		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), peerHealth+dnsMark(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), repeat)
 		writeChildren(w, b.Children, indent+next, outbound)
 	}
 }
