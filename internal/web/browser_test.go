@@ -533,6 +533,28 @@ func TestBrowserClientDNSFailures(t *testing.T) {
 	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: DNS via 192.0.2.53:53/udp: 5 of 10 lookups failed") {
 		t.Errorf("node health without the DNS reason:\n%s", h)
 	}
+	// Its history has its lookups per step from /api/series?node=:
+	// answers by code and timeouts, stacked, and their latency, a point
+	// per step like the other charts, the unhealthy step noted.
+	until(t, ctx, `!!document.querySelector('#details .history[data-node] .history-chart[data-chart="dns-latency"] canvas')`, `document.querySelector('#details').innerText`)
+	charts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length + ' ' + s.uplot.data.length)`)
+	n := js[string](t, ctx, `String(document.querySelector('#details .history[data-node] .history-chart').uplot.data[0].length)`)
+	if want := "connections " + n + " 3,failures " + n + " 6,latency " + n + " 4,bytes " + n + " 3,dns " + n + " 6,dns-latency " + n + " 3"; (n != "30" && n != "31") || strings.Join(charts, ",") != want {
+		t.Errorf("node history charts %q, want %q (30 or 31 points)", charts, want)
+	}
+	for chart, want := range map[string]string{
+		"dns":         "DNS lookups per 2 min: NOERROR 4 in all, NXDOMAIN 1 in all, SERVFAIL 2 in all, other 0 in all, timed out 3 in all",
+		"dns-latency": "DNS answer latency: avg max 2.0 ms, max max 9.0 ms",
+	} {
+		if l := js[string](t, ctx, `document.querySelector('#details .history-chart[data-chart="`+chart+`"]').getAttribute('aria-label')`); l != want {
+			t.Errorf("%s chart %q, want %q", chart, l, want)
+		}
+	}
+	if p := js[string](t, ctx, `document.querySelector('#details .history[data-node] p.bad').innerText`); p != "DNS: 1 steps unhealthy" {
+		t.Errorf("note under the DNS charts %q", p)
+	}
+	js[bool](t, ctx, `document.querySelector('#details .history-chart[data-chart="dns"]').scrollIntoView(), true`)
+	screenshot(t, ctx, "node-dns-history")
 }
 
 // A real chain (seedChain: curl -> nginx -> gunicorn -> postgres and

@@ -69,12 +69,47 @@ func (n *nodeTraffic) add(e *graph.Edge) {
 	}
 }
 
+// nodeDNS is a node's DNS lookups in one step, summed over its
+// resolvers (the store's dns_minutes and rollups, as /api/dns reads
+// them): every counter of tracer.DNSCounters, the average latency, the
+// failed lookups, how many resolvers it asked, and the worst resolver's
+// health over the step by the server's DNS thresholds.
+type nodeDNS struct {
+	tracer.DNSCounters
+	LatencyAvgUs  uint64 `json:"latency_avg_us"`
+	FailedLookups uint64 `json:"failed"`
+	Resolvers     int    `json:"resolvers"`
+	Health        string `json:"health"`
+}
+
+// dnsOf sums n's lookups per resolver, nil when it made none.
+func dnsOf(n *graph.Node) *nodeDNS {
+	if len(n.DNS) == 0 {
+		return nil
+	}
+	d := &nodeDNS{Health: graph.HealthOK, Resolvers: len(n.DNS)}
+	rank := map[string]int{graph.HealthOK: 0, graph.HealthDegraded: 1, graph.HealthUnhealthy: 2}
+	for _, r := range n.DNS {
+		d.DNSCounters.Add(r.DNSCounters)
+		if rank[r.Health] > rank[d.Health] {
+			d.Health = r.Health
+		}
+	}
+	if d.LatencyCount > 0 {
+		d.LatencyAvgUs = d.LatencySumUs / d.LatencyCount
+	}
+	d.FailedLookups = d.DNSCounters.Failed()
+	return d
+}
+
 // nodePoint is one step of a node's history: what reached it (in: the
-// edges it serves) and what it sent (out: the edges it is the client of).
+// edges it serves), what it sent (out: the edges it is the client of),
+// and its DNS lookups (absent in a step without any).
 type nodePoint struct {
 	T   time.Time   `json:"t"`
 	In  nodeTraffic `json:"in"`
 	Out nodeTraffic `json:"out"`
+	DNS *nodeDNS    `json:"dns,omitempty"`
 }
 
 type nodeSeriesAnswer struct {
@@ -109,7 +144,8 @@ func validID(name, v string) error {
 // keeps only the observations of its protocol and port, so a point costs
 // the flows of its minutes, not the whole graph; a node's builds the
 // step's graph, so a node's history costs about what /api/graph costs
-// over the same range.
+// over the same range, plus the step's DNS lookups (the store keeps them
+// per minute, like the flows).
 func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 	q, err := newQuery(r.URL.Query(), s.now(), "since", "until", "group_by", "from", "to", "proto", "port", "points", "node")
 	if err != nil {
@@ -200,8 +236,9 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// each builds the graph of every step, of the observations keep
-	// accepts, and hands it over.
-	each := func(keep func(*store.Observation) bool, f func(t time.Time, g *graph.Graph)) error {
+	// accepts (with the clients' DNS lookups of the step when dns), and
+	// hands it over.
+	each := func(keep func(*store.Observation) bool, dns bool, f func(t time.Time, g *graph.Graph)) error {
 		for t := start; t.Before(until); t = t.Add(step) {
 			end := t.Add(step)
 			if end.After(until) {
@@ -221,17 +258,32 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 				obs = kept
 			}
 			g := graph.Build(obs, hosts, nil)
+			if dns {
+				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: end})
+				if err != nil {
+					return err
+				}
+				graph.AddDNS(&g, ds, hosts)
+			}
 			graph.Name(&g, ids)
 			g = graph.Group(g, by)
 			g.Judge(s.health)
+			if dns {
+				g.JudgeDNS(s.dns)
+			}
 			f(t, &g)
 		}
 		return nil
 	}
 	if node != "" {
 		ans := nodeSeriesAnswer{Node: node, Since: start, Until: until, StepS: int64(step / time.Second), Points: []nodePoint{}}
-		err := each(nil, func(t time.Time, g *graph.Graph) {
+		err := each(nil, true, func(t time.Time, g *graph.Graph) {
 			p := nodePoint{T: t}
+			for i := range g.Nodes {
+				if g.Nodes[i].ID == node {
+					p.DNS = dnsOf(&g.Nodes[i])
+				}
+			}
 			for i := range g.Edges {
 				e := &g.Edges[i]
 				if e.To == node {
@@ -251,7 +303,7 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans := seriesAnswer{From: from, To: to, Proto: proto, Port: port, Since: start, Until: until, StepS: int64(step / time.Second), Points: []seriesPoint{}}
-	err = each(func(o *store.Observation) bool { return o.Proto == proto && int(o.Port) == port }, func(t time.Time, g *graph.Graph) {
+	err = each(func(o *store.Observation) bool { return o.Proto == proto && int(o.Port) == port }, false, func(t time.Time, g *graph.Graph) {
 		p := seriesPoint{T: t, Health: graph.HealthOK}
 		for _, e := range g.Edges {
 			if e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port {

@@ -1,12 +1,18 @@
 package web
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/store"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // /api/series?node=: a node's traffic in and out per step, summing to the
@@ -117,5 +123,100 @@ func TestSeriesRejectsGarbage(t *testing.T) {
 	var ans nodeSeriesAnswer
 	if err := json.Unmarshal(body, &ans); code != http.StatusOK || err != nil || len(ans.Points) > 121 || len(ans.Points) < 120 {
 		t.Errorf("26 years in 120 points: %d, %d points, %v", code, len(ans.Points), err)
+	}
+}
+
+// seedDNSHistory adds nginx's lookups on web-1 to seed's store in two
+// minutes: 5 clean ones 40 minutes ago, and 10 failing ones 10 minutes
+// ago (1 NXDOMAIN, 2 SERVFAIL, 3 timeouts).
+func seedDNSHistory(t *testing.T) (string, time.Time) {
+	t.Helper()
+	path, now := seed(t)
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d := func(at time.Time, c tracer.DNSCounters) store.DNSObservation {
+		return store.DNSObservation{Bucket: at.Truncate(time.Minute), HostID: "web-1", Comm: "nginx", PID: 9, Proto: "udp", Resolver: "192.0.2.53:53",
+			DNSCounters: c, FirstSeen: at, LastSeen: at}
+	}
+	err = s.Write(context.Background(), store.Batch{DNS: []store.DNSObservation{
+		d(now.Add(-40*time.Minute), tracer.DNSCounters{Queries: 5, Answers: 5, NoError: 5, LatencyCount: 5, LatencySumUs: 500, LatencyMaxUs: 200}),
+		d(now.Add(-10*time.Minute), tracer.DNSCounters{Queries: 10, Answers: 7, NoError: 4, NXDomain: 1, ServFail: 2, Timeouts: 3,
+			LatencyCount: 7, LatencySumUs: 14000, LatencyMaxUs: 9000}),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, now
+}
+
+// /api/series?node= carries the node's DNS lookups per step, from the
+// store's per-minute DNS rows: each in the step of its minute, judged by
+// the server's DNS thresholds; no dns in a step without lookups, nor on
+// an edge's series.
+func TestNodeSeriesDNS(t *testing.T) {
+	path, now := seedDNSHistory(t)
+	for _, c := range []struct {
+		opt    Options
+		recent string
+	}{
+		{Options{}, graph.HealthUnhealthy},
+		{Options{DNSHealth: graph.DNSHealth{MinEvents: 3, ErrorRatio: 0.9, DegradedFactor: 0.5}}, graph.HealthDegraded}, // 5 of 10 is over half of 90 %
+	} {
+		srv, _ := serve(t, path, c.opt)
+		since := now.Add(-time.Hour).Truncate(time.Minute).UTC().Format(time.RFC3339)
+		code, body, _ := get(t, srv.URL, "/api/series?points=6&since="+since+"&node="+url.QueryEscape(idNginx))
+		var ans nodeSeriesAnswer
+		if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
+			t.Fatalf("%d %s", code, body)
+		}
+		var got []string
+		for _, p := range ans.Points {
+			if p.DNS == nil {
+				continue
+			}
+			// The step holding the minute of each row the store has.
+			ago := "none"
+			for _, m := range []time.Duration{40 * time.Minute, 10 * time.Minute} {
+				if at := now.Add(-m).Truncate(time.Minute); !at.Before(p.T) && at.Before(p.T.Add(time.Duration(ans.StepS)*time.Second)) {
+					ago = m.String()
+				}
+			}
+			got = append(got, fmt.Sprintf("%s: %d queries, %d answers, %d noerror, %d nxdomain, %d servfail, %d timeouts, %d failed, latency %d/%d us, %d resolvers, %s",
+				ago, p.DNS.Queries, p.DNS.Answers, p.DNS.NoError, p.DNS.NXDomain, p.DNS.ServFail, p.DNS.Timeouts, p.DNS.FailedLookups,
+				p.DNS.LatencyAvgUs, p.DNS.LatencyMaxUs, p.DNS.Resolvers, p.DNS.Health))
+		}
+		want := []string{
+			"40m0s: 5 queries, 5 answers, 5 noerror, 0 nxdomain, 0 servfail, 0 timeouts, 0 failed, latency 100/200 us, 1 resolvers, ok",
+			"10m0s: 10 queries, 7 answers, 4 noerror, 1 nxdomain, 2 servfail, 3 timeouts, 6 failed, latency 2000/9000 us, 1 resolvers, " + c.recent,
+		}
+		if len(ans.Points) != 6 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%+v: %d points, DNS per step:\n%s\nwant\n%s", c.opt.DNSHealth, len(ans.Points), strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		// The host's node sums its workloads' lookups.
+		code, body, _ = get(t, srv.URL, "/api/series?since=1h&group_by=host&node=host:web-1")
+		var host nodeSeriesAnswer
+		var q uint64
+		if code != http.StatusOK || json.Unmarshal(body, &host) != nil {
+			t.Fatalf("%d %s", code, body)
+		}
+		for _, p := range host.Points {
+			if p.DNS != nil {
+				q += p.DNS.Queries
+			}
+		}
+		if q != 15 {
+			t.Errorf("host:web-1: %d queries, want 15", q)
+		}
+		// No lookups, no dns: postgres, and an edge's series.
+		for _, q := range []string{"since=1h&node=" + url.QueryEscape(idPostgres),
+			"since=1h&" + url.Values{"from": {idNginx}, "to": {idRedis}, "proto": {"tcp"}, "port": {"6379"}}.Encode()} {
+			code, body, _ := get(t, srv.URL, "/api/series?"+q)
+			if code != http.StatusOK || strings.Contains(string(body), `"dns"`) || strings.Contains(string(body), `"queries"`) {
+				t.Errorf("%s: %d, with DNS: %.300s", q, code, body)
+			}
+		}
 	}
 }

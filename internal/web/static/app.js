@@ -799,7 +799,8 @@
 
   // nodeHistory draws a node's traffic over the range from
   // /api/series?node=: connections per second in (it serves) and out (it
-  // is the client), failures by cause, connect latency and bytes.
+  // is the client), failures by cause, connect latency and bytes; and its
+  // DNS lookups by outcome and their latency, when it made any.
   async function nodeHistory(n, box) {
     if (n.kind === 'group') return;
     const want = 'node ' + n.id + '|' + JSON.stringify(rangeParams()) + state.by;
@@ -838,6 +839,25 @@
       { name: 'to it', color: '#74b816', get: (pt) => (pt.in.bytes_sent || 0) + (pt.out.bytes_received || 0) },
       { name: 'from it', color: '#1098ad', get: (pt) => (pt.in.bytes_received || 0) + (pt.out.bytes_sent || 0) },
     ], 'bars', bytes).slice(0, 2));
+    // Its DNS lookups, when it made any in the range (points without
+    // lookups have no dns): answers by code and timeouts, stacked, then
+    // the answers' latency.
+    if (pts.some((pt) => pt.dns)) {
+      const d = (k) => (pt) => (pt.dns ? pt.dns[k] || 0 : 0);
+      holder.append(...chart('dns', 'DNS lookups per ' + step / 60 + ' min', pts, [
+        { name: 'NOERROR', color: '#3366cc', get: d('noerror') },
+        { name: 'NXDOMAIN', color: '#ae3ec9', get: d('nxdomain') },
+        { name: 'SERVFAIL', color: '#e03131', get: d('servfail') },
+        { name: 'other', color: '#868e96', get: d('other_errors') },
+        { name: 'timed out', color: '#f08c00', get: d('timeouts') },
+      ], 'bars').slice(0, 2));
+      holder.append(...chart('dns-latency', 'DNS answer latency', pts, [
+        { name: 'avg', color: '#3366cc', get: d('latency_avg_us') },
+        { name: 'max', color: '#f08c00', get: d('latency_max_us') },
+      ], 'lines', us).slice(0, 2));
+      const bad = pts.filter((pt) => pt.dns && pt.dns.health === 'unhealthy').length, deg = pts.filter((pt) => pt.dns && pt.dns.health === 'degraded').length;
+      if (bad || deg) holder.append(el('p', 'DNS: ' + (bad ? bad + ' steps unhealthy' : '') + (bad && deg ? ', ' : '') + (deg ? deg + ' degraded' : ''), bad ? 'bad' : 'warn'));
+    }
   }
 
   function edgeItem(e, peer) {
