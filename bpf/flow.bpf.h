@@ -131,10 +131,10 @@ static __noinline struct flow_value *spill_entry(const struct flow_key *key, lon
 	__u32 *half = bpf_map_lookup_elem(&spill_half, &zero);
 	if (!half)
 		return NULL;
-	__u32 base = (*half & 1) * SPILL_SLOTS;
+	__u32 base = (*half & 1) * spill_slots;
 	__u32 h = key_hash(key);
 	for (int i = 0; i < SPILL_PROBES; i++) {
-		__u32 idx = base + ((h + i) & (SPILL_SLOTS - 1));
+		__u32 idx = base + ((h + i) & (spill_slots - 1));
 		struct spill_slot *s = bpf_map_lookup_elem(&spill, &idx);
 		if (!s)
 			return NULL;

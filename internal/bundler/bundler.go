@@ -99,6 +99,19 @@ type hookDef struct {
 // (bpf/bundler.bpf.c, CACHE_SLOTS; Load checks the two agree).
 const FlowCacheSlots = 64
 
+// SpillSlots is the spill's size per half for a flow map of flowMapSize:
+// an eighth of it as a power of two, 256 to 65,536 (bpf/bundler.bpf.c,
+// spill_slots). New flows go there when their insert into the flow map
+// fails, which the per-CPU allocator makes happen on a steady stream of
+// new flows too; what finds no slot is lost (and counted).
+func SpillSlots(flowMapSize uint32) uint32 {
+	n := uint32(256)
+	for n < flowMapSize/8 && n < 65536 {
+		n *= 2
+	}
+	return n
+}
+
 // storageIterUnsafe: from 7.0, freeing a socket clears its storage
 // element's owner pointer (bpf_selem_unlink_nofail) while the socket-storage
 // map iterator may still show that element, and the kernel's
@@ -286,6 +299,11 @@ func Load(cfg Config) (*Bundler, error) {
 		return nil, err
 	}
 	specs.Ports.MaxEntries = cfg.PortMapSize
+	spillSlots := SpillSlots(cfg.FlowMapSize)
+	specs.Spill.MaxEntries = 2 * spillSlots
+	if err := specs.SpillSlots.Set(spillSlots); err != nil {
+		return nil, fmt.Errorf("set spill_slots: %w", err)
+	}
 	innerSpec := specs.Flows.InnerMap
 	innerSpec.MaxEntries = cfg.FlowMapSize
 

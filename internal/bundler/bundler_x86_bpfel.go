@@ -313,6 +313,7 @@ const (
 	bundlerVarRecTaskMarks             = "rec_task_marks"
 	bundlerVarSendTracepointOn         = "send_tracepoint_on"
 	bundlerVarSpillOnly                = "spill_only"
+	bundlerVarSpillSlots               = "spill_slots"
 	bundlerVarTargetNetns              = "target_netns"
 	bundlerVarZeroFlow                 = "zero_flow"
 )
@@ -438,6 +439,7 @@ type bundlerVariableSpecs struct {
 	RecTaskMarks      *ebpf.VariableSpec `ebpf:"rec_task_marks"`
 	SendTracepointOn  *ebpf.VariableSpec `ebpf:"send_tracepoint_on"`
 	SpillOnly         *ebpf.VariableSpec `ebpf:"spill_only"`
+	SpillSlots        *ebpf.VariableSpec `ebpf:"spill_slots"`
 	TargetNetns       *ebpf.VariableSpec `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.VariableSpec `ebpf:"zero_flow"`
 }
@@ -520,6 +522,7 @@ type bundlerVariables struct {
 	RecTaskMarks      *ebpf.Variable `ebpf:"rec_task_marks"`
 	SendTracepointOn  *ebpf.Variable `ebpf:"send_tracepoint_on"`
 	SpillOnly         *ebpf.Variable `ebpf:"spill_only"`
+	SpillSlots        *ebpf.Variable `ebpf:"spill_slots"`
 	TargetNetns       *ebpf.Variable `ebpf:"target_netns"`
 	ZeroFlow          *ebpf.Variable `ebpf:"zero_flow"`
 }

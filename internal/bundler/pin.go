@@ -252,8 +252,11 @@ func (p *pinnedSide) compatible(spec *ebpf.CollectionSpec, flows *ebpf.MapSpec, 
 			return "map " + name + " is missing"
 		}
 		s := spec.Maps[name].Copy()
-		if name == "ports" {
+		switch name {
+		case "ports":
 			s.MaxEntries = cfg.PortMapSize
+		case "spill":
+			s.MaxEntries = 2 * SpillSlots(cfg.FlowMapSize)
 		}
 		if err := s.Compatible(m); err != nil {
 			return fmt.Sprintf("map %s differs: %v", name, err)

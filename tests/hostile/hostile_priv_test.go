@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
@@ -366,7 +367,7 @@ func memoryCeiling(flowMapSize, series int) int64 {
 	if err != nil {
 		panic(err)
 	}
-	flows := int64(flowMapSize + 256 + 64*ncpu)
+	flows := int64(flowMapSize) + int64(bundler.SpillSlots(uint32(flowMapSize))) + int64(64*ncpu)
 	return 96<<20 + flows*(6<<10+int64(ncpu)<<9) + int64(series)*(7<<10)
 }
 
@@ -648,9 +649,9 @@ func TestHundredThousandFlowsInOneInterval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := uint64(65536 + 256 + 64*ncpu)
+	held := uint64(65536 + bundler.SpillSlots(65536) + bundler.FlowCacheSlots*uint32(ncpu))
 	if lost < flows-held || s.total.DatagramsSent+lost != flows {
-		// The map (65,536), its spill (256) and the flow cache (64 per
+		// The map (65,536), its spill (8,192) and the flow cache (64 per
 		// CPU) hold at most this many of the interval's flows.
 		t.Errorf("store %d datagrams sent + %d lost = %d; want %d, and at least %d lost (did the load span two intervals? it took %s)",
 			s.total.DatagramsSent, lost, s.total.DatagramsSent+lost, flows, flows-held, took)
