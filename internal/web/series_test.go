@@ -128,7 +128,8 @@ func TestSeriesRejectsGarbage(t *testing.T) {
 
 // seedDNSHistory adds nginx's lookups on web-1 to seed's store in two
 // minutes: 5 clean ones 40 minutes ago, and 10 failing ones 10 minutes
-// ago (1 NXDOMAIN, 2 SERVFAIL, 3 timeouts).
+// ago (1 NXDOMAIN, 2 SERVFAIL, 3 timeouts); and dig's, in container
+// toolbox on web-1, 4 NXDOMAIN 10 minutes ago.
 func seedDNSHistory(t *testing.T) (string, time.Time) {
 	t.Helper()
 	path, now := seed(t)
@@ -141,10 +142,15 @@ func seedDNSHistory(t *testing.T) (string, time.Time) {
 		return store.DNSObservation{Bucket: at.Truncate(time.Minute), HostID: "web-1", Comm: "nginx", PID: 9, Proto: "udp", Resolver: "192.0.2.53:53",
 			DNSCounters: c, FirstSeen: at, LastSeen: at}
 	}
+	// dig in container toolbox, which connects nowhere: its workload node
+	// exists for its lookups alone.
+	dig := d(now.Add(-10*time.Minute), tracer.DNSCounters{Queries: 4, Answers: 4, NXDomain: 4})
+	dig.Comm, dig.Identity = "dig", tracer.Identity{ContainerID: "7001b0c5deadbeef", ContainerName: "toolbox"}
 	err = s.Write(context.Background(), store.Batch{DNS: []store.DNSObservation{
 		d(now.Add(-40*time.Minute), tracer.DNSCounters{Queries: 5, Answers: 5, NoError: 5, LatencyCount: 5, LatencySumUs: 500, LatencyMaxUs: 200}),
 		d(now.Add(-10*time.Minute), tracer.DNSCounters{Queries: 10, Answers: 7, NoError: 4, NXDomain: 1, ServFail: 2, Timeouts: 3,
 			LatencyCount: 7, LatencySumUs: 14000, LatencyMaxUs: 9000}),
+		dig,
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -207,8 +213,27 @@ func TestNodeSeriesDNS(t *testing.T) {
 				q += p.DNS.Queries
 			}
 		}
-		if q != 15 {
-			t.Errorf("host:web-1: %d queries, want 15", q)
+		if q != 19 {
+			t.Errorf("host:web-1: %d queries, want 19 (nginx's 15, dig's 4)", q)
+		}
+		// A workload known by its lookups alone, by its container.
+		code, body, _ = get(t, srv.URL, "/api/series?since=1h&node="+url.QueryEscape("workload:web-1/container:7001b0c5deadbeef"))
+		var box nodeSeriesAnswer
+		var nx uint64
+		var bad int
+		if code != http.StatusOK || json.Unmarshal(body, &box) != nil {
+			t.Fatalf("%d %s", code, body)
+		}
+		for _, p := range box.Points {
+			if p.DNS != nil {
+				nx += p.DNS.NXDomain
+				if p.DNS.Health == graph.HealthUnhealthy {
+					bad++
+				}
+			}
+		}
+		if nx != 4 || bad != 1 {
+			t.Errorf("toolbox: %d NXDOMAIN in %d unhealthy steps, want 4 in 1", nx, bad)
 		}
 		// No lookups, no dns: postgres, and an edge's series.
 		for _, q := range []string{"since=1h&node=" + url.QueryEscape(idPostgres),
