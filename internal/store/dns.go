@@ -145,23 +145,7 @@ func (s *Store) DNS(ctx context.Context, r Range) ([]DNSObservation, error) {
 	return s.dns(ctx, r, levels)
 }
 
-// DNSCounters is DNS without the names end_identities gives (Identity
-// holds only the stored container id, unit and pod uid): for a
-// caller that keys clients by host and process and names them itself
-// (graph.AddDNS, then graph.Name), such as a node's history, which reads
-// every step of its range and would otherwise read end_identities once
-// per step.
-func (s *Store) DNSCounters(ctx context.Context, r Range) ([]DNSObservation, error) {
-	return s.dnsSums(ctx, r, levels, false)
-}
-
 func (s *Store) dns(ctx context.Context, r Range, lvls []level) ([]DNSObservation, error) {
-	return s.dnsSums(ctx, r, lvls, true)
-}
-
-// dnsSums reads the DNS counters of r, with each client's identity
-// (names, workload) from end_identities when named.
-func (s *Store) dnsSums(ctx context.Context, r Range, lvls []level, withNames bool) ([]DNSObservation, error) {
 	lo, hi, z, err := s.bounds(ctx, r)
 	if err != nil {
 		return nil, err
@@ -218,14 +202,6 @@ func (s *Store) dnsSums(ctx context.Context, r Range, lvls []level, withNames bo
 	rows.Close()
 	if len(merged) == 0 {
 		return nil, nil
-	}
-	if !withNames {
-		out := make([]DNSObservation, 0, len(merged))
-		for _, d := range merged {
-			out = append(out, *d)
-		}
-		slices.SortFunc(out, func(a, b DNSObservation) int { return dnsKeyOf(0, &a).compare(dnsKeyOf(0, &b)) })
-		return out, nil
 	}
 	ids, err := s.Identities(ctx, Range{})
 	if err != nil {

@@ -123,18 +123,6 @@ func TestDNSRoundTrip(t *testing.T) {
 					t.Errorf("range %v: rollups %+v, minutes %+v", r, a, b)
 				}
 			}
-			// DNSCounters: the same rows and counters, with only the
-			// identity the rows store (container id, unit, pod uid).
-			plain, err := s.DNSCounters(ctx, store.Range{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range want {
-				want[i].Identity = tracer.Identity{ContainerID: want[i].ContainerID, Unit: want[i].Unit, PodUID: want[i].PodUID}
-			}
-			if !reflect.DeepEqual(plain, want) {
-				t.Errorf("DNSCounters:\n got %+v\nwant %+v", plain, want)
-			}
 			if got, err := s.DNS(ctx, store.Range{Since: t0.Add(time.Hour)}); err != nil || len(got) != 1 || got[0].Queries != 10 || got[0].LatencyMaxUs != 5000 {
 				t.Errorf("the later hour only: %+v, %v", got, err)
 			}

@@ -9,6 +9,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -220,6 +221,67 @@ func BenchmarkPage(b *testing.B) {
 		}
 		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`location.search.includes('sort=connections')`)); err != nil {
 			b.Fatal(err)
+		}
+	})
+}
+
+// BenchmarkNodeSeriesDNS measures a node's history of 24 hours in 120
+// points on 500 hosts (2,000 workloads, 2,500 edges an hour) where every
+// client resolves names each hour, and, apart, the part of it the DNS
+// rows take (one store.DNS read per step):
+//
+//	go test -run '^$' -bench NodeSeriesDNS -benchtime 3x ./internal/web/
+func BenchmarkNodeSeriesDNS(b *testing.B) {
+	path := b.TempDir() + "/series.db"
+	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12*time.Hour + 30*time.Minute)
+	const hosts = 500
+	history(b, path, now, hosts, 5, 24)
+	st, err := store.Open(context.Background(), path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for hour := 24; hour >= 1; hour-- {
+		at := now.Add(-time.Duration(hour)*time.Hour + 30*time.Minute)
+		var batch store.Batch
+		for h := 0; h < hosts; h++ {
+			batch.DNS = append(batch.DNS, store.DNSObservation{Bucket: at.Truncate(time.Minute), HostID: fmt.Sprintf("h%d", h), Comm: "app", PID: 7,
+				Proto: "udp", Resolver: "127.0.0.53:53", DNSCounters: tracer.DNSCounters{Queries: 20, Answers: 19, NoError: 19, Timeouts: 1,
+					LatencyCount: 19, LatencySumUs: 19000, LatencyMaxUs: 4000}, FirstSeen: at, LastSeen: at})
+		}
+		if err := st.Write(context.Background(), batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st.Close()
+	srv, st := serve(b, path, Options{Now: func() time.Time { return now }})
+	b.Run("api-series-node-24h-120-points", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			resp, err := http.Get(srv.URL + "/api/series?since=24h&points=120&node=workload:h0/app")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var ans nodeSeriesAnswer
+			err = json.NewDecoder(resp.Body).Decode(&ans)
+			resp.Body.Close()
+			var q uint64
+			for _, p := range ans.Points {
+				if p.DNS != nil {
+					q += p.DNS.Queries
+				}
+			}
+			if err != nil || resp.StatusCode != 200 || q != 24*20 {
+				b.Fatalf("%d %v: %d queries in the series, want %d", resp.StatusCode, err, q, 24*20)
+			}
+		}
+	})
+	// The DNS reads of its 121 steps (store.DNS, as the series reads them).
+	b.Run("dns-reads-of-its-steps", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			for t := now.Add(-24 * time.Hour).Truncate(time.Minute); t.Before(now); t = t.Add(12 * time.Minute) {
+				if _, err := st.DNS(context.Background(), store.Range{Since: t, Until: t.Add(12 * time.Minute)}); err != nil {
+					b.Fatal(err)
+				}
+			}
 		}
 	})
 }

@@ -259,7 +259,7 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 			}
 			g := graph.Build(obs, hosts, nil)
 			if dns {
-				ds, err := s.st.DNSCounters(ctx, store.Range{Since: t, Until: end}) // named by ids, read once
+				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: end})
 				if err != nil {
 					return err
 				}
