@@ -183,7 +183,7 @@ killed agent left.`,
 	cmd.Flags().BoolVar(&cfg.Metrics.RemoteNames, "metrics-remote-names", false, "label outbound series with the server's DNS name (remote_name); off by default: names are many and an address's name changes")
 	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxRemoteNames, metrics.DefaultMaxRemoteNames, 1, 1<<20, ""), "metrics-remote-names-max", "with --metrics-remote-names, most distinct names; past it new ones read _other")
 	cmd.Flags().Var(agent.IntFlag(&cfg.MaxEdgesPerNode, agent.DefaultMaxEdgesPerNode, 1, agent.MaxEdgesPerNodeLimit, "no cap"), "max-edges-per-node", "most distinct edges (peers) one local process keeps in the store and the metrics; past it its new peers' flows are added to one edge to _other (docs/operations.md)")
-	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxSeries, metrics.DefaultMaxSeries, 1, 1<<24, ""), "metrics-max-series", "most dependency and listener series held; past it new ones are not created and are counted in deptrace_metrics_series_dropped_total")
+	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxSeries, metrics.DefaultMaxSeries, 1, 1<<24, ""), "metrics-max-series", "most dependency and listener series held; past it a new dependency counts in its direction and protocol's _other series (and in deptrace_metrics_series_dropped_total)")
 	idf.register(cmd)
 	df.register(cmd)
 	return cmd

@@ -149,7 +149,7 @@ func newDepCollector(o Options) *depCollector {
 	c.lQueue = prometheus.NewDesc("deptrace_listener_queue_max", "Deepest accept queue of a listening socket in the last interval it was seen.", ll, nil)
 	c.lLimit = prometheus.NewDesc("deptrace_listener_backlog_limit", "listen() backlog of a listening socket.", ll, nil)
 	c.series = prometheus.NewDesc("deptrace_metrics_series", "Dependency and listener series held (each is several metrics).", nil, nil)
-	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Series not created because the series limit was reached.", nil, nil)
+	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Flows whose series was not created because the series limit was reached: their counts went to the _other series of their direction and protocol (listeners past the limit are not shown).", nil, nil)
 	c.expired = prometheus.NewDesc("deptrace_metrics_series_expired_total", "Series dropped after being idle longer than the TTL (--metrics-ttl).", nil, nil)
 	c.capped = prometheus.NewDesc("deptrace_metrics_identity_capped_total", "Flows labelled workload=\""+OtherIdentity+"\" because the cap on distinct workload and container values was reached.", nil, nil)
 	c.namesCapped = prometheus.NewDesc("deptrace_metrics_remote_names_capped_total", "Outbound flows labelled remote_name=\""+OtherIdentity+"\" because the cap on distinct remote names (--metrics-remote-names-max) was reached.", nil, nil)
@@ -270,11 +270,15 @@ func (c *depCollector) addFlows(flows []tracer.Flow, host func(uint32) string) {
 			k.remoteName = c.nameOf(f.RemoteName, now)
 		}
 		s := c.deps[k]
+		if s == nil && c.full() {
+			// Past the cap a flow's counts go to its direction and
+			// protocol's _other series (at most six), so that sums
+			// over series stay the whole traffic.
+			c.nDropped++
+			k = c.overflowKey(k)
+			s = c.deps[k]
+		}
 		if s == nil {
-			if c.full() {
-				c.nDropped++
-				continue
-			}
 			s = &depSeries{}
 			c.deps[k] = s
 		}
@@ -312,6 +316,28 @@ func (c *depCollector) addListeners(ls []tracer.Listener, host func(uint32) stri
 }
 
 func (c *depCollector) full() bool { return len(c.deps)+len(c.listeners) >= c.opt.MaxSeries }
+
+// overflowKey is the series a flow's counts go to once the cap is
+// reached: every label but direction and protocol is OtherIdentity (the
+// port "0", unix sockets none).
+func (c *depCollector) overflowKey(k depKey) depKey {
+	o := depKey{direction: k.direction, proto: k.proto, host: OtherIdentity, process: OtherIdentity}
+	if k.port != "" {
+		o.port = "0"
+	}
+	if k.direction == string(tracer.Outbound) {
+		o.remote = OtherIdentity
+		if c.opt.RemoteNames {
+			o.remoteName = OtherIdentity
+		}
+	} else if c.opt.ClientAddr && k.client != "" {
+		o.client = OtherIdentity
+	}
+	if c.opt.Identity {
+		o.workload, o.container = OtherIdentity, OtherIdentity
+	}
+	return o
+}
 
 // expire drops series idle for longer than the TTL; c.mu is held.
 func (c *depCollector) expire(now time.Time) {

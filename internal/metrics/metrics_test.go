@@ -153,8 +153,9 @@ deptrace_metrics_series_expired_total{} 1
 	}
 }
 
-// Past MaxSeries new series are counted as dropped, existing ones still
-// count.
+// Past MaxSeries a flow without a series counts in its direction and
+// protocol's _other series (and is counted as dropped); existing series
+// still count, and the sum over series is the whole traffic.
 func TestSeriesLimit(t *testing.T) {
 	m := New(Options{MaxSeries: 2})
 	var flows []tracer.Flow
@@ -166,8 +167,9 @@ func TestSeriesLimit(t *testing.T) {
 	got := scrape(t, m, "deptrace_outbound_connections_total", "deptrace_metrics_series_dropped_total", "deptrace_metrics_series")
 	want := `deptrace_outbound_connections_total{host=web-1,port=1000,process=php-fpm,proto=tcp,remote=10.0.1.10} 2
 deptrace_outbound_connections_total{host=web-1,port=1001,process=php-fpm,proto=tcp,remote=10.0.1.10} 1
+deptrace_outbound_connections_total{host=_other,port=0,process=_other,proto=tcp,remote=_other} 3
 deptrace_metrics_series_dropped_total{} 3
-deptrace_metrics_series{} 2
+deptrace_metrics_series{} 3
 `
 	if !sameLines(got, want) {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
