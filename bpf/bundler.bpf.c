@@ -150,6 +150,21 @@ struct {
 	__type(value, __u64);
 } spill_used SEC(".maps");
 
+/* Which slots were claimed, in the order spill_used counted them, per
+ * half: when few were, the drain looks up those alone rather than reading
+ * the whole half (8,192 slots at the default size: 3 ms a drain). */
+#define SPILL_MAX_SLOTS 65536 /* internal/bundler SpillSlots' largest */
+struct spill_claims {
+	__u32 slot[SPILL_MAX_SLOTS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct spill_claims);
+} spill_claims SEC(".maps");
+
 /* Set by the loader (tests): flow_entry leaves new flows out of the flow
  * map and puts them in the spill, the path that otherwise runs only when
  * an insert fails (a flow finding no slot then counts as an allocation

@@ -149,8 +149,12 @@ static __noinline struct flow_value *spill_entry(const struct flow_key *key, lon
 				__sync_lock_test_and_set(&s->state, SPILL_READY);
 				__u32 hi = base ? 1 : 0;
 				__u64 *used = bpf_map_lookup_elem(&spill_used, &hi);
-				if (used)
-					__sync_fetch_and_add(used, 1);
+				if (used) {
+					__u64 nth = __sync_fetch_and_add(used, 1);
+					struct spill_claims *c = bpf_map_lookup_elem(&spill_claims, &hi);
+					if (c && nth < SPILL_MAX_SLOTS)
+						c->slot[nth] = idx;
+				}
 				return &s->value;
 			}
 		}

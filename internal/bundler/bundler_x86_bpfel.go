@@ -173,6 +173,11 @@ type bundlerSockState struct {
 	UdpRole  uint32
 }
 
+type bundlerSpillClaims struct {
+	_    structs.HostLayout
+	Slot [65536]uint32
+}
+
 type bundlerSpillSlot struct {
 	_     structs.HostLayout
 	State uint32
@@ -256,6 +261,7 @@ const (
 	bundlerMapRecentSenders            = "recent_senders"
 	bundlerMapSocks                    = "socks"
 	bundlerMapSpill                    = "spill"
+	bundlerMapSpillClaims              = "spill_claims"
 	bundlerMapSpillHalf                = "spill_half"
 	bundlerMapSpillUsed                = "spill_used"
 	bundlerMapStats                    = "stats"
@@ -410,6 +416,7 @@ type bundlerMapSpecs struct {
 	RecentSenders *ebpf.MapSpec `ebpf:"recent_senders"`
 	Socks         *ebpf.MapSpec `ebpf:"socks"`
 	Spill         *ebpf.MapSpec `ebpf:"spill"`
+	SpillClaims   *ebpf.MapSpec `ebpf:"spill_claims"`
 	SpillHalf     *ebpf.MapSpec `ebpf:"spill_half"`
 	SpillUsed     *ebpf.MapSpec `ebpf:"spill_used"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
@@ -474,6 +481,7 @@ type bundlerMaps struct {
 	RecentSenders *ebpf.Map `ebpf:"recent_senders"`
 	Socks         *ebpf.Map `ebpf:"socks"`
 	Spill         *ebpf.Map `ebpf:"spill"`
+	SpillClaims   *ebpf.Map `ebpf:"spill_claims"`
 	SpillHalf     *ebpf.Map `ebpf:"spill_half"`
 	SpillUsed     *ebpf.Map `ebpf:"spill_used"`
 	Stats         *ebpf.Map `ebpf:"stats"`
@@ -492,6 +500,7 @@ func (m *bundlerMaps) Close() error {
 		m.RecentSenders,
 		m.Socks,
 		m.Spill,
+		m.SpillClaims,
 		m.SpillHalf,
 		m.SpillUsed,
 		m.Stats,

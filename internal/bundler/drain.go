@@ -23,6 +23,7 @@ type drainState struct {
 	idle       [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf     []bundlerFlowKey
 	valBuf     []bundlerFlowValue
+	claims     *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
 
 	// Generations: every swap starts interval gen+1 of this kernel side.
 	// A pinned side keeps side, gen and whether the swapped-out map is

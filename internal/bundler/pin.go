@@ -34,7 +34,7 @@ import (
 // pinned maps.
 
 // pinnedMaps are the maps whose contents must survive a restart.
-var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "spill_half", "spill_used", "flow_cache"}
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "spill_half", "spill_used", "spill_claims", "flow_cache"}
 
 // AdoptReport says what Load found under the pin path.
 type AdoptReport struct {

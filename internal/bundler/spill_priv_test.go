@@ -170,6 +170,14 @@ func TestSpillMergesDuplicateKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Claimed as the kernel side claims: counted, and listed in order.
+	claims := new(bundlerSpillClaims)
+	for i := range 4 {
+		claims.Slot[i] = base + uint32(i)
+	}
+	if err := bu.objs.SpillClaims.Put(uint32(h), claims); err != nil {
+		t.Fatal(err)
+	}
 	if err := bu.objs.SpillUsed.Put(uint32(h), uint64(4)); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,47 @@
+package bundler
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/deptrace/deptrace/internal/testnet"
+)
+
+// What reading a spill half costs the drain at the default flow map size
+// (8,192 slots a half), by how many slots were claimed: the claimed slots
+// alone while few were, the whole half in batches past a quarter:
+//
+//	go test -run '^$' -bench SpillRead ./internal/bundler
+func BenchmarkSpillRead(b *testing.B) {
+	testnet.RequireRoot(b)
+	bu, err := Load(Config{FlowMapSize: 65536, PortMapSize: 16384})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bu.Close()
+	n := bu.spillSlots()
+	claims := new(bundlerSpillClaims)
+	for i := range claims.Slot {
+		claims.Slot[i] = uint32(i) % n
+	}
+	for _, h := range []int{0, 1} {
+		for i := range claims.Slot {
+			claims.Slot[i] = uint32(h)*n + uint32(i)%n
+		}
+		if err := bu.objs.SpillClaims.Put(uint32(h), claims); err != nil {
+			b.Fatal(err)
+		}
+		for _, used := range []uint32{1, 300, n / claimedShare, n} {
+			b.Run(fmt.Sprintf("half=%d/claimed=%d", h, used), func(b *testing.B) {
+				if err := bu.objs.SpillUsed.Put(uint32(h), uint64(used)); err != nil {
+					b.Fatal(err)
+				}
+				for i := 0; i < b.N; i++ {
+					if _, err := bu.readSpill(h); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
