@@ -152,7 +152,7 @@ struct {
 
 /* Which slots were claimed, in the order spill_used counted them, per
  * half: when few were, the drain looks up those alone rather than reading
- * the whole half (8,192 slots at the default size: 3 ms a drain). */
+ * the whole half (8,192 slots at the default size: 2.8-4.7 ms a drain). */
 #define SPILL_MAX_SLOTS 65536 /* internal/bundler SpillSlots' largest */
 struct spill_claims {
 	__u32 slot[SPILL_MAX_SLOTS];

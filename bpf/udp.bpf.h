@@ -299,10 +299,11 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 		udp_count_unconnected(sk, st, ret, send);
 }
 
-/* A slot for this thread's datagram in flight: the one its thread id
- * picks, or the other if that one is another thread's and the other is
- * free (or already this thread's, from a call that never reached the
- * tracepoint). */
+/* A slot for this thread's datagram in flight: the one it already holds
+ * (from a call that never reached the tracepoint: a failed send, a peek),
+ * so that a thread never holds two and peer_take never finds a stale one;
+ * else the one its thread id picks, or the other if that one is another
+ * thread's and the other is free. */
 static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, bool send)
 {
 	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
@@ -314,9 +315,16 @@ static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, boo
 	}
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct udp_peer *slots = st->inflight[send];
-	__u32 i = tid & 1;
-	if (slots[i].tid && slots[i].tid != tid && (!slots[i ^ 1].tid || slots[i ^ 1].tid == tid))
-		i ^= 1;
+	__u32 i;
+	if (slots[0].tid == tid)
+		i = 0;
+	else if (slots[1].tid == tid)
+		i = 1;
+	else {
+		i = tid & 1;
+		if (slots[i].tid && !slots[i ^ 1].tid)
+			i ^= 1;
+	}
 	struct udp_peer *p = &slots[i & 1];
 	p->tid = tid;
 	p->port = (__u16)ctx->user_port;

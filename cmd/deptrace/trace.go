@@ -134,6 +134,9 @@ func startDNS(cfg *dnswatch.Config, log *slog.Logger) *dnswatch.Watcher {
 		log.Warn("DNS names and per-client DNS records are off", "err", err)
 		return nil
 	}
+	if v := w.Variant(); v.Lost != "" {
+		log.Warn("DNS watcher: this kernel's programs miss some lookups", "variant", v.Name, "lost", v.Lost)
+	}
 	return w
 }
 

@@ -130,6 +130,19 @@ func TestSpillCountsEveryConnection(t *testing.T) {
 // claim one key take two slots) comes out as one entry, summed; the
 // slots are freed by the drain.
 func TestSpillMergesDuplicateKeys(t *testing.T) {
+	// The slots listed as the kernel side lists its claims.
+	testSpillMerges(t, func(base uint32) []uint32 { return []uint32{base, base + 1, base + 2, base + 3} })
+}
+
+// The same with a claims list the drain cannot trust: a slot listed
+// twice (claimed again after a read that failed part-way freed it) and
+// one outside the half. The drain reads the whole half instead: each
+// slot once, none missed.
+func TestSpillUntrustedClaimsReadTheHalf(t *testing.T) {
+	testSpillMerges(t, func(base uint32) []uint32 { return []uint32{base, base + 1, base + 1, base ^ 0x8000_0000} })
+}
+
+func testSpillMerges(t *testing.T, claimed func(base uint32) []uint32) {
 	testHooks.noCache = true // the flow in the map, not the cache in front of it
 	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, 7401)
@@ -172,9 +185,7 @@ func TestSpillMergesDuplicateKeys(t *testing.T) {
 	}
 	// Claimed as the kernel side claims: counted, and listed in order.
 	claims := new(bundlerSpillClaims)
-	for i := range 4 {
-		claims.Slot[i] = base + uint32(i)
-	}
+	copy(claims.Slot[:], claimed(base))
 	if err := bu.objs.SpillClaims.Put(uint32(h), claims); err != nil {
 		t.Fatal(err)
 	}

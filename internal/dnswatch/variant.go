@@ -3,6 +3,7 @@ package dnswatch
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -74,14 +75,35 @@ func (k *kernelSide) Close() error {
 	return nil
 }
 
-// loadVariant loads v's two programs and the maps.
+// noSendto is what a variant loaded without its sendmsg programs (a
+// kernel that refuses socket storage in them) does not see.
+const noSendto = "queries sent with sendto() to an address a NAT rule redirects (musl's resolver behind Docker's 127.0.0.11): their answers count without queries or latency"
+
+// loadVariant loads v's two programs, the sendmsg programs and the maps;
+// where the kernel refuses the sendmsg programs, the rest without them
+// (v.Lost says what that misses).
 func loadVariant(v Variant) (*kernelSide, error) {
+	coll, err := loadPrograms(v.egress, v.ingress, dnsProgDnsSendmsg4, dnsProgDnsSendmsg6)
+	if err != nil {
+		if coll, _ = loadPrograms(v.egress, v.ingress); coll == nil {
+			return nil, err // the first error says most
+		}
+		v.Lost = strings.TrimPrefix(v.Lost+"; "+noSendto, "; ")
+	}
+	return &kernelSide{variant: v, coll: coll,
+		egress: coll.Programs[v.egress], ingress: coll.Programs[v.ingress],
+		sendmsg4: coll.Programs[dnsProgDnsSendmsg4], sendmsg6: coll.Programs[dnsProgDnsSendmsg6],
+		events: coll.Maps[dnsMapDnsEvents], stats: coll.Maps[dnsMapDnsStats]}, nil
+}
+
+// loadPrograms loads the named programs of bpf/dns.bpf.c and its maps.
+func loadPrograms(names ...string) (*ebpf.Collection, error) {
 	spec, err := loadDns()
 	if err != nil {
 		return nil, err
 	}
 	for name := range spec.Programs {
-		if name != v.egress && name != v.ingress && name != dnsProgDnsSendmsg4 && name != dnsProgDnsSendmsg6 {
+		if !slices.Contains(names, name) {
 			delete(spec.Programs, name)
 		}
 	}
@@ -93,10 +115,7 @@ func loadVariant(v Variant) (*kernelSide, error) {
 		}
 		return nil, err
 	}
-	return &kernelSide{variant: v, coll: coll,
-		egress: coll.Programs[v.egress], ingress: coll.Programs[v.ingress],
-		sendmsg4: coll.Programs[dnsProgDnsSendmsg4], sendmsg6: coll.Programs[dnsProgDnsSendmsg6],
-		events: coll.Maps[dnsMapDnsEvents], stats: coll.Maps[dnsMapDnsStats]}, nil
+	return coll, nil
 }
 
 // VariantResult is whether one variant loads here.
@@ -113,10 +132,11 @@ func load(name string) (k *kernelSide, tried []VariantResult, err error) {
 			continue
 		}
 		k, err := loadVariant(v)
-		tried = append(tried, VariantResult{Variant: v, Err: err})
 		if err == nil {
-			return k, tried, nil
+			// Its Lost may say more: loaded without the sendmsg programs.
+			return k, append(tried, VariantResult{Variant: k.variant}), nil
 		}
+		tried = append(tried, VariantResult{Variant: v, Err: err})
 	}
 	if name != "" && len(tried) == 0 {
 		return nil, nil, fmt.Errorf("dns: unknown program variant %q: allowed %s", name, variantNames())

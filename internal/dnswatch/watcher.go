@@ -103,6 +103,9 @@ func New(cfg Config) (*Watcher, error) {
 		{w.k.egress, ebpf.AttachCGroupInetEgress}, {w.k.ingress, ebpf.AttachCGroupInetIngress},
 		{w.k.sendmsg4, ebpf.AttachCGroupUDP4Sendmsg}, {w.k.sendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
 	} {
+		if a.prog == nil {
+			continue // loaded without (Variant.Lost says so)
+		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
 		if err != nil {
 			_ = w.close() // the attach error is the one to report
@@ -172,6 +175,12 @@ func clockNow() clock {
 func (w *Watcher) Apply(iv *tracer.Interval) {
 	w.applyMu.Lock()
 	defer w.applyMu.Unlock()
+	// A token left by the flush of an Apply that stopped waiting would
+	// let this one go on before its own flush is read.
+	select {
+	case <-w.flushed:
+	default:
+	}
 	if err := w.rd.Flush(); err == nil {
 		select {
 		case <-w.flushed:

@@ -149,7 +149,7 @@ func newDepCollector(o Options) *depCollector {
 	c.lQueue = prometheus.NewDesc("deptrace_listener_queue_max", "Deepest accept queue of a listening socket in the last interval it was seen.", ll, nil)
 	c.lLimit = prometheus.NewDesc("deptrace_listener_backlog_limit", "listen() backlog of a listening socket.", ll, nil)
 	c.series = prometheus.NewDesc("deptrace_metrics_series", "Dependency and listener series held (each is several metrics).", nil, nil)
-	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Flows whose series was not created because the series limit was reached: their counts went to the _other series of their direction and protocol (listeners past the limit are not shown).", nil, nil)
+	c.dropped = prometheus.NewDesc("deptrace_metrics_series_dropped_total", "Flows and listeners whose series was not created because the series limit was reached: a flow's counts went to the _other series of its direction and protocol, a listener is not shown.", nil, nil)
 	c.expired = prometheus.NewDesc("deptrace_metrics_series_expired_total", "Series dropped after being idle longer than the TTL (--metrics-ttl).", nil, nil)
 	c.capped = prometheus.NewDesc("deptrace_metrics_identity_capped_total", "Flows labelled workload=\""+OtherIdentity+"\" because the cap on distinct workload and container values was reached.", nil, nil)
 	c.namesCapped = prometheus.NewDesc("deptrace_metrics_remote_names_capped_total", "Outbound flows labelled remote_name=\""+OtherIdentity+"\" because the cap on distinct remote names (--metrics-remote-names-max) was reached.", nil, nil)

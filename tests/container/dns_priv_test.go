@@ -1,6 +1,8 @@
 package container_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -88,7 +90,9 @@ echo done >/tmp/dns.out`, others[0], others[1], dnsRounds)
 		byNS[ns[name]] = name
 	}
 	time.Sleep(1500 * time.Millisecond) // the last answers into a drain of both
-	flows := jsonlFlows(t, trace.stop(t))
+	out := trace.stop(t)
+	flows := jsonlFlows(t, out)
+	lookups := jsonlDNS(t, out)
 	agent.stop(t)
 
 	// The trace: per container, its flows on UDP.
@@ -140,6 +144,24 @@ echo done >/tmp/dns.out`, others[0], others[1], dnsRounds)
 			t.Errorf("%s: client sent %d and received %d datagrams, dockerd received %d and sent %d", name,
 				v.dns.DatagramsSent, v.dns.DatagramsReceived, v.forwarder.DatagramsReceived, v.forwarder.DatagramsSent)
 		}
+		// DNS health: the container's lookups, named by the container,
+		// against the resolver it addressed: every datagram it sent a
+		// query, every one answered, with a latency each.
+		var c tracer.DNSCounters
+		for _, d := range lookups {
+			if d.NetNS != ns[name] {
+				continue
+			}
+			if d.Resolver != "127.0.0.11:53" || d.Proto != tracer.ProtoUDP || d.ContainerName != name || d.ContainerID != ids[name] || d.Comm != "nslookup" {
+				t.Errorf("%s: DNS record of %s (container %q, %s) through %s %s", name, d.Comm, d.ContainerName, d.ContainerID, d.Proto, d.Resolver)
+				continue
+			}
+			c.Add(d.DNSCounters)
+		}
+		t.Logf("%s: lookups %+v", name, c)
+		if c.Queries != v.dns.DatagramsSent || c.Answers != c.Queries || c.NoError+c.NXDomain != c.Answers || c.Timeouts != 0 || c.LatencyCount != c.Answers || c.Unparsed != 0 {
+			t.Errorf("%s: lookups %+v; want %d queries, each answered (NOERROR or NXDOMAIN) with a latency", name, c, v.dns.DatagramsSent)
+		}
 	}
 
 	// The agent, the store and the graph: per container one DNS edge,
@@ -183,4 +205,21 @@ echo done >/tmp/dns.out`, others[0], others[1], dnsRounds)
 		out, _ := exec.Command(bin, "graph", "--store", store, "--since", "1h", "--format", "json-v1").Output()
 		t.Logf("graph json-v1:\n%s", out)
 	}
+}
+
+// jsonlDNS is the "dns" records of trace's jsonl output.
+func jsonlDNS(t *testing.T, out []byte) []tracer.DNS {
+	t.Helper()
+	var recs []tracer.DNS
+	for _, line := range bytes.Split(out, []byte("\n")) {
+		if !bytes.Contains(line, []byte(`"kind":"dns"`)) {
+			continue
+		}
+		var d tracer.DNS
+		if err := json.Unmarshal(line, &d); err != nil {
+			t.Fatalf("jsonl line %q: %v", line, err)
+		}
+		recs = append(recs, d)
+	}
+	return recs
 }
