@@ -124,7 +124,7 @@ struct {
  * GFP_NOWAIT, which the per-CPU allocator often cannot serve at once
  * (1,000 new UDP peers a second lost 11 % with 256 slots). */
 const volatile __u32 spill_slots = 256;
-#define SPILL_PROBES 16 /* slots tried from the key's hash */
+#define SPILL_PROBES 8 /* slots tried from the key's hash */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2 * 256); /* the loader sets 2 * spill_slots */
