@@ -170,31 +170,39 @@ func Start(t testing.TB) *Daemon {
 		}
 		_ = os.RemoveAll(dir) // best-effort cleanup of a temp dir
 	})
+	WaitPing(t, "dockerd", d.Socket, exited, filepath.Join(dir, "dockerd.log"))
+	return d
+}
+
+// WaitPing waits up to 60 s until the Engine API on socket (dockerd's, or
+// podman's compatible one) answers /_ping with 200; it fails the test,
+// with the daemon's log, if the daemon exits first or never answers.
+func WaitPing(t testing.TB, what, socket string, exited <-chan struct{}, logPath string) {
+	t.Helper()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", d.Socket)
+		return dl.DialContext(ctx, "unix", socket)
 	}}, Timeout: 2 * time.Second}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := hc.Get("http://docker/_ping")
+		resp, err := hc.Get("http://engine/_ping")
 		if err == nil {
 			_ = resp.Body.Close() // only the status is read
 			if resp.StatusCode == http.StatusOK {
-				break
+				return
 			}
 		}
 		select {
 		case <-exited:
-			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
-			t.Fatalf("dockerd exited: %s", b)
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("%s exited: %s", what, b)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("dockerd not answering on %s: %v", d.Socket, err)
+			t.Fatalf("%s not answering on %s: %v", what, socket, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return d
 }
 
 // Command is a docker client command against this daemon.

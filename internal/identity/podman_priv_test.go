@@ -3,8 +3,6 @@ package identity_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -119,30 +117,7 @@ network_config_dir = %[5]q
 			t.Errorf("remove %s: %v", dir, err)
 		}
 	})
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", p.socket)
-	}}, Timeout: 2 * time.Second}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := hc.Get("http://podman/_ping")
-		if err == nil {
-			_ = resp.Body.Close() // only the status is read
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		select {
-		case <-exited:
-			b, _ := os.ReadFile(filepath.Join(dir, "service.log"))
-			t.Fatalf("podman system service exited: %s", b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("podman system service not answering on %s: %v", p.socket, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	dockertest.WaitPing(t, "podman system service", p.socket, exited, filepath.Join(dir, "service.log"))
 	return p
 }
 
