@@ -35,9 +35,10 @@ fi
 
 # --- real software (tests/realsoftware): the privileged tests drive Debian's
 # nginx, gunicorn, curl and nftables (psql comes with postgresql above; ss and
-# nstat with iproute2); they fail under CI=true without them. The tests start
-# their own nginx; a packaged nginx service that this install starts (where
-# services start on install) is stopped and disabled again.
+# nstat with iproute2), and tests/servicemap also redis and memcached; they
+# fail under CI=true without them. The tests start their own servers; a
+# packaged service that this install starts (where services start on install)
+# is stopped and disabled again.
 real_need=()
 command -v nginx >/dev/null || real_need+=(nginx)
 command -v gunicorn >/dev/null || real_need+=(gunicorn)
@@ -46,6 +47,9 @@ command -v nft >/dev/null || real_need+=(nftables)
 command -v psql >/dev/null || real_need+=(postgresql-client)
 command -v dnsmasq >/dev/null || [ -x /usr/sbin/dnsmasq ] || real_need+=(dnsmasq-base)  # DNS watcher tests (internal/dnswatch, cmd/deptrace)
 command -v dig >/dev/null || real_need+=(bind9-dnsutils)
+command -v redis-server >/dev/null || real_need+=(redis-server)  # the service-map stack (tests/servicemap)
+command -v memcached >/dev/null || real_need+=(memcached)
+command -v promtool >/dev/null || real_need+=(prometheus)  # promtool checks packaging/prometheus's rules
 if [ ${#real_need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "deps: missing ${real_need[*]}; run as root or: sudo apt-get install ${real_need[*]}" >&2
@@ -54,8 +58,10 @@ if [ ${#real_need[@]} -gt 0 ]; then
   echo "deps: installing ${real_need[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${real_need[@]}" >/dev/null
-  if [[ " ${real_need[*]} " == *" nginx "* ]] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-    systemctl disable --now nginx >/dev/null 2>&1 || true
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    for unit in nginx redis-server memcached prometheus prometheus-node-exporter; do
+      systemctl disable --now "$unit" >/dev/null 2>&1 || true
+    done
   fi
 fi
 
