@@ -245,7 +245,8 @@ func TestPackage(t *testing.T) {
 	deb := filepath.Join(dist, "deptrace_1.2.3~test_"+goarch(t)+".deb")
 	tarball := filepath.Join(dist, "deptrace_1.2.3~test_linux_"+goarch(t)+".tar.gz")
 	want := []string{"etc/default/deptrace", "usr/bin/deptrace", "usr/lib/systemd/system/deptrace.service",
-		"usr/share/doc/deptrace/README.md", "usr/share/doc/deptrace/metrics.md", "usr/share/doc/deptrace/operations.md"}
+		"usr/share/doc/deptrace/README.md", "usr/share/doc/deptrace/metrics.md", "usr/share/doc/deptrace/operations.md",
+		"usr/share/doc/deptrace/examples/deptrace-rules.yml"}
 	list := func(name string, args ...string) string {
 		out, err := exec.Command(name, args...).CombinedOutput()
 		if err != nil {
