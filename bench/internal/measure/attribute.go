@@ -45,6 +45,9 @@ type SampleCounts struct {
 	// (All-Idle)/All is the machine's busy share, to check against
 	// /proc/stat (checkBusyAgrees).
 	All, Idle int
+	// Lost is what perf reports it lost (LOST and LOST_SAMPLES records):
+	// any makes the counts short, and the run fails its check.
+	Lost int
 }
 
 // perfRun samples the whole machine until stop.
@@ -106,7 +109,37 @@ func (p *perfRun) stop(count bool, agentPID int, start, end time.Duration) (Samp
 	if err != nil {
 		return SampleCounts{}, fmt.Errorf("perf script: %v: %s", err, lastLine(errb.String()))
 	}
-	return countSamples(bytes.NewReader(out), sampleFilter{agentPID: agentPID, perfPID: p.cmd.Process.Pid, start: start, end: end})
+	c, err := countSamples(bytes.NewReader(out), sampleFilter{agentPID: agentPID, perfPID: p.cmd.Process.Pid, start: start, end: end})
+	if err != nil {
+		return c, err
+	}
+	errb.Reset()
+	stats := exec.Command("perf", "report", "-i", p.file, "--stats")
+	stats.Stderr = &errb
+	if out, err = stats.Output(); err != nil {
+		return c, fmt.Errorf("perf report --stats: %v: %s", err, lastLine(errb.String()))
+	}
+	c.Lost = countLost(string(out))
+	return c, nil
+}
+
+// countLost adds up the LOST and LOST_SAMPLES records of `perf report
+// --stats` ("LOST events: 3"); perf prints none when it lost nothing.
+func countLost(stats string) int {
+	n := 0
+	for _, line := range strings.Split(stats, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), " events:")
+		if !ok || (name != "LOST" && name != "LOST_SAMPLES") {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) > 0 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				n += v
+			}
+		}
+	}
+	return n
 }
 
 // stoppedBySIGINT says whether perf ended as a SIGINT ends it: it stops

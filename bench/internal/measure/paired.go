@@ -132,7 +132,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 			return res, busy, c, err
 		}
 		if c, err = attributeRun(perfDir, phase, run); err == nil {
-			err = checkBusyAgrees(c, busy, wall, busyTolerance)
+			err = checkBusyAgrees(c, busy, wall, busyToleranceBelow, busyToleranceAbove)
 		}
 		return res, busy, c, err
 	}
@@ -230,23 +230,42 @@ func checkPair(what string, l PairedLoad, base, traced loadgen.Result, min float
 	return CheckReached(what+", traced run", traced, l.Rate, min)
 }
 
-// busyTolerance is how far the busy CPU perf's samples stand for may be
-// from /proc/stat's, relative.
-const busyTolerance = 0.15
+// How far the busy CPU perf's samples stand for may be from /proc/stat's,
+// relative to the larger. The bounds differ because /proc/stat's busy
+// time is tick-sampled (CONFIG_TICK_CPU_ACCOUNTING, HZ 250 here): with the
+// tick stopped in idle (NO_HZ_IDLE), a burst of work that ends before the
+// next tick is charged to nobody, so on light, bursty loads /proc/stat
+// reads low and perf's cpu-clock samples, taken every 200 us, read higher
+// (perf 505 ms against /proc/stat's 430 ms at 1,000 UDP round trips/s;
+// 17 to 24 % on the pairs' lighter loads). perf reading below /proc/stat
+// has no such cause: it means perf missed samples.
+const (
+	busyToleranceBelow = 0.15
+	busyToleranceAbove = 0.35
+)
 
 // checkBusyAgrees checks the attribution's whole against /proc/stat: the
 // attribution counts each sample as 1/perfFreq s of CPU, so the samples
 // not of the idle task must add up to the busy time /proc/stat gives
-// over the same run. (Their share of all samples would not do: cpu-clock
-// samples an idle CPU less often than its frequency on this kernel.)
-func checkBusyAgrees(c SampleCounts, busy, wall time.Duration, tol float64) error {
+// over the same run, within below (perf lower) and above (perf higher).
+// (Their share of all samples would not do: cpu-clock samples an idle
+// CPU less often than its frequency on this kernel.)
+func checkBusyAgrees(c SampleCounts, busy, wall time.Duration, below, above float64) error {
 	if c.All == 0 || busy <= 0 {
 		return fmt.Errorf("perf took no sample of the run (%d samples, %s busy over %s)", c.All, busy, wall)
 	}
+	if c.Lost > 0 {
+		return fmt.Errorf("perf lost %d samples or events of the run (perf report --stats): its counts are short", c.Lost)
+	}
 	perf := time.Duration(float64(c.All-c.Idle) / perfFreq * float64(time.Second))
-	if d := math.Abs(perf.Seconds()-busy.Seconds()) / math.Max(perf.Seconds(), busy.Seconds()); d > tol {
-		return fmt.Errorf("perf's %d busy samples at %d Hz stand for %s of CPU, /proc/stat gives %s over the same %s: %.0f %% off, tolerance %.0f %%",
-			c.All-c.Idle, perfFreq, perf.Round(10*time.Millisecond), busy.Round(10*time.Millisecond), wall.Round(time.Millisecond), d*100, tol*100)
+	d := (perf.Seconds() - busy.Seconds()) / math.Max(perf.Seconds(), busy.Seconds())
+	tol, side := above, "above"
+	if d < 0 {
+		tol, side = below, "below"
+	}
+	if math.Abs(d) > tol {
+		return fmt.Errorf("perf's %d busy samples at %d Hz stand for %s of CPU, /proc/stat gives %s over the same %s: %.0f %% %s it, tolerance %.0f %%",
+			c.All-c.Idle, perfFreq, perf.Round(10*time.Millisecond), busy.Round(10*time.Millisecond), wall.Round(time.Millisecond), math.Abs(d)*100, side, tol*100)
 	}
 	return nil
 }
