@@ -9,7 +9,6 @@ import (
 	"image"
 	"image/png"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,77 +16,30 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/deptrace/deptrace/internal/browsertest"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// chromium finds the headless shell; without it the test skips on a
-// laptop and fails under CI=true (scripts/deps.sh installs it).
-func chromium(t testing.TB) string {
-	t.Helper()
-	for _, p := range []string{os.Getenv("DEPTRACE_CHROMIUM"), "chromium-headless-shell", "/usr/lib/chromium/headless_shell", "chromium"} {
-		if p == "" {
-			continue
-		}
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("chromium-headless-shell not found: run scripts/deps.sh (apt-get install --no-install-recommends chromium-headless-shell)")
-	}
-	t.Skip("chromium-headless-shell not found: run scripts/deps.sh")
-	return ""
-}
-
-// browser starts a headless Chromium with software WebGL (SwiftShader), so
-// the map's WebGL renderer works on a machine without a GPU.
+// The page in Chromium: internal/browsertest, shared with tests/servicemap.
 func browser(t testing.TB, timeout time.Duration) context.Context {
 	t.Helper()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium(t)),
-		chromedp.NoSandbox,
-		chromedp.Flag("use-angle", "swiftshader"),
-		chromedp.Flag("enable-unsafe-swiftshader", true),
-		chromedp.Flag("ignore-gpu-blocklist", true),
-		chromedp.WindowSize(1400, 900),
-	)
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelC := chromedp.NewContext(actx)
-	ctx, cancelT := context.WithTimeout(ctx, timeout)
-	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	return ctx
+	return browsertest.Browser(t, timeout)
 }
 
-// open loads a page and waits until it has drawn its data.
 func open(t testing.TB, ctx context.Context, url string) {
 	t.Helper()
-	if err := chromedp.Do(ctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(`body[data-state="ready"]`))); err != nil {
-		status, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#status")))
-		t.Fatalf("open %s: %v (status: %s)", url, err, status)
-	}
+	browsertest.Open(t, ctx, url)
 }
 
 func js[T any](t *testing.T, ctx context.Context, expr string) T {
 	t.Helper()
-	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
-	if err != nil {
-		t.Fatalf("evaluate %s: %v", expr, err)
-	}
-	return v
+	return browsertest.JS[T](t, ctx, expr)
 }
 
-// until waits for a JavaScript condition, failing with what it shows.
 func until(t *testing.T, ctx context.Context, cond, show string) {
 	t.Helper()
-	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if _, err := chromedp.Run(wctx, chromedp.Poll[any](cond, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
-		t.Fatalf("waiting for %s: %v; %s = %v", cond, err, show, js[any](t, ctx, show))
-	}
+	browsertest.Until(t, ctx, cond, show)
 }
 
 func mapData(t *testing.T, ctx context.Context) map[string]string {
