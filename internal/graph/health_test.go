@@ -234,6 +234,22 @@ func TestHealthRendered(t *testing.T) {
 	if strings.Count(out, "DEGRADED") != 2 || strings.Count(out, "UNHEALTHY") != 1 {
 		t.Errorf("look marks:\n%s", out)
 	}
+	// Each marked edge's line ends with the rule that fired; the healthy
+	// one's has no reason.
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		switch {
+		case strings.Contains(line, "bad on h"):
+			if !strings.HasSuffix(line, "  why: 5 of 15 connection attempts failed (33.3 %)") {
+				t.Errorf("look: the unhealthy edge's line gives no reason: %q", line)
+			}
+		case strings.Contains(line, "nginx on h"):
+			if !strings.HasSuffix(line, "  why: 2 of 302 connection attempts failed (0.7 %)") {
+				t.Errorf("look: the degraded edge's line gives no reason: %q", line)
+			}
+		case strings.Contains(line, "why:"):
+			t.Errorf("look: a reason on a line without a mark: %q", line)
+		}
+	}
 
 	buf.Reset()
 	if err := Write(&buf, g, "dot"); err != nil {

@@ -257,6 +257,16 @@ func edgeMark(e Edge) string {
 	return ""
 }
 
+// edgeWhy ends the line of an unhealthy or degraded edge with the rules
+// that fired, with their numbers, so that grepping for UNHEALTHY gives the
+// reason too: "  why: 4 of 4 connection attempts failed (100.0 %): 4 refused".
+func edgeWhy(e Edge) string {
+	if edgeMark(e) == "" || len(e.Reasons) == 0 {
+		return ""
+	}
+	return "  why: " + strings.Join(e.Reasons, "; ")
+}
+
 // WriteTrees renders look's trees the way operators read ss output: one
 // edge per line, counters at the end, children indented under their parent.
 func WriteTrees(w io.Writer, trees []Tree, outbound, inbound bool) {
@@ -337,7 +347,7 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		if b.Repeat {
 			repeat = "  (shown above)"
 		}
-		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s\n", indent, branch, arrow, Label(b.Peer), peerHealth+dnsMark(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), repeat)
+		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s%s\n", indent, branch, arrow, Label(b.Peer), peerHealth+dnsMark(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), edgeWhy(b.Edge), repeat)
 		writeChildren(w, b.Children, indent+next, outbound)
 	}
 }

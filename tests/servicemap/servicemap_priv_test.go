@@ -309,7 +309,8 @@ func TestServiceMapRealStack(t *testing.T) {
 		t.Errorf("dropped-SYN edge: %s; want %d failed, all timed out, unhealthy with the reason", dropped, down)
 	}
 
-	// deptrace look marks them, each with its cause; nothing else is
+	// deptrace look marks them, each with its cause and the rule that
+	// fired (its line ends with "why: ..."); nothing else is
 	// marked (the postgres edge with its retransmit is a plain line).
 	code, lookOut, errOut := run(t, nil, 30*time.Second, bin, "look", "--store", db, "--since", "1h", s.app.IPv4.String())
 	t.Logf("deptrace look %s:\n%s", s.app.IPv4, lookOut)
@@ -324,12 +325,14 @@ func TestServiceMapRealStack(t *testing.T) {
 		}
 		switch {
 		case strings.Contains(line, fmt.Sprintf("%s:7001 ", s.down.IPv4)):
-			if w := fmt.Sprintf("UNHEALTHY  conns=0 failed=%d (refused=%d)", down, down); !strings.Contains(line, w) {
-				t.Errorf("deptrace look, the refused edge: %q lacks %q", line, w)
+			if w := fmt.Sprintf("UNHEALTHY  conns=0 failed=%d (refused=%d)", down, down); !strings.Contains(line, w) ||
+				!strings.HasSuffix(line, fmt.Sprintf("  why: %d of %d connection attempts failed (100.0 %%): %d refused", down, down, down)) {
+				t.Errorf("deptrace look, the refused edge: %q lacks %q or its reason", line, w)
 			}
 		case strings.Contains(line, fmt.Sprintf("%s:7002 ", s.down.IPv4)):
-			if w := fmt.Sprintf("UNHEALTHY  conns=0 failed=%d (timeout=%d)", down, down); !strings.Contains(line, w) {
-				t.Errorf("deptrace look, the dropped-SYN edge: %q lacks %q", line, w)
+			if w := fmt.Sprintf("UNHEALTHY  conns=0 failed=%d (timeout=%d)", down, down); !strings.Contains(line, w) ||
+				!strings.HasSuffix(line, fmt.Sprintf("  why: %d of %d connection attempts failed (100.0 %%): %d timed out", down, down, down)) {
+				t.Errorf("deptrace look, the dropped-SYN edge: %q lacks %q or its reason", line, w)
 			}
 		case strings.Contains(line, "-> tcp/5432 postgres"):
 			if bad || !strings.Contains(line, fmt.Sprintf("conns=%d failed=0", ok)) || !strings.Contains(line, "retrans=1 ") {
