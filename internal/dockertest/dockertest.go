@@ -27,6 +27,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // Need finds a program the test needs: a skip on a laptop, a failure under
@@ -41,7 +43,7 @@ func Need(t testing.TB, prog, pkg string) string {
 			return filepath.Join(dir, prog)
 		}
 	}
-	if os.Getenv("CI") == "true" {
+	if testnet.UnderCI() {
 		t.Fatalf("%s not installed (Debian package %s; scripts/deps.sh installs it)", prog, pkg)
 	}
 	t.Skipf("%s not installed (apt-get install %s)", prog, pkg)

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // BinDir finds PostgreSQL's server binaries (Debian keeps them out of PATH).
@@ -66,7 +68,7 @@ func New(t testing.TB) *Cluster {
 	t.Helper()
 	bin, err := BinDir()
 	if err != nil {
-		if os.Getenv("CI") != "" {
+		if testnet.UnderCI() {
 			t.Fatal(err)
 		}
 		t.Skip(err)

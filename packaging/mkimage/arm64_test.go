@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/dockertest"
+
+	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // make package GOARCH=arm64 cross-compiles a static aarch64 executable and
 // packages it as an arm64 .deb and tarball; mkimage takes it for arm64 and
 // refuses it for amd64.
 func TestArm64BinaryAndPackage(t *testing.T) {
-	if testing.Short() && os.Getenv("CI") == "" { // never under CI
+	if testing.Short() && !testnet.UnderCI() { // never under CI
 		t.Skip("cross-compiles deptrace (about a minute on 2 cores)")
 	}
 	for _, tool := range []struct{ prog, pkg string }{{"make", "make"}, {"dpkg-deb", "dpkg"}, {"tar", "tar"}} {

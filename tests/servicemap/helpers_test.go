@@ -25,7 +25,7 @@ func need(t *testing.T, progs ...string) {
 	for _, p := range progs {
 		if _, err := exec.LookPath(p); err != nil {
 			msg := fmt.Sprintf("%s not installed (scripts/deps.sh installs it): %v", p, err)
-			if os.Getenv("CI") != "" {
+			if testnet.UnderCI() {
 				t.Fatal(msg)
 			}
 			t.Skip(msg)
