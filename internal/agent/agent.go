@@ -512,13 +512,19 @@ func (w *writer) keepInKernel() bool {
 }
 
 // resumed logs, once, that a write went through after the kernel kept
-// the interval (keepInKernel). Batches held in memory are logged by flush.
+// the interval (keepInKernel), or, unpinned, after memory kept no batch
+// (--buffer-max 0, or each batch larger than it): those were dropped.
+// Batches held in memory are logged by flush.
 func (w *writer) resumed(into string) {
 	if !w.holding || len(w.held) > 0 {
 		return
 	}
-	w.log.Info("writing recovered: the interval the kernel kept is written", "into", into, "drains_retried", w.heldRetries, "batches_dropped", 0)
-	w.holding, w.heldRetries = false, 0
+	if w.cfg.Tracer.PinPath != "" {
+		w.log.Info("writing recovered: the interval the kernel kept is written", "into", into, "drains_retried", w.heldRetries, "batches_dropped", 0)
+	} else {
+		w.log.Warn("writing recovered: no batch could be kept in memory meanwhile, so they were dropped", "into", into, "batches_dropped", w.heldDropped, "buffer_max_bytes", w.cfg.BufferMax)
+	}
+	w.holding, w.heldRetries, w.heldDropped, w.heldWritten = false, 0, 0, 0
 }
 
 // logCompaction logs a new error of the store's background compaction,
@@ -588,15 +594,22 @@ func batchBytes(b store.Batch) int64 {
 		n += int64(unsafe.Sizeof(sv)) + int64(len(sv.HostID)+len(sv.Proto)+len(sv.Comm))
 	}
 	for _, o := range b.Observations {
-		n += int64(unsafe.Sizeof(o)) + int64(len(o.HostID)+len(o.Direction)+len(o.Proto)+len(o.LocalAddr)+len(o.RemoteAddr)+len(o.Comm)+len(o.PeerComm)+len(o.RemoteName))
+		n += int64(unsafe.Sizeof(o)) + int64(len(o.HostID)+len(o.Direction)+len(o.Proto)+len(o.LocalAddr)+len(o.RemoteAddr)+len(o.Comm)+len(o.PeerComm)+len(o.RemoteName)) + identityBytes(o.Identity)
 	}
 	for _, l := range b.Listeners {
 		n += int64(unsafe.Sizeof(l)) + int64(len(l.HostID)+len(l.Proto)+len(l.LocalAddr)+len(l.Comm))
 	}
 	for _, d := range b.DNS {
-		n += int64(unsafe.Sizeof(d)) + int64(len(d.HostID)+len(d.Comm)+len(d.Proto)+len(d.Resolver))
+		n += int64(unsafe.Sizeof(d)) + int64(len(d.HostID)+len(d.Comm)+len(d.Proto)+len(d.Resolver)) + identityBytes(d.Identity)
 	}
 	return n
+}
+
+// identityBytes is what an identity's strings take beyond its struct (a
+// pod's names and a 64-digit container id are most of a flow's bytes).
+func identityBytes(id tracer.Identity) int64 {
+	return int64(len(id.Unit) + len(id.ContainerID) + len(id.ContainerName) + len(id.ContainerImage) + len(id.ContainerRuntime) +
+		len(id.PodNamespace) + len(id.PodName) + len(id.PodUID) + len(id.K8sContainer) + len(id.Workload))
 }
 
 func errString(err error) string {
