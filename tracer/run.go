@@ -31,8 +31,11 @@ type RunOptions struct {
 	// done, RunWith waits for that call, and drains a last time only if the
 	// interval was committed: an abandoned one stays in a pinned kernel
 	// side for the next process, and draining again would only repeat it.
-	// An error from a Commit made before emit returned counts as a failed
-	// drain; later ones are the consumer's to handle.
+	// A Commit's error counts as a failed drain whenever it comes: before
+	// emit returned, with that drain (and DrainFailed is told); later, when
+	// the next drain is due (the consumer has logged it: DrainFailed is not
+	// told again), so that maxDrainErrors failed commits in a row end
+	// RunWith either way.
 	AsyncCommit bool
 	// DrainFailed, when set, is told about each drain that failed (after
 	// its interval was emitted), except the last one at stop, whose error
@@ -42,9 +45,16 @@ type RunOptions struct {
 
 // RunWith is Run with options.
 func (t *Tracer) RunWith(ctx context.Context, opts RunOptions, emit func(Interval) error) error {
-	tick := time.NewTicker(t.cfg.Interval)
+	return runLoop(ctx, t.cfg.Interval, t.Collect, opts, emit)
+}
+
+// runLoop is RunWith's loop over any collect, so that its bookkeeping of
+// failed drains and handovers is testable without a kernel.
+func runLoop(ctx context.Context, interval time.Duration, collect func() (Interval, error), opts RunOptions, emit func(Interval) error) error {
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	var prev *handover // the interval the consumer holds (AsyncCommit)
+	var prev *handover     // the interval the consumer holds (AsyncCommit)
+	prevCollected := false // prev's drain itself succeeded
 	failed := 0
 	last := false
 	for {
@@ -63,13 +73,23 @@ func (t *Tracer) RunWith(ctx context.Context, opts RunOptions, emit func(Interva
 			} else if !prev.settled() {
 				continue // not stored yet: this drain waits for the next tick
 			}
+			// Settled: its drain counts as failed if its late commit did.
+			if late := prev.late(); late != nil && prevCollected {
+				if failed++; failed >= maxDrainErrors {
+					return fmt.Errorf("%d drains in a row failed, the last: commit: %w", failed, late)
+				}
+			} else if prevCollected {
+				failed = 0
+			}
+			prev = nil
 		}
-		iv, err := t.Collect()
+		iv, err := collect()
 		var emitErr error
 		if opts.AsyncCommit {
 			prev = newHandover(&iv)
 			emitErr = emit(iv)
 			err = errors.Join(err, prev.emitted())
+			prevCollected = err == nil
 		} else {
 			emitErr = emit(iv)
 			if emitErr == nil {
@@ -86,7 +106,9 @@ func (t *Tracer) RunWith(ctx context.Context, opts RunOptions, emit func(Interva
 			return emitErr
 		}
 		if err == nil {
-			failed = 0
+			if !opts.AsyncCommit {
+				failed = 0 // async: once its commit settles (above)
+			}
 			continue
 		}
 		if opts.DrainFailed != nil {
@@ -109,6 +131,7 @@ type handover struct {
 	committed bool
 	returned  bool  // emit returned
 	syncErr   error // a Commit's error before emit returned
+	lateErr   error // a Commit's error after
 }
 
 // newHandover makes iv's Commit and Abandon report to the handover.
@@ -138,8 +161,17 @@ func (h *handover) finish(committed bool, err error) {
 	h.committed = committed
 	if !h.returned {
 		h.syncErr = err
+	} else {
+		h.lateErr = err
 	}
 	close(h.done)
+}
+
+// late is the error of a Commit made after emit returned.
+func (h *handover) late() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lateErr
 }
 
 // emitted marks the return of emit and returns the error of a Commit

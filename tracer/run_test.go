@@ -1,13 +1,15 @@
 package tracer
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 // The handover of an interval in AsyncCommit mode: the first Commit or
-// Abandon decides, a Commit's error counts as a failed drain only if it
-// came before emit returned, and a failed Commit leaves the interval
+// Abandon decides, a Commit's error is the drain's own if it came before
+// emit returned (a later one is the handover's late error), and a failed Commit leaves the interval
 // uncommitted (the kernel side keeps it).
 func TestHandover(t *testing.T) {
 	failing := errors.New("commit failed")
@@ -50,6 +52,9 @@ func TestHandover(t *testing.T) {
 			if syncErr != tc.wantSyncErr {
 				t.Errorf("error counted for the drain %v, want %v", syncErr, tc.wantSyncErr)
 			}
+			if wantLate := map[bool]error{true: tc.commitErr}[!tc.beforeReturn]; h.late() != wantLate {
+				t.Errorf("late error %v, want %v", h.late(), wantLate)
+			}
 		})
 	}
 	// Without a pinned kernel side there is nothing to commit: Commit
@@ -58,5 +63,42 @@ func TestHandover(t *testing.T) {
 	h := newHandover(&iv)
 	if err := iv.Commit(); err != nil || !h.wait() {
 		t.Errorf("unpinned commit: %v, committed %v", err, h.wait())
+	}
+}
+
+// In AsyncCommit mode a commit that fails after emit returned counts as a
+// failed drain too: maxDrainErrors of them in a row end the loop, while
+// one success between failures starts the count again.
+func TestLateCommitErrorsEndTheLoop(t *testing.T) {
+	failing := errors.New("commit failed")
+	run := func(fails func(n int) bool) (drains int, err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		collect := func() (Interval, error) {
+			drains++
+			n := drains
+			return Interval{commit: func() error {
+				if fails(n) {
+					return failing
+				}
+				return nil
+			}}, nil
+		}
+		emit := func(iv Interval) error {
+			go func() { _ = iv.Commit() }() // stored later, as the agent's writer does
+			return nil
+		}
+		err = runLoop(ctx, 5*time.Millisecond, collect, RunOptions{AsyncCommit: true}, emit)
+		return drains, err
+	}
+	drains, err := run(func(int) bool { return true })
+	if !errors.Is(err, failing) || drains != maxDrainErrors {
+		// The third failure is seen when the fourth drain is due, which
+		// then does not happen.
+		t.Errorf("every commit failing: %d drains, %v; want the loop ended after %d failed commits", drains, err, maxDrainErrors)
+	}
+	drains, err = run(func(n int) bool { return n%2 == 0 })
+	if err != nil || drains < 2*maxDrainErrors {
+		t.Errorf("every other commit failing: %d drains, %v; want the loop to run until its context ends", drains, err)
 	}
 }
