@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/realtest"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
@@ -27,10 +28,10 @@ import (
 //     ICMP arrives with the socket unowned and the kernel closes it with
 //     sk_err set (tcp_done_with_error), as for a distant router's ICMP.
 func TestCurlRefusedAndUnreachable(t *testing.T) {
-	need(t, "curl", "nft", "nstat", "ip")
+	realtest.NeedPrograms(t, "curl", "nft", "nstat", "ip")
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	nft(t, b, `table ip deptrace_real {
+	realtest.LoadNftRuleset(t, b, `table ip deptrace_real {
 	chain input {
 		type filter hook input priority 0; policy accept;
 		tcp dport 7004 counter reject with icmp type admin-prohibited
@@ -47,7 +48,7 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 	}{{7005, "Connection refused"}, {7004, "No route to host"}, {7006, "No route to host"}}
 	for _, c := range cases {
 		for i := 0; i < r; i++ {
-			code, _, errOut := run(t, a, 20*time.Second, "curl", "-v", "-sS", "--connect-timeout", "5", "--max-time", "10",
+			code, _, errOut := realtest.Run(t, a, 20*time.Second, "curl", "-v", "-sS", "--connect-timeout", "5", "--max-time", "10",
 				fmt.Sprintf("http://%s:%d/", b.IPv4, c.port))
 			if code != 7 || !strings.Contains(errOut, c.says) {
 				t.Fatalf("curl to port %d: exit %d; want 7 (could not connect) with %q:\n%s", c.port, code, c.says, errOut)
@@ -55,11 +56,11 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 		}
 	}
 	for _, port := range []string{"7004", "7006"} {
-		if got := nftCounter(t, b, "deptrace_real", "input", "dport "+port+" counter"); got != r {
+		if got := realtest.NftRulePackets(t, b, "deptrace_real", "input", "dport "+port+" counter"); got != r {
 			t.Fatalf("the reject rule for port %s matched %d SYNs; want %d", port, got, r)
 		}
 	}
-	_, mib, _ := run(t, a, 10*time.Second, "nstat", "-az", "TcpExtLockDroppedIcmps", "TcpAttemptFails", "IcmpInDestUnreachs")
+	_, mib, _ := realtest.Run(t, a, 10*time.Second, "nstat", "-az", "TcpExtLockDroppedIcmps", "TcpAttemptFails", "IcmpInDestUnreachs")
 	t.Logf("client namespace counters:\n%s", mib)
 
 	l := tracertest.NewLedger()
@@ -106,10 +107,10 @@ func TestCurlRefusedAndUnreachable(t *testing.T) {
 // nginx: each connect's first SYN is lost and the kernel retransmits it
 // after its initial 1 s timeout.
 func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
-	need(t, "nginx", "curl", "nft", "ip")
+	realtest.NeedPrograms(t, "nginx", "curl", "nft", "ip")
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	nft(t, b, `table ip deptrace_real {
+	realtest.LoadNftRuleset(t, b, `table ip deptrace_real {
 	chain input {
 		type filter hook input priority 0; policy accept;
 		tcp dport 7003 tcp flags & (syn | ack) == syn numgen inc mod 2 == 0 counter drop
@@ -120,14 +121,14 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 	startNginx(t, b, fmt.Sprintf(`	server { listen %s:7003; location / { return 204; } }`, b.IPv4))
 	const n = 2
 	for i := 0; i < n; i++ {
-		code, out, errOut := run(t, a, 30*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{time_connect}",
+		code, out, errOut := realtest.Run(t, a, 30*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{time_connect}",
 			"--connect-timeout", "10", "--max-time", "15", fmt.Sprintf("http://%s:7003/", b.IPv4))
 		if code != 0 || !strings.HasPrefix(out, "204 ") {
 			t.Fatalf("curl: exit %d %q %s", code, out, errOut)
 		}
 		t.Logf("curl %d: status and connect time %s", i, out)
 	}
-	dropped := nftCounter(t, b, "deptrace_real", "input", "dport 7003")
+	dropped := realtest.NftRulePackets(t, b, "deptrace_real", "input", "dport 7003")
 	if dropped != n {
 		t.Fatalf("the rule dropped %d SYNs; want %d (one per connect)", dropped, n)
 	}
@@ -158,7 +159,7 @@ var skmemDrops = regexp.MustCompile(`skmem:\([^)]*\bd(\d+)\)`)
 // (sk_drops, the "d" of ss's skmem) in host h.
 func listenerDrops(t *testing.T, h *testnet.Host, addr string) uint64 {
 	t.Helper()
-	code, out, errOut := run(t, h, 10*time.Second, "ss", "-Hltnm", "src", addr)
+	code, out, errOut := realtest.Run(t, h, 10*time.Second, "ss", "-Hltnm", "src", addr)
 	m := skmemDrops.FindStringSubmatch(out)
 	if code != 0 || m == nil {
 		t.Fatalf("ss -ltnm src %s: exit %d: %q %s", addr, code, out, errOut)
@@ -171,7 +172,7 @@ func listenerDrops(t *testing.T, h *testnet.Host, addr string) uint64 {
 // accepts, and 10 concurrent curls: the listener's drops, and the
 // client edge's connections and timeouts as curl saw them.
 func TestNginxListenerBacklogOverflow(t *testing.T) {
-	need(t, "nginx", "curl", "ip", "ss")
+	realtest.NeedPrograms(t, "nginx", "curl", "ip", "ss")
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	tr := startTracer(t) // before nginx, so its listen() is seen and named
@@ -181,9 +182,9 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "nginx stopped", func() error {
+	tracertest.Eventually(t, 5*time.Second, "nginx stopped", func() error {
 		for _, p := range []int{worker, master} {
-			if st, _, err := procStat(p); err != nil || st != 'T' {
+			if st, _, err := realtest.ProcStat(p); err != nil || st != 'T' {
 				return fmt.Errorf("pid %d state %c (%v)", p, st, err)
 			}
 		}
@@ -201,7 +202,7 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			code, out, errOut := run(t, a, 20*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{time_connect}",
+			code, out, errOut := realtest.Run(t, a, 20*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{time_connect}",
 				"--connect-timeout", "2", "--max-time", "3", fmt.Sprintf("http://%s:7002/", b.IPv4))
 			tc, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
 			mu.Lock()

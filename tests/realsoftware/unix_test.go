@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/pgtest"
+	"github.com/deptrace/deptrace/internal/realtest"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
@@ -27,7 +28,7 @@ const wsgiApp = `def app(environ, start_response):
 // curl -> nginx (tcp) -> gunicorn (unix socket), the classic Python web
 // stack. Host b runs nginx and gunicorn, host a runs curl.
 func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
-	need(t, "nginx", "gunicorn", "curl", "ip")
+	realtest.NeedPrograms(t, "nginx", "gunicorn", "curl", "ip")
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
 
@@ -38,23 +39,21 @@ func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(gdir, "app.sock")
-	g := startDaemon(t, b, gdir, syscall.SIGTERM, "gunicorn", "--chdir", gdir, "--bind", "unix:"+sock,
+	g := realtest.StartDaemon(t, b, gdir, "gunicorn", syscall.SIGTERM, "gunicorn", "--chdir", gdir, "--bind", "unix:"+sock,
 		"--workers", "2", "--worker-class", "sync", "--access-logfile", filepath.Join(gdir, "access.log"), "app:app")
-	waitFor(t, 20*time.Second, "gunicorn answers on "+sock, func() error {
-		if gone, out := g.exited(); gone {
-			t.Fatalf("gunicorn exited: %s", out)
-		}
+	tracertest.Eventually(t, 20*time.Second, "gunicorn answers on "+sock, func() error {
+		g.MustRun(t)
 		c, err := net.DialTimeout("unix", sock, 2*time.Second)
 		if err != nil {
 			return err
 		}
-		_, err = httpGet(c)
+		_, err = realtest.HTTPGet(c)
 		return err
 	})
 	var gworkers []int
-	waitFor(t, 10*time.Second, "two gunicorn workers", func() error {
-		if gworkers = children(g.pid); len(gworkers) != 2 {
-			return fmt.Errorf("gunicorn arbiter %d has children %v", g.pid, gworkers)
+	tracertest.Eventually(t, 10*time.Second, "two gunicorn workers", func() error {
+		if gworkers = realtest.Children(g.PID); len(gworkers) != 2 {
+			return fmt.Errorf("gunicorn arbiter %d has children %v", g.PID, gworkers)
 		}
 		return nil
 	})
@@ -69,16 +68,16 @@ func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
 		location / { proxy_pass http://unix:%s; access_log {dir}/upstream.log up; }
 	}`, b.IPv4, sock))
 	t.Logf("processes as /proc names them: nginx master %d %q, worker %d %q; gunicorn arbiter %d %q, workers %v %q",
-		master, comm(master), worker, comm(worker), g.pid, comm(g.pid), gworkers, comm(gworkers[0]))
-	if comm(worker) != "nginx" || comm(gworkers[0]) != "gunicorn" || comm(gworkers[1]) != "gunicorn" {
-		t.Fatalf("unexpected process names: nginx worker %q, gunicorn workers %q %q", comm(worker), comm(gworkers[0]), comm(gworkers[1]))
+		master, realtest.Comm(master), worker, realtest.Comm(worker), g.PID, realtest.Comm(g.PID), gworkers, realtest.Comm(gworkers[0]))
+	if realtest.Comm(worker) != "nginx" || realtest.Comm(gworkers[0]) != "gunicorn" || realtest.Comm(gworkers[1]) != "gunicorn" {
+		t.Fatalf("unexpected process names: nginx worker %q, gunicorn workers %q %q", realtest.Comm(worker), realtest.Comm(gworkers[0]), realtest.Comm(gworkers[1]))
 	}
 
 	// N requests, one curl process each: N connections curl -> nginx.
 	const n = 20
 	var curlSent, curlRecv uint64
 	for i := 0; i < n; i++ {
-		code, out, errOut := run(t, a, 20*time.Second, "curl", "-sS", "--max-time", "10", "-o", "/dev/null",
+		code, out, errOut := realtest.Run(t, a, 20*time.Second, "curl", "-sS", "--max-time", "10", "-o", "/dev/null",
 			"-w", "%{http_code} %{size_request} %{size_header} %{size_download}", fmt.Sprintf("http://%s:8080/", b.IPv4))
 		f := strings.Fields(out)
 		if code != 0 || len(f) != 4 || f[0] != "200" {
@@ -135,7 +134,7 @@ func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
 		t.Errorf("nginx side named %d/%q; want the nginx worker %d/\"nginx\"", o.PID, o.Comm, worker)
 	}
 	if !slices.Contains(gworkers, int(o.PeerPID)) || o.PeerComm != "gunicorn" {
-		t.Errorf("nginx side's peer %d/%q; want a gunicorn worker %v (not the arbiter %d that listens)", o.PeerPID, o.PeerComm, gworkers, g.pid)
+		t.Errorf("nginx side's peer %d/%q; want a gunicorn worker %v (not the arbiter %d that listens)", o.PeerPID, o.PeerComm, gworkers, g.PID)
 	}
 	if i.NetNS != b.Inode || i.Port != 0 || i.RemoteAddr != "" {
 		t.Errorf("gunicorn side: netns %d port %d remote %q; want netns %d, port 0, remote \"\"", i.NetNS, i.Port, i.RemoteAddr, b.Inode)
@@ -169,7 +168,7 @@ func TestNginxProxiesToGunicornOverUnixSocket(t *testing.T) {
 
 // psql -> PostgreSQL listening only on its socket directory.
 func TestPsqlToPostgresOverUnixSocket(t *testing.T) {
-	need(t, "psql")
+	realtest.NeedPrograms(t, "psql")
 	testnet.RequireRoot(t)
 	cl := pgtest.New(t) // listen_addresses='', unix_socket_directories=its temp dir
 	host := ""
@@ -190,15 +189,15 @@ func TestPsqlToPostgresOverUnixSocket(t *testing.T) {
 	if err != nil {
 		t.Fatalf("socket lock file %s: %v", sock+".lock", err)
 	}
-	t.Logf("postmaster %d is %q in /proc", postmaster, comm(postmaster))
-	if comm(postmaster) != "postgres" {
-		t.Fatalf("postmaster %d is named %q", postmaster, comm(postmaster))
+	t.Logf("postmaster %d is %q in /proc", postmaster, realtest.Comm(postmaster))
+	if realtest.Comm(postmaster) != "postgres" {
+		t.Fatalf("postmaster %d is named %q", postmaster, realtest.Comm(postmaster))
 	}
 
 	tr := startTracer(t) // after initdb and createdb, so only psql's connections count
 	const k = 7
 	for i := 0; i < k; i++ {
-		code, out, errOut := run(t, nil, 20*time.Second, "psql", "-X", "-At", "-h", host, "-U", "postgres", "-d", "deptrace", "-c", "select 1")
+		code, out, errOut := realtest.Run(t, nil, 20*time.Second, "psql", "-X", "-At", "-h", host, "-U", "postgres", "-d", "deptrace", "-c", "select 1")
 		if code != 0 || strings.TrimSpace(out) != "1" {
 			t.Fatalf("psql: exit %d: %q %s", code, out, errOut)
 		}

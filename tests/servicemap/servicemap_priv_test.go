@@ -14,7 +14,9 @@ import (
 
 	"github.com/deptrace/deptrace/internal/browsertest"
 	"github.com/deptrace/deptrace/internal/pgtest"
+	"github.com/deptrace/deptrace/internal/realtest"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 )
 
 // The requests curl makes through nginx: ok to / (every backend once), and
@@ -83,7 +85,7 @@ func buildDeptrace(t *testing.T) string {
 // graph runs `deptrace graph --format json` over the store.
 func graph(t *testing.T, bin, db string) graphJSON {
 	t.Helper()
-	code, out, errOut := run(t, nil, 30*time.Second, bin, "graph", "--store", db, "--format", "json", "--since", "1h")
+	code, out, errOut := realtest.Run(t, nil, 30*time.Second, bin, "graph", "--store", db, "--format", "json", "--since", "1h")
 	if code != 0 {
 		t.Fatalf("deptrace graph: exit %d: %s", code, errOut)
 	}
@@ -129,9 +131,9 @@ func (g graphJSON) about(hosts map[string]bool) string {
 // reason on the page and in `deptrace look`).
 func TestServiceMapRealStack(t *testing.T) {
 	testnet.RequireRoot(t) // first: make test-unit skips it with nothing installed
-	need(t, "nginx", "/usr/bin/gunicorn", "/usr/bin/python3", "redis-server", "memcached", "curl", "nft", "ss", "ip", "setpriv", "go")
+	realtest.NeedPrograms(t, "nginx", "/usr/bin/gunicorn", "/usr/bin/python3", "redis-server", "memcached", "curl", "nft", "ss", "ip", "setpriv", "go")
 	if _, err := pgtest.BinDir(); err != nil {
-		need(t, "initdb") // fails under CI, skips elsewhere, naming it
+		realtest.NeedPrograms(t, "initdb") // fails under CI, skips elsewhere, naming it
 	}
 	browsertest.Chromium(t)
 	nw := testnet.New(t, 8)
@@ -142,7 +144,7 @@ func TestServiceMapRealStack(t *testing.T) {
 	pgHost, downHost := nw.Hosts[5], nw.Hosts[7]
 	// The first SYN to PostgreSQL is dropped (numgen starts at 0; fewer
 	// than 1,000 SYNs come), so one connect of 20 retransmits it once.
-	nft(t, pgHost, `table ip servicemap {
+	realtest.LoadNftRuleset(t, pgHost, `table ip servicemap {
 	chain input {
 		type filter hook input priority 0; policy accept;
 		tcp dport 5432 tcp flags & (syn | ack) == syn numgen inc mod 1000 == 0 counter drop
@@ -151,7 +153,7 @@ func TestServiceMapRealStack(t *testing.T) {
 `)
 	// Every SYN to port 7002 of the down host is dropped; nothing listens
 	// on 7001 there, so its kernel answers a reset (refused).
-	nft(t, downHost, `table ip servicemap {
+	realtest.LoadNftRuleset(t, downHost, `table ip servicemap {
 	chain input {
 		type filter hook input priority 0; policy accept;
 		tcp dport 7002 counter drop
@@ -162,12 +164,12 @@ func TestServiceMapRealStack(t *testing.T) {
 	// The agent first, so that every server's listen() is seen.
 	dir := t.TempDir()
 	db := filepath.Join(dir, "deptrace.db")
-	agent := startDaemon(t, nil, dir, "agent", syscall.SIGTERM, bin, "agent", "--store", db, "--interval", "1s", "--pin-path", "",
+	agent := realtest.StartDaemon(t, nil, dir, "agent", syscall.SIGTERM, bin, "agent", "--store", db, "--interval", "1s", "--pin-path", "",
 		"--metrics-listen", "", "--spool", filepath.Join(dir, "spool.jsonl"), "--host-id", "servicemap", "--no-identity")
-	waitFor(t, 30*time.Second, "the agent started", func() error {
-		agent.mustRun(t)
-		if !strings.Contains(agent.output(), "agent started") {
-			return fmt.Errorf("agent output so far: %s", agent.output())
+	tracertest.Eventually(t, 30*time.Second, "the agent started", func() error {
+		agent.MustRun(t)
+		if !strings.Contains(agent.Output(), "agent started") {
+			return fmt.Errorf("agent output so far: %s", agent.Output())
 		}
 		return nil
 	})
@@ -176,25 +178,25 @@ func TestServiceMapRealStack(t *testing.T) {
 
 	url := fmt.Sprintf("http://%s/", s.nginx.IPv4)
 	for i := 0; i < ok; i++ {
-		code, out, errOut := run(t, s.client, 20*time.Second, "curl", "-sS", "--max-time", "10", url)
+		code, out, errOut := realtest.Run(t, s.client, 20*time.Second, "curl", "-sS", "--max-time", "10", url)
 		if want := "redis:+PONG memcached:VERSION postgres:ready collector:sent\n"; code != 0 || out != want {
 			t.Fatalf("curl %s (%d): exit %d, %q %s; want %q", url, i, code, out, errOut, want)
 		}
 	}
 	for i := 0; i < down; i++ {
-		code, out, errOut := run(t, s.client, 20*time.Second, "curl", "-sS", "--max-time", "10", url+"down")
+		code, out, errOut := realtest.Run(t, s.client, 20*time.Second, "curl", "-sS", "--max-time", "10", url+"down")
 		if want := "refused:ConnectionRefusedError dropped:TimeoutError\n"; code != 0 || out != want {
 			t.Fatalf("curl %sdown (%d): exit %d, %q %s; want %q", url, i, code, out, errOut, want)
 		}
 	}
-	if n := nftCounter(t, pgHost, "servicemap", "input", "dport 5432"); n != 1 {
+	if n := realtest.NftRulePackets(t, pgHost, "servicemap", "input", "dport 5432"); n != 1 {
 		t.Fatalf("the rule dropped %d SYNs to PostgreSQL; want exactly 1", n)
 	}
-	if n := nftCounter(t, downHost, "servicemap", "input", "dport 7002"); n != down {
+	if n := realtest.NftRulePackets(t, downHost, "servicemap", "input", "dport 7002"); n != down {
 		t.Fatalf("the rule dropped %d SYNs to port 7002; want %d (one per 0.5 s connect, under the 1 s SYN retransmission)", n, down)
 	}
-	waitFor(t, 10*time.Second, "the collector's datagrams", func() error {
-		if n := strings.Count(s.collectorD.output(), "requests:1|c\n"); n != ok {
+	tracertest.Eventually(t, 10*time.Second, "the collector's datagrams", func() error {
+		if n := strings.Count(s.collectorD.Output(), "requests:1|c\n"); n != ok {
 			return fmt.Errorf("collector printed %d datagrams; want %d", n, ok)
 		}
 		return nil
@@ -251,8 +253,8 @@ func TestServiceMapRealStack(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(t, 20*time.Second, "the agent stored the traffic", func() error { agent.mustRun(t); return settled() })
-	agent.stop(t, syscall.SIGTERM) // nothing more is traced: the page's own traffic is not on the map
+	tracertest.Eventually(t, 20*time.Second, "the agent stored the traffic", func() error { agent.MustRun(t); return settled() })
+	agent.Stop(t, syscall.SIGTERM) // nothing more is traced: the page's own traffic is not on the map
 	g = graph(t, bin, db)
 	t.Logf("graph of the stack:%s", g.about(ours))
 
@@ -312,7 +314,7 @@ func TestServiceMapRealStack(t *testing.T) {
 	// deptrace look marks them, each with its cause and the rule that
 	// fired (its line ends with "why: ..."); nothing else is
 	// marked (the postgres edge with its retransmit is a plain line).
-	code, lookOut, errOut := run(t, nil, 30*time.Second, bin, "look", "--store", db, "--since", "1h", s.app.IPv4.String())
+	code, lookOut, errOut := realtest.Run(t, nil, 30*time.Second, bin, "look", "--store", db, "--since", "1h", s.app.IPv4.String())
 	t.Logf("deptrace look %s:\n%s", s.app.IPv4, lookOut)
 	if code != 0 {
 		t.Fatalf("deptrace look: exit %d: %s", code, errOut)
@@ -483,11 +485,11 @@ func serve(t *testing.T, bin, dir, db string) string {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close() // freed for deptrace serve to take
-	d := startDaemon(t, nil, dir, "serve", syscall.SIGTERM, bin, "serve", "--store", db, "--listen", addr)
-	waitFor(t, 20*time.Second, "deptrace serve answers", func() error {
-		d.mustRun(t)
-		if !strings.Contains(d.output(), "serving") {
-			return fmt.Errorf("serve output so far: %s", d.output())
+	d := realtest.StartDaemon(t, nil, dir, "serve", syscall.SIGTERM, bin, "serve", "--store", db, "--listen", addr)
+	tracertest.Eventually(t, 20*time.Second, "deptrace serve answers", func() error {
+		d.MustRun(t)
+		if !strings.Contains(d.Output(), "serving") {
+			return fmt.Errorf("serve output so far: %s", d.Output())
 		}
 		return nil
 	})

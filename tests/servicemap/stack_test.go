@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/deptrace/deptrace/internal/pgtest"
+	"github.com/deptrace/deptrace/internal/realtest"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 )
 
 // appPy is the WSGI app gunicorn serves. GET / talks to each backend with
@@ -120,7 +122,7 @@ while True:
 // stack is the running service stack: a host per program.
 type stack struct {
 	client, nginx, app, redis, memcached, postgres, collector, down *testnet.Host
-	collectorD                                                      *daemon
+	collectorD                                                      *realtest.Daemon
 }
 
 // startStack starts the servers, each in its host, and returns once each
@@ -132,14 +134,14 @@ func startStack(t *testing.T, nw *testnet.Network) *stack {
 	s := &stack{client: h[0], nginx: h[1], app: h[2], redis: h[3], memcached: h[4], postgres: h[5], collector: h[6], down: h[7]}
 
 	dir := t.TempDir()
-	r := startDaemon(t, s.redis, dir, "redis", syscall.SIGTERM, "redis-server", "--bind", s.redis.IPv4.String(), "--port", "6379",
+	r := realtest.StartDaemon(t, s.redis, dir, "redis", syscall.SIGTERM, "redis-server", "--bind", s.redis.IPv4.String(), "--port", "6379",
 		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", "--dir", dir)
-	m := startDaemon(t, s.memcached, dir, "memcached", syscall.SIGTERM, "memcached", "-u", "root", "-l", s.memcached.IPv4.String(), "-p", "11211", "-U", "0")
+	m := realtest.StartDaemon(t, s.memcached, dir, "memcached", syscall.SIGTERM, "memcached", "-u", "root", "-l", s.memcached.IPv4.String(), "-p", "11211", "-U", "0")
 	pg := startPostgres(t, s.postgres)
 	if err := os.WriteFile(filepath.Join(dir, "collector.py"), []byte(collectorPy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.collectorD = startDaemon(t, s.collector, dir, "collector", syscall.SIGTERM, "/usr/bin/python3", "-u", filepath.Join(dir, "collector.py"), s.collector.IPv4.String())
+	s.collectorD = realtest.StartDaemon(t, s.collector, dir, "collector", syscall.SIGTERM, "/usr/bin/python3", "-u", filepath.Join(dir, "collector.py"), s.collector.IPv4.String())
 
 	app := appPy
 	for k, v := range map[string]*testnet.Host{"{redis}": s.redis, "{memcached}": s.memcached, "{postgres}": s.postgres, "{collector}": s.collector, "{down}": s.down} {
@@ -148,44 +150,23 @@ func startStack(t *testing.T, nw *testnet.Network) *stack {
 	if err := os.WriteFile(filepath.Join(dir, "app.py"), []byte(app), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g := startDaemon(t, s.app, dir, "gunicorn", syscall.SIGTERM, "/usr/bin/gunicorn", "--chdir", dir, "--bind", s.app.IPv4.String()+":8000",
+	g := realtest.StartDaemon(t, s.app, dir, "gunicorn", syscall.SIGTERM, "/usr/bin/gunicorn", "--chdir", dir, "--bind", s.app.IPv4.String()+":8000",
 		"--workers", "2", "--worker-class", "sync", "--access-logfile", filepath.Join(dir, "access.log"), "app:app")
 
-	ndir := t.TempDir()
-	conf := fmt.Sprintf(`daemon off;
-master_process on;
-worker_processes 1;
-user root;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log info;
-events { worker_connections 256; }
-http {
-	access_log off;
-	client_body_temp_path %[1]s/body;
-	proxy_temp_path %[1]s/proxy;
-	fastcgi_temp_path %[1]s/fastcgi;
-	uwsgi_temp_path %[1]s/uwsgi;
-	scgi_temp_path %[1]s/scgi;
-	server { listen %[2]s:80; location / { proxy_pass http://%[3]s:8000; } }
-}
-`, ndir, s.nginx.IPv4, s.app.IPv4)
-	if err := os.WriteFile(filepath.Join(ndir, "nginx.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n := startDaemon(t, s.nginx, ndir, "nginx", syscall.SIGTERM, "nginx", "-p", ndir, "-e", filepath.Join(ndir, "error.log"), "-c", filepath.Join(ndir, "nginx.conf"))
+	n, _ := realtest.StartNginx(t, s.nginx, fmt.Sprintf("\tserver { listen %s:80; location / { proxy_pass http://%s:8000; } }", s.nginx.IPv4, s.app.IPv4))
 
-	listening(t, s.redis, r, "tcp", s.redis.IPv4.String()+":6379")
-	listening(t, s.memcached, m, "tcp", s.memcached.IPv4.String()+":11211")
-	listening(t, s.collector, s.collectorD, "udp", s.collector.IPv4.String()+":8125")
-	listening(t, s.app, g, "tcp", s.app.IPv4.String()+":8000")
-	listening(t, s.nginx, n, "tcp", s.nginx.IPv4.String()+":80")
+	realtest.WaitListening(t, s.redis, r, "tcp", s.redis.IPv4.String()+":6379")
+	realtest.WaitListening(t, s.memcached, m, "tcp", s.memcached.IPv4.String()+":11211")
+	realtest.WaitListening(t, s.collector, s.collectorD, "udp", s.collector.IPv4.String()+":8125")
+	realtest.WaitListening(t, s.app, g, "tcp", s.app.IPv4.String()+":8000")
+	realtest.WaitListening(t, s.nginx, n, "tcp", s.nginx.IPv4.String()+":80")
 	pg.ready(t)
 	return s
 }
 
 // postgresD is a throwaway PostgreSQL listening on its host's address.
 type postgresD struct {
-	d    *daemon
+	d    *realtest.Daemon
 	data string
 	h    *testnet.Host
 }
@@ -197,7 +178,7 @@ func startPostgres(t *testing.T, h *testnet.Host) *postgresD {
 	t.Helper()
 	bin, err := pgtest.BinDir()
 	if err != nil {
-		t.Fatal(err) // need() checked initdb already: a broken install
+		t.Fatal(err) // realtest.NeedPrograms() checked initdb already: a broken install
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
@@ -216,7 +197,7 @@ func startPostgres(t *testing.T, h *testnet.Host) *postgresD {
 		t.Fatal(err)
 	}
 	data := filepath.Join(dir, "data")
-	code, out, errOut := run(t, nil, 60*time.Second, "setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups",
+	code, out, errOut := realtest.Run(t, nil, 60*time.Second, "setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups",
 		filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
 	if code != 0 {
 		t.Fatalf("initdb: exit %d: %s%s", code, out, errOut)
@@ -232,7 +213,7 @@ func startPostgres(t *testing.T, h *testnet.Host) *postgresD {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, h, dir, "postgres", syscall.SIGINT, "setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups",
+	d := realtest.StartDaemon(t, h, dir, "postgres", syscall.SIGINT, "setpriv", "--reuid", u.Uid, "--regid", u.Gid, "--clear-groups",
 		filepath.Join(bin, "postgres"), "-D", data, "-c", "listen_addresses="+h.IPv4.String(), "-c", "unix_socket_directories="+dir,
 		"-c", "fsync=off", "-c", "max_connections=50")
 	return &postgresD{d: d, data: data, h: h}
@@ -242,8 +223,8 @@ func startPostgres(t *testing.T, h *testnet.Host) *postgresD {
 // line of postmaster.pid), without connecting to it.
 func (p *postgresD) ready(t *testing.T) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "postgres ready", func() error {
-		p.d.mustRun(t)
+	tracertest.Eventually(t, 30*time.Second, "postgres ready", func() error {
+		p.d.MustRun(t)
 		b, err := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
 		if err != nil {
 			return err
