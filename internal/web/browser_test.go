@@ -10,6 +10,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,7 +49,7 @@ func mapData(t *testing.T, ctx context.Context) map[string]string {
 
 // docScreenshots are the screenshots docs/web.md shows: with
 // DEPTRACE_UPDATE_SCREENSHOTS=1 the test writes them into docs/images/.
-var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true, "map-400": true}
+var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true, "map-400": true, "map-namespaces": true}
 
 // screenshot saves the page (into $DEPTRACE_SCREENSHOTS when set, to look
 // at; the documentation's into docs/images/ with
@@ -221,8 +222,8 @@ func TestBrowserDegradedEdge(t *testing.T) {
 		t.Errorf("degraded edge details:\n%s", h)
 	}
 	open(t, ctx, srv.URL+"/?view=table&range=all")
-	if r := js[string](t, ctx, `document.querySelector('#edges tbody tr.degraded').innerText.replace(/\s+/g, ' ')`); !strings.Contains(r, "python3 on worker-1") || !strings.Contains(r, "degraded") {
-		t.Errorf("degraded row %q", r)
+	if r := js[string](t, ctx, `document.querySelector('#edges tbody tr.degraded').innerText.replace(/\s+/g, ' ')`); !strings.Contains(r, "python3 on worker-1") || !strings.Contains(r, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") {
+		t.Errorf("degraded row %q, want its reason", r)
 	}
 }
 
@@ -314,6 +315,32 @@ func TestBrowserTableListsEveryEdge(t *testing.T) {
 	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy').innerText`); !strings.Contains(h, "6379") || !strings.Contains(h, "unhealthy") {
 		t.Errorf("unhealthy row %q", h)
 	}
+	// The health column gives the reason, as the details do; sorted, the
+	// worst comes first; the search finds a row by its reason.
+	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy td.health').innerText`); h != "unhealthy: 3 of 8 connection attempts failed (37.5 %)" {
+		t.Errorf("health of the unhealthy row %q, want the state with its reason", h)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="health"]`))); err != nil {
+		t.Fatal(err)
+	}
+	if h := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody td.health')].map(td => td.innerText)`); len(h) != 4 || !strings.HasPrefix(h[0], "unhealthy: ") || !strings.HasPrefix(h[1], "degraded: ") || h[2] != "ok" || h[3] != "ok" {
+		t.Errorf("health sorted worst first: %q", h)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="health"]`))); err != nil {
+		t.Fatal(err)
+	}
+	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr:last-child td.health').innerText`); !strings.HasPrefix(h, "unhealthy: ") {
+		t.Errorf("health sorted the other way: last row %q", h)
+	}
+	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "attempts failed")); err != nil {
+		t.Fatal(err)
+	}
+	until(t, ctx, `document.querySelector('#edges').dataset.rows === '1'`, `document.querySelector('#edges').dataset.rows`)
+	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr').innerText`); !strings.Contains(h, "6379") {
+		t.Errorf("search by reason found %q", h)
+	}
+	js[bool](t, ctx, `(s => { s.value = ''; s.dispatchEvent(new Event('input')); return true; })(document.querySelector('#search'))`)
+	until(t, ctx, `document.querySelector('#edges').dataset.rows === '4'`, `document.querySelector('#edges').dataset.rows`)
 	// Sort by connections (descending first), then filter.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="connections"]`))); err != nil {
 		t.Fatal(err)
@@ -539,6 +566,138 @@ func TestBrowserChainMap(t *testing.T) {
 	for name, c := range map[string]uint32{"workload node": 0x3366cc, "unhealthy": 0xe03131, "degraded edge": 0xf59f00} {
 		if n := pixels(img, c); n < 20 {
 			t.Errorf("%s colour #%06x: %d pixels on the screenshot, want it drawn", name, c, n)
+		}
+	}
+}
+
+// seedNamespaces writes the shape of tests/servicemap: every program in a
+// network namespace of its own (one node per box, ids as long as the
+// agent's), curl -> nginx -> python3 -> redis-server, memcached, postgres
+// and a UDP collector (four backends in one column), and an unrelated
+// pair, dbench -> pgbouncer.
+func seedNamespaces(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "namespaces.db")
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	at := now.Add(-5 * time.Minute)
+	host := func(i int) string { return "servicemap/dt4242-1-h" + string(rune('0'+i)) }
+	addr := func(i int) string { return "198.51.100." + string(rune('0'+i)) }
+	b := store.Batch{}
+	for i := 1; i <= 9; i++ {
+		b.Hosts = append(b.Hosts, store.Host{ID: host(i), Name: host(i), Addrs: []string{addr(i)}, LastSeen: now})
+	}
+	call := func(client int, ccomm string, server int, scomm, proto string, port uint16) {
+		c := tracer.Counters{Connections: 20, BytesSent: 2000, BytesReceived: 20000}
+		if proto == "udp" {
+			c = tracer.Counters{DatagramsSent: 40}
+		}
+		for _, o := range []struct {
+			h       int
+			dir     string
+			l, r    string
+			comm    string
+			counter tracer.Counters
+		}{{client, "outbound", addr(client), addr(server), ccomm, c}, {server, "inbound", addr(server), addr(client), scomm, c}} {
+			b.Observations = append(b.Observations, store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host(o.h), Direction: o.dir, Proto: proto,
+				LocalAddr: o.l, RemoteAddr: o.r, Port: port, Comm: o.comm, Counters: o.counter, FirstSeen: at, LastSeen: at.Add(time.Second)})
+		}
+	}
+	call(1, "curl", 2, "nginx", "tcp", 80)
+	call(2, "nginx", 3, "python3", "tcp", 8080)
+	call(3, "python3", 4, "redis-server", "tcp", 6379)
+	call(3, "python3", 5, "memcached", "tcp", 11211)
+	call(3, "python3", 6, "postgres", "tcp", 5432)
+	call(3, "python3", 7, "collector", "udp", 8125)
+	call(8, "dbench", 9, "pgbouncer", "tcp", 6432)
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// layoutProblems reads, from the page as drawn, the group boxes and their
+// titles (the DOM) and the node labels sigma drew in the last frame (the
+// rectangles measured on the canvas that drew them), and lists every box
+// overlapping another, every title over a label, every label outside its
+// node's box and every node without a drawn label.
+func layoutProblems(t *testing.T, ctx context.Context) (problems []string, titles int) {
+	t.Helper()
+	r := js[struct {
+		Problems []string
+		Titles   int
+	}](t, ctx, `(() => {
+	const m = document.querySelector('#map').getBoundingClientRect();
+	const rect = (e) => { const r = e.getBoundingClientRect(); return { l: r.left, r: r.right, t: r.top, b: r.bottom }; };
+	const hit = (a, b) => a.l < b.r && b.l < a.r && a.t < b.b && b.t < a.b;
+	const inside = (a, b) => a.l >= b.l && a.r <= b.r && a.t >= b.t && a.b <= b.b;
+	const f = (x) => [x.l, x.t, x.r, x.b].map(Math.round).join(',');
+	const G = window.deptrace.display, out = [];
+	const boxes = [...document.querySelectorAll('#boxes .box')].map((b) => Object.assign(rect(b), { g: b.dataset.group }));
+	const titles = [...document.querySelectorAll('#boxes .box button')].filter((b) => getComputedStyle(b).display !== 'none')
+		.map((b) => Object.assign(rect(b), { g: b.closest('.box').dataset.group }));
+	const labels = window.deptrace.labels().map((x) => ({ id: x.id, text: x.label, l: x.left + m.left, r: x.right + m.left, t: x.top + m.top, b: x.bottom + m.top }));
+	for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++)
+		if (hit(boxes[i], boxes[j])) out.push('box ' + boxes[i].g + ' [' + f(boxes[i]) + '] overlaps box ' + boxes[j].g + ' [' + f(boxes[j]) + ']');
+	for (const ti of titles) for (const l of labels)
+		if (hit(ti, l)) out.push('title of ' + ti.g + ' [' + f(ti) + '] covers label ' + l.text + ' [' + f(l) + ']');
+	for (const l of labels) {
+		const b = boxes.find((x) => x.g === G.getNodeAttribute(l.id, 'box'));
+		if (b && !inside(l, b)) out.push('label ' + l.text + ' [' + f(l) + '] outside its box ' + b.g + ' [' + f(b) + ']');
+	}
+	const drawn = new Set(labels.map((l) => l.id));
+	G.forEachNode((id, a) => { if (!drawn.has(id)) out.push('label of ' + id + ' (' + a.label + ') not drawn'); });
+	return { Problems: out, Titles: titles.length };
+})()`)
+	return r.Problems, r.Titles
+}
+
+// Group boxes on the layered map: with one program per network namespace
+// (one node per box) and four backends in one column, no box overlaps
+// another, no title covers a node's label, every label is drawn inside its
+// box; at the page's size and at a small one, where the map opens below
+// zoom 1 and labels and titles shrink with it.
+func TestBrowserBoxesDoNotCoverLabels(t *testing.T) {
+	srv, _ := serve(t, seedNamespaces(t), Options{})
+	ctx := browser(t, 90*time.Second)
+	for _, size := range [][2]int64{{1400, 900}, {700, 420}} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(size[0], size[1])); err != nil {
+			t.Fatal(err)
+		}
+		open(t, ctx, srv.URL+"/?view=map")
+		until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+		if d := mapData(t, ctx); d["nodes"] != "9" || d["edges"] != "7" || d["boxes"] != "9" {
+			t.Fatalf("%dx%d: map %v, want 9 nodes, 7 edges, 9 boxes", size[0], size[1], d)
+		}
+		// A frame after the layout, labels drawn.
+		until(t, ctx, `window.deptrace.labels().length > 0`, `window.deptrace.labels()`)
+		problems, titles := layoutProblems(t, ctx)
+		name := "map-namespaces"
+		if size[0] != 1400 {
+			name += "-small"
+		}
+		screenshot(t, ctx, name)
+		for _, p := range problems {
+			t.Errorf("%dx%d: %s", size[0], size[1], p)
+		}
+		if size[0] == 1400 && titles != 9 {
+			t.Errorf("%dx%d: %d box titles shown, want all 9", size[0], size[1], titles)
+		}
+		// The chain still reads left to right.
+		x := func(id string) float64 { return js[float64](t, ctx, `window.deptrace.position('`+id+`').x`) }
+		chain := []string{"curl", "nginx", "python3", "postgres"}
+		for i := 1; i < len(chain); i++ {
+			a, b := "workload:servicemap/dt4242-1-h"+strconv.Itoa(i)+"/"+chain[i-1], "workload:servicemap/dt4242-1-h"+strconv.Itoa(i+1)+"/"+chain[i]
+			if i == 3 {
+				b = "workload:servicemap/dt4242-1-h6/postgres"
+			}
+			if x(a) >= x(b) {
+				t.Errorf("%s is not left of %s", a, b)
+			}
 		}
 	}
 }

@@ -304,6 +304,7 @@
     const deg = (id) => (data.out.get(id) || []).length + (data.inn.get(id) || []).length;
     const nodeAttrs = (n, x, y) => ({
       x, y, label: shortLabel(n), size: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), kind: n.kind,
+      size0: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), // its size at zoom 1 (layered)
       // A node the server judged (dropping service, failing DNS) is red or
       // orange like its edges; its reasons are in the details.
       color: healthOf(n) === 'unhealthy' ? '#e03131' : healthOf(n) === 'degraded' ? '#f59f00' : COLORS[n.kind] || '#555',
@@ -391,6 +392,38 @@
   let worker = null, workerBusy = false, layoutGen = 0;
   const wantsLayered = (G) => !state.focus && G.order <= LAYERED && typeof Worker !== 'undefined';
 
+  // The layered map's geometry, in graph units, which are the page's
+  // pixels at zoom 1 (the page never opens it larger, onLayout): a node
+  // is its dot and its label (14 px Arial, as sigma draws it, 3 px right
+  // of the dot); a box is PAD around its nodes with a TITLE above them,
+  // at least as wide as its title; boxes (and nodes in none) are GAP
+  // apart. The layout worker leaves that room, measureBoxes draws
+  // exactly that, and below zoom 1 labels and titles shrink with the
+  // map (drawLabel, placeBoxes): no box overlaps another, no title
+  // covers a label.
+  const GEO = { pad: 8, title: 20, gap: 8 };
+  const LABEL = { size: 14, font: 'Arial', weight: 'normal', gap: 3 };
+  let measurer = null;
+  function textWidth(text, font) {
+    if (!measurer) measurer = document.createElement('canvas').getContext('2d');
+    measurer.font = font;
+    return measurer.measureText(text).width;
+  }
+  // extent is a node's room around its dot: [left, right, half height].
+  const extent = (a) => [a.size0, a.size0 + LABEL.gap + (a.label ? textWidth(a.label, LABEL.weight + ' ' + LABEL.size + 'px ' + LABEL.font) + 2 : 0), Math.max(a.size0, LABEL.size / 2 + 2)];
+  const titleText = (key, n) => '▾ ' + key + ' (' + n + ')';
+  // titleWidths measures the boxes' title buttons as the page draws them
+  // (app.css), 4 px from the box's left and 8 px to spare on its right.
+  const titleWidth = new Map();
+  function measureTitles(texts) {
+    const probe = el('div', undefined, 'box');
+    probe.style.cssText = 'visibility: hidden; width: 100000px';
+    const bs = texts.filter((x) => !titleWidth.has(x)).map((x) => probe.appendChild(el('button', x)));
+    $('#boxes').append(probe);
+    for (const b of bs) titleWidth.set(b.textContent, Math.ceil(b.getBoundingClientRect().width) + 12);
+    probe.remove();
+  }
+
   function requestLayout(G) {
     const gen = ++layoutGen;
     if (!wantsLayered(G)) return;
@@ -400,12 +433,22 @@
       worker.onmessage = onLayout;
       worker.onerror = (ev) => { workerBusy = false; $('#map').dataset.layout = 'grouped'; setStatus('layout failed: ' + (ev.message || 'worker error')); };
     }
-    const nodes = [], edges = [];
-    G.forEachNode((id, a) => nodes.push([id, 40 + Math.min(120, (a.label || '').length * 5), 16, a.box || '']));
+    const nodes = [], edges = [], count = new Map(), titles = {};
+    G.forEachNode((id, a) => {
+      a.ext = extent(a);
+      const box = a.kind === 'group' ? '' : a.box || '';
+      nodes.push([id, ...a.ext, box]);
+      if (box) count.set(box, (count.get(box) || 0) + 1);
+    });
+    // Boxes are drawn for up to MAXBOXES groups: beyond, no room is left
+    // for them.
+    const drawn = count.size <= MAXBOXES;
+    if (drawn) measureTitles([...count].map(([k, c]) => titleText(k, c)));
+    for (const [k, c] of count) titles[k] = drawn ? titleWidth.get(titleText(k, c)) : 0;
     G.forEachEdge((k, a, s, t) => edges.push([s, t]));
     workerBusy = true;
     $('#map').dataset.layout = 'laying-out';
-    worker.postMessage({ gen, nodes, edges, compound: true });
+    worker.postMessage({ gen, nodes, edges, titles, geo: drawn ? GEO : { pad: 0, title: 0, gap: GEO.gap } });
   }
 
   function onLayout(ev) {
@@ -424,11 +467,34 @@
     display.updateEachNodeAttributes((id, a) => {
       const p = m.positions[id];
       if (p) { a.x = p[0] * stretch; a.y = -p[1]; }
+      a.size = a.size0;
       return a;
     });
     display.setAttribute('layout', 'layered');
-    renderer.getCamera().setState({ x: 0.5, y: 0.5, ratio: 1, angle: 0 });
     measureBoxes();
+    // The map is opened whole, never larger than zoom 1 (a graph unit a
+    // pixel): sigma fits the bounding box of what is drawn (nodes,
+    // labels, boxes) to the map, and a box wider than the map at zoom 1
+    // keeps it there. Below zoom 1 the dots shrink with the map, as its
+    // labels and titles do.
+    const bb = { x0: Infinity, x1: -Infinity, y0: Infinity, y1: -Infinity };
+    const grow = (x0, x1, y0, y1) => { bb.x0 = Math.min(bb.x0, x0); bb.x1 = Math.max(bb.x1, x1); bb.y0 = Math.min(bb.y0, y0); bb.y1 = Math.max(bb.y1, y1); };
+    display.forEachNode((id, a) => { if (a.ext) grow(a.x - a.ext[0], a.x + a.ext[1], a.y - a.ext[2], a.y + a.ext[2]); });
+    for (const b of boxes) grow(b.x0, b.x1, b.y0, b.y1);
+    renderer.setSetting('stagePadding', 20);
+    renderer.setCustomBBox({ x: [bb.x0, bb.x1], y: [bb.y0, bb.y1] });
+    renderer.getCamera().setState({ x: 0.5, y: 0.5, ratio: 1, angle: 0 });
+    renderer.refresh();
+    const fit = unit();
+    if (fit > 1) {
+      const cx = (bb.x0 + bb.x1) / 2, cy = (bb.y0 + bb.y1) / 2, hw = ((bb.x1 - bb.x0) / 2) * fit, hh = ((bb.y1 - bb.y0) / 2) * fit;
+      renderer.setCustomBBox({ x: [cx - hw, cx + hw], y: [cy - hh, cy + hh] });
+      renderer.refresh();
+    }
+    const k = Math.min(1, unit());
+    // (A dot stays 1.5 px at least: so small, titles are hidden and
+    // labels a few pixels tall.)
+    display.updateEachNodeAttributes((id, a) => { a.size = Math.max(a.size0 * k, Math.min(a.size0, 1.5)); return a; }, { attributes: ['size'] });
     renderer.refresh();
     const box = $('#map');
     box.dataset.layoutMs = String(m.ms);
@@ -437,23 +503,57 @@
     document.body.dataset.layeredMs = String(Math.round(performance.now()));
   }
 
+  // unit is the pixels a graph unit takes at the camera's zoom.
+  const unit = () => {
+    const a = renderer.graphToViewport({ x: 0, y: 0 }), b = renderer.graphToViewport({ x: 1000, y: 0 });
+    return Math.hypot(b.x - a.x, b.y - a.y) / 1000;
+  };
+  // drawLabel draws a node's label as sigma does (its defaultDrawNodeLabel),
+  // at most 14 px and smaller with the map below zoom 1 on a layered map,
+  // so that it stays in the room the layout gave it; drawn records where
+  // each label went in the last frame (for the tests).
+  let drawn = new Map(), labelScale = 1;
+  function drawLabel(ctx, d, settings) {
+    if (!d.label) return;
+    const size = settings.labelSize * labelScale;
+    ctx.fillStyle = (settings.labelColor.attribute && d[settings.labelColor.attribute]) || settings.labelColor.color || '#000';
+    ctx.font = settings.labelWeight + ' ' + size + 'px ' + settings.labelFont;
+    const x = d.x + d.size + LABEL.gap * labelScale, y = d.y + size / 3;
+    ctx.fillText(d.label, x, y);
+    const m = ctx.measureText(d.label);
+    drawn.set(d.key, { left: x, right: x + m.width, top: y - m.actualBoundingBoxAscent, bottom: y + m.actualBoundingBoxDescent, label: d.label });
+  }
+  function beforeLabels() {
+    drawn = new Map();
+    labelScale = display && display.getAttribute('layout') === 'layered' ? Math.min(1, unit()) : 1;
+  }
+
   // position is where the map draws a node (window.deptrace, for tests).
   const position = (id) => (display && display.hasNode(id) ? { x: display.getNodeAttribute(id, 'x'), y: display.getNodeAttribute(id, 'y') } : null);
 
   // ---- boxes: groups drawn around their nodes -------------------------
   // Each group (namespace, host or Kubernetes namespace) with nodes on the
   // map gets a box around them, in graph coordinates, redrawn in screen
-  // coordinates after each frame; its title collapses it.
+  // coordinates after each frame; its title collapses it. On the layered
+  // map a box is GEO's (in graph units: the room the layout left it); on
+  // the grouped one (before the layout, or beyond LAYERED nodes) a fixed
+  // padding in pixels.
   const MAXBOXES = 200;
   let boxes = [];
   function measureBoxes() {
     const by = new Map();
+    const layered = display && display.getAttribute('layout') === 'layered';
     if (display && !state.focus) {
       display.forEachNode((id, a) => {
         if (!a.box || a.kind === 'group') return;
         let b = by.get(a.box);
         if (!b) by.set(a.box, b = { key: a.box, n: 0, lw: 0, x0: Infinity, y0: Infinity, x1: -Infinity, y1: -Infinity });
         b.n++;
+        if (layered && a.ext) { // y up: the title on top
+          b.x0 = Math.min(b.x0, a.x - a.ext[0]); b.x1 = Math.max(b.x1, a.x + a.ext[1]);
+          b.y0 = Math.min(b.y0, a.y - a.ext[2]); b.y1 = Math.max(b.y1, a.y + a.ext[2]);
+          return;
+        }
         if (a.x >= b.x1) b.lw = (a.label || '').length; // the label right of the rightmost node
         b.x0 = Math.min(b.x0, a.x); b.x1 = Math.max(b.x1, a.x);
         b.y0 = Math.min(b.y0, a.y); b.y1 = Math.max(b.y1, a.y);
@@ -463,15 +563,21 @@
     const layer = $('#boxes');
     layer.textContent = '';
     for (const b of boxes) {
+      b.layered = layered;
+      if (layered) { // as the layout worker's rects()
+        b.x0 -= GEO.pad; b.y0 -= GEO.pad; b.y1 += GEO.pad + GEO.title;
+        b.x1 = Math.max(b.x1 + GEO.pad, b.x0 + (titleWidth.get(titleText(b.key, b.n)) || 0));
+      }
       const d = el('div', undefined, 'box');
       d.dataset.group = b.key;
-      const t = el('button', '▾ ' + b.key + ' (' + b.n + ')');
+      const t = el('button', titleText(b.key, b.n));
       t.type = 'button';
       t.title = 'Collapse ' + b.key + ' into one node';
       t.addEventListener('click', () => { collapsed.add(b.key); renderGroups(); renderMap(); });
       d.append(t);
       layer.append(d);
       b.el = d;
+      b.title = t;
     }
     $('#map').dataset.boxes = String(boxes.length);
     placeBoxes();
@@ -479,17 +585,27 @@
   function placeBoxes() {
     if (!renderer) return;
     const pad = 12, title = 18;
+    const u = boxes.length && boxes[0].layered ? unit() : 1;
     for (const b of boxes) {
       const p = renderer.graphToViewport({ x: b.x0, y: b.y1 });
       const q = renderer.graphToViewport({ x: b.x1, y: b.y0 });
-      // Wide enough for the labels of its rightmost nodes and its title.
-      const w = Math.max(Math.abs(q.x - p.x) + 2 * pad + b.lw * 7 + 6, (b.key.length + 7) * 6.5 + 12);
-      const l = Math.min(p.x, q.x) - pad, t = Math.min(p.y, q.y) - pad - title;
+      let l = Math.min(p.x, q.x), t = Math.min(p.y, q.y), w = Math.abs(q.x - p.x), h = Math.abs(q.y - p.y);
+      if (b.layered) {
+        // Below zoom 1 the title shrinks with the box (its room in it is
+        // GEO.title units); too small to read, only the outline is left.
+        b.title.style.transform = u < 1 ? 'scale(' + u.toFixed(4) + ')' : '';
+        b.title.style.maxWidth = Math.max(0, w / Math.min(1, u) - 8).toFixed(1) + 'px';
+        b.el.classList.toggle('small', u < 0.5);
+      } else {
+        // Wide enough for the labels of its rightmost nodes and its title.
+        w = Math.max(w + 2 * pad + b.lw * 7 + 6, (b.key.length + 7) * 6.5 + 12);
+        l -= pad; t -= pad + title; h += 2 * pad + title;
+        // Zoomed out, a box too small for its title keeps only its outline.
+        b.el.classList.toggle('small', Math.abs(q.y - p.y) < 8 && boxes.length > 20);
+      }
       b.el.style.transform = 'translate(' + l.toFixed(1) + 'px,' + t.toFixed(1) + 'px)';
       b.el.style.width = w.toFixed(1) + 'px';
-      b.el.style.height = (Math.abs(q.y - p.y) + 2 * pad + title).toFixed(1) + 'px';
-      // Zoomed out, a box too small for its title keeps only its outline.
-      b.el.classList.toggle('small', Math.abs(q.y - p.y) < 8 && boxes.length > 20);
+      b.el.style.height = h.toFixed(1) + 'px';
     }
   }
 
@@ -509,6 +625,8 @@
         // A layered map labels every node it can: up to 250, all of them.
         labelRenderedSizeThreshold: big ? 10 : layeredView && display.order <= 250 ? 0 : 4,
         labelDensity: big ? 0.05 : layeredView && display.order <= 250 ? 10 : 1,
+        labelSize: LABEL.size, labelFont: LABEL.font, labelWeight: LABEL.weight,
+        defaultDrawNodeLabel: drawLabel,
         zIndex: true,
         stagePadding: layeredView ? 150 : 50, // room for the labels of the rightmost column
         nodeReducer: (id, a) => reduceNode(id, a),
@@ -529,6 +647,7 @@
     renderer.on('enterEdge', ({ edge }) => { if (!pinned) showEdge(edge); });
     renderer.on('clickEdge', ({ edge }) => { pinned = true; showEdge(edge); });
     renderer.on('clickStage', () => { pinned = false; });
+    renderer.on('beforeRender', beforeLabels);
     renderer.on('afterRender', placeBoxes);
     box.dataset.nodes = String(display.order);
     box.dataset.edges = String(display.size);
@@ -956,7 +1075,9 @@
     { key: 'failed_connections', label: 'Failed', get: (e) => e.failed_connections || 0, num: true },
     { key: 'bytes_sent', label: 'Sent', get: (e) => e.bytes_sent || 0, num: true, fmt: bytes },
     { key: 'bytes_received', label: 'Received', get: (e) => e.bytes_received || 0, num: true, fmt: bytes },
-    { key: 'health', label: 'Health', get: (e) => e.health },
+    // The state with its reasons, as the details show it: what the search
+    // finds; sorted worst first, then by reason.
+    { key: 'health', label: 'Health', get: (e) => healthText(e), sortBy: (e) => (2 - RANK[e.health]) + healthText(e), first: 'asc' },
     { key: 'first_seen', label: 'First seen', get: (e) => e.first_seen || '', fmt: when },
     { key: 'last_seen', label: 'Last seen', get: (e) => e.last_seen || '', fmt: when },
   ];
@@ -989,7 +1110,7 @@
       b.dataset.sort = c.key;
       b.addEventListener('click', () => {
         if (state.sort === c.key) state.dir = state.dir === 'asc' ? 'desc' : 'asc';
-        else { state.sort = c.key; state.dir = c.num ? 'desc' : 'asc'; }
+        else { state.sort = c.key; state.dir = c.first || (c.num ? 'desc' : 'asc'); }
         writeURL();
         renderTable();
       });
@@ -1008,7 +1129,7 @@
     }
     const sc = cols.find((c) => c.key === state.sort);
     const sign = state.dir === 'asc' ? 1 : -1;
-    const keyed = rows.map((e) => [sc.get(e), e]);
+    const keyed = rows.map((e) => [(sc.sortBy || sc.get)(e), e]);
     keyed.sort((a, b) => (a[0] < b[0] ? -sign : a[0] > b[0] ? sign : 0));
     rows = keyed.map((k) => ({ e: k[1] }));
     const body = $('#edges tbody');
@@ -1137,5 +1258,8 @@
     clickNode: (id) => setFocus(id),
     // labelled lists the nodes whose label sigma drew in the last frame.
     labelled: () => (renderer ? [...renderer.displayedNodeLabels] : []),
+    // labels are the rectangles (viewport pixels) of the labels drawn in
+    // the last frame, as measured on the canvas that drew them.
+    labels: () => [...drawn.entries()].map(([id, r]) => Object.assign({ id }, r)),
   };
 })();

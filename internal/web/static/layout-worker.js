@@ -6,33 +6,114 @@
 // than the graph (400 nodes and 2,000 edges take it over 10 s). Beyond:
 // a layered layout of the same shape in linear passes (below).
 //
-// In:  {gen, nodes: [[id, width, height, group]], edges: [[from, to]]}
-//      (group: '' for none; a group's nodes are kept together)
-// Out: {gen, ms, engine, positions: {id: [x, y]}} or {gen, error}
+// In:  {gen, nodes: [[id, left, right, half, group]], edges: [[from, to]],
+//       titles: {group: width}, geo: {pad, title, gap}}
+//      A node's extent around its dot, in layout units (the page's pixels
+//      at zoom 1): left of the dot, right of it (its label included) and
+//      half its height. group is '' for none; a group's nodes are kept
+//      together and drawn in a box: pad around its nodes, a title of
+//      title units above them at least titles[group] wide. Boxes, and
+//      nodes in none, are laid out gap apart: no box overlaps another and
+//      no title covers a node's label.
+// Out: {gen, ms, engine, positions: {id: [x, y]}} (the dots' centres) or
+//      {gen, error}
 /* global dagre, importScripts */
 'use strict';
 importScripts('vendor/dagre-3.1.3.min.js');
 
 const DAGRE_NODES = 250, DAGRE_EDGES = 1000;
-const RANKSEP = 90, NODESEP = 12;
+const RANKSEP = 90, NODESEP = 10;
+
+// rects are the boxes of a layout (layout units, y down) and the nodes
+// in no box, each with the indices of its nodes: the page draws the same
+// (app.js, measureBoxes).
+function rects(msg, xs, ys) {
+  const { pad, title } = msg.geo;
+  const by = new Map();
+  msg.nodes.forEach(([, left, right, half, group], i) => {
+    const k = group || '\u0000' + i;
+    let r = by.get(k);
+    if (!r) by.set(k, r = { group, x0: Infinity, x1: -Infinity, y0: Infinity, y1: -Infinity, ids: [] });
+    r.ids.push(i);
+    r.x0 = Math.min(r.x0, xs[i] - left); r.x1 = Math.max(r.x1, xs[i] + right);
+    r.y0 = Math.min(r.y0, ys[i] - half); r.y1 = Math.max(r.y1, ys[i] + half);
+  });
+  for (const r of by.values()) {
+    if (!r.group) continue;
+    r.x0 -= pad; r.y0 -= pad + title; r.y1 += pad;
+    r.x1 = Math.max(r.x1 + pad, r.x0 + (msg.titles[r.group] || 0));
+  }
+  return [...by.values()];
+}
+
+// separate moves boxes (and nodes in none) down, whole, until none is
+// within gap of another: taken from the top, each is placed below every
+// one already placed that it would overlap. Columns stay columns, and
+// a box's nodes keep their places in it.
+function separate(msg, xs, ys) {
+  const gap = msg.geo.gap;
+  const rs = rects(msg, xs, ys).sort((a, b) => a.y0 - b.y0 || a.x0 - b.x0);
+  const placed = [];
+  for (const r of rs) {
+    let dy = 0;
+    for (let moved = true; moved;) {
+      moved = false;
+      for (const p of placed) {
+        if (p.x0 < r.x1 + gap && r.x0 < p.x1 + gap && p.y0 < r.y1 + dy + gap && r.y0 + dy < p.y1 + gap) {
+          dy = p.y1 + gap - r.y0;
+          moved = true;
+        }
+      }
+    }
+    r.y0 += dy; r.y1 += dy;
+    for (const i of r.ids) ys[i] += dy;
+    placed.push(r);
+  }
+}
+
+const groups0 = (msg) => msg.nodes.some((x) => x[4]);
 
 function withDagre(msg, compound) {
+  const { pad, title, gap } = msg.geo;
+  // Nodes of two boxes one above the other need room for both boxes'
+  // padding, the lower one's title and the gap: dagre puts nodesep
+  // between nodes of one cluster and nodesep + 2 edgesep between two.
+  const between = 2 * pad + title + gap;
   const d = new dagre.graphlib.Graph({ multigraph: false, compound });
-  d.setGraph({ rankdir: 'LR', nodesep: NODESEP, ranksep: RANKSEP, edgesep: 6, marginx: 0, marginy: 0 });
+  d.setGraph({
+    // A cluster's borders are ranks of their own: between two columns of
+    // clusters, ranksep comes twice.
+    rankdir: 'LR', ranksep: Math.max(compound && groups0(msg) ? RANKSEP / 2 : RANKSEP, 2 * pad + gap + 30), marginx: 0, marginy: 0,
+    nodesep: compound ? NODESEP : between, edgesep: compound ? Math.ceil((between - NODESEP) / 2) : 6,
+  });
   d.setDefaultEdgeLabel(() => ({}));
   const groups = new Set();
-  for (const [id, width, height, group] of msg.nodes) {
-    d.setNode(id, { width, height });
+  // A node as wide as its dot and label, or its box's title; as tall
+  // as it is.
+  const width = msg.nodes.map(([, left, right, , group]) => Math.max(left + right, group ? (msg.titles[group] || 0) - 2 * pad : 0));
+  msg.nodes.forEach(([id, , , half, group], i) => {
+    d.setNode(id, { width: width[i], height: 2 * half });
     if (compound && group) {
       const g = '\u0000group:' + group;
       if (!groups.has(g)) { groups.add(g); d.setNode(g, {}); }
       d.setParent(id, g);
     }
-  }
+  });
   for (const [s, t] of msg.edges) if (s !== t) d.setEdge(s, t, { weight: 1 });
   dagre.layout(d);
+  const xs = new Float64Array(msg.nodes.length), ys = new Float64Array(msg.nodes.length);
+  // dagre centres a column's nodes; the page draws a label right of its
+  // dot: the dots of a column are aligned on its left edge instead.
+  const colLeft = new Map();
+  msg.nodes.forEach(([id], i) => {
+    const n = d.node(id), k = Math.round(n.x);
+    colLeft.set(k, Math.min(colLeft.has(k) ? colLeft.get(k) : Infinity, n.x - width[i] / 2));
+    xs[i] = n.x; ys[i] = n.y;
+  });
+  msg.nodes.forEach(([, left], i) => { xs[i] = colLeft.get(Math.round(xs[i])) + left; });
+  separate(msg, xs, ys);
   const positions = {};
-  for (const [id] of msg.nodes) { const n = d.node(id); positions[id] = [n.x, n.y]; }
+  msg.nodes.forEach(([id], i) => { positions[id] = [xs[i], ys[i]]; });
   return positions;
 }
 
@@ -46,9 +127,8 @@ function withDagre(msg, compound) {
 function linear(msg) {
   const n = msg.nodes.length;
   const index = new Map(msg.nodes.map(([id], i) => [id, i]));
-  const group = msg.nodes.map((x) => x[3] || '');
-  const height = msg.nodes.map((x) => x[2]);
-  const width = msg.nodes.map((x) => x[1]);
+  const group = msg.nodes.map((x) => x[4] || '');
+  const left = msg.nodes.map((x) => x[1]), right = msg.nodes.map((x) => x[2]), half = msg.nodes.map((x) => x[3]);
   const out = Array.from({ length: n }, () => []);
   const edges = [];
   for (const [s, t] of msg.edges) {
@@ -132,45 +212,51 @@ function linear(msg) {
       L.forEach((v, i) => { pos[v] = L.length > 1 ? i / (L.length - 1) : 0.5; });
     }
   }
-  // 4. Coordinates: columns as wide as their widest node; each group a
-  // horizontal band across the columns (so that group boxes do not
-  // overlap), as tall as its largest column, bands ordered by their
-  // nodes' mean place; a node without a group is a band of its own.
+  // 4. Coordinates: columns as wide as their widest node (its dot and
+  // label), the dots on the column's left edge, ranksep apart; each group
+  // a horizontal band across the columns, as tall as its largest column
+  // plus its box's padding and title, gap from the next (so that no box
+  // overlaps another and no title covers a label), bands ordered by
+  // their nodes' mean place; a node without a group is a band of its
+  // own, without a box.
+  const { pad, title, gap } = msg.geo;
   const band = (v) => group[v] || '\u0000' + v;
   const bands = new Map(); // band -> {sum, n, rows: Map(rank -> count)}
   for (const L of layers) {
     for (const v of L) {
       const k = band(v);
       let b = bands.get(k);
-      if (!b) bands.set(k, b = { sum: 0, n: 0, rows: new Map() });
+      if (!b) bands.set(k, b = { sum: 0, n: 0, rows: new Map(), boxed: !!group[v] });
       b.sum += pos[v]; b.n++;
       b.rows.set(rank[v], (b.rows.get(rank[v]) || 0) + 1);
     }
   }
-  const rowH = Math.max(...height, 16) + NODESEP;
+  let hmax = 8;
+  for (let v = 0; v < n; v++) hmax = Math.max(hmax, half[v]);
+  const rowH = 2 * hmax + NODESEP;
   const order = [...bands.entries()].sort((a, b) => a[1].sum / a[1].n - b[1].sum / b[1].n || (a[0] < b[0] ? -1 : 1));
   let y = 0;
   for (const [, b] of order) {
-    b.y = y;
-    y += Math.max(...b.rows.values()) * rowH + (order.length > 1 ? NODESEP * 2 : 0);
+    b.tallest = Math.max(...b.rows.values());
+    b.y = y + (b.boxed ? pad + title : 0); // the first row's top
+    y = b.y + b.tallest * rowH - NODESEP + (b.boxed ? pad : 0) + gap;
   }
   const total = y;
   const positions = {};
   let x = 0;
+  const sep = Math.max(RANKSEP, 2 * pad + gap + 30);
   for (const L of layers) {
     let w = 0;
+    for (const v of L) w = Math.max(w, left[v] + right[v]);
     const used = new Map();
-    for (const v of L) {
-      w = Math.max(w, width[v]);
-    }
     for (const v of L) { // L is in barycentre order: kept within a band
       const b = bands.get(band(v));
       const i = used.get(b) || 0;
       used.set(b, i + 1);
-      const rows = b.rows.get(rank[v]), tallest = Math.max(...b.rows.values());
-      positions[msg.nodes[v][0]] = [x + w / 2, b.y + ((tallest - rows) / 2 + i) * rowH + rowH / 2 - total / 2];
+      const rows = b.rows.get(rank[v]);
+      positions[msg.nodes[v][0]] = [x + left[v], b.y + ((b.tallest - rows) / 2 + i) * rowH + hmax - total / 2];
     }
-    x += w + RANKSEP;
+    x += w + sep;
   }
   return positions;
 }
