@@ -468,6 +468,11 @@ func TestBrowserKubernetesNamespaceBoxes(t *testing.T) {
 	if b := js[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "external ▾ external (1),k8s/shop ▾ k8s/shop (1)" {
 		t.Errorf("boxes %q", b)
 	}
+	// Nodes in no box get room from the boxes too.
+	until(t, ctx, `window.deptrace.labels().length === window.deptrace.display.order`, `window.deptrace.labels()`)
+	if problems, _ := layoutProblems(t, ctx); len(problems) > 0 {
+		t.Errorf("Kubernetes namespace boxes: %q", problems)
+	}
 	if g := js[string](t, ctx, `document.querySelector('#groups').innerText.replace(/\s+/g, ' ')`); !strings.Contains(g, "k8s/shop (1)") || strings.Contains(g, "db-1") {
 		t.Errorf("groups panel %q", g)
 	}
@@ -558,6 +563,9 @@ func TestBrowserChainMap(t *testing.T) {
 		if x(chain[i-1]) >= x(chain[i]) {
 			t.Errorf("%s (x=%g) is not left of %s (x=%g)", chain[i-1], x(chain[i-1]), chain[i], x(chain[i]))
 		}
+	}
+	if problems, titles := layoutProblems(t, ctx); len(problems) > 0 || titles != 6 {
+		t.Errorf("chain map: %d titles shown (want 6), %q", titles, problems)
 	}
 	if h := js[string](t, ctx, `window.deptrace.display.getNodeAttribute('workload:client-1/curl', 'health')`); h != "unhealthy" {
 		t.Errorf("curl, whose lookups time out, is %q, want unhealthy", h)
@@ -699,5 +707,28 @@ func TestBrowserBoxesDoNotCoverLabels(t *testing.T) {
 				t.Errorf("%s is not left of %s", a, b)
 			}
 		}
+	}
+	// A collapsed box is a node like the others, laid out with room for
+	// its label: memcached's namespace collapsed, the rest still boxes.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 900)); err != nil {
+		t.Fatal(err)
+	}
+	open(t, ctx, srv.URL+"/?view=map")
+	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#boxes .box[data-group="servicemap/dt4242-1-h5"] button`))); err != nil {
+		t.Fatal(err)
+	}
+	const group = "group:servicemap/dt4242-1-h5"
+	until(t, ctx, `window.deptrace.display.hasNode('`+group+`') && document.querySelector('#map').dataset.layout === 'layered' && window.deptrace.labels().length === 9`,
+		`[document.querySelector('#map').dataset.layout, window.deptrace.labels().map(l => l.label)]`)
+	if a := js[string](t, ctx, `(a => [a.x, a.y, a.size].map(v => Number.isFinite(v) && v !== 0 ? 'ok' : String(v)).join(' '))(window.deptrace.display.getNodeAttributes('`+group+`'))`); a != "ok ok ok" {
+		t.Errorf("collapsed group node x, y, size: %s", a)
+	}
+	problems, titles := layoutProblems(t, ctx)
+	for _, p := range problems {
+		t.Errorf("collapsed: %s", p)
+	}
+	if titles != 8 {
+		t.Errorf("collapsed: %d box titles shown, want 8", titles)
 	}
 }

@@ -343,7 +343,8 @@
         const cx = R * Math.cos(i * GOLDEN), cy = R * Math.sin(i * GOLDEN);
         if (collapsed.has(k)) {
           const gid = 'group:' + k;
-          G.addNode(gid, { x: cx, y: cy, label: k + ' ×' + ids.length, size: base + 2 + Math.sqrt(ids.length), color: COLORS.group, kind: 'group', group: k, count: ids.length });
+          const size = base + 2 + Math.sqrt(ids.length);
+          G.addNode(gid, { x: cx, y: cy, label: k + ' ×' + ids.length, size, size0: size, color: COLORS.group, kind: 'group', group: k, count: ids.length });
           for (const id of ids) where.set(id, gid);
           return;
         }
