@@ -459,13 +459,13 @@ func TestServiceMapRealStack(t *testing.T) {
 			}
 		case strings.Contains(r, s.down.IPv4.String()+":7001"):
 			found["refused"] = true
-			if w := fmt.Sprintf(" tcp 0 %d 0 B 0 B unhealthy ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
-				t.Errorf("table row of the refused edge %q, want class unhealthy and %q", r, w)
+			if w := fmt.Sprintf(" tcp 0 %[1]d 0 B 0 B unhealthy: %[1]d of %[1]d connection attempts failed (100.0 %%): %[1]d refused ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
+				t.Errorf("table row of the refused edge %q, want class unhealthy and %q (the state with its reason)", r, w)
 			}
 		case strings.Contains(r, s.down.IPv4.String()+":7002"):
 			found["dropped"] = true
-			if w := fmt.Sprintf(" tcp 0 %d 0 B 0 B unhealthy ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
-				t.Errorf("table row of the dropped-SYN edge %q, want class unhealthy and %q", r, w)
+			if w := fmt.Sprintf(" tcp 0 %[1]d 0 B 0 B unhealthy: %[1]d of %[1]d connection attempts failed (100.0 %%): %[1]d timed out ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
+				t.Errorf("table row of the dropped-SYN edge %q, want class unhealthy and %q (the state with its reason)", r, w)
 			}
 		}
 	}
