@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // Chromium finds the headless shell ($DEPTRACE_CHROMIUM first); without
@@ -28,7 +30,7 @@ func Chromium(t testing.TB) string {
 			return path
 		}
 	}
-	if os.Getenv("CI") == "true" {
+	if testnet.UnderCI() {
 		t.Fatal("chromium-headless-shell not found: run scripts/deps.sh (apt-get install --no-install-recommends chromium-headless-shell)")
 	}
 	t.Skip("chromium-headless-shell not found: run scripts/deps.sh")
