@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,8 +111,42 @@ func lockMachine() error {
 		}
 		lockFile = f
 		removeStaleTestPins()
+		removeStaleTestNamespaces()
 	})
 	return lockErr
+}
+
+// staleNamespace matches the namespaces New names: dt<pid>-<n>-br and
+// dt<pid>-<n>-h<i>.
+var staleNamespace = regexp.MustCompile(`^dt([0-9]+)-[0-9]+-(br|h[0-9]+)$`)
+
+// removeStaleTestNamespaces removes the namespaces of test processes that
+// died without their cleanup, and kills what still runs in them (a killed
+// test leaves its nginx or gunicorn behind). Left, they keep the
+// addresses every test uses (198.51.100.x), and a tracer that sees the
+// whole machine finds a second host with the same address. Holding the
+// machine lock, no other privileged test binary runs: every such
+// namespace but this process's is stale.
+func removeStaleTestNamespaces() {
+	entries, err := os.ReadDir(netns.NamedDir)
+	if err != nil {
+		return // no named namespaces at all
+	}
+	self := strconv.Itoa(os.Getpid() % 100000)
+	for _, e := range entries {
+		m := staleNamespace.FindStringSubmatch(e.Name())
+		if m == nil || m[1] == self {
+			continue
+		}
+		if out, err := exec.Command("ip", "netns", "pids", e.Name()).Output(); err == nil {
+			for _, f := range strings.Fields(string(out)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					_ = syscall.Kill(pid, syscall.SIGKILL) // a leftover daemon of a dead test
+				}
+			}
+		}
+		_ = ip("netns", "del", e.Name()) // best effort: a namespace that stays is only in the way
+	}
 }
 
 // testPins are the bpffs paths where privileged tests pin kernel sides.

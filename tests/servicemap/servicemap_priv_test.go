@@ -239,7 +239,7 @@ func TestServiceMapRealStack(t *testing.T) {
 				n = e.DatagramsSent
 			}
 			if !found || n < w.conns {
-				return fmt.Errorf("edge %s -> %s %s/%d: %d of %d (found %v)", w.from, w.to, w.proto, w.port, n, w.conns, found)
+				return fmt.Errorf("edge %s -> %s %s/%d: %d of %d (found %v); the store's graph:%s", w.from, w.to, w.proto, w.port, n, w.conns, found, g.about(ours))
 			}
 		}
 		failed := 0
