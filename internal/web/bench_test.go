@@ -18,6 +18,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/deptrace/deptrace/internal/browsertest"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -126,7 +127,7 @@ func BenchmarkServeDay(b *testing.B) {
 	api("api-graph-24h-gzip", "since=24h", true)
 	api("api-graph-1h", "since=1h", false)
 
-	ctx := browser(b, 30*time.Minute)
+	ctx := browsertest.Browser(b, 30*time.Minute)
 	page := func(name, query, view string) {
 		b.Run(name, func(b *testing.B) {
 			var inPage float64
@@ -170,7 +171,7 @@ func BenchmarkServeDay(b *testing.B) {
 // workloads and 50,000 edges, beyond 2,000 nodes, which the table opens
 // on (and sorts). Results are written down in docs/web.md.
 func BenchmarkPage(b *testing.B) {
-	ctx := browser(b, 30*time.Minute)
+	ctx := browsertest.Browser(b, 30*time.Minute)
 	run := func(name string, hosts int, check func(b *testing.B, ctx context.Context)) {
 		path := b.TempDir() + "/page.db"
 		history(b, path, time.Now(), hosts, 20, 1)

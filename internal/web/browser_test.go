@@ -22,29 +22,8 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// The page in Chromium: internal/browsertest, shared with tests/servicemap.
-func browser(t testing.TB, timeout time.Duration) context.Context {
-	t.Helper()
-	return browsertest.Browser(t, timeout)
-}
-
-func open(t testing.TB, ctx context.Context, url string) {
-	t.Helper()
-	browsertest.Open(t, ctx, url)
-}
-
-func js[T any](t *testing.T, ctx context.Context, expr string) T {
-	t.Helper()
-	return browsertest.JS[T](t, ctx, expr)
-}
-
-func until(t *testing.T, ctx context.Context, cond, show string) {
-	t.Helper()
-	browsertest.Until(t, ctx, cond, show)
-}
-
 func mapData(t *testing.T, ctx context.Context) map[string]string {
-	return js[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#map').dataset)`)
+	return browsertest.JS[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#map').dataset)`)
 }
 
 // docScreenshots are the screenshots docs/web.md shows: with
@@ -99,27 +78,27 @@ func pixels(img image.Image, c uint32) int {
 func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map")
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
 	d := mapData(t, ctx)
 	if d["nodes"] != "4" || d["edges"] != "3" || d["unhealthy"] != "1" {
 		t.Errorf("map of the last hour: %v, want 4 nodes, 3 edges, 1 unhealthy (redis: failed connects)", d)
 	}
-	if n := js[int](t, ctx, `document.querySelectorAll('#map canvas').length`); n == 0 {
+	if n := browsertest.JS[int](t, ctx, `document.querySelectorAll('#map canvas').length`); n == 0 {
 		t.Error("no canvas: sigma did not start")
 	}
 	// Layered left to right by the worker (the map is drawn at once with
 	// the grouped layout, then moves): every client left of what it
 	// depends on, every node labelled, each namespace a box.
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
-	until(t, ctx, `window.deptrace.labelled().length === window.deptrace.display.order`, `[window.deptrace.labelled(), window.deptrace.display.nodes()]`)
-	if l := js[[]string](t, ctx, `window.deptrace.display.nodes().map(id => window.deptrace.display.getNodeAttribute(id, 'label')).sort()`); strings.Join(l, ",") != "192.0.2.53:53,nginx,postgres,redis-server" {
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	browsertest.Until(t, ctx, `window.deptrace.labelled().length === window.deptrace.display.order`, `[window.deptrace.labelled(), window.deptrace.display.nodes()]`)
+	if l := browsertest.JS[[]string](t, ctx, `window.deptrace.display.nodes().map(id => window.deptrace.display.getNodeAttribute(id, 'label')).sort()`); strings.Join(l, ",") != "192.0.2.53:53,nginx,postgres,redis-server" {
 		t.Errorf("node labels %q", l)
 	}
-	if b := js[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "cache-1 ▾ cache-1 (1),db-1 ▾ db-1 (1),external ▾ external (1),web-1 ▾ web-1 (1)" {
+	if b := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "cache-1 ▾ cache-1 (1),db-1 ▾ db-1 (1),external ▾ external (1),web-1 ▾ web-1 (1)" {
 		t.Errorf("boxes %q", b)
 	}
-	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
+	if s := browsertest.JS[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "4 nodes, 3 edges") {
 		t.Errorf("status %q", s)
 	}
 	// WebGL really drew: the workload colour is on the screen, and the
@@ -132,7 +111,7 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	}
 
 	x := func(id string) float64 {
-		return js[float64](t, ctx, `window.deptrace.position('`+id+`').x`)
+		return browsertest.JS[float64](t, ctx, `window.deptrace.position('`+id+`').x`)
 	}
 	for _, to := range []string{idPostgres, idRedis, idDNS} {
 		if x(idNginx) >= x(to) {
@@ -143,23 +122,23 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	// Clicking an edge shows its history: one bar series with a point per
 	// step of the range (the last hour, 30 steps of 2 minutes, or 31 when
 	// the range starts inside a minute), from /api/series.
-	js[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idNginx+`', '`+idRedis+`')), true`)
-	until(t, ctx, `!!document.querySelector('#details .history-chart canvas')`, `document.querySelector('#details').innerText`)
+	browsertest.JS[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idNginx+`', '`+idRedis+`')), true`)
+	browsertest.Until(t, ctx, `!!document.querySelector('#details .history-chart canvas')`, `document.querySelector('#details').innerText`)
 	// The number of points is uPlot's own: its x values, and every series'
 	// values, one per step.
-	if n := js[string](t, ctx, `(u => u.data.map(d => d.length).join(' ') + ' ' + u.series.length)(document.querySelector('#details .history-chart').uplot)`); n != "30 30 30 3" && n != "31 31 31 3" {
+	if n := browsertest.JS[string](t, ctx, `(u => u.data.map(d => d.length).join(' ') + ' ' + u.series.length)(document.querySelector('#details .history-chart').uplot)`); n != "30 30 30 3" && n != "31 31 31 3" {
 		t.Errorf("history of the last hour: uPlot data lengths and series %q, want 30 (2-minute steps) for x, connections and failed", n)
 	}
-	if l := js[string](t, ctx, `document.querySelector('#details .history-chart').getAttribute('aria-label')`); l != "connections per 2 min: 5 in all, 3 failed" {
+	if l := browsertest.JS[string](t, ctx, `document.querySelector('#details .history-chart').getAttribute('aria-label')`); l != "connections per 2 min: 5 in all, 3 failed" {
 		t.Errorf("history chart %q", l)
 	}
-	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: 3 of 8 connection attempts failed") {
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: 3 of 8 connection attempts failed") {
 		t.Errorf("edge details lack the reason:\n%s", h)
 	}
 	// Its other charts: failures by cause (here no cause was reported:
 	// "other"), connect latency, bytes; a point per step each.
-	charts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length + ' ' + s.getAttribute('aria-label'))`)
-	n := js[string](t, ctx, `String(document.querySelector('#details .history-chart').uplot.data[0].length)`)
+	charts := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#details .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length + ' ' + s.getAttribute('aria-label'))`)
+	n := browsertest.JS[string](t, ctx, `String(document.querySelector('#details .history-chart').uplot.data[0].length)`)
 	want := []string{
 		"volume " + n + " connections per 2 min: 5 in all, 3 failed",
 		"failures " + n + " Failed connections by cause: refused 0 in all, timed out 0 in all, reset 0 in all, unreachable 0 in all, other 3 in all",
@@ -169,35 +148,35 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 	if strings.Join(charts, "|") != strings.Join(want, "|") {
 		t.Errorf("edge history charts:\n%q\nwant\n%q", charts, want)
 	}
-	js[bool](t, ctx, `document.querySelector('#details .history').scrollIntoView(), true`)
+	browsertest.JS[bool](t, ctx, `document.querySelector('#details .history').scrollIntoView(), true`)
 	screenshot(t, ctx, "edge-history")
 
 	// Clicking a node shows its history: connections/s in and out,
 	// failures by cause, latency and bytes, a point per step each.
-	js[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
-	until(t, ctx, `!!document.querySelector('#details .history[data-node] .history-chart[data-chart="bytes"] canvas')`, `document.querySelector('#details').innerText`)
-	nodeCharts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length)`)
-	if m := js[string](t, ctx, `String(document.querySelector('#details .history[data-node] .history-chart').uplot.data[0].length)`); (m != "30" && m != "31") ||
+	browsertest.JS[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
+	browsertest.Until(t, ctx, `!!document.querySelector('#details .history[data-node] .history-chart[data-chart="bytes"] canvas')`, `document.querySelector('#details').innerText`)
+	nodeCharts := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length)`)
+	if m := browsertest.JS[string](t, ctx, `String(document.querySelector('#details .history[data-node] .history-chart').uplot.data[0].length)`); (m != "30" && m != "31") ||
 		strings.Join(nodeCharts, ",") != "connections "+m+",failures "+m+",latency "+m+",bytes "+m {
 		t.Errorf("node history charts %q, want 4 of 30 (or 31) points", nodeCharts)
 	}
-	if l := js[string](t, ctx, `document.querySelector('#details .history-chart[data-chart="bytes"]').getAttribute('aria-label')`); l != "Bytes per 2 min: to it 14.6 KiB in all, from it 1.5 KiB in all" {
+	if l := browsertest.JS[string](t, ctx, `document.querySelector('#details .history-chart[data-chart="bytes"]').getAttribute('aria-label')`); l != "Bytes per 2 min: to it 14.6 KiB in all, from it 1.5 KiB in all" {
 		// nginx, a client only: received 1,000 B per connection (15,000 B),
 		// sent 100 B per connection (1,500 B).
 		t.Errorf("node bytes chart %q", l)
 	}
-	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "health\tok") && !strings.Contains(h, "health\nok") {
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "health\tok") && !strings.Contains(h, "health\nok") {
 		t.Errorf("node details lack its health:\n%s", h)
 	}
-	js[bool](t, ctx, `document.querySelector('#details .history[data-node]').scrollIntoView(), true`)
+	browsertest.JS[bool](t, ctx, `document.querySelector('#details .history[data-node]').scrollIntoView(), true`)
 	screenshot(t, ctx, "node-history")
 	// A box collapses its group into one node.
-	open(t, ctx, srv.URL+"/?view=map")
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#boxes .box[data-group="db-1"] button`))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `window.deptrace.display.hasNode('group:db-1') && !window.deptrace.display.hasNode('`+idPostgres+`')`, `window.deptrace.display.nodes()`)
+	browsertest.Until(t, ctx, `window.deptrace.display.hasNode('group:db-1') && !window.deptrace.display.hasNode('`+idPostgres+`')`, `window.deptrace.display.nodes()`)
 }
 
 // The degraded state: python3's 2 resets in 3 connections are too few to
@@ -206,23 +185,23 @@ func TestBrowserMapRendersNodesAndEdges(t *testing.T) {
 func TestBrowserDegradedEdge(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map&range=all")
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&range=all")
 	if d := mapData(t, ctx); d["degraded"] != "1" || d["unhealthy"] != "1" {
 		t.Errorf("map of all history: %v, want 1 degraded and 1 unhealthy edge", d)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
 	img := screenshot(t, ctx, "degraded")
 	if n := pixels(img, 0xf59f00); n < 20 {
 		t.Errorf("degraded colour drawn on %d pixels", n)
 	}
-	js[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idPython+`', '`+idPostgres+`')), true`)
-	until(t, ctx, `!!document.querySelector('#details .history-chart canvas')`, `document.querySelector('#details').innerText`)
-	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") || !strings.Contains(h, "1 degraded") {
+	browsertest.JS[bool](t, ctx, `window.deptrace.clickEdge(window.deptrace.display.edge('`+idPython+`', '`+idPostgres+`')), true`)
+	browsertest.Until(t, ctx, `!!document.querySelector('#details .history-chart canvas')`, `document.querySelector('#details').innerText`)
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") || !strings.Contains(h, "1 degraded") {
 		t.Errorf("degraded edge details:\n%s", h)
 	}
-	open(t, ctx, srv.URL+"/?view=table&range=all")
-	if r := js[string](t, ctx, `document.querySelector('#edges tbody tr.degraded').innerText.replace(/\s+/g, ' ')`); !strings.Contains(r, "python3 on worker-1") || !strings.Contains(r, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") {
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
+	if r := browsertest.JS[string](t, ctx, `document.querySelector('#edges tbody tr.degraded').innerText.replace(/\s+/g, ' ')`); !strings.Contains(r, "python3 on worker-1") || !strings.Contains(r, "degraded: 2 resets in 3 connections (0 sent by the client, 2 received)") {
 		t.Errorf("degraded row %q, want its reason", r)
 	}
 }
@@ -230,13 +209,13 @@ func TestBrowserDegradedEdge(t *testing.T) {
 func TestBrowserSearchAndFocus(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map&range=all")
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&range=all")
 	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "redis-serv")); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
-	if got := js[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, "redis-server on cache-1 (198.51.100.3)") {
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
+	if got := browsertest.JS[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, "redis-server on cache-1 (198.51.100.3)") {
 		t.Errorf("matches %q", got)
 	}
 	// Click the match: the map shows its neighbourhood, the panel its
@@ -244,46 +223,46 @@ func TestBrowserSearchAndFocus(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#matches button"))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idRedis+`'`, `document.querySelector('#map').dataset.focus`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idRedis+`'`, `document.querySelector('#map').dataset.focus`)
 	if d := mapData(t, ctx); d["nodes"] != "2" || d["edges"] != "1" {
 		t.Errorf("focus on redis: %v, want redis and nginx", d)
 	}
-	if got := js[string](t, ctx, `document.querySelector('#dependents').innerText`); !strings.Contains(got, "nginx on web-1") {
+	if got := browsertest.JS[string](t, ctx, `document.querySelector('#dependents').innerText`); !strings.Contains(got, "nginx on web-1") {
 		t.Errorf("dependents of redis: %q", got)
 	}
-	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "focus=workload%3Acache-1%2Fredis-server") || !strings.Contains(u, "q=redis-serv") {
+	if u := browsertest.JS[string](t, ctx, `location.search`); !strings.Contains(u, "focus=workload%3Acache-1%2Fredis-server") || !strings.Contains(u, "q=redis-serv") {
 		t.Errorf("URL %q lacks the focus and the search", u)
 	}
 	screenshot(t, ctx, "focus")
 
 	// Depth: postgres at depth 1 is its two clients; at depth 2 also what
 	// nginx uses. A link with the state opens the same view.
-	open(t, ctx, srv.URL+"/?range=all&focus="+idPostgres+"&depth=1")
+	browsertest.Open(t, ctx, srv.URL+"/?range=all&focus="+idPostgres+"&depth=1")
 	if d := mapData(t, ctx); d["nodes"] != "3" || d["edges"] != "2" {
 		t.Errorf("postgres depth 1: %v, want 3 nodes 2 edges", d)
 	}
-	deps := js[string](t, ctx, `document.querySelector('#dependents').innerText`)
+	deps := browsertest.JS[string](t, ctx, `document.querySelector('#dependents').innerText`)
 	if !strings.Contains(deps, "nginx on web-1") || !strings.Contains(deps, "python3 on worker-1") {
 		t.Errorf("dependents of postgres: %q", deps)
 	}
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#depth"), "2")); err != nil {
 		t.Fatal(err)
 	}
-	js[bool](t, ctx, `document.querySelector('#depth').dispatchEvent(new Event('change'))`)
-	until(t, ctx, `document.querySelector('#map').dataset.nodes === '5'`, `document.querySelector('#map').dataset.nodes`)
-	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "depth=2") {
+	browsertest.JS[bool](t, ctx, `document.querySelector('#depth').dispatchEvent(new Event('change'))`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '5'`, `document.querySelector('#map').dataset.nodes`)
+	if u := browsertest.JS[string](t, ctx, `location.search`); !strings.Contains(u, "depth=2") {
 		t.Errorf("URL %q lacks depth=2", u)
 	}
 
 	// Node: host makes one node per host; the URL keeps it.
-	open(t, ctx, srv.URL+"/?view=map&range=all")
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&range=all")
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#by"), "host")); err != nil {
 		t.Fatal(err)
 	}
-	js[bool](t, ctx, `document.querySelector('#by').dispatchEvent(new Event('change'))`)
-	until(t, ctx, `document.querySelector('#map').dataset.nodes === '5' && document.querySelector('#map').dataset.edges === '4' && location.search.includes('by=host')`,
+	browsertest.JS[bool](t, ctx, `document.querySelector('#by').dispatchEvent(new Event('change'))`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '5' && document.querySelector('#map').dataset.edges === '4' && location.search.includes('by=host')`,
 		`[document.querySelector('#map').dataset.nodes, location.search]`)
-	if got := js[string](t, ctx, `document.querySelector('#map').dataset.focus || ''`); got != "" {
+	if got := browsertest.JS[string](t, ctx, `document.querySelector('#map').dataset.focus || ''`); got != "" {
 		t.Errorf("focus kept across a change of Node: %q", got)
 	}
 }
@@ -291,9 +270,9 @@ func TestBrowserSearchAndFocus(t *testing.T) {
 func TestBrowserTableListsEveryEdge(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=table&range=all")
-	rows := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
+	rows := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
 	want := []string{
 		"nginx on web-1 (198.51.100.1) 198.51.100.2:5432 on db-1 nginx → postgres tcp 17",
 		"nginx on web-1 (198.51.100.1) 198.51.100.3:6379 on cache-1 nginx → redis-server tcp 5 3",
@@ -312,48 +291,48 @@ func TestBrowserTableListsEveryEdge(t *testing.T) {
 			t.Errorf("no row contains %q in %q", w, rows)
 		}
 	}
-	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy').innerText`); !strings.Contains(h, "6379") || !strings.Contains(h, "unhealthy") {
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy').innerText`); !strings.Contains(h, "6379") || !strings.Contains(h, "unhealthy") {
 		t.Errorf("unhealthy row %q", h)
 	}
 	// The health column gives the reason, as the details do; sorted, the
 	// worst comes first; the search finds a row by its reason.
-	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy td.health').innerText`); h != "unhealthy: 3 of 8 connection attempts failed (37.5 %)" {
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#edges tbody tr.unhealthy td.health').innerText`); h != "unhealthy: 3 of 8 connection attempts failed (37.5 %)" {
 		t.Errorf("health of the unhealthy row %q, want the state with its reason", h)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="health"]`))); err != nil {
 		t.Fatal(err)
 	}
-	if h := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody td.health')].map(td => td.innerText)`); len(h) != 4 || !strings.HasPrefix(h[0], "unhealthy: ") || !strings.HasPrefix(h[1], "degraded: ") || h[2] != "ok" || h[3] != "ok" {
+	if h := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody td.health')].map(td => td.innerText)`); len(h) != 4 || !strings.HasPrefix(h[0], "unhealthy: ") || !strings.HasPrefix(h[1], "degraded: ") || h[2] != "ok" || h[3] != "ok" {
 		t.Errorf("health sorted worst first: %q", h)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="health"]`))); err != nil {
 		t.Fatal(err)
 	}
-	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr:last-child td.health').innerText`); !strings.HasPrefix(h, "unhealthy: ") {
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#edges tbody tr:last-child td.health').innerText`); !strings.HasPrefix(h, "unhealthy: ") {
 		t.Errorf("health sorted the other way: last row %q", h)
 	}
 	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "attempts failed")); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#edges').dataset.rows === '1'`, `document.querySelector('#edges').dataset.rows`)
-	if h := js[string](t, ctx, `document.querySelector('#edges tbody tr').innerText`); !strings.Contains(h, "6379") {
+	browsertest.Until(t, ctx, `document.querySelector('#edges').dataset.rows === '1'`, `document.querySelector('#edges').dataset.rows`)
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#edges tbody tr').innerText`); !strings.Contains(h, "6379") {
 		t.Errorf("search by reason found %q", h)
 	}
-	js[bool](t, ctx, `(s => { s.value = ''; s.dispatchEvent(new Event('input')); return true; })(document.querySelector('#search'))`)
-	until(t, ctx, `document.querySelector('#edges').dataset.rows === '4'`, `document.querySelector('#edges').dataset.rows`)
+	browsertest.JS[bool](t, ctx, `(s => { s.value = ''; s.dispatchEvent(new Event('input')); return true; })(document.querySelector('#search'))`)
+	browsertest.Until(t, ctx, `document.querySelector('#edges').dataset.rows === '4'`, `document.querySelector('#edges').dataset.rows`)
 	// Sort by connections (descending first), then filter.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`th button[data-sort="connections"]`))); err != nil {
 		t.Fatal(err)
 	}
-	first := js[string](t, ctx, `document.querySelector('#edges tbody tr td.connections').innerText`)
+	first := browsertest.JS[string](t, ctx, `document.querySelector('#edges tbody tr td.connections').innerText`)
 	if first != "17" {
 		t.Errorf("first row by connections: %q, want 17", first)
 	}
 	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "python")); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#edges').dataset.rows === '1'`, `document.querySelector('#edges').dataset.rows`)
-	if u := js[string](t, ctx, `location.search`); !strings.Contains(u, "sort=connections") || !strings.Contains(u, "q=python") {
+	browsertest.Until(t, ctx, `document.querySelector('#edges').dataset.rows === '1'`, `document.querySelector('#edges').dataset.rows`)
+	if u := browsertest.JS[string](t, ctx, `location.search`); !strings.Contains(u, "sort=connections") || !strings.Contains(u, "q=python") {
 		t.Errorf("URL %q lacks sort and search", u)
 	}
 	screenshot(t, ctx, "table")
@@ -362,8 +341,8 @@ func TestBrowserTableListsEveryEdge(t *testing.T) {
 func TestBrowserDiffMarksNewEdges(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map&range=1h&diff=1")
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&range=1h&diff=1")
 	if d := mapData(t, ctx); d["appeared"] != "2" || d["disappeared"] != "1" || d["edges"] != "4" {
 		t.Errorf("diff map: %v, want 2 appeared, 1 disappeared of 4 edges", d)
 	}
@@ -371,9 +350,9 @@ func TestBrowserDiffMarksNewEdges(t *testing.T) {
 	if n := pixels(img, 0x2b8a3e); n < 20 {
 		t.Errorf("appeared-edge colour drawn on %d pixels", n)
 	}
-	open(t, ctx, srv.URL+"/?view=table&range=1h&diff=1")
-	app := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr.appeared')].map(r => r.innerText.replace(/\s+/g, ' '))`)
-	gone := js[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr.disappeared')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=1h&diff=1")
+	app := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr.appeared')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	gone := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr.disappeared')].map(r => r.innerText.replace(/\s+/g, ' '))`)
 	if len(app) != 2 || !strings.Contains(strings.Join(app, "|"), "198.51.100.3:6379 on cache-1") {
 		t.Errorf("appeared rows %q", app)
 	}
@@ -386,12 +365,12 @@ func TestBrowserTokenCookie(t *testing.T) {
 	const token = "browser-token-0123456789"
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{Token: token})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=table&range=all&token="+token)
-	if u := js[string](t, ctx, `location.search`); strings.Contains(u, "token") {
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all&token="+token)
+	if u := browsertest.JS[string](t, ctx, `location.search`); strings.Contains(u, "token") {
 		t.Errorf("token still in the URL: %q", u)
 	}
-	if n := js[string](t, ctx, `document.querySelector('#edges').dataset.rows`); n != "4" {
+	if n := browsertest.JS[string](t, ctx, `document.querySelector('#edges').dataset.rows`); n != "4" {
 		t.Errorf("table rows with token cookie: %s", n)
 	}
 }
@@ -402,14 +381,14 @@ func TestBrowserLinearLayeredLayout(t *testing.T) {
 	path := t.TempDir() + "/mid.db"
 	history(t, path, time.Now(), 100, 3, 1)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map")
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
 	d := mapData(t, ctx)
 	if d["nodes"] != "400" || d["edges"] != "300" || d["layoutEngine"] != "linear" || d["boxes"] != "100" {
 		t.Errorf("map %v: want 400 nodes, 300 edges, 100 boxes, laid out by the linear layout", d)
 	}
-	backwards := js[[]string](t, ctx, `(() => { const G = window.deptrace.display; return G.edges().filter(e => { const [s, t] = G.extremities(e); return G.getNodeAttribute(s, 'x') >= G.getNodeAttribute(t, 'x'); }); })()`)
+	backwards := browsertest.JS[[]string](t, ctx, `(() => { const G = window.deptrace.display; return G.edges().filter(e => { const [s, t] = G.extremities(e); return G.getNodeAttribute(s, 'x') >= G.getNodeAttribute(t, 'x'); }); })()`)
 	if len(backwards) > 0 {
 		t.Errorf("%d edges do not point left to right: %q", len(backwards), backwards[:min(5, len(backwards))])
 	}
@@ -422,27 +401,27 @@ func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
 	path := t.TempDir() + "/large.db"
 	history(t, path, time.Now(), 550, 3, 1) // 2,200 nodes, 1,650 edges
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/")
-	if v := js[string](t, ctx, `document.body.dataset.view`); v != "table" {
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/")
+	if v := browsertest.JS[string](t, ctx, `document.body.dataset.view`); v != "table" {
 		t.Fatalf("large graph opened on %q, want the table", v)
 	}
-	if s := js[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "2200 nodes, 1650 edges") || !strings.Contains(s, "large graph") {
+	if s := browsertest.JS[string](t, ctx, `document.querySelector('#status').textContent`); !strings.Contains(s, "2200 nodes, 1650 edges") || !strings.Contains(s, "large graph") {
 		t.Errorf("status %q", s)
 	}
-	if d := js[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#edges').dataset)`); d["rows"] != "1650" || d["shown"] != "500" {
+	if d := browsertest.JS[map[string]string](t, ctx, `Object.assign({}, document.querySelector('#edges').dataset)`); d["rows"] != "1650" || d["shown"] != "500" {
 		t.Errorf("table %v: want 1650 rows, first 500 shown", d)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#all-rows"))); err != nil {
 		t.Fatal(err)
 	}
-	if n := js[int](t, ctx, `document.querySelectorAll('#edges tbody tr').length`); n != 1650 {
+	if n := browsertest.JS[int](t, ctx, `document.querySelectorAll('#edges tbody tr').length`); n != 1650 {
 		t.Errorf("show all: %d rows", n)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#view-map"))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.nodes === '2200'`, `document.querySelector('#map').dataset.nodes`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '2200'`, `document.querySelector('#map').dataset.nodes`)
 	if d := mapData(t, ctx); d["edges"] != "1650" || d["unhealthy"] == "0" {
 		t.Errorf("large map %v", d)
 	}
@@ -452,7 +431,7 @@ func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#collapse-all"))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
 	screenshot(t, ctx, "large-collapsed")
 }
 
@@ -462,24 +441,24 @@ func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
 func TestBrowserKubernetesNamespaceBoxes(t *testing.T) {
 	path, _ := seedNamed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map&group=k8s")
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
-	if b := js[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "external ▾ external (1),k8s/shop ▾ k8s/shop (1)" {
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&group=k8s")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if b := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#boxes .box')].map(b => b.dataset.group + ' ' + b.innerText)`); strings.Join(b, ",") != "external ▾ external (1),k8s/shop ▾ k8s/shop (1)" {
 		t.Errorf("boxes %q", b)
 	}
 	// Nodes in no box get room from the boxes too.
-	until(t, ctx, `window.deptrace.labels().length === window.deptrace.display.order`, `window.deptrace.labels()`)
+	browsertest.Until(t, ctx, `window.deptrace.labels().length === window.deptrace.display.order`, `window.deptrace.labels()`)
 	if problems, _ := layoutProblems(t, ctx); len(problems) > 0 {
 		t.Errorf("Kubernetes namespace boxes: %q", problems)
 	}
-	if g := js[string](t, ctx, `document.querySelector('#groups').innerText.replace(/\s+/g, ' ')`); !strings.Contains(g, "k8s/shop (1)") || strings.Contains(g, "db-1") {
+	if g := browsertest.JS[string](t, ctx, `document.querySelector('#groups').innerText.replace(/\s+/g, ' ')`); !strings.Contains(g, "k8s/shop (1)") || strings.Contains(g, "db-1") {
 		t.Errorf("groups panel %q", g)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#boxes .box[data-group="k8s/shop"] button`))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `window.deptrace.display.hasNode('group:k8s/shop') && !window.deptrace.display.hasNode('`+idCheckout+`')`, `window.deptrace.display.nodes()`)
+	browsertest.Until(t, ctx, `window.deptrace.display.hasNode('group:k8s/shop') && !window.deptrace.display.hasNode('`+idCheckout+`')`, `window.deptrace.display.nodes()`)
 }
 
 // A client whose lookups fail is drawn red like an unhealthy node, and
@@ -502,27 +481,27 @@ func TestBrowserClientDNSFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map")
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
-	if c := js[string](t, ctx, `window.deptrace.display.getNodeAttribute('`+idNginx+`', 'color') + ' ' + window.deptrace.display.getNodeAttribute('`+idNginx+`', 'health')`); c != "#e03131 unhealthy" {
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if c := browsertest.JS[string](t, ctx, `window.deptrace.display.getNodeAttribute('`+idNginx+`', 'color') + ' ' + window.deptrace.display.getNodeAttribute('`+idNginx+`', 'health')`); c != "#e03131 unhealthy" {
 		t.Errorf("nginx with failing lookups drawn %q, want #e03131 unhealthy", c)
 	}
-	js[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
-	until(t, ctx, `!!document.querySelector('#details table.dns tr.unhealthy')`, `document.querySelector('#details').innerText`)
-	row := js[string](t, ctx, `document.querySelector('#details table.dns tr.unhealthy').innerText.replace(/\s+/g, ' ')`)
+	browsertest.JS[bool](t, ctx, `window.deptrace.clickNode('`+idNginx+`'), true`)
+	browsertest.Until(t, ctx, `!!document.querySelector('#details table.dns tr.unhealthy')`, `document.querySelector('#details').innerText`)
+	row := browsertest.JS[string](t, ctx, `document.querySelector('#details table.dns tr.unhealthy').innerText.replace(/\s+/g, ' ')`)
 	if want := "192.0.2.53:53/udp 10 1 2 0 3 2.0 ms / 9.0 ms unhealthy: 5 of 10 lookups failed (50.0 %): 2 SERVFAIL, 3 timed out"; strings.TrimSpace(row) != want {
 		t.Errorf("DNS row %q, want %q", row, want)
 	}
-	if h := js[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: DNS via 192.0.2.53:53/udp: 5 of 10 lookups failed") {
+	if h := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`); !strings.Contains(h, "unhealthy: DNS via 192.0.2.53:53/udp: 5 of 10 lookups failed") {
 		t.Errorf("node health without the DNS reason:\n%s", h)
 	}
 	// Its history has its lookups per step from /api/series?node=:
 	// answers by code and timeouts, stacked, and their latency, a point
 	// per step like the other charts, the unhealthy step noted.
-	until(t, ctx, `!!document.querySelector('#details .history[data-node] .history-chart[data-chart="dns-latency"] canvas')`, `document.querySelector('#details').innerText`)
-	charts := js[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length + ' ' + s.uplot.data.length)`)
-	n := js[string](t, ctx, `String(document.querySelector('#details .history[data-node] .history-chart').uplot.data[0].length)`)
+	browsertest.Until(t, ctx, `!!document.querySelector('#details .history[data-node] .history-chart[data-chart="dns-latency"] canvas')`, `document.querySelector('#details').innerText`)
+	charts := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#details .history[data-node] .history-chart')].map(s => s.dataset.chart + ' ' + s.uplot.data[0].length + ' ' + s.uplot.data.length)`)
+	n := browsertest.JS[string](t, ctx, `String(document.querySelector('#details .history[data-node] .history-chart').uplot.data[0].length)`)
 	if want := "connections " + n + " 3,failures " + n + " 6,latency " + n + " 4,bytes " + n + " 3,dns " + n + " 6,dns-latency " + n + " 3"; (n != "30" && n != "31") || strings.Join(charts, ",") != want {
 		t.Errorf("node history charts %q, want %q (30 or 31 points)", charts, want)
 	}
@@ -530,14 +509,14 @@ func TestBrowserClientDNSFailures(t *testing.T) {
 		"dns":         "DNS lookups per 2 min: NOERROR 4 in all, NXDOMAIN 1 in all, SERVFAIL 2 in all, other 0 in all, timed out 3 in all",
 		"dns-latency": "DNS answer latency: avg max 2.0 ms, max max 9.0 ms",
 	} {
-		if l := js[string](t, ctx, `document.querySelector('#details .history-chart[data-chart="`+chart+`"]').getAttribute('aria-label')`); l != want {
+		if l := browsertest.JS[string](t, ctx, `document.querySelector('#details .history-chart[data-chart="`+chart+`"]').getAttribute('aria-label')`); l != want {
 			t.Errorf("%s chart %q, want %q", chart, l, want)
 		}
 	}
-	if p := js[string](t, ctx, `document.querySelector('#details .history[data-node] p.bad').innerText`); p != "DNS: 1 steps unhealthy" {
+	if p := browsertest.JS[string](t, ctx, `document.querySelector('#details .history[data-node] p.bad').innerText`); p != "DNS: 1 steps unhealthy" {
 		t.Errorf("note under the DNS charts %q", p)
 	}
-	js[bool](t, ctx, `document.querySelector('#details .history-chart[data-chart="dns"]').scrollIntoView(), true`)
+	browsertest.JS[bool](t, ctx, `document.querySelector('#details .history-chart[data-chart="dns"]').scrollIntoView(), true`)
 	screenshot(t, ctx, "node-dns-history")
 }
 
@@ -548,15 +527,15 @@ func TestBrowserClientDNSFailures(t *testing.T) {
 func TestBrowserChainMap(t *testing.T) {
 	path, _ := seedChain(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map")
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
-	until(t, ctx, `window.deptrace.labelled().length === window.deptrace.display.order`, `[window.deptrace.labelled(), window.deptrace.display.nodes()]`)
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	browsertest.Until(t, ctx, `window.deptrace.labelled().length === window.deptrace.display.order`, `[window.deptrace.labelled(), window.deptrace.display.nodes()]`)
 	if d := mapData(t, ctx); d["nodes"] != "6" || d["edges"] != "6" || d["unhealthy"] != "1" || d["degraded"] != "1" {
 		t.Errorf("chain map %v, want 6 nodes, 6 edges, 1 unhealthy (redis), 1 degraded (postgres)", d)
 	}
 	x := func(id string) float64 {
-		return js[float64](t, ctx, `window.deptrace.display.getNodeAttribute('`+id+`', 'x')`)
+		return browsertest.JS[float64](t, ctx, `window.deptrace.display.getNodeAttribute('`+id+`', 'x')`)
 	}
 	chain := []string{"workload:client-1/curl", "workload:web-1/nginx", "workload:app-1/gunicorn", "workload:db-1/postgres"}
 	for i := 1; i < len(chain); i++ {
@@ -567,7 +546,7 @@ func TestBrowserChainMap(t *testing.T) {
 	if problems, titles := layoutProblems(t, ctx); len(problems) > 0 || titles != 6 {
 		t.Errorf("chain map: %d titles shown (want 6), %q", titles, problems)
 	}
-	if h := js[string](t, ctx, `window.deptrace.display.getNodeAttribute('workload:client-1/curl', 'health')`); h != "unhealthy" {
+	if h := browsertest.JS[string](t, ctx, `window.deptrace.display.getNodeAttribute('workload:client-1/curl', 'health')`); h != "unhealthy" {
 		t.Errorf("curl, whose lookups time out, is %q, want unhealthy", h)
 	}
 	img := screenshot(t, ctx, "map")
@@ -635,7 +614,7 @@ func seedNamespaces(t testing.TB) string {
 // node's box and every node without a drawn label.
 func layoutProblems(t *testing.T, ctx context.Context) (problems []string, titles int) {
 	t.Helper()
-	r := js[struct {
+	r := browsertest.JS[struct {
 		Problems []string
 		Titles   int
 	}](t, ctx, `(() => {
@@ -671,18 +650,18 @@ func layoutProblems(t *testing.T, ctx context.Context) (problems []string, title
 // zoom 1 and labels and titles shrink with it.
 func TestBrowserBoxesDoNotCoverLabels(t *testing.T) {
 	srv, _ := serve(t, seedNamespaces(t), Options{})
-	ctx := browser(t, 90*time.Second)
+	ctx := browsertest.Browser(t, 90*time.Second)
 	for _, size := range [][2]int64{{1400, 900}, {700, 420}} {
 		if err := chromedp.Do(ctx, chromedp.EmulateViewport(size[0], size[1])); err != nil {
 			t.Fatal(err)
 		}
-		open(t, ctx, srv.URL+"/?view=map")
-		until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+		browsertest.Open(t, ctx, srv.URL+"/?view=map")
+		browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
 		if d := mapData(t, ctx); d["nodes"] != "9" || d["edges"] != "7" || d["boxes"] != "9" {
 			t.Fatalf("%dx%d: map %v, want 9 nodes, 7 edges, 9 boxes", size[0], size[1], d)
 		}
 		// A frame after the layout, labels drawn.
-		until(t, ctx, `window.deptrace.labels().length > 0`, `window.deptrace.labels()`)
+		browsertest.Until(t, ctx, `window.deptrace.labels().length > 0`, `window.deptrace.labels()`)
 		problems, titles := layoutProblems(t, ctx)
 		name := "map-namespaces"
 		if size[0] != 1400 {
@@ -696,7 +675,9 @@ func TestBrowserBoxesDoNotCoverLabels(t *testing.T) {
 			t.Errorf("%dx%d: %d box titles shown, want all 9", size[0], size[1], titles)
 		}
 		// The chain still reads left to right.
-		x := func(id string) float64 { return js[float64](t, ctx, `window.deptrace.position('`+id+`').x`) }
+		x := func(id string) float64 {
+			return browsertest.JS[float64](t, ctx, `window.deptrace.position('`+id+`').x`)
+		}
 		chain := []string{"curl", "nginx", "python3", "postgres"}
 		for i := 1; i < len(chain); i++ {
 			a, b := "workload:servicemap/dt4242-1-h"+strconv.Itoa(i)+"/"+chain[i-1], "workload:servicemap/dt4242-1-h"+strconv.Itoa(i+1)+"/"+chain[i]
@@ -713,15 +694,15 @@ func TestBrowserBoxesDoNotCoverLabels(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 900)); err != nil {
 		t.Fatal(err)
 	}
-	open(t, ctx, srv.URL+"/?view=map")
-	until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#boxes .box[data-group="servicemap/dt4242-1-h5"] button`))); err != nil {
 		t.Fatal(err)
 	}
 	const group = "group:servicemap/dt4242-1-h5"
-	until(t, ctx, `window.deptrace.display.hasNode('`+group+`') && document.querySelector('#map').dataset.layout === 'layered' && window.deptrace.labels().length === 9`,
+	browsertest.Until(t, ctx, `window.deptrace.display.hasNode('`+group+`') && document.querySelector('#map').dataset.layout === 'layered' && window.deptrace.labels().length === 9`,
 		`[document.querySelector('#map').dataset.layout, window.deptrace.labels().map(l => l.label)]`)
-	if a := js[string](t, ctx, `(a => [a.x, a.y, a.size].map(v => Number.isFinite(v) && v !== 0 ? 'ok' : String(v)).join(' '))(window.deptrace.display.getNodeAttributes('`+group+`'))`); a != "ok ok ok" {
+	if a := browsertest.JS[string](t, ctx, `(a => [a.x, a.y, a.size].map(v => Number.isFinite(v) && v !== 0 ? 'ok' : String(v)).join(' '))(window.deptrace.display.getNodeAttributes('`+group+`'))`); a != "ok ok ok" {
 		t.Errorf("collapsed group node x, y, size: %s", a)
 	}
 	problems, titles := layoutProblems(t, ctx)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/deptrace/deptrace/internal/browsertest"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -107,22 +108,22 @@ func TestAPINamesEnds(t *testing.T) {
 func TestBrowserShowsIdentity(t *testing.T) {
 	path, _ := seedNamed(t)
 	srv, _ := serve(t, path, Options{})
-	ctx := browser(t, 90*time.Second)
-	open(t, ctx, srv.URL+"/?view=map")
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
 	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#search"), "checkout")); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.matches === '1'`, `document.querySelector('#map').dataset.matches`)
 	want := "Deployment/checkout (nginx) on web-1"
-	if got := js[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, want) {
+	if got := browsertest.JS[string](t, ctx, `document.querySelector('#matches').innerText`); !strings.Contains(got, want) {
 		t.Errorf("matches %q, want %q", got, want)
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#matches button"))); err != nil {
 		t.Fatal(err)
 	}
-	until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idCheckout+`'`, `document.querySelector('#map').dataset.focus`)
-	until(t, ctx, `document.querySelector('#details').innerText.includes('workload')`, `document.querySelector('#details').innerText`)
-	details := js[string](t, ctx, `document.querySelector('#details').innerText`)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.focus === '`+idCheckout+`'`, `document.querySelector('#map').dataset.focus`)
+	browsertest.Until(t, ctx, `document.querySelector('#details').innerText.includes('workload')`, `document.querySelector('#details').innerText`)
+	details := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`)
 	for _, w := range []string{"Deployment/checkout", "shop/checkout-7d4b9c-x2x4k", "registry.local/checkout:1.4", "containerd", "4f1c0ffee000"} {
 		if !strings.Contains(details, w) {
 			t.Errorf("details lack %q:\n%s", w, details)
@@ -131,7 +132,7 @@ func TestBrowserShowsIdentity(t *testing.T) {
 	if strings.Contains(details, checkoutPod.ContainerID) {
 		t.Errorf("details show the whole container id:\n%s", details)
 	}
-	deps := js[string](t, ctx, `document.querySelector('#deps').innerText`)
+	deps := browsertest.JS[string](t, ctx, `document.querySelector('#deps').innerText`)
 	if !strings.Contains(deps, "postgresql.service (postgres) on db-1") {
 		t.Errorf("dependencies of nginx: %q", deps)
 	}
