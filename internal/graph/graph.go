@@ -175,6 +175,9 @@ type side struct {
 	process                string
 	c                      tracer.Counters // the client's point of view
 	first, last            time.Time
+	// members (built with track) are the indices of the observations
+	// summed into this side.
+	members []int32
 	// remoteName is the server's DNS name (outbound to an external
 	// server), from the latest flow that had one; nameSeen its time.
 	remoteName string
@@ -210,6 +213,12 @@ func (s *side) add(o store.Observation, outbound bool) {
 // Listener state goes on the service nodes; a listener that dropped
 // connections makes its service node even when no edge reached it.
 func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listener) Graph {
+	return build(obs, hosts, listeners, false).graph()
+}
+
+// build joins obs into a builder; with track, the builder also records
+// which edge each observation's counters went into (obsEdge).
+func build(obs []store.Observation, hosts []store.Host, listeners []store.Listener, track bool) *builder {
 	own := newOwners(hosts)
 	hostAddr := map[string]string{}
 	for _, h := range hosts {
@@ -235,9 +244,13 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 	outs := make([]side, 0, len(obs))
 	ins := make(map[inKey]*side, len(obs)/4)
 	var unix []store.Observation
-	for _, o := range obs {
+	var unixIdx []int32
+	for oi, o := range obs {
 		if o.Proto == string(tracer.ProtoUnix) {
 			unix = append(unix, o)
+			if track {
+				unixIdx = append(unixIdx, int32(oi))
+			}
 			continue
 		}
 		if o.Direction == "outbound" {
@@ -253,6 +266,9 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 				outs = append(outs, side{client: o.HostID, server: server, serverAddr: o.RemoteAddr, proto: o.Proto, port: o.Port, process: o.Comm})
 			}
 			outs[i].add(o, true)
+			if track {
+				outs[i].members = append(outs[i].members, int32(oi))
+			}
 			continue
 		}
 		client, _ := own.of(o.RemoteAddr, o.HostID)
@@ -266,6 +282,9 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 			ins[k] = s
 		}
 		s.add(o, false)
+		if track {
+			s.members = append(s.members, int32(oi))
+		}
 		if o.Comm != "" && (s.process == "" || !o.LastSeen.Before(s.last)) {
 			s.process = o.Comm
 		}
@@ -299,6 +318,12 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 	}
 
 	g := newBuilder(len(obs))
+	if track {
+		g.obsEdge = make([]int32, len(obs))
+		for i := range g.obsEdge {
+			g.obsEdge[i] = -1
+		}
+	}
 	matched := map[inKey]bool{}
 	for i := range outs {
 		out := &outs[i]
@@ -351,9 +376,79 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 		g.edge(from, to, in)
 	}
-	g.unix(unix, hostAddr)
+	g.unix(unix, unixIdx, hostAddr)
 	g.listeners(listeners, hostAddr)
-	return g.graph()
+	return g
+}
+
+// Steps builds the graph of each step of a range, steps[i] holding the
+// observations of step i. The ends of every dependency are joined and
+// named once over all the steps, as Build does over the whole range:
+// the client's and the server's records of one dependency are drained
+// apart and can fall into different steps, and a step built alone would
+// name the server by its port (its process is on the server's record)
+// or the client as an unknown process, so the edge would change its ends
+// from step to step. Each step's graph holds the edges that had
+// observations of their own in the step, with those observations'
+// counters (the client's view wherever the range has it, as in the
+// range's graph, so the steps sum to the range's totals), and their
+// ends; edges are judged by the default thresholds.
+func Steps(steps [][]store.Observation, hosts []store.Host) []Graph {
+	n := 0
+	for _, st := range steps {
+		n += len(st)
+	}
+	all := make([]store.Observation, 0, n)
+	stepOf := make([]int32, 0, n)
+	for i, st := range steps {
+		all = append(all, st...)
+		for range st {
+			stepOf = append(stepOf, int32(i))
+		}
+	}
+	b := build(all, hosts, nil, true)
+	per := make([]map[int32]*Edge, len(steps))
+	for oi, ei := range b.obsEdge {
+		if ei < 0 {
+			continue // a server's record of a dependency its client reported
+		}
+		m := per[stepOf[oi]]
+		if m == nil {
+			m = map[int32]*Edge{}
+			per[stepOf[oi]] = m
+		}
+		e := m[ei]
+		if e == nil {
+			r := &b.list[ei]
+			e = &Edge{From: r.From, To: r.To, Proto: r.Proto, Port: r.Port}
+			m[ei] = e
+		}
+		o := &all[oi]
+		e.Counters.Add(clientView(o.Counters, o.Direction == string(tracer.Outbound)))
+		if e.FirstSeen.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(e.FirstSeen)) {
+			e.FirstSeen = o.FirstSeen
+		}
+		if o.LastSeen.After(e.LastSeen) {
+			e.LastSeen = o.LastSeen
+		}
+	}
+	gs := make([]Graph, len(steps))
+	for i, m := range per {
+		g := &gs[i]
+		ends := map[string]bool{}
+		for _, e := range m {
+			e.health()
+			e.RTTAvgUs = e.Counters.RTTAvgUs()
+			g.Edges = append(g.Edges, *e)
+			ends[e.From], ends[e.To] = true, true
+		}
+		slices.SortFunc(g.Edges, func(x, y Edge) int { return cmp.Or(cmp.Compare(x.From, y.From), cmp.Compare(x.To, y.To)) })
+		for id := range ends {
+			g.Nodes = append(g.Nodes, b.nodes[b.byID[id]])
+		}
+		slices.SortFunc(g.Nodes, func(x, y Node) int { return cmp.Compare(x.ID, y.ID) })
+	}
+	return gs
 }
 
 // unix joins unix-socket flows. Both ends are on one host: the client
@@ -361,7 +456,7 @@ func Build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 // its peer; the server reports (inbound) its socket path and the client
 // process as its peer. The client's view gives the counters when there
 // is one.
-func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
+func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string]string) {
 	type key struct{ host, path, client string }
 	type pair struct {
 		out, in *side
@@ -369,7 +464,7 @@ func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
 	}
 	pairs := map[key]*pair{}
 	var order []key
-	for _, o := range obs {
+	for oi, o := range obs {
 		outbound := o.Direction == string(tracer.Outbound)
 		k := key{o.HostID, o.LocalAddr, o.PeerComm}
 		server := o.Comm
@@ -390,6 +485,9 @@ func (b *builder) unix(obs []store.Observation, hostAddr map[string]string) {
 			*sd = &side{client: k.host, server: k.host, serverAddr: k.path, proto: string(tracer.ProtoUnix), process: k.client}
 		}
 		(*sd).add(o, outbound)
+		if idx != nil {
+			(*sd).members = append((*sd).members, idx[oi])
+		}
 		// The server process: the latest name either end gave.
 		if server != "" && (p.server == "" || !o.LastSeen.Before((*sd).last)) {
 			p.server = server
@@ -448,6 +546,9 @@ type builder struct {
 	list  []Edge
 	// nameSeen: when the remote name of an external node was seen.
 	nameSeen map[int32]time.Time
+	// obsEdge (built with track) is, per observation, the index in list
+	// of the edge its counters went into, or -1.
+	obsEdge []int32
 }
 
 func newBuilder(sizeHint int) *builder {
@@ -515,6 +616,9 @@ func (b *builder) edge(from, to int32, s *side) {
 		i = int32(len(b.list))
 		b.edges[k] = i
 		b.list = append(b.list, Edge{From: b.nodes[from].ID, To: b.nodes[to].ID, Proto: s.proto, Port: s.port, FirstSeen: s.first})
+	}
+	for _, m := range s.members {
+		b.obsEdge[m] = i
 	}
 	e := &b.list[i]
 	e.Counters.Add(s.c)

@@ -472,3 +472,54 @@ func TestLoopbackNATJoinsTheRedirectedServer(t *testing.T) {
 		t.Errorf("ambiguous: the DNS service got process %q, want none", n.Process)
 	}
 }
+
+// Steps: however a range's observations fall into steps (a client's
+// record in one, its server's in the next), every step's edges have the
+// ends the range's graph gives them, and the steps sum to its totals.
+func TestStepsJoinAcrossSteps(t *testing.T) {
+	obs := chain()
+	// A dependency only its server reports (the client's host runs no
+	// agent), and a unix socket reported by both ends.
+	obs = append(obs, o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 2, 10, 10))
+	unix := func(dir, local, remote, comm, peer string, conns uint64) store.Observation {
+		return store.Observation{HostID: "app", Direction: dir, Proto: "unix", LocalAddr: local, RemoteAddr: remote, Comm: comm, PeerComm: peer,
+			Counters: tracer.Counters{Connections: conns}, FirstSeen: at, LastSeen: at.Add(time.Minute)}
+	}
+	obs = append(obs, unix("outbound", "", "/run/app.sock", "app", "helper", 3), unix("inbound", "/run/app.sock", "", "helper", "app", 3))
+	whole := Build(obs, hosts, nil)
+	// Every second record one step later: each dependency's two ends in
+	// different steps, and the step between them with server records only.
+	var steps [][]store.Observation = make([][]store.Observation, 3)
+	for i, x := range obs {
+		steps[(i%2)*2] = append(steps[(i%2)*2], x)
+	}
+	sum := map[[2]string]tracer.Counters{}
+	for i, g := range Steps(steps, hosts) {
+		ids := map[string]bool{}
+		for _, n := range g.Nodes {
+			ids[n.ID] = true
+		}
+		for _, e := range g.Edges {
+			if !ids[e.From] || !ids[e.To] {
+				t.Errorf("step %d: edge %s -> %s without its nodes %v", i, e.From, e.To, ids)
+			}
+			if e.LastSeen.IsZero() {
+				t.Errorf("step %d: edge %s -> %s without an observation of its own", i, e.From, e.To)
+			}
+			c := sum[[2]string{e.From, e.To}]
+			c.Add(e.Counters)
+			sum[[2]string{e.From, e.To}] = c
+		}
+		if i == 1 && len(g.Edges) != 0 {
+			t.Errorf("step 1 has no observations, but edges %+v", g.Edges)
+		}
+	}
+	if len(sum) != len(whole.Edges) {
+		t.Errorf("the steps have %d edges, the range %d: %v", len(sum), len(whole.Edges), sum)
+	}
+	for _, e := range whole.Edges {
+		if got := sum[[2]string{e.From, e.To}]; got != e.Counters {
+			t.Errorf("%s -> %s: the steps sum to %+v, the range has %+v", e.From, e.To, got, e.Counters)
+		}
+	}
+}

@@ -237,13 +237,20 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 	}
 	// each builds the graph of every step, of the observations keep
 	// accepts (with the clients' DNS lookups of the step when dns), and
-	// hands it over.
+	// hands it over. The steps are joined as one range (graph.Steps), so
+	// an edge keeps its ends in every step even when its client's and its
+	// server's records fell into different minutes.
+	stepEnd := func(t time.Time) time.Time {
+		if end := t.Add(step); end.Before(until) {
+			return end
+		}
+		return until
+	}
 	each := func(keep func(*store.Observation) bool, dns bool, f func(t time.Time, g *graph.Graph)) error {
+		var times []time.Time
+		var steps [][]store.Observation
 		for t := start; t.Before(until); t = t.Add(step) {
-			end := t.Add(step)
-			if end.After(until) {
-				end = until
-			}
+			end := stepEnd(t)
 			obs, err := s.st.Observations(ctx, store.Range{Since: t, Until: end})
 			if err != nil {
 				return err
@@ -257,9 +264,12 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 				}
 				obs = kept
 			}
-			g := graph.Build(obs, hosts, nil)
+			times, steps = append(times, t), append(steps, obs)
+		}
+		for i, g := range graph.Steps(steps, hosts) {
+			t := times[i]
 			if dns {
-				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: end})
+				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: stepEnd(t)})
 				if err != nil {
 					return err
 				}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -243,5 +244,84 @@ func TestNodeSeriesDNS(t *testing.T) {
 				t.Errorf("%s: %d, with DNS: %.300s", q, code, body)
 			}
 		}
+	}
+}
+
+// The two ends of a dependency are drained apart and can land in
+// different minutes: an edge's and a node's history still sum to the
+// edge's totals, with the ends named in every step as the range's graph
+// names them (the step with only the client's record must not lose the
+// server's process; the one with only the server's record must not turn
+// the client into an unknown process).
+func TestSeriesEndsInDifferentMinutes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "split.db")
+	st, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	a := now.Add(-10 * time.Minute).Truncate(time.Minute)
+	b := a.Add(time.Minute)
+	o := func(host, dir, local, remote, comm string, at time.Time, conns uint64) store.Observation {
+		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host, Direction: dir, Proto: "tcp",
+			LocalAddr: local, RemoteAddr: remote, Port: 6379, Comm: comm,
+			Counters: tracer.Counters{Connections: conns}, FirstSeen: at.Add(50 * time.Second), LastSeen: at.Add(59 * time.Second)}
+	}
+	err = st.Write(context.Background(), store.Batch{
+		Hosts: []store.Host{
+			{ID: "app-1", Name: "app-1", Addrs: []string{"198.51.100.5"}, LastSeen: now},
+			{ID: "cache-1", Name: "cache-1", Addrs: []string{"198.51.100.3"}, LastSeen: now},
+		},
+		Observations: []store.Observation{
+			// Minute a: the client's record of 19 connections, the
+			// server's of 18 (its last one drained a minute later).
+			o("app-1", "outbound", "198.51.100.5", "198.51.100.3", "gunicorn", a, 19),
+			o("cache-1", "inbound", "198.51.100.3", "198.51.100.5", "redis-server", a, 18),
+			// Minute b: one more connection on the client, and the server's
+			// records of two (the one of minute a and this one).
+			o("app-1", "outbound", "198.51.100.5", "198.51.100.3", "gunicorn", b.Add(time.Minute), 1),
+			o("cache-1", "inbound", "198.51.100.3", "198.51.100.5", "redis-server", b, 2),
+		},
+	})
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := serve(t, path, Options{})
+	const from, to = "workload:app-1/gunicorn", "workload:cache-1/redis-server"
+	// One point per minute, from the minute before a.
+	since := a.Add(-time.Minute).UTC().Format(time.RFC3339)
+	until := a.Add(4 * time.Minute).UTC().Format(time.RFC3339)
+	code, body, _ := get(t, srv.URL, "/api/series?points=5&since="+since+"&until="+until+"&proto=tcp&port=6379&from="+url.QueryEscape(from)+"&to="+url.QueryEscape(to))
+	var ans seriesAnswer
+	if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("%d %s", code, body)
+	}
+	var got []string
+	for _, p := range ans.Points {
+		if p.Connections > 0 {
+			got = append(got, fmt.Sprintf("%s: %d", p.T.Sub(a), p.Connections))
+		}
+	}
+	// The client's view is the edge's: 19 in minute a, none in b (only
+	// the server's record), 1 in the minute after.
+	if want := []string{"0s: 19", "2m0s: 1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("history of %s -> %s: %q, want %q", from, to, got, want)
+	}
+	code, body, _ = get(t, srv.URL, "/api/series?points=5&since="+since+"&until="+until+"&node="+url.QueryEscape(to))
+	var node nodeSeriesAnswer
+	if code != http.StatusOK || json.Unmarshal(body, &node) != nil {
+		t.Fatalf("%d %s", code, body)
+	}
+	got = nil
+	for _, p := range node.Points {
+		if p.In.Edges > 0 {
+			got = append(got, fmt.Sprintf("%s: %d in %d edges", p.T.Sub(a), p.In.Connections, p.In.Edges))
+		}
+	}
+	// Minute b holds only the server's record of connections the
+	// client's records count: no traffic of its own.
+	if want := []string{"0s: 19 in 1 edges", "2m0s: 1 in 1 edges"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("history of %s in: %q, want %q", to, got, want)
 	}
 }
