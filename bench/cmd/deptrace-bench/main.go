@@ -166,7 +166,7 @@ func newBenchOverheadCmd() *cobra.Command {
 	var attribute, hollow bool
 	var minReached float64
 	var realtime bool
-	var hollowSet string
+	var hollowSet, pairLoads string
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -213,6 +213,10 @@ tables for docs/performance.md.`,
 			if minReached < 0 || minReached > 1 {
 				return fmt.Errorf("invalid --min-reached %g: allowed 0 (no check) to 1", minReached)
 			}
+			loads, err := selectPairedLoads(pairLoads)
+			if err != nil {
+				return err
+			}
 			if attribute && pairs == 0 {
 				return fmt.Errorf("--attribute samples the runs of the whole-machine pairs: give --pairs 1 or more")
 			}
@@ -238,7 +242,7 @@ tables for docs/performance.md.`,
 			}
 			if pairs > 0 {
 				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime}
-				rs, err := measure.Paired(ctx, cfg.LoadCommand, pairedLoads, pc, os.Stderr)
+				rs, err := measure.Paired(ctx, cfg.LoadCommand, loads, pc, os.Stderr)
 				if err != nil {
 					return err
 				}
@@ -263,16 +267,40 @@ tables for docs/performance.md.`,
 	cmd.Flags().Float64Var(&minReached, "min-reached", measure.DefaultMinReached, "fraction of its rate each run of a pair must reach, or the pair is made again (3 tries, then an error); 0: no check")
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
 	cmd.Flags().StringVar(&hollowSet, "hollow-set", "", "with --hollow, the hook set of the empty programs (deptrace: today's; sockops...: the alternatives for TCP; implies --hollow)")
+	cmd.Flags().StringVar(&pairLoads, "pair-loads", strings.Join(pairedLoadKeys, ","), "comma list of the whole-machine pairs' loads: "+strings.Join(pairedLoadKeys, ", "))
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }
 
-// pairedLoads are the fixed-rate loads of the whole-machine measurement.
-var pairedLoads = []measure.PairedLoad{
-	{Name: "short-lived TCP", Workload: loadgen.TCPShort, Rate: 5000},
-	{Name: "persistent TCP", Workload: loadgen.TCPPersistent, Rate: 40000, AboveReach: true},
-	{Name: "UDP, new socket per round trip", Workload: loadgen.UDP, Rate: 5000},
-	{Name: "short-lived TCP, 1,000 client hosts", Workload: loadgen.TCPShort, Rate: 5000, Clients: 1000},
+// pairedLoads are the fixed-rate loads of the whole-machine measurement,
+// in the order they run; pairedLoadKeys names them for --pair-loads.
+var (
+	pairedLoads = []measure.PairedLoad{
+		{Name: "short-lived TCP", Workload: loadgen.TCPShort, Rate: 5000},
+		{Name: "persistent TCP", Workload: loadgen.TCPPersistent, Rate: 40000, AboveReach: true},
+		{Name: "UDP, new socket per round trip", Workload: loadgen.UDP, Rate: 5000},
+		{Name: "short-lived TCP, 1,000 client hosts", Workload: loadgen.TCPShort, Rate: 5000, Clients: 1000},
+	}
+	pairedLoadKeys = []string{"tcp-short", "tcp-persistent", "udp", "tcp-short-1000-hosts"}
+)
+
+// selectPairedLoads is the paired loads named in list (comma separated
+// keys of pairedLoadKeys), in their usual order.
+func selectPairedLoads(list string) ([]measure.PairedLoad, error) {
+	want := map[string]bool{}
+	for _, k := range strings.Split(list, ",") {
+		if !slices.Contains(pairedLoadKeys, k) {
+			return nil, fmt.Errorf("invalid --pair-loads %q: %q is not a load; allowed a comma list of %s", list, k, strings.Join(pairedLoadKeys, ", "))
+		}
+		want[k] = true
+	}
+	var ls []measure.PairedLoad
+	for i, k := range pairedLoadKeys {
+		if want[k] {
+			ls = append(ls, pairedLoads[i])
+		}
+	}
+	return ls, nil
 }
 
 func newBenchCompareCmd() *cobra.Command {

@@ -72,6 +72,7 @@ func TestSubcommandsAndBadInput(t *testing.T) {
 		{[]string{"overhead", "--hollow", "--pairs", "0"}, "deptrace-bench: --hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more"},
 		{[]string{"overhead", "--pair-phase", "10ms"}, "deptrace-bench: invalid --pair-phase 10ms: allowed 1s to 1h"},
 		{[]string{"overhead", "--pairs", "-1"}, "deptrace-bench: invalid --pairs -1: allowed 0 (skip the whole-machine measurement) to 1000"},
+		{[]string{"overhead", "--pair-loads", "tcp-short,tcp"}, `deptrace-bench: invalid --pair-loads "tcp-short,tcp": "tcp" is not a load; allowed a comma list of tcp-short, tcp-persistent, udp, tcp-short-1000-hosts`},
 		{[]string{"load", "--log-level", "loud"}, `deptrace-bench: invalid --log-level "loud": allowed debug, info, warn, error`},
 	}
 	for _, c := range cases {
@@ -101,5 +102,13 @@ func TestLoadRuns(t *testing.T) {
 	}
 	if r.RoundTrips == 0 || r.Errors != 0 || len(r.Edges) != 1 || r.Edges[0].RoundTrips != r.RoundTrips {
 		t.Errorf("want round trips, no errors, one edge carrying them all:\n%s", stdout)
+	}
+}
+
+// --pair-loads picks the pairs' loads by key, in their usual order.
+func TestSelectPairedLoads(t *testing.T) {
+	ls, err := selectPairedLoads("tcp-short-1000-hosts,tcp-short")
+	if err != nil || len(ls) != 2 || ls[0].Name != "short-lived TCP" || ls[1].Clients != 1000 {
+		t.Errorf("selectPairedLoads: %+v, %v; want short-lived TCP, then its 1,000 client hosts", ls, err)
 	}
 }
