@@ -381,49 +381,80 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 	return g
 }
 
-// Steps builds the graph of each step of a range, steps[i] holding the
-// observations of step i. The ends of every dependency are joined and
-// named once over all the steps, as Build does over the whole range:
-// the client's and the server's records of one dependency are drained
-// apart and can fall into different steps, and a step built alone would
-// name the server by its port (its process is on the server's record)
-// or the client as an unknown process, so the edge would change its ends
-// from step to step. Each step's graph holds the edges that had
-// observations of their own in the step, with those observations'
-// counters (the client's view wherever the range has it, as in the
-// range's graph, so the steps sum to the range's totals), and their
-// ends; edges are judged by the default thresholds.
-func Steps(steps [][]store.Observation, hosts []store.Host) []Graph {
-	n := 0
-	for _, st := range steps {
-		n += len(st)
-	}
-	all := make([]store.Observation, 0, n)
-	stepOf := make([]int32, 0, n)
-	for i, st := range steps {
-		all = append(all, st...)
-		for range st {
-			stepOf = append(stepOf, int32(i))
+// Joiner puts observations of parts of a range (a history's steps) on
+// the edges of the range's graph. The client's and the server's records
+// of one dependency are drained apart and can fall into different steps,
+// and a step built alone would name the server by its port (its process
+// is on the server's record) or the client as an unknown process, so the
+// edge would change its ends from step to step. A Joiner joins and names
+// the ends once, over the range, as Build does; Step then sums each
+// observation onto the edge its flow feeds in the range's graph (the
+// client's view wherever the range has it), so the steps sum to the
+// range's totals.
+type Joiner struct {
+	b *builder
+	// edgeOf is the index in b.list of the edge a flow's counters go to;
+	// -1 for a server's record of a dependency its client reported.
+	edgeOf map[flowID]int32
+	hosts  []store.Host
+}
+
+// flowID is what Build reads of an observation to place it.
+type flowID struct {
+	host, dir, proto, local, remote, comm, peer string
+	port                                        uint16
+}
+
+func flowOf(o *store.Observation) flowID {
+	return flowID{o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Comm, o.PeerComm, o.Port}
+}
+
+// NewJoiner joins the range's observations (one per flow, as
+// store.Observations gives them; listeners name services as in Build).
+func NewJoiner(obs []store.Observation, hosts []store.Host, listeners []store.Listener) *Joiner {
+	b := build(obs, hosts, listeners, true)
+	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), hosts: hosts}
+	for i := range obs {
+		k := flowOf(&obs[i])
+		if e, ok := j.edgeOf[k]; !ok || e < 0 {
+			j.edgeOf[k] = b.obsEdge[i]
 		}
 	}
-	b := build(all, hosts, nil, true)
-	per := make([]map[int32]*Edge, len(steps))
-	for oi, ei := range b.obsEdge {
-		if ei < 0 {
-			continue // a server's record of a dependency its client reported
+	return j
+}
+
+// Step is the graph of obs, observations of a part of the range: the
+// edges with observations of their own in it, with those observations'
+// counters, judged by the default thresholds, and their ends (without
+// listener state: a step's graph says nothing of listeners). keep, when
+// not nil, selects the edges wanted by the range graph's edge. An
+// observation of a flow the range did not have (written after the range
+// was read) is placed by a Build of its own, as before the Joiner.
+func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
+	var g Graph
+	at := map[[2]string]int{}
+	add := func(e Edge) *Edge {
+		k := [2]string{e.From, e.To}
+		i, ok := at[k]
+		if !ok {
+			i = len(g.Edges)
+			at[k] = i
+			g.Edges = append(g.Edges, Edge{From: e.From, To: e.To, Proto: e.Proto, Port: e.Port})
 		}
-		m := per[stepOf[oi]]
-		if m == nil {
-			m = map[int32]*Edge{}
-			per[stepOf[oi]] = m
+		return &g.Edges[i]
+	}
+	var rest []store.Observation
+	for i := range obs {
+		o := &obs[i]
+		ei, ok := j.edgeOf[flowOf(o)]
+		if !ok {
+			rest = append(rest, *o)
+			continue
 		}
-		e := m[ei]
-		if e == nil {
-			r := &b.list[ei]
-			e = &Edge{From: r.From, To: r.To, Proto: r.Proto, Port: r.Port}
-			m[ei] = e
+		if ei < 0 || (keep != nil && !keep(&j.b.list[ei])) {
+			continue
 		}
-		o := &all[oi]
+		e := add(j.b.list[ei])
 		e.Counters.Add(clientView(o.Counters, o.Direction == string(tracer.Outbound)))
 		if e.FirstSeen.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(e.FirstSeen)) {
 			e.FirstSeen = o.FirstSeen
@@ -432,23 +463,50 @@ func Steps(steps [][]store.Observation, hosts []store.Host) []Graph {
 			e.LastSeen = o.LastSeen
 		}
 	}
-	gs := make([]Graph, len(steps))
-	for i, m := range per {
-		g := &gs[i]
-		ends := map[string]bool{}
-		for _, e := range m {
-			e.health()
-			e.RTTAvgUs = e.Counters.RTTAvgUs()
-			g.Edges = append(g.Edges, *e)
-			ends[e.From], ends[e.To] = true, true
+	nodes := map[string]Node{}
+	if len(rest) > 0 {
+		late := Build(rest, j.hosts, nil)
+		for _, n := range late.Nodes {
+			nodes[n.ID] = n
 		}
-		slices.SortFunc(g.Edges, func(x, y Edge) int { return cmp.Or(cmp.Compare(x.From, y.From), cmp.Compare(x.To, y.To)) })
-		for id := range ends {
-			g.Nodes = append(g.Nodes, b.nodes[b.byID[id]])
+		for _, x := range late.Edges {
+			if keep != nil && !keep(&x) {
+				continue
+			}
+			e := add(x)
+			e.Counters.Add(x.Counters)
+			if e.FirstSeen.IsZero() || (!x.FirstSeen.IsZero() && x.FirstSeen.Before(e.FirstSeen)) {
+				e.FirstSeen = x.FirstSeen
+			}
+			if x.LastSeen.After(e.LastSeen) {
+				e.LastSeen = x.LastSeen
+			}
 		}
-		slices.SortFunc(g.Nodes, func(x, y Node) int { return cmp.Compare(x.ID, y.ID) })
 	}
-	return gs
+	for i := range g.Edges {
+		e := &g.Edges[i]
+		e.health()
+		e.RTTAvgUs = e.Counters.RTTAvgUs()
+		for _, id := range []string{e.From, e.To} {
+			if n, ok := j.b.byID[id]; ok {
+				nodes[id] = j.b.nodes[n] // the range's name wins over a late Build's
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, e := range g.Edges {
+		for _, id := range []string{e.From, e.To} {
+			if !seen[id] {
+				seen[id] = true
+				n := nodes[id]
+				n.Listener, n.Unhealthy, n.Reasons = nil, false, nil
+				g.Nodes = append(g.Nodes, n)
+			}
+		}
+	}
+	slices.SortFunc(g.Nodes, func(x, y Node) int { return cmp.Compare(x.ID, y.ID) })
+	slices.SortFunc(g.Edges, func(x, y Edge) int { return cmp.Or(cmp.Compare(x.From, y.From), cmp.Compare(x.To, y.To)) })
+	return g
 }
 
 // unix joins unix-socket flows. Both ends are on one host: the client

@@ -473,45 +473,47 @@ func TestLoopbackNATJoinsTheRedirectedServer(t *testing.T) {
 	}
 }
 
-// Steps: however a range's observations fall into steps (a client's
+// A Joiner: however a range's observations fall into steps (a client's
 // record in one, its server's in the next), every step's edges have the
-// ends the range's graph gives them, and the steps sum to its totals.
-func TestStepsJoinAcrossSteps(t *testing.T) {
-	obs := chain()
-	// A dependency only its server reports (the client's host runs no
-	// agent), and a unix socket reported by both ends.
-	obs = append(obs, o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 2, 10, 10))
+// ends the range's graph gives them, the servers keep their processes,
+// and the steps sum to the range's totals.
+func TestJoinerAcrossSteps(t *testing.T) {
+	udp := func(x store.Observation) store.Observation { x.Proto = "udp"; return x }
 	unix := func(dir, local, remote, comm, peer string, conns uint64) store.Observation {
 		return store.Observation{HostID: "app", Direction: dir, Proto: "unix", LocalAddr: local, RemoteAddr: remote, Comm: comm, PeerComm: peer,
 			Counters: tracer.Counters{Connections: conns}, FirstSeen: at, LastSeen: at.Add(time.Minute)}
 	}
-	obs = append(obs, unix("outbound", "", "/run/app.sock", "app", "helper", 3), unix("inbound", "/run/app.sock", "", "helper", "app", 3))
+	obs := append(chain(),
+		// A dependency only its server reports (the client runs no agent).
+		o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 2, 10, 10),
+		// A unix socket reported by both ends.
+		unix("outbound", "", "/run/app.sock", "app", "helper", 3), unix("inbound", "/run/app.sock", "", "helper", "app", 3),
+		// Docker's embedded DNS: the server's record has dockerd's port.
+		udp(o("web", "outbound", "127.0.0.1", "127.0.0.11", 53, "nslookup", 3, 0, 0)),
+		udp(o("web", "inbound", "127.0.0.11", "127.0.0.1", 43868, "dockerd", 3, 0, 0)),
+	)
 	whole := Build(obs, hosts, nil)
-	// Every second record one step later: each dependency's two ends in
-	// different steps, and the step between them with server records only.
-	var steps [][]store.Observation = make([][]store.Observation, 3)
+	// Every second record in step 0, the others in step 1: each
+	// dependency's two ends in different steps.
+	steps := make([][]store.Observation, 2)
 	for i, x := range obs {
-		steps[(i%2)*2] = append(steps[(i%2)*2], x)
+		steps[i%2] = append(steps[i%2], x)
 	}
+	j := NewJoiner(obs, hosts, nil)
 	sum := map[[2]string]tracer.Counters{}
-	for i, g := range Steps(steps, hosts) {
-		ids := map[string]bool{}
+	process := map[string]string{}
+	for i, st := range steps {
+		g := j.Step(st, nil)
 		for _, n := range g.Nodes {
-			ids[n.ID] = true
+			process[n.ID] = n.Process
 		}
 		for _, e := range g.Edges {
-			if !ids[e.From] || !ids[e.To] {
-				t.Errorf("step %d: edge %s -> %s without its nodes %v", i, e.From, e.To, ids)
-			}
 			if e.LastSeen.IsZero() {
 				t.Errorf("step %d: edge %s -> %s without an observation of its own", i, e.From, e.To)
 			}
 			c := sum[[2]string{e.From, e.To}]
 			c.Add(e.Counters)
 			sum[[2]string{e.From, e.To}] = c
-		}
-		if i == 1 && len(g.Edges) != 0 {
-			t.Errorf("step 1 has no observations, but edges %+v", g.Edges)
 		}
 	}
 	if len(sum) != len(whole.Edges) {
@@ -520,6 +522,30 @@ func TestStepsJoinAcrossSteps(t *testing.T) {
 	for _, e := range whole.Edges {
 		if got := sum[[2]string{e.From, e.To}]; got != e.Counters {
 			t.Errorf("%s -> %s: the steps sum to %+v, the range has %+v", e.From, e.To, got, e.Counters)
+		}
+	}
+	// Step 0 holds the clients' records alone: the servers are named
+	// from records of step 1.
+	for id, want := range map[string]string{ServiceID("web", "tcp", 80): "nginx", ServiceID("db", "tcp", 5432): "postgres", ServiceID("web", "udp", 53): "dockerd"} {
+		if process[id] != want {
+			t.Errorf("%s is run by %q in the steps, want %q", id, process[id], want)
+		}
+	}
+	// keep selects by the range's edge: the DNS edge alone.
+	g := j.Step(obs, func(e *Edge) bool { return e.Proto == "udp" && e.Port == 53 })
+	if len(g.Edges) != 1 || g.Edges[0].DatagramsSent+g.Edges[0].Connections != 3 || len(g.Nodes) != 2 {
+		t.Errorf("the DNS edge alone: %+v, nodes %+v", g.Edges, g.Nodes)
+	}
+	// A flow the range did not have (written after it was read) still
+	// counts, placed by a Build of its own.
+	late := o("client", "outbound", "198.51.100.1", "198.51.100.3", 8080, "wget", 4, 0, 0)
+	g = j.Step([]store.Observation{late}, nil)
+	if len(g.Edges) != 1 || g.Edges[0].From != ProcessID("client", "wget") || g.Edges[0].To != ServiceID("app", "tcp", 8080) || g.Edges[0].Connections != 4 {
+		t.Errorf("a late flow: %+v", g.Edges)
+	}
+	for _, n := range g.Nodes {
+		if n.ID == ServiceID("app", "tcp", 8080) && n.Process != "app" {
+			t.Errorf("a late flow's server is run by %q, want app (as the range names it)", n.Process)
 		}
 	}
 }

@@ -228,8 +228,9 @@ func BenchmarkPage(b *testing.B) {
 
 // BenchmarkNodeSeriesDNS measures a node's history of 24 hours in 120
 // points on 500 hosts (2,000 workloads, 2,500 edges an hour) where every
-// client resolves names each hour, and, apart, the part of it the DNS
-// rows take (one store.DNS read per step):
+// client resolves names each hour, an edge's history over the same range,
+// and, apart, the part of the node's the DNS rows take (one store.DNS
+// read per step):
 //
 //	go test -run '^$' -bench NodeSeriesDNS -benchtime 3x ./internal/web/
 func BenchmarkNodeSeriesDNS(b *testing.B) {
@@ -272,6 +273,26 @@ func BenchmarkNodeSeriesDNS(b *testing.B) {
 			}
 			if err != nil || resp.StatusCode != 200 || q != 24*20 {
 				b.Fatalf("%d %v: %d queries in the series, want %d", resp.StatusCode, err, q, 24*20)
+			}
+		}
+	})
+	// An edge's history over the same range: h0's app -> h1's nginx,
+	// 5 connections an hour.
+	b.Run("api-series-edge-24h-120-points", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			resp, err := http.Get(srv.URL + "/api/series?since=24h&points=120&proto=tcp&port=80&from=workload:h0/app&to=workload:h1/nginx")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var ans seriesAnswer
+			err = json.NewDecoder(resp.Body).Decode(&ans)
+			resp.Body.Close()
+			var c uint64
+			for _, p := range ans.Points {
+				c += p.Connections
+			}
+			if err != nil || resp.StatusCode != 200 || c != 24*5 {
+				b.Fatalf("%d %v: %d connections in the series, want %d", resp.StatusCode, err, c, 24*5)
 			}
 		}
 	})

@@ -2,6 +2,7 @@ package web
 
 import (
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -140,12 +141,10 @@ func validID(name, v string) error {
 // node: node is its id (group_by as there for both). points (default 30,
 // at most 120) splits the range into steps of whole minutes (one more
 // point when the range starts inside a minute).
-// Each step is read from the store like a range of its own; an edge's
-// keeps only the observations of its protocol and port, so a point costs
-// the flows of its minutes, not the whole graph; a node's builds the
-// step's graph, so a node's history costs about what /api/graph costs
-// over the same range, plus the step's DNS lookups (the store keeps them
-// per minute, like the flows).
+// The range is read and joined once (graph.Joiner), then each step is
+// read from the store like a range of its own and summed onto the range's
+// edges (an edge's series keeps only its own), plus, for a node, the
+// step's DNS lookups (the store keeps them per minute, like the flows).
 func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 	q, err := newQuery(r.URL.Query(), s.now(), "since", "until", "group_by", "from", "to", "proto", "port", "points", "node")
 	if err != nil {
@@ -235,41 +234,61 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	// each builds the graph of every step, of the observations keep
-	// accepts (with the clients' DNS lookups of the step when dns), and
-	// hands it over. The steps are joined as one range (graph.Steps), so
-	// an edge keeps its ends in every step even when its client's and its
-	// server's records fell into different minutes.
-	stepEnd := func(t time.Time) time.Time {
-		if end := t.Add(step); end.Before(until) {
-			return end
+	// The range is read and joined once (graph.Joiner), as /api/graph
+	// reads it: an edge keeps its ends in every step even when its
+	// client's and its server's records fell into different minutes. An
+	// edge's series joins only the flows of its protocol that could be
+	// its own: its port, and on loopback any port (a NAT rule such as
+	// Docker's embedded DNS sends a client's queries to another port,
+	// where the server's record has them).
+	var rangeKeep func(*store.Observation) bool
+	if node == "" {
+		rangeKeep = func(o *store.Observation) bool {
+			if o.Proto != proto {
+				return false
+			}
+			if int(o.Port) == port {
+				return true
+			}
+			a, err := netip.ParseAddr(o.LocalAddr)
+			return err == nil && a.IsLoopback()
 		}
-		return until
 	}
-	each := func(keep func(*store.Observation) bool, dns bool, f func(t time.Time, g *graph.Graph)) error {
-		var times []time.Time
-		var steps [][]store.Observation
+	rng := store.Range{Since: start, Until: until}
+	all, err := s.st.Observations(ctx, rng)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	var structure []store.Observation // all may be the cache's: not filtered in place
+	for i := range all {
+		if rangeKeep == nil || rangeKeep(&all[i]) {
+			structure = append(structure, all[i])
+		}
+	}
+	listeners, err := s.st.Listeners(ctx, rng)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	joiner := graph.NewJoiner(structure, hosts, listeners)
+	// each builds the graph of every step, of the range's edges keep
+	// accepts (with the clients' DNS lookups of the step when dns), and
+	// hands it over. Each step is read from the store as a range of its
+	// own.
+	each := func(keep func(*graph.Edge) bool, dns bool, f func(t time.Time, g *graph.Graph)) error {
 		for t := start; t.Before(until); t = t.Add(step) {
-			end := stepEnd(t)
+			end := t.Add(step)
+			if end.After(until) {
+				end = until
+			}
 			obs, err := s.st.Observations(ctx, store.Range{Since: t, Until: end})
 			if err != nil {
 				return err
 			}
-			if keep != nil {
-				var kept []store.Observation // obs may be the cache's: not filtered in place
-				for i := range obs {
-					if keep(&obs[i]) {
-						kept = append(kept, obs[i])
-					}
-				}
-				obs = kept
-			}
-			times, steps = append(times, t), append(steps, obs)
-		}
-		for i, g := range graph.Steps(steps, hosts) {
-			t := times[i]
+			g := joiner.Step(obs, keep)
 			if dns {
-				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: stepEnd(t)})
+				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: end})
 				if err != nil {
 					return err
 				}
@@ -287,7 +306,7 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 	}
 	if node != "" {
 		ans := nodeSeriesAnswer{Node: node, Since: start, Until: until, StepS: int64(step / time.Second), Points: []nodePoint{}}
-		err := each(nil, true, func(t time.Time, g *graph.Graph) {
+		err = each(nil, true, func(t time.Time, g *graph.Graph) {
 			p := nodePoint{T: t}
 			for i := range g.Nodes {
 				if g.Nodes[i].ID == node {
@@ -313,7 +332,7 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans := seriesAnswer{From: from, To: to, Proto: proto, Port: port, Since: start, Until: until, StepS: int64(step / time.Second), Points: []seriesPoint{}}
-	err = each(func(o *store.Observation) bool { return o.Proto == proto && int(o.Port) == port }, false, func(t time.Time, g *graph.Graph) {
+	err = each(func(e *graph.Edge) bool { return e.Proto == proto && int(e.Port) == port }, false, func(t time.Time, g *graph.Graph) {
 		p := seriesPoint{T: t, Health: graph.HealthOK}
 		for _, e := range g.Edges {
 			if e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port {

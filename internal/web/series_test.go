@@ -325,3 +325,51 @@ func TestSeriesEndsInDifferentMinutes(t *testing.T) {
 		t.Errorf("history of %s in: %q, want %q", to, got, want)
 	}
 }
+
+// Docker's embedded DNS: a client asks 127.0.0.11:53, a NAT rule hands
+// the query to dockerd on another port, where the server's record has
+// it. The edge's history holds what /api/graph holds for it, its server
+// named dockerd in every step.
+func TestSeriesOfARedirectedLoopbackService(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nat.db")
+	st, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	a := now.Add(-10 * time.Minute).Truncate(time.Minute)
+	udp := func(dir, local, remote string, port uint16, comm string, at time.Time) store.Observation {
+		return store.Observation{Bucket: at, HostID: "web-1", Direction: dir, Proto: "udp", LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm,
+			Counters: tracer.Counters{DatagramsSent: 3, DatagramsReceived: 3}, FirstSeen: at.Add(10 * time.Second), LastSeen: at.Add(20 * time.Second)}
+	}
+	err = st.Write(context.Background(), store.Batch{
+		Hosts: []store.Host{{ID: "web-1", Name: "web-1", Addrs: []string{"198.51.100.1"}, LastSeen: now}},
+		Observations: []store.Observation{
+			udp("outbound", "127.0.0.1", "127.0.0.11", 53, "nslookup", a),
+			udp("inbound", "127.0.0.11", "127.0.0.1", 43868, "dockerd", a.Add(time.Minute)),
+		},
+	})
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := serve(t, path, Options{})
+	const from, to = "workload:web-1/nslookup", "workload:web-1/dockerd"
+	since, until := a.Add(-time.Minute).UTC().Format(time.RFC3339), a.Add(4*time.Minute).UTC().Format(time.RFC3339)
+	code, body, _ := get(t, srv.URL, "/api/graph?since="+since+"&until="+until)
+	if code != http.StatusOK || !strings.Contains(string(body), `"from":"`+from+`","to":"`+to+`"`) {
+		t.Fatalf("/api/graph lacks the edge %s -> %s: %d %s", from, to, code, body)
+	}
+	code, body, _ = get(t, srv.URL, "/api/series?points=5&since="+since+"&until="+until+"&proto=udp&port=53&from="+url.QueryEscape(from)+"&to="+url.QueryEscape(to))
+	var ans seriesAnswer
+	if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("%d %s", code, body)
+	}
+	var sent uint64
+	for _, p := range ans.Points {
+		sent += p.DatagramsSent
+	}
+	if sent != 3 {
+		t.Errorf("history of %s -> %s: %d datagrams sent, want the 3 of /api/graph", from, to, sent)
+	}
+}
