@@ -433,7 +433,9 @@ func NewJoiner(obs []store.Observation, hosts []store.Host, listeners []store.Li
 func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 	var g Graph
 	at := map[[2]string]int{}
-	add := func(e Edge) *Edge {
+	// add sums counters seen from first to last onto the step's copy of
+	// the edge e.
+	add := func(e Edge, c tracer.Counters, first, last time.Time) {
 		k := [2]string{e.From, e.To}
 		i, ok := at[k]
 		if !ok {
@@ -441,7 +443,14 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 			at[k] = i
 			g.Edges = append(g.Edges, Edge{From: e.From, To: e.To, Proto: e.Proto, Port: e.Port})
 		}
-		return &g.Edges[i]
+		x := &g.Edges[i]
+		x.Counters.Add(c)
+		if x.FirstSeen.IsZero() || (!first.IsZero() && first.Before(x.FirstSeen)) {
+			x.FirstSeen = first
+		}
+		if last.After(x.LastSeen) {
+			x.LastSeen = last
+		}
 	}
 	var rest []store.Observation
 	for i := range obs {
@@ -454,14 +463,7 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 		if ei < 0 || (keep != nil && !keep(&j.b.list[ei])) {
 			continue
 		}
-		e := add(j.b.list[ei])
-		e.Counters.Add(clientView(o.Counters, o.Direction == string(tracer.Outbound)))
-		if e.FirstSeen.IsZero() || (!o.FirstSeen.IsZero() && o.FirstSeen.Before(e.FirstSeen)) {
-			e.FirstSeen = o.FirstSeen
-		}
-		if o.LastSeen.After(e.LastSeen) {
-			e.LastSeen = o.LastSeen
-		}
+		add(j.b.list[ei], clientView(o.Counters, o.Direction == string(tracer.Outbound)), o.FirstSeen, o.LastSeen)
 	}
 	nodes := map[string]Node{}
 	if len(rest) > 0 {
@@ -473,14 +475,7 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 			if keep != nil && !keep(&x) {
 				continue
 			}
-			e := add(x)
-			e.Counters.Add(x.Counters)
-			if e.FirstSeen.IsZero() || (!x.FirstSeen.IsZero() && x.FirstSeen.Before(e.FirstSeen)) {
-				e.FirstSeen = x.FirstSeen
-			}
-			if x.LastSeen.After(e.LastSeen) {
-				e.LastSeen = x.LastSeen
-			}
+			add(x, x.Counters, x.FirstSeen, x.LastSeen)
 		}
 	}
 	for i := range g.Edges {

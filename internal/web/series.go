@@ -260,18 +260,26 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	var structure []store.Observation // all may be the cache's: not filtered in place
-	for i := range all {
-		if rangeKeep == nil || rangeKeep(&all[i]) {
-			structure = append(structure, all[i])
+	// kept is what rangeKeep accepts of obs, which may be the cache's:
+	// not filtered in place.
+	kept := func(obs []store.Observation) []store.Observation {
+		if rangeKeep == nil {
+			return obs
 		}
+		var out []store.Observation
+		for i := range obs {
+			if rangeKeep(&obs[i]) {
+				out = append(out, obs[i])
+			}
+		}
+		return out
 	}
 	listeners, err := s.st.Listeners(ctx, rng)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	joiner := graph.NewJoiner(structure, hosts, listeners)
+	joiner := graph.NewJoiner(kept(all), hosts, listeners)
 	// each builds the graph of every step, of the range's edges keep
 	// accepts (with the clients' DNS lookups of the step when dns), and
 	// hands it over. Each step is read from the store as a range of its
@@ -286,7 +294,7 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return err
 			}
-			g := joiner.Step(obs, keep)
+			g := joiner.Step(kept(obs), keep)
 			if dns {
 				ds, err := s.st.DNS(ctx, store.Range{Since: t, Until: end})
 				if err != nil {

@@ -254,11 +254,6 @@ func TestNodeSeriesDNS(t *testing.T) {
 // server's process; the one with only the server's record must not turn
 // the client into an unknown process).
 func TestSeriesEndsInDifferentMinutes(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "split.db")
-	st, err := store.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	a := now.Add(-10 * time.Minute).Truncate(time.Minute)
 	b := a.Add(time.Minute)
@@ -267,7 +262,7 @@ func TestSeriesEndsInDifferentMinutes(t *testing.T) {
 			LocalAddr: local, RemoteAddr: remote, Port: 6379, Comm: comm,
 			Counters: tracer.Counters{Connections: conns}, FirstSeen: at.Add(50 * time.Second), LastSeen: at.Add(59 * time.Second)}
 	}
-	err = st.Write(context.Background(), store.Batch{
+	srv := serveBatch(t, store.Batch{
 		Hosts: []store.Host{
 			{ID: "app-1", Name: "app-1", Addrs: []string{"198.51.100.5"}, LastSeen: now},
 			{ID: "cache-1", Name: "cache-1", Addrs: []string{"198.51.100.3"}, LastSeen: now},
@@ -283,20 +278,11 @@ func TestSeriesEndsInDifferentMinutes(t *testing.T) {
 			o("cache-1", "inbound", "198.51.100.3", "198.51.100.5", "redis-server", b, 2),
 		},
 	})
-	st.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, _ := serve(t, path, Options{})
 	const from, to = "workload:app-1/gunicorn", "workload:cache-1/redis-server"
 	// One point per minute, from the minute before a.
 	since := a.Add(-time.Minute).UTC().Format(time.RFC3339)
 	until := a.Add(4 * time.Minute).UTC().Format(time.RFC3339)
-	code, body, _ := get(t, srv.URL, "/api/series?points=5&since="+since+"&until="+until+"&proto=tcp&port=6379&from="+url.QueryEscape(from)+"&to="+url.QueryEscape(to))
-	var ans seriesAnswer
-	if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
-		t.Fatalf("%d %s", code, body)
-	}
+	ans := askJSON[seriesAnswer](t, srv, "/api/series?points=5&since="+since+"&until="+until+"&proto=tcp&port=6379&from="+url.QueryEscape(from)+"&to="+url.QueryEscape(to))
 	var got []string
 	for _, p := range ans.Points {
 		if p.Connections > 0 {
@@ -308,11 +294,7 @@ func TestSeriesEndsInDifferentMinutes(t *testing.T) {
 	if want := []string{"0s: 19", "2m0s: 1"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("history of %s -> %s: %q, want %q", from, to, got, want)
 	}
-	code, body, _ = get(t, srv.URL, "/api/series?points=5&since="+since+"&until="+until+"&node="+url.QueryEscape(to))
-	var node nodeSeriesAnswer
-	if code != http.StatusOK || json.Unmarshal(body, &node) != nil {
-		t.Fatalf("%d %s", code, body)
-	}
+	node := askJSON[nodeSeriesAnswer](t, srv, "/api/series?points=5&since="+since+"&until="+until+"&node="+url.QueryEscape(to))
 	got = nil
 	for _, p := range node.Points {
 		if p.In.Edges > 0 {
@@ -331,40 +313,26 @@ func TestSeriesEndsInDifferentMinutes(t *testing.T) {
 // it. The edge's history holds what /api/graph holds for it, its server
 // named dockerd in every step.
 func TestSeriesOfARedirectedLoopbackService(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "nat.db")
-	st, err := store.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	a := now.Add(-10 * time.Minute).Truncate(time.Minute)
 	udp := func(dir, local, remote string, port uint16, comm string, at time.Time) store.Observation {
 		return store.Observation{Bucket: at, HostID: "web-1", Direction: dir, Proto: "udp", LocalAddr: local, RemoteAddr: remote, Port: port, Comm: comm,
 			Counters: tracer.Counters{DatagramsSent: 3, DatagramsReceived: 3}, FirstSeen: at.Add(10 * time.Second), LastSeen: at.Add(20 * time.Second)}
 	}
-	err = st.Write(context.Background(), store.Batch{
+	srv := serveBatch(t, store.Batch{
 		Hosts: []store.Host{{ID: "web-1", Name: "web-1", Addrs: []string{"198.51.100.1"}, LastSeen: now}},
 		Observations: []store.Observation{
 			udp("outbound", "127.0.0.1", "127.0.0.11", 53, "nslookup", a),
 			udp("inbound", "127.0.0.11", "127.0.0.1", 43868, "dockerd", a.Add(time.Minute)),
 		},
 	})
-	st.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, _ := serve(t, path, Options{})
 	const from, to = "workload:web-1/nslookup", "workload:web-1/dockerd"
 	since, until := a.Add(-time.Minute).UTC().Format(time.RFC3339), a.Add(4*time.Minute).UTC().Format(time.RFC3339)
-	code, body, _ := get(t, srv.URL, "/api/graph?since="+since+"&until="+until)
+	code, body, _ := get(t, srv, "/api/graph?since="+since+"&until="+until)
 	if code != http.StatusOK || !strings.Contains(string(body), `"from":"`+from+`","to":"`+to+`"`) {
 		t.Fatalf("/api/graph lacks the edge %s -> %s: %d %s", from, to, code, body)
 	}
-	code, body, _ = get(t, srv.URL, "/api/series?points=5&since="+since+"&until="+until+"&proto=udp&port=53&from="+url.QueryEscape(from)+"&to="+url.QueryEscape(to))
-	var ans seriesAnswer
-	if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
-		t.Fatalf("%d %s", code, body)
-	}
+	ans := askJSON[seriesAnswer](t, srv, "/api/series?points=5&since="+since+"&until="+until+"&proto=udp&port=53&from="+url.QueryEscape(from)+"&to="+url.QueryEscape(to))
 	var sent uint64
 	for _, p := range ans.Points {
 		sent += p.DatagramsSent
@@ -372,4 +340,33 @@ func TestSeriesOfARedirectedLoopbackService(t *testing.T) {
 	if sent != 3 {
 		t.Errorf("history of %s -> %s: %d datagrams sent, want the 3 of /api/graph", from, to, sent)
 	}
+}
+
+// serveBatch writes b to a new SQLite store and serves it as deptrace
+// serve does (serve); it returns the server's URL.
+func serveBatch(t *testing.T, b store.Batch) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "deptrace.db")
+	st, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = st.Write(context.Background(), b)
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := serve(t, path, Options{})
+	return srv.URL
+}
+
+// askJSON gets path from the server at base and decodes its 200 answer.
+func askJSON[T any](t *testing.T, base, path string) T {
+	t.Helper()
+	var ans T
+	code, body, _ := get(t, base, path)
+	if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
+		t.Fatalf("GET %s: %d %s", path, code, body)
+	}
+	return ans
 }
