@@ -303,8 +303,9 @@ static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, 
 	}
 	ev->cap_len = m;
 	/* The reader is woken only once a quarter of the ring waits: it
-	 * reads on a timer otherwise (internal/dnswatch). A wakeup per record
-	 * costs the machine tens of microseconds, most of a lookup's cost. */
+	 * reads otherwise when each interval flushes the ring
+	 * (internal/dnswatch). A wakeup per record costs the machine tens of
+	 * microseconds, most of a lookup's cost. */
 	__u64 wake = bpf_ringbuf_query(&dns_events, BPF_RB_AVAIL_DATA) >= DNS_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
 	                                                                                 : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&dns_events, ev, offsetof(struct dns_event, payload) + m, wake))
