@@ -468,9 +468,10 @@ func compact(b *testing.B, s *store.Store, name string, now time.Time) {
 // BenchmarkAgentInterval: one agent's interval as `deptrace agent` writes
 // it with 1,000 client hosts (docs/performance.md, "The agent and its
 // output"): 2,000 flows, every one already in the store from the interval
-// before (the same keys, the same minute), into SQLite:
+// before (the same keys), 5 s apart (a new minute every twelve intervals),
+// into SQLite:
 //
-//	go test -run '^$' -bench AgentInterval -benchtime 50x ./internal/store/
+//	go test -run '^$' -bench AgentInterval -benchtime 60x ./internal/store/
 func BenchmarkAgentInterval(b *testing.B) {
 	s, err := store.Open(context.Background(), filepath.Join(b.TempDir(), "agent.db"))
 	if err != nil {
@@ -479,14 +480,16 @@ func BenchmarkAgentInterval(b *testing.B) {
 	defer s.Close()
 	at := time.Now().Truncate(time.Minute)
 	batch := func(i int) store.Batch {
-		bt := store.Batch{Hosts: []store.Host{{ID: "h", Name: "h", Addrs: []string{"10.0.0.1"}, LastSeen: at}}}
-		seen := at.Add(time.Duration(i%60) * time.Second)
+		// The agent's default 5 s interval: twelve intervals a minute.
+		seen := at.Add(time.Duration(i) * 5 * time.Second)
+		bucket := seen.Truncate(time.Minute)
+		bt := store.Batch{Hosts: []store.Host{{ID: "h", Name: "h", Addrs: []string{"10.0.0.1"}, LastSeen: seen}}}
 		for c := 0; c < 1000; c++ {
 			client := fmt.Sprintf("127.0.%d.%d", c/250, c%250+1)
 			bt.Observations = append(bt.Observations,
-				store.Observation{Bucket: at, HostID: "h", Direction: "outbound", Proto: "tcp", LocalAddr: client, RemoteAddr: "127.0.0.1", Port: 7000, Comm: "deptrace-bench",
+				store.Observation{Bucket: bucket, HostID: "h", Direction: "outbound", Proto: "tcp", LocalAddr: client, RemoteAddr: "127.0.0.1", Port: 7000, Comm: "deptrace-bench",
 					Counters: tracer.Counters{Connections: 25, BytesSent: 1600, BytesReceived: 1600}, FirstSeen: seen, LastSeen: seen},
-				store.Observation{Bucket: at, HostID: "h", Direction: "inbound", Proto: "tcp", LocalAddr: "127.0.0.1", RemoteAddr: client, Port: 7000, Comm: "deptrace-bench",
+				store.Observation{Bucket: bucket, HostID: "h", Direction: "inbound", Proto: "tcp", LocalAddr: "127.0.0.1", RemoteAddr: client, Port: 7000, Comm: "deptrace-bench",
 					Counters: tracer.Counters{Connections: 25, BytesSent: 1600, BytesReceived: 1600}, FirstSeen: seen, LastSeen: seen})
 		}
 		return bt

@@ -150,6 +150,7 @@ func (s *Store) forgetBefore(ctx context.Context, t int64) error {
 		if n, _ := res.RowsAffected(); n == 0 {
 			return nil
 		}
+		s.keyCache.clear()
 		if _, err := tx.ExecContext(ctx, `DELETE FROM key_pack`); err != nil {
 			return fmt.Errorf("delete the key pack: %w", err)
 		}

@@ -125,9 +125,11 @@ type Store struct {
 	lastLogPrune atomic.Int64
 	// cache, when enabled (EnableCache), keeps sums of past hours and
 	// days for Observations.
-	cache  *cache
-	stmtMu sync.Mutex
-	stmts  map[string]*sql.Stmt // see prepareWrites
+	cache *cache
+	// keyCache keeps the ids of flow keys written lately (keyids.go).
+	keyCache keyIDCache
+	stmtMu   sync.Mutex
+	stmts    map[string]*sql.Stmt // see prepareWrites
 	// The background compaction writes start (see compactSoon).
 	lastCompact   atomic.Int64
 	noAutoCompact atomic.Bool
@@ -305,7 +307,8 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 			return fmt.Errorf("write service %s %s/%d: %w", sv.HostID, sv.Proto, sv.Port, err)
 		}
 	}
-	if err := s.writeFlows(ctx, tx, b.Observations); err != nil {
+	freshKeys, err := s.writeFlows(ctx, tx, b.Observations)
+	if err != nil {
 		return err
 	}
 	if err := s.writeEnds(ctx, tx, b.Observations); err != nil {
@@ -320,6 +323,7 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	s.keyCache.add(freshKeys, time.Now().UnixNano())
 	if len(b.Observations) > 0 {
 		s.compactSoon()
 	}
@@ -471,6 +475,7 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 			return fmt.Errorf("delete old flow keys: %w", err)
 		}
 		if n, _ := res.RowsAffected(); n > 0 {
+			s.keyCache.clear()
 			if _, err := tx.ExecContext(ctx, `DELETE FROM key_pack`); err != nil {
 				return fmt.Errorf("delete the key pack: %w", err)
 			}

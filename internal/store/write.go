@@ -9,9 +9,11 @@ import (
 	"time"
 )
 
-func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) error {
+// writeFlows writes obs's rows in tx and returns the flow-key ids it
+// wrote, for the key cache once tx commits.
+func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (map[flowKey]cachedKeyID, error) {
 	if len(obs) == 0 {
-		return nil
+		return nil, nil
 	}
 	// Resolve the distinct keys to ids, in a stable order so concurrent
 	// writers take row locks in the same order.
@@ -30,9 +32,9 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 		k := keyOf(o)
 		lastSeen[k] = max(lastSeen[k], ns(o.LastSeen), ns(o.Bucket))
 	}
-	ids, err := s.keyIDs(ctx, tx, keys, lastSeen)
+	ids, fresh, err := s.keyIDs(ctx, tx, keys, lastSeen)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rows := make([]flowRow, 0, len(obs))
 	for _, o := range obs {
@@ -41,21 +43,34 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) e
 	}
 	for _, l := range levels {
 		if err := s.upsertRows(ctx, tx, l, rows); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := s.writeNames(ctx, tx, obs, ids); err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.invalidatePieces(ctx, tx, rows); err != nil {
-		return err
+		return nil, err
 	}
-	return s.logWrite(ctx, tx, rows)
+	return fresh, s.logWrite(ctx, tx, rows)
 }
 
-// keyIDs inserts keys not yet known and returns the id of each.
-func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen map[flowKey]int64) (map[flowKey]int64, error) {
-	ids := make(map[flowKey]int64, len(keys))
+// keyIDs returns the id of each key: from the key cache where the key's
+// row needs no update, otherwise by an upsert that inserts keys not yet
+// known and moves last_seen (to the end of its minute: see keyIDCache).
+// fresh holds the upserted ones, for the cache once tx commits.
+func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen map[flowKey]int64) (ids map[flowKey]int64, fresh map[flowKey]cachedKeyID, err error) {
+	ids = make(map[flowKey]int64, len(all))
+	var keys []flowKey
+	upTo := make(map[flowKey]int64)
+	for _, k := range all {
+		if id, ok := s.keyCache.lookup(k, lastSeen[k]); ok {
+			ids[k] = id
+			continue
+		}
+		keys = append(keys, k)
+		upTo[k] = keySeenUpTo(lastSeen[k])
+	}
 	read := func(rs *sql.Rows, err error) error {
 		if err != nil {
 			return err
@@ -84,11 +99,11 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen
 				text[i] = append(text[i], v)
 			}
 			ports = append(ports, int32(k.port))
-			seen = append(seen, lastSeen[k])
+			seen = append(seen, upTo[k])
 		}
 		q := `INSERT INTO flow_keys (` + keyColumns + `) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::bigint[])` + keysUpsert
 		if err := read(tx.QueryContext(ctx, q, text[0], text[1], text[2], text[3], text[4], ports, text[5], text[6], seen)); err != nil {
-			return nil, fmt.Errorf("write %d flow keys: %w", len(keys), err)
+			return nil, nil, fmt.Errorf("write %d flow keys: %w", len(keys), err)
 		}
 	}
 	for start := 0; start < len(keys) && s.d.name != postgres.name; {
@@ -96,23 +111,26 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []flowKey, lastSeen
 		part := keys[start : start+n]
 		stmt, err := s.prepared(ctx, tx, keysInsert(n))
 		if err != nil {
-			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
+			return nil, nil, fmt.Errorf("write %d flow keys: %w", n, err)
 		}
 		args := make([]any, 0, n*9)
 		for _, k := range part {
-			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, lastSeen[k])
+			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, upTo[k])
 		}
 		if err := read(stmt.QueryContext(ctx, args...)); err != nil {
-			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
+			return nil, nil, fmt.Errorf("write %d flow keys: %w", n, err)
 		}
 		start += n
 	}
+	fresh = make(map[flowKey]cachedKeyID, len(keys))
 	for _, k := range keys {
-		if _, ok := ids[k]; !ok {
-			return nil, fmt.Errorf("write flow keys: no id returned for %+v", k)
+		id, ok := ids[k]
+		if !ok {
+			return nil, nil, fmt.Errorf("write flow keys: no id returned for %+v", k)
 		}
+		fresh[k] = cachedKeyID{id: id, upTo: upTo[k]}
 	}
-	return ids, nil
+	return ids, fresh, nil
 }
 
 // upsertRows adds rows to level l's table: rows are first merged per

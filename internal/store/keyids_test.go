@@ -1,0 +1,86 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/deptrace/deptrace/internal/store"
+)
+
+// A flow that recurs within a minute has its key upserted once (the key
+// id cache): a reader whose range starts after the key's first write, in
+// the same minute, must still find the flow's later counts, so the key's
+// last_seen must cover the whole minute.
+func TestKeyCacheKeepsLateStartingRangesRight(t *testing.T) {
+	ctx := context.Background()
+	minute := time.Now().Truncate(time.Minute) // recent: the cache keeps only recent keys
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			for _, sec := range []time.Duration{5, 25} {
+				o := obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", minute.Add(sec*time.Second), 3, 10)
+				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{o}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := s.Observations(ctx, store.Range{Since: minute.Add(20 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].Connections != 6 {
+				t.Fatalf("range from 20 s into the minute: %+v; want the flow's minute, 6 connections", got)
+			}
+		})
+	}
+}
+
+// Retention that deletes a cached key must not leave its id in the cache:
+// SQLite hands a deleted key's id to the next new key, and the old key's
+// next write would then count into the new key's rows.
+func TestKeyCacheForgetsDeletedKeys(t *testing.T) {
+	ctx := context.Background()
+	minute := time.Now().Truncate(time.Minute)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			a := func(at time.Duration, conns uint64) store.Observation {
+				return obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", minute.Add(at), conns, 1)
+			}
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a(5*time.Second, 1)}}); err != nil {
+				t.Fatal(err)
+			}
+			// Retention past everything: the key goes with its rows.
+			if _, err := s.Retain(ctx, minute.Add(72*time.Hour), store.DefaultBucket); err != nil {
+				t.Fatal(err)
+			}
+			b := obs("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", minute.Add(6*time.Second), 7, 1)
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{b}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a(7*time.Second, 2)}}); err != nil {
+				t.Fatal(err)
+			}
+			// Retention hides buckets before its cutoff from queries, so
+			// read the rows themselves.
+			rows, err := s.DB().QueryContext(ctx, `SELECT k.host_id, k.comm, SUM(m.connections) FROM flow_minutes m
+				JOIN flow_keys k ON k.id = m.key_id GROUP BY k.host_id, k.comm`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			conns := map[string]int64{}
+			for rows.Next() {
+				var host, comm string
+				var n int64
+				if err := rows.Scan(&host, &comm, &n); err != nil {
+					t.Fatal(err)
+				}
+				conns[host+" "+comm] = n
+			}
+			if len(conns) != 2 || conns["web nginx"] != 2 || conns["client curl"] != 7 {
+				t.Fatalf("minute rows after retention and two writes: %v; want web nginx 2 and client curl 7 connections", conns)
+			}
+		})
+	}
+}
