@@ -11,18 +11,21 @@ import (
 // write with 1,000 client hosts). A key is written with its last_seen
 // rounded up to the end of its minute; until an observation passes that,
 // the key's row needs no update, and the cached id is the row's: readers
-// use last_seen only as a bound ("seen since lo": keysSQL,
+// use last_seen only as a bound ("seen since" lo: keysSQL,
 // nameObservations) and retention deletes only keys unseen for a day and
 // more, both of which a value at most a minute late keeps right.
 //
 // An id can go stale only if its key is deleted (SQLite may then give the
-// id to another key): retention in this process clears the cache, and an
-// entry older than keyIDMaxAge is dropped, far inside the day a key must
-// be unseen before anyone's retention deletes it.
+// id to another key). Retention deletes keys unseen for more than a day,
+// and an entry older than keyIDMaxAge is a miss, so no process's retention
+// can delete a key whose entry is used. Retention in this process also
+// clears the cache, and a write that read the cache before a clear does
+// not put its ids back after it (gen).
 type keyIDCache struct {
 	mu    sync.Mutex
 	ids   map[flowKey]cachedKeyID
-	swept int64 // unix ns of the last sweep of old entries
+	gen   uint64 // clears so far
+	swept int64  // unix ns of the last sweep of old entries
 }
 
 type cachedKeyID struct {
@@ -33,7 +36,7 @@ type cachedKeyID struct {
 const (
 	keyIDMaxAge = time.Hour
 	// keyIDMaxEntries bounds the cache's memory (about 250 bytes an
-	// entry): past it the cache starts over.
+	// entry, 64 MiB at most): past it new keys are not cached.
 	keyIDMaxEntries = 1 << 18
 )
 
@@ -41,27 +44,38 @@ const (
 // last nanosecond of its minute.
 func keySeenUpTo(ns int64) int64 { return floorTo(ns, int64(time.Minute)) + int64(time.Minute) - 1 }
 
+// generation is what a write records before it reads the cache, for add.
+func (c *keyIDCache) generation() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gen
+}
+
 // lookup returns the cached id of k if its row needs no update for an
-// event at lastSeen.
-func (c *keyIDCache) lookup(k flowKey, lastSeen int64) (int64, bool) {
+// event at lastSeen, and the entry is recent at now.
+func (c *keyIDCache) lookup(k flowKey, lastSeen, now int64) (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.ids[k]
-	if !ok || lastSeen > e.upTo {
+	if !ok || lastSeen > e.upTo || e.upTo < now-int64(keyIDMaxAge) {
 		return 0, false
 	}
 	return e.id, true
 }
 
-// add records ids written by a committed transaction, with the last_seen
-// each was written with.
-func (c *keyIDCache) add(fresh map[flowKey]cachedKeyID, now int64) {
+// add records ids written by a transaction that committed, with the
+// last_seen each was written with; gen is the cache's generation when
+// the write began: if it cleared since, the ids may be deleted ones.
+func (c *keyIDCache) add(fresh map[flowKey]cachedKeyID, gen uint64, now int64) {
 	if len(fresh) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ids == nil || len(c.ids)+len(fresh) > keyIDMaxEntries {
+	if gen != c.gen {
+		return
+	}
+	if c.ids == nil {
 		c.ids = make(map[flowKey]cachedKeyID, len(fresh))
 	}
 	if now-c.swept > int64(time.Minute) {
@@ -73,9 +87,13 @@ func (c *keyIDCache) add(fresh map[flowKey]cachedKeyID, now int64) {
 		}
 	}
 	for k, e := range fresh {
-		if e.upTo >= now-int64(keyIDMaxAge) { // a replay of old batches is not worth keeping
-			c.ids[k] = e
+		if e.upTo < now-int64(keyIDMaxAge) {
+			continue // a replay of old batches is not worth keeping
 		}
+		if _, ok := c.ids[k]; !ok && len(c.ids) >= keyIDMaxEntries {
+			continue
+		}
+		c.ids[k] = e
 	}
 }
 
@@ -83,5 +101,6 @@ func (c *keyIDCache) add(fresh map[flowKey]cachedKeyID, now int64) {
 func (c *keyIDCache) clear() {
 	c.mu.Lock()
 	c.ids = nil
+	c.gen++
 	c.mu.Unlock()
 }

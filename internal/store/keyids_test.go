@@ -18,8 +18,12 @@ func TestKeyCacheKeepsLateStartingRangesRight(t *testing.T) {
 	for name, spec := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			s := open(t, spec)
+			// No key pack: it would name the flow without reading
+			// last_seen. The remote name is read through last_seen always.
+			s.SetAutoCompact(false)
 			for _, sec := range []time.Duration{5, 25} {
 				o := obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", minute.Add(sec*time.Second), 3, 10)
+				o.RemoteName = "db.example"
 				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{o}}); err != nil {
 					t.Fatal(err)
 				}
@@ -28,8 +32,8 @@ func TestKeyCacheKeepsLateStartingRangesRight(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != 1 || got[0].Connections != 6 {
-				t.Fatalf("range from 20 s into the minute: %+v; want the flow's minute, 6 connections", got)
+			if len(got) != 1 || got[0].Connections != 6 || got[0].RemoteName != "db.example" {
+				t.Fatalf("range from 20 s into the minute: %+v; want the flow's minute, 6 connections, to db.example", got)
 			}
 		})
 	}
@@ -41,46 +45,61 @@ func TestKeyCacheKeepsLateStartingRangesRight(t *testing.T) {
 func TestKeyCacheForgetsDeletedKeys(t *testing.T) {
 	ctx := context.Background()
 	minute := time.Now().Truncate(time.Minute)
+	retain := map[string]func(*store.Store) error{
+		"Retain": func(s *store.Store) error {
+			_, err := s.Retain(ctx, minute.Add(72*time.Hour), store.DefaultBucket)
+			return err
+		},
+		"RetainLevels": func(s *store.Store) error { // the agent's
+			_, err := s.RetainLevels(ctx, store.Retention{Minutes: time.Hour, Hours: time.Hour, Days: time.Hour}, minute.Add(72*time.Hour))
+			return err
+		},
+	}
 	for name, spec := range backends(t) {
-		t.Run(name, func(t *testing.T) {
-			s := open(t, spec)
-			a := func(at time.Duration, conns uint64) store.Observation {
-				return obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", minute.Add(at), conns, 1)
-			}
-			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a(5*time.Second, 1)}}); err != nil {
-				t.Fatal(err)
-			}
-			// Retention past everything: the key goes with its rows.
-			if _, err := s.Retain(ctx, minute.Add(72*time.Hour), store.DefaultBucket); err != nil {
-				t.Fatal(err)
-			}
-			b := obs("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", minute.Add(6*time.Second), 7, 1)
-			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{b}}); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a(7*time.Second, 2)}}); err != nil {
-				t.Fatal(err)
-			}
-			// Retention hides buckets before its cutoff from queries, so
-			// read the rows themselves.
-			rows, err := s.DB().QueryContext(ctx, `SELECT k.host_id, k.comm, SUM(m.connections) FROM flow_minutes m
-				JOIN flow_keys k ON k.id = m.key_id GROUP BY k.host_id, k.comm`)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			conns := map[string]int64{}
-			for rows.Next() {
-				var host, comm string
-				var n int64
-				if err := rows.Scan(&host, &comm, &n); err != nil {
+		for how, retain := range retain {
+			t.Run(name+"/"+how, func(t *testing.T) {
+				s := open(t, spec)
+				if _, err := s.DB().ExecContext(ctx, "DELETE FROM flow_minutes"); err != nil { // the other subtest's
 					t.Fatal(err)
 				}
-				conns[host+" "+comm] = n
-			}
-			if len(conns) != 2 || conns["web nginx"] != 2 || conns["client curl"] != 7 {
-				t.Fatalf("minute rows after retention and two writes: %v; want web nginx 2 and client curl 7 connections", conns)
-			}
-		})
+				a := func(at time.Duration, conns uint64) store.Observation {
+					return obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", minute.Add(at), conns, 1)
+				}
+				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a(5*time.Second, 1)}}); err != nil {
+					t.Fatal(err)
+				}
+				// Retention past everything: the key goes with its rows.
+				if err := retain(s); err != nil {
+					t.Fatal(err)
+				}
+				b := obs("client", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", minute.Add(6*time.Second), 7, 1)
+				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{b}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{a(7*time.Second, 2)}}); err != nil {
+					t.Fatal(err)
+				}
+				// Retention hides buckets before its cutoff from queries, so
+				// read the rows themselves.
+				rows, err := s.DB().QueryContext(ctx, `SELECT k.host_id, k.comm, SUM(m.connections) FROM flow_minutes m
+				JOIN flow_keys k ON k.id = m.key_id GROUP BY k.host_id, k.comm`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rows.Close()
+				conns := map[string]int64{}
+				for rows.Next() {
+					var host, comm string
+					var n int64
+					if err := rows.Scan(&host, &comm, &n); err != nil {
+						t.Fatal(err)
+					}
+					conns[host+" "+comm] = n
+				}
+				if len(conns) != 2 || conns["web nginx"] != 2 || conns["client curl"] != 7 {
+					t.Fatalf("minute rows after retention and two writes: %v; want web nginx 2 and client curl 7 connections", conns)
+				}
+			})
+		}
 	}
 }

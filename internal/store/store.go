@@ -307,6 +307,7 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 			return fmt.Errorf("write service %s %s/%d: %w", sv.HostID, sv.Proto, sv.Port, err)
 		}
 	}
+	keyGen := s.keyCache.generation()
 	freshKeys, err := s.writeFlows(ctx, tx, b.Observations)
 	if err != nil {
 		return err
@@ -323,7 +324,7 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
-	s.keyCache.add(freshKeys, time.Now().UnixNano())
+	s.keyCache.add(freshKeys, keyGen, time.Now().UnixNano())
 	if len(b.Observations) > 0 {
 		s.compactSoon()
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -63,8 +64,9 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen 
 	ids = make(map[flowKey]int64, len(all))
 	var keys []flowKey
 	upTo := make(map[flowKey]int64)
+	now := time.Now().UnixNano()
 	for _, k := range all {
-		if id, ok := s.keyCache.lookup(k, lastSeen[k]); ok {
+		if id, ok := s.keyCache.lookup(k, lastSeen[k], now); ok {
 			ids[k] = id
 			continue
 		}
@@ -88,7 +90,7 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen 
 		}
 		return rs.Close()
 	}
-	if s.d.name == postgres.name {
+	if s.d.name == postgres.name && len(keys) > 0 {
 		// One constant statement, a column of keys per array (see
 		// upsertRows).
 		text := make([][]string, 7)
@@ -191,6 +193,7 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 	// SQLite: statements of 256, 128, ... 1 rows, each prepared once per
 	// open store, so that the parser (a third of the write's time when
 	// every batch had a statement of its own) runs once.
+	args := make([]any, 0, chunkRows(len(order))*ncol) // reused: database/sql copies them
 	for start := 0; start < len(order); {
 		n := chunkRows(len(order) - start)
 		end := start + n
@@ -198,7 +201,7 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		if err != nil {
 			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
 		}
-		args := make([]any, 0, n*ncol)
+		args = args[:0]
 		for _, k := range order[start:end] {
 			r := merged[k]
 			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
@@ -275,19 +278,49 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 // rowColumns are the columns a write gives a flow bucket table.
 var rowColumns = "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
 
-// rowsInsert adds n rows to the flow bucket table t (SQLite).
+// rowsInsert adds n rows to the flow bucket table t (SQLite). The texts
+// are built once: every chunk of every write looks its statement up by it.
 func rowsInsert(t string, n int) string {
-	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
-	return "INSERT INTO " + t + " (" + rowColumns + ") VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") +
-		" ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(t)
+	rowsInsertOnce.Do(func() {
+		rowsInsertText = map[rowsShape]string{}
+		row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
+		for _, l := range levels {
+			for m := 1; m <= 256; m *= 2 {
+				rowsInsertText[rowsShape{l.table, m}] = "INSERT INTO " + l.table + " (" + rowColumns + ") VALUES " +
+					strings.TrimSuffix(strings.Repeat(row+", ", m), ", ") + " ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(l.table)
+			}
+		}
+	})
+	return rowsInsertText[rowsShape{t, n}]
 }
+
+type rowsShape struct {
+	table string
+	rows  int
+}
+
+var (
+	rowsInsertOnce sync.Once
+	rowsInsertText map[rowsShape]string
+)
 
 // keysInsert adds n flow keys and returns their ids (SQLite). DO UPDATE
 // (not DO NOTHING) so that RETURNING names existing keys too, and so that
 // retention sees the key as recent.
 func keysInsert(n int) string {
-	return `INSERT INTO flow_keys (` + keyColumns + `) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", n), ", ") + keysUpsert
+	keysInsertOnce.Do(func() {
+		keysInsertText = map[int]string{}
+		for m := 1; m <= 256; m *= 2 {
+			keysInsertText[m] = `INSERT INTO flow_keys (` + keyColumns + `) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", m), ", ") + keysUpsert
+		}
+	})
+	return keysInsertText[n]
 }
+
+var (
+	keysInsertOnce sync.Once
+	keysInsertText map[int]string
+)
 
 const keyColumns = `host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen`
 
