@@ -51,16 +51,21 @@ func (c *keyIDCache) generation() uint64 {
 	return c.gen
 }
 
-// lookup returns the cached id of k if its row needs no update for an
-// event at lastSeen, and the entry is recent at now.
-func (c *keyIDCache) lookup(k flowKey, lastSeen, now int64) (int64, bool) {
+// lookup puts in ids the cached id of each of keys whose row needs no
+// update for an event at its lastSeen (and whose entry is recent at now),
+// and returns the others, to upsert.
+func (c *keyIDCache) lookup(keys []flowKey, lastSeen map[flowKey]int64, now int64, ids map[flowKey]int64) (miss []flowKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.ids[k]
-	if !ok || lastSeen > e.upTo || e.upTo < now-int64(keyIDMaxAge) {
-		return 0, false
+	for _, k := range keys {
+		e, ok := c.ids[k]
+		if !ok || lastSeen[k] > e.upTo || e.upTo < now-int64(keyIDMaxAge) {
+			miss = append(miss, k)
+			continue
+		}
+		ids[k] = e.id
 	}
-	return e.id, true
+	return miss
 }
 
 // add records ids written by a transaction that committed, with the

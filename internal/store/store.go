@@ -129,7 +129,7 @@ type Store struct {
 	// keyCache keeps the ids of flow keys written lately (keyids.go).
 	keyCache keyIDCache
 	stmtMu   sync.Mutex
-	stmts    map[string]*sql.Stmt // see prepareWrites
+	stmts    map[writeShape]*sql.Stmt // see prepareWrites
 	// The background compaction writes start (see compactSoon).
 	lastCompact   atomic.Int64
 	noAutoCompact atomic.Bool

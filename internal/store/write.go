@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -62,15 +61,9 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (
 // fresh holds the upserted ones, for the cache once tx commits.
 func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen map[flowKey]int64) (ids map[flowKey]int64, fresh map[flowKey]cachedKeyID, err error) {
 	ids = make(map[flowKey]int64, len(all))
-	var keys []flowKey
-	upTo := make(map[flowKey]int64)
-	now := time.Now().UnixNano()
-	for _, k := range all {
-		if id, ok := s.keyCache.lookup(k, lastSeen[k], now); ok {
-			ids[k] = id
-			continue
-		}
-		keys = append(keys, k)
+	keys := s.keyCache.lookup(all, lastSeen, time.Now().UnixNano(), ids)
+	upTo := make(map[flowKey]int64, len(keys))
+	for _, k := range keys {
 		upTo[k] = keySeenUpTo(lastSeen[k])
 	}
 	read := func(rs *sql.Rows, err error) error {
@@ -111,7 +104,7 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen 
 	for start := 0; start < len(keys) && s.d.name != postgres.name; {
 		n := chunkRows(len(keys) - start)
 		part := keys[start : start+n]
-		stmt, err := s.prepared(ctx, tx, keysInsert(n))
+		stmt, err := s.prepared(ctx, tx, writeShape{"flow_keys", n})
 		if err != nil {
 			return nil, nil, fmt.Errorf("write %d flow keys: %w", n, err)
 		}
@@ -197,7 +190,7 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 	for start := 0; start < len(order); {
 		n := chunkRows(len(order) - start)
 		end := start + n
-		stmt, err := s.prepared(ctx, tx, rowsInsert(l.table, n))
+		stmt, err := s.prepared(ctx, tx, writeShape{l.table, n})
 		if err != nil {
 			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
 		}
@@ -228,14 +221,30 @@ func chunkRows(left int) int {
 	return n
 }
 
-// prepared returns q bound to tx: prepared once per open store by
-// prepareWrites, or (a shape it did not prepare) prepared for tx alone.
-func (s *Store) prepared(ctx context.Context, tx *sql.Tx, q string) (*sql.Stmt, error) {
+// writeShape names a write statement: n rows into table (flow_keys: the
+// key upsert, keysInsert; a flow bucket table: rowsInsert). Statements
+// are looked up by shape, so a write builds no text.
+type writeShape struct {
+	table string
+	rows  int
+}
+
+func (sh writeShape) sql() string {
+	if sh.table == "flow_keys" {
+		return keysInsert(sh.rows)
+	}
+	return rowsInsert(sh.table, sh.rows)
+}
+
+// prepared returns sh's statement bound to tx: prepared once per open
+// store by prepareWrites, or (a shape it did not prepare) prepared for tx
+// alone.
+func (s *Store) prepared(ctx context.Context, tx *sql.Tx, sh writeShape) (*sql.Stmt, error) {
 	s.stmtMu.Lock()
-	st := s.stmts[q]
+	st := s.stmts[sh]
 	s.stmtMu.Unlock()
 	if st == nil {
-		return tx.PrepareContext(ctx, s.d.rebind(q))
+		return tx.PrepareContext(ctx, s.d.rebind(sh.sql()))
 	}
 	return tx.StmtContext(ctx, st), nil
 }
@@ -253,23 +262,23 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 	if s.stmts != nil {
 		return nil
 	}
-	stmts := map[string]*sql.Stmt{}
-	var shapes []string
+	stmts := map[writeShape]*sql.Stmt{}
+	var shapes []writeShape
 	for n := 1; n <= 256; n *= 2 {
-		shapes = append(shapes, keysInsert(n))
+		shapes = append(shapes, writeShape{"flow_keys", n})
 		for _, l := range levels {
-			shapes = append(shapes, rowsInsert(l.table, n))
+			shapes = append(shapes, writeShape{l.table, n})
 		}
 	}
-	for _, q := range shapes {
-		st, err := s.db.PrepareContext(ctx, s.d.rebind(q))
+	for _, sh := range shapes {
+		st, err := s.db.PrepareContext(ctx, s.d.rebind(sh.sql()))
 		if err != nil {
 			for _, st := range stmts {
 				st.Close()
 			}
 			return fmt.Errorf("prepare writes: %w", err)
 		}
-		stmts[q] = st
+		stmts[sh] = st
 	}
 	s.stmts = stmts
 	return nil
@@ -278,49 +287,19 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 // rowColumns are the columns a write gives a flow bucket table.
 var rowColumns = "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
 
-// rowsInsert adds n rows to the flow bucket table t (SQLite). The texts
-// are built once: every chunk of every write looks its statement up by it.
+// rowsInsert adds n rows to the flow bucket table t (SQLite).
 func rowsInsert(t string, n int) string {
-	rowsInsertOnce.Do(func() {
-		rowsInsertText = map[rowsShape]string{}
-		row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
-		for _, l := range levels {
-			for m := 1; m <= 256; m *= 2 {
-				rowsInsertText[rowsShape{l.table, m}] = "INSERT INTO " + l.table + " (" + rowColumns + ") VALUES " +
-					strings.TrimSuffix(strings.Repeat(row+", ", m), ", ") + " ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(l.table)
-			}
-		}
-	})
-	return rowsInsertText[rowsShape{t, n}]
+	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
+	return "INSERT INTO " + t + " (" + rowColumns + ") VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") +
+		" ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(t)
 }
-
-type rowsShape struct {
-	table string
-	rows  int
-}
-
-var (
-	rowsInsertOnce sync.Once
-	rowsInsertText map[rowsShape]string
-)
 
 // keysInsert adds n flow keys and returns their ids (SQLite). DO UPDATE
 // (not DO NOTHING) so that RETURNING names existing keys too, and so that
 // retention sees the key as recent.
 func keysInsert(n int) string {
-	keysInsertOnce.Do(func() {
-		keysInsertText = map[int]string{}
-		for m := 1; m <= 256; m *= 2 {
-			keysInsertText[m] = `INSERT INTO flow_keys (` + keyColumns + `) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", m), ", ") + keysUpsert
-		}
-	})
-	return keysInsertText[n]
+	return `INSERT INTO flow_keys (` + keyColumns + `) VALUES ` + strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", n), ", ") + keysUpsert
 }
-
-var (
-	keysInsertOnce sync.Once
-	keysInsertText map[int]string
-)
 
 const keyColumns = `host_id, direction, proto, local_addr, remote_addr, port, comm, peer_comm, last_seen`
 
