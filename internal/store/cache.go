@@ -295,8 +295,14 @@ func (c *cache) observations(rd reader, klo, lo, hi int64, old []segment) ([]Obs
 			return nil, err
 		}
 	}
+	// Hours a host holds a minute of open are not whole yet (see
+	// openminute.go): from the first, the database answers.
+	w, err := rd.openFrom()
+	if err != nil {
+		return nil, err
+	}
 	a := ceilTo(from, hour)
-	b := min(floorTo(hi, hour), floorTo(c.cfg.Now().UnixNano(), hour))
+	b := min(floorTo(hi, hour), floorTo(c.cfg.Now().UnixNano(), hour), floorTo(w, hour))
 	var segs []segment
 	var need []pieceID
 	if a < b {
@@ -306,7 +312,7 @@ func (c *cache) observations(rd reader, klo, lo, hi int64, old []segment) ([]Obs
 		// follows the last whole past hour: the current hour's row, or a
 		// past range's last minutes.
 		m0 := ceilTo(from, levels[0].width)
-		segs = append(plan(lo, m0, levels), plan(b, hi, levels)...)
+		segs = append(plan(lo, m0, levels), planOpen(b, hi, w, levels)...)
 		for t := m0; t < a; t += levels[0].width {
 			need = append(need, pieceID{0, t})
 		}
@@ -324,7 +330,7 @@ func (c *cache) observations(rd reader, klo, lo, hi int64, old []segment) ([]Obs
 			need = append(need, pieceID{1, t})
 		}
 	} else {
-		segs = plan(lo, hi, levels)
+		segs = planOpen(lo, hi, w, levels)
 	}
 	if onlyOld {
 		segs, need = nil, nil

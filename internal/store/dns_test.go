@@ -12,15 +12,16 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// undoSchema11 takes an open store of schema 11 back to schema 10 (the
-// RTT columns, flow_names and the DNS tables gone), for the tests of
+// undoSchema11 takes an open store of schema 12 back to schema 10
+// (open_minutes, the RTT columns, flow_names and the DNS tables gone;
+// the tests' histories are old, so no minute is open), for the tests of
 // upgrades from older schemas, which then undo their own; want (the
 // observations read before, []store.Observation or
 // [][]store.Observation) loses its RTT and names in place, as the
 // upgraded store will have none.
 func undoSchema11(t *testing.T, s *store.Store, want any) {
 	t.Helper()
-	qs := []string{`DROP TABLE flow_names`, `DROP TABLE dns_minutes`, `DROP TABLE dns_hours`, `DROP TABLE dns_days`, `DELETE FROM flow_pieces`}
+	qs := []string{`DROP TABLE open_minutes`, `DROP TABLE flow_names`, `DROP TABLE dns_minutes`, `DROP TABLE dns_hours`, `DROP TABLE dns_days`, `DELETE FROM flow_pieces`}
 	for _, tb := range []string{"flow_minutes", "flow_hours", "flow_days"} {
 		for _, c := range []string{"rtt_samples", "rtt_sum_us", "rtt_min_us", "rtt_max_us"} {
 			qs = append(qs, fmt.Sprintf(`ALTER TABLE %s DROP COLUMN %s`, tb, c))

@@ -15,6 +15,9 @@ var MigrationV1 = migrations[0]
 // tables directly.
 func (s *Store) DB() *sql.DB { return s.db }
 
+// Rebind writes q's ? placeholders as the store's database wants them.
+func (s *Store) Rebind(q string) string { return s.d.rebind(q) }
+
 // ObservationsFromMinutes answers a range from minute buckets only,
 // ignoring rollups: the reference the rollups must equal.
 func (s *Store) ObservationsFromMinutes(ctx context.Context, r Range) ([]Observation, error) {

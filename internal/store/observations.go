@@ -100,10 +100,13 @@ func (s *Store) observationsUnnamed(ctx context.Context, r Range, lvls []level, 
 		var segs []segment
 		var pieces []pieceID
 		if mlo < hi {
-			segs = plan(mlo, hi, lvls)
+			w, err := rd.openFrom()
+			if err != nil {
+				return err
+			}
+			segs = planOpen(mlo, hi, w, lvls)
 			if len(lvls) == len(levels) && usePieces {
-				var err error
-				if segs, pieces, err = coldPlan(rd, mlo, hi); err != nil {
+				if segs, pieces, err = coldPlanOpen(rd, mlo, hi, w); err != nil {
 					return err
 				}
 			}

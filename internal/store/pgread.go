@@ -196,6 +196,17 @@ func (r *pgReader) logSince(pos logPos) ([]int64, bool, logPos, error) {
 	return hours, lost, next, nil
 }
 
+func (r *pgReader) openFrom() (int64, error) {
+	var from *int64
+	if err := r.tx.QueryRow(r.ctx, openFromSQL).Scan(&from); err != nil {
+		return 0, fmt.Errorf("read the open minutes: %w", err)
+	}
+	if from == nil {
+		return math.MaxInt64, nil
+	}
+	return *from, nil
+}
+
 func (r *pgReader) oldest() (int64, error) {
 	var from *int64
 	if err := r.tx.QueryRow(r.ctx, `SELECT MIN(bucket) FROM flow_minutes`).Scan(&from); err != nil {

@@ -136,6 +136,11 @@ func (s *Store) Compact(ctx context.Context, now time.Time) (CompactStats, error
 }
 
 func (s *Store) compact(ctx context.Context, now int64, st *CompactStats) error {
+	// Minutes held open by hosts that stopped writing are rolled up
+	// first: until then their hours and days get no piece.
+	if err := s.rollUpOpen(ctx, now-int64(openRecent)-levels[0].width); err != nil {
+		return err
+	}
 	// Late writes' buckets first: they were compacted once, so they are
 	// sealed.
 	var todo []pieceID
@@ -168,6 +173,11 @@ func (s *Store) compact(ctx context.Context, now int64, st *CompactStats) error 
 			}
 			if n, _ := res.RowsAffected(); n == 0 {
 				return nil // another compactor did it
+			}
+			if whole, err := wholeBucket(ctx, tx, id); err != nil {
+				return err
+			} else if !whole {
+				return errBusy // a minute of it is held open: later
 			}
 			if ok, err := s.lockPiece(ctx, tx, id); err != nil {
 				return err
@@ -203,6 +213,15 @@ func (s *Store) compact(ctx context.Context, now int64, st *CompactStats) error 
 				done, err := compactedThrough(ctx, tx, s.d)
 				if err != nil {
 					return err
+				}
+				last := last
+				if i > 0 {
+					// No hour or day a host holds a minute of open.
+					w, err := openFromTx(ctx, tx)
+					if err != nil {
+						return err
+					}
+					last = min(last, floorTo(w, l.width)-l.width)
 				}
 				var next sql.NullInt64
 				if err := tx.QueryRowContext(ctx, s.d.rebind(`SELECT MIN(bucket) FROM `+l.table+` WHERE bucket > ? AND bucket <= ?`), done[i], last).Scan(&next); err != nil {

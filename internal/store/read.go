@@ -33,6 +33,10 @@ type reader interface {
 	keyPack() (*keyPack, error)
 	// oldest is the oldest minute bucket stored (math.MaxInt64: none).
 	oldest() (int64, error)
+	// openFrom is the oldest minute a host holds open (math.MaxInt64:
+	// none): hours and days from its hour on are read from minutes (see
+	// openminute.go).
+	openFrom() (int64, error)
 	// logSince reads the write log after pos (see cache.sync): the hour
 	// buckets written since (logEverything: all), whether entries pos had
 	// not seen were pruned, and the position now.
@@ -257,6 +261,20 @@ func (r *sqliteReader) oldest() (int64, error) {
 	})
 	if err != nil {
 		return 0, fmt.Errorf("read the oldest bucket: %w", err)
+	}
+	return from, nil
+}
+
+func (r *sqliteReader) openFrom() (int64, error) {
+	from := int64(math.MaxInt64)
+	err := r.query(openFromSQL, nil, 1, func(dest []driver.Value) error {
+		if v, ok := dest[0].(int64); ok {
+			from = v
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read the open minutes: %w", err)
 	}
 	return from, nil
 }

@@ -100,6 +100,13 @@ func (z retained) old(lo, hi int64) []segment {
 func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows int64, err error) {
 	z.hours = max(z.hours, z.days)
 	z.minutes = max(z.minutes, z.hours)
+	// The part before z.minutes is read from hours and days: they must
+	// hold its open minutes (see openminute.go).
+	if z.minutes != math.MinInt64 {
+		if err := s.rollUpOpen(ctx, z.minutes); err != nil {
+			return 0, err
+		}
+	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
 		retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
 		hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,
@@ -170,6 +177,9 @@ func (s *Store) forgetBefore(ctx context.Context, t int64) error {
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM end_identities WHERE last_seen < ?`), t); err != nil {
 		return fmt.Errorf("delete old identities: %w", err)
 	}
+	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM open_minutes WHERE open_bucket = 0 AND rolled_through < ?`), t); err != nil {
+		return fmt.Errorf("delete old open-minute records: %w", err)
+	}
 	return nil
 }
 
@@ -214,7 +224,7 @@ func (s *Store) Oldest(ctx context.Context) (minutes, hours, days time.Time, err
 var storeTables = []string{"hosts", "host_addrs", "services", "flow_keys", "flow_minutes", "flow_hours", "flow_days",
 	"listener_minutes", "listener_hours", "listener_days", "retention_state", "applied_batches", "write_log",
 	"write_log_state", "flow_pieces", "piece_state", "piece_todo", "key_pack", "end_identities", "schema_version",
-	"flow_names", "dns_minutes", "dns_hours", "dns_days"}
+	"flow_names", "dns_minutes", "dns_hours", "dns_days", "open_minutes"}
 
 // Size is how many bytes the store takes: on SQLite the pages in use (a
 // file does not shrink when rows are deleted, but its free pages are

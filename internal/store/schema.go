@@ -275,6 +275,15 @@ var migrations = []string{
 	CREATE TABLE dns_minutes (` + dnsBucketColumns + `){{without_rowid}};
 	CREATE TABLE dns_hours (` + dnsBucketColumns + `){{without_rowid}};
 	CREATE TABLE dns_days (` + dnsBucketColumns + `){{without_rowid}}`,
+
+	// 12: open minutes (openminute.go): per host, the minute whose hour
+	// and day rows are rolled up once it is over (0: none) and the newest
+	// minute rolled up. Every row already stored is in every level.
+	`CREATE TABLE open_minutes (
+		host_id TEXT PRIMARY KEY,
+		open_bucket BIGINT NOT NULL,
+		rolled_through BIGINT NOT NULL
+	)`,
 }
 
 // rttColumns adds the RTT counters to flow bucket table t (migration 11).

@@ -438,6 +438,9 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	// retainedFrom), so a rollup bucket that straddles the cutoff is
 	// answered from its remaining minutes and hours, never from its sum.
 	from := floorTo(ns(cutoff), minuteLevel.width)
+	if err := s.rollUpOpen(ctx, from); err != nil { // see openminute.go
+		return 0, err
+	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
 		retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
 		hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,

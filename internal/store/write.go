@@ -37,22 +37,43 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (
 		return nil, err
 	}
 	rows := make([]flowRow, 0, len(obs))
+	hosts := make([]string, 0, len(obs))
 	for _, o := range obs {
 		rows = append(rows, flowRow{bucket: ns(o.Bucket.Truncate(time.Minute)), key: ids[keyOf(o)], pid: o.PID, peer: o.PeerPID,
 			c: o.Counters, first: ns(o.FirstSeen), last: ns(o.LastSeen)})
+		hosts = append(hosts, o.HostID)
 	}
-	for _, l := range levels {
-		if err := s.upsertRows(ctx, tx, l, rows); err != nil {
+	// The rows of a host's open minute go to the minute table only (see
+	// openminute.go); the roll-ups run before the minute rows change.
+	minuteOnly, rolled, err := s.deferRollups(ctx, tx, hosts, rows, time.Now().UnixNano())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.upsertRows(ctx, tx, levels[0], rows); err != nil {
+		return nil, err
+	}
+	everyLevel := rows
+	if slices.Contains(minuteOnly, true) {
+		everyLevel = make([]flowRow, 0, len(rows))
+		for i, r := range rows {
+			if !minuteOnly[i] {
+				everyLevel = append(everyLevel, r)
+			}
+		}
+	}
+	for _, l := range levels[1:] {
+		if err := s.upsertRows(ctx, tx, l, everyLevel); err != nil {
 			return nil, err
 		}
 	}
 	if err := s.writeNames(ctx, tx, obs, ids); err != nil {
 		return nil, err
 	}
-	if err := s.invalidatePieces(ctx, tx, rows); err != nil {
+	touched := slices.Concat(rows, rolled)
+	if err := s.invalidatePieces(ctx, tx, touched); err != nil {
 		return nil, err
 	}
-	return fresh, s.logWrite(ctx, tx, rows)
+	return fresh, s.logWrite(ctx, tx, touched)
 }
 
 // keyIDs returns the id of each key: from the key cache where the key's
@@ -131,6 +152,9 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen 
 // upsertRows adds rows to level l's table: rows are first merged per
 // (bucket of l, key), since one statement may not update a row twice.
 func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flowRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
 	type rk struct{ bucket, key int64 }
 	merged := map[rk]*flowRow{}
 	var order []rk
