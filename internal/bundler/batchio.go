@@ -96,8 +96,11 @@ func writeSlots[V any](m *ebpf.Map, keys []uint32, vals []V, perSlot int) error 
 // readAll reads every entry of m with batch lookups.
 func (b *Bundler) readAll(m *ebpf.Map) ([]bundlerFlowKey, []bundlerFlowValue, error) {
 	batch := 1024
-	var keys []bundlerFlowKey
-	var vals []bundlerFlowValue
+	// Sized as the last read: bundled flows recur, and growing by append
+	// copied each interval's values several times.
+	keys := make([]bundlerFlowKey, 0, b.drain.lastRead)
+	vals := make([]bundlerFlowValue, 0, b.drain.lastRead*b.ncpu)
+	defer func() { b.drain.lastRead = len(keys) }()
 	var cursor ebpf.MapBatchCursor
 	for {
 		if len(b.drain.keyBuf) < batch {

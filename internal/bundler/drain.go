@@ -23,7 +23,12 @@ type drainState struct {
 	idle       [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf     []bundlerFlowKey
 	valBuf     []bundlerFlowValue
-	claims     *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
+	// The reset's keys and zeroed values, reused: BatchUpdate copies
+	// them, and fresh ones every interval were a large allocation each.
+	zeroKeys []bundlerFlowKey
+	zeroVals []bundlerFlowValue
+	lastRead int                 // entries the last readAll read
+	claims   *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
 
 	// Generations: every swap starts interval gen+1 of this kernel side.
 	// A pinned side keeps side, gen and whether the swapped-out map is
@@ -244,8 +249,14 @@ func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
 // interval.
 func (b *Bundler) reset(m *ebpf.Map, idx int, keys []bundlerFlowKey, vals []bundlerFlowValue, read []Entry) error {
 	idle := b.drain.idle[idx]
-	var zeroKeys, delKeys []bundlerFlowKey
-	var zeroVals []bundlerFlowValue
+	var delKeys []bundlerFlowKey
+	zeroKeys, zeroVals := b.drain.zeroKeys[:0], b.drain.zeroVals[:0]
+	defer func() {
+		if cap(zeroKeys) > 2*len(zeroKeys)+1024 {
+			zeroKeys, zeroVals = nil, nil // a burst passed: do not keep its size
+		}
+		b.drain.zeroKeys, b.drain.zeroVals = zeroKeys[:0], zeroVals[:0]
+	}()
 	for i, k := range keys {
 		if read[i].Counts == (Counts{}) {
 			if idle[k]++; idle[k] >= retainIdle {

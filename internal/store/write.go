@@ -17,21 +17,17 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (
 	}
 	// Resolve the distinct keys to ids, in a stable order so concurrent
 	// writers take row locks in the same order.
-	var keys []flowKey
-	seen := map[flowKey]bool{}
+	lastSeen := make(map[flowKey]int64, len(obs))
+	keys := make([]flowKey, 0, len(obs))
 	for _, o := range obs {
 		k := keyOf(o)
-		if !seen[k] {
-			seen[k] = true
+		seen, ok := lastSeen[k]
+		if !ok {
 			keys = append(keys, k)
 		}
+		lastSeen[k] = max(seen, ns(o.LastSeen), ns(o.Bucket))
 	}
 	slices.SortFunc(keys, flowKey.compare)
-	lastSeen := map[flowKey]int64{}
-	for _, o := range obs {
-		k := keyOf(o)
-		lastSeen[k] = max(lastSeen[k], ns(o.LastSeen), ns(o.Bucket))
-	}
 	ids, fresh, err := s.keyIDs(ctx, tx, keys, lastSeen)
 	if err != nil {
 		return nil, err
@@ -156,19 +152,19 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		return nil
 	}
 	type rk struct{ bucket, key int64 }
-	merged := map[rk]*flowRow{}
-	var order []rk
+	at := make(map[rk]int, len(rows)) // index in merged
+	merged := make([]flowRow, 0, len(rows))
 	for _, r := range rows {
 		r.bucket = floorTo(r.bucket, l.width)
 		k := rk{r.bucket, r.key}
-		if m, ok := merged[k]; ok {
-			m.add(r)
+		if i, ok := at[k]; ok {
+			merged[i].add(r)
 			continue
 		}
-		merged[k] = &r
-		order = append(order, k)
+		at[k] = len(merged)
+		merged = append(merged, r)
 	}
-	slices.SortFunc(order, func(a, b rk) int {
+	slices.SortFunc(merged, func(a, b flowRow) int {
 		if a.bucket != b.bucket {
 			return compareInt(a.bucket, b.bucket)
 		}
@@ -182,10 +178,10 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		// placeholders.
 		colArgs := make([][]int64, ncol)
 		for i := range colArgs {
-			colArgs[i] = make([]int64, 0, len(order))
+			colArgs[i] = make([]int64, 0, len(merged))
 		}
-		for _, k := range order {
-			r := merged[k]
+		for i := range merged {
+			r := &merged[i]
 			vals := append([]int64{r.bucket, r.key, int64(r.pid), int64(r.peer)}, make([]int64, len(counterColumns))...)
 			for i, v := range counterFields(&r.c) {
 				vals[4+i] = int64(*v)
@@ -203,24 +199,24 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		}
 		q := "INSERT INTO " + l.table + " (" + rowColumns + ") SELECT * FROM unnest(" + strings.Join(unnest, ", ") + ") ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(l.table)
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return fmt.Errorf("write %d rows to %s: %w", len(order), l.table, err)
+			return fmt.Errorf("write %d rows to %s: %w", len(merged), l.table, err)
 		}
 		return nil
 	}
 	// SQLite: statements of 256, 128, ... 1 rows, each prepared once per
 	// open store, so that the parser (a third of the write's time when
 	// every batch had a statement of its own) runs once.
-	args := make([]any, 0, chunkRows(len(order))*ncol) // reused: database/sql copies them
-	for start := 0; start < len(order); {
-		n := chunkRows(len(order) - start)
+	args := make([]any, 0, chunkRows(len(merged))*ncol) // reused: database/sql copies them
+	for start := 0; start < len(merged); {
+		n := chunkRows(len(merged) - start)
 		end := start + n
 		stmt, err := s.prepared(ctx, tx, writeShape{l.table, n})
 		if err != nil {
 			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
 		}
 		args = args[:0]
-		for _, k := range order[start:end] {
-			r := merged[k]
+		for i := start; i < end; i++ {
+			r := &merged[i]
 			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
 			for _, v := range counterFields(&r.c) {
 				args = append(args, int64(*v))
