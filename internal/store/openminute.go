@@ -3,10 +3,12 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Open minutes (schema 12): the hour and day rows of a host's current
@@ -25,11 +27,16 @@ import (
 //     and holds open the newest recent minute it writes that is newer than
 //     rolled_through; rows of the open minute go to the minute table
 //     only, every other row to all three, as before;
-//   - a minute is held open only while recent (openRecent): late rows (a
-//     replayed spool, a host whose clock is behind) are written to every
-//     level at once, so old hours never wait for a roll-up;
-//   - rolled_through only moves forward, so a minute is never rolled up
-//     twice: rows for it after its roll-up go to every level;
+//   - a minute is held open only while recent (openRecent) by the
+//     store's clock (PostgreSQL's own: agents' clocks differ), and never
+//     before the oldest minute retention keeps: late rows (a replayed
+//     spool, a host whose clock is behind) are written to every level at
+//     once, so old hours never wait for a roll-up;
+//   - rolled_through only moves forward, and past every minute a write
+//     sends to every level: a minute already in the hour and day rows is
+//     never held open (and rolled up a second time). A host's record
+//     starts past its newest recent minute already stored, which a
+//     deptrace before schema 12 wrote to every level;
 //   - Compact, Retain and RetainLevels roll up the minutes held open
 //     longer than openRecent after they ended (an agent that stopped).
 //
@@ -49,7 +56,11 @@ const openRecent = pieceGrace
 // per row, whether the row belongs to an open minute (the minute table
 // only). hosts[i] is rows[i]'s host. It returns the buckets rolled up, so
 // that their pieces and cached hours are invalidated with the write's.
-func (s *Store) deferRollups(ctx context.Context, tx *sql.Tx, hosts []string, rows []flowRow, now int64) (minuteOnly []bool, rolled []flowRow, err error) {
+func (s *Store) deferRollups(ctx context.Context, tx *sql.Tx, hosts []string, rows []flowRow) (minuteOnly []bool, rolled []flowRow, err error) {
+	floor, err := s.openFloor(ctx, tx)
+	if err != nil {
+		return nil, nil, err
+	}
 	newest := map[string]int64{} // per host, the newest minute written
 	for i, r := range rows {
 		newest[hosts[i]] = max(newest[hosts[i]], r.bucket)
@@ -61,7 +72,7 @@ func (s *Store) deferRollups(ctx context.Context, tx *sql.Tx, hosts []string, ro
 	slices.Sort(order) // concurrent writers lock state rows in one order
 	open := map[string]int64{}
 	for _, h := range order {
-		st, err := s.lockOpenMinute(ctx, tx, h)
+		st, err := s.lockOpenMinute(ctx, tx, h, floor)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -76,9 +87,14 @@ func (s *Store) deferRollups(ctx context.Context, tx *sql.Tx, hosts []string, ro
 		if st.open == 0 {
 			// The newest recent minute not rolled up yet, if any.
 			for i, r := range rows {
-				if hosts[i] == h && r.bucket > st.rolled && r.bucket >= now-int64(openRecent) && r.bucket > st.open {
+				if hosts[i] == h && r.bucket > st.rolled && r.bucket >= floor && r.bucket > st.open {
 					st.open = r.bucket
 				}
+			}
+		}
+		for i, r := range rows {
+			if hosts[i] == h && r.bucket != st.open {
+				st.rolled = max(st.rolled, r.bucket) // in every level now
 			}
 		}
 		if st != was {
@@ -99,20 +115,45 @@ func (s *Store) deferRollups(ctx context.Context, tx *sql.Tx, hosts []string, ro
 	return minuteOnly, rolled, nil
 }
 
+// openFloor is the oldest minute a write may hold open: recent by the
+// store's clock, and kept by retention. On PostgreSQL the retention
+// state's row is read FOR SHARE, so that retention's move of it waits for
+// this write, and rolls up what it opened (see advanceRetention).
+func (s *Store) openFloor(ctx context.Context, tx *sql.Tx) (int64, error) {
+	var kept, now int64
+	var err error
+	if s.d.name == postgres.name {
+		err = tx.QueryRowContext(ctx, `SELECT retained_from, (EXTRACT(EPOCH FROM clock_timestamp()) * 1e9)::bigint FROM retention_state WHERE id = 1 FOR SHARE`).Scan(&kept, &now)
+	} else {
+		now = time.Now().UnixNano()
+		err = tx.QueryRowContext(ctx, `SELECT retained_from FROM retention_state WHERE id = 1`).Scan(&kept)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the retention state: %w", err)
+	}
+	return max(now-int64(openRecent), kept), nil
+}
+
 type openState struct{ open, rolled int64 }
 
 // lockOpenMinute reads host's open-minute state, creating it, and on
 // PostgreSQL locks its row until tx ends (SQLite: tx holds the write
-// lock).
-func (s *Store) lockOpenMinute(ctx context.Context, tx *sql.Tx, host string) (openState, error) {
+// lock). A new record starts past the host's newest minute from floor on
+// already stored: rows a deptrace before schema 12 wrote to every level.
+func (s *Store) lockOpenMinute(ctx context.Context, tx *sql.Tx, host string, floor int64) (openState, error) {
 	q := `SELECT open_bucket, rolled_through FROM open_minutes WHERE host_id = ?`
 	if s.d.name == postgres.name {
 		q += ` FOR UPDATE`
 	}
 	var st openState
 	err := tx.QueryRowContext(ctx, s.d.rebind(q), host).Scan(&st.open, &st.rolled)
-	if err == sql.ErrNoRows {
-		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO open_minutes (host_id, open_bucket, rolled_through) VALUES (?, 0, 0) ON CONFLICT (host_id) DO NOTHING`), host); err != nil {
+	if errors.Is(err, sql.ErrNoRows) {
+		var stored sql.NullInt64
+		if err := tx.QueryRowContext(ctx, s.d.rebind(`SELECT MAX(m.bucket) FROM flow_minutes m JOIN flow_keys k ON k.id = m.key_id WHERE m.bucket >= ? AND k.host_id = ?`),
+			floorTo(floor, levels[0].width), host).Scan(&stored); err != nil {
+			return st, fmt.Errorf("read the newest minute of %s: %w", host, err)
+		}
+		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO open_minutes (host_id, open_bucket, rolled_through) VALUES (?, 0, ?) ON CONFLICT (host_id) DO NOTHING`), host, stored.Int64); err != nil {
 			return st, fmt.Errorf("record the open minute of %s: %w", host, err)
 		}
 		err = tx.QueryRowContext(ctx, s.d.rebind(q), host).Scan(&st.open, &st.rolled)
@@ -160,7 +201,7 @@ func (s *Store) rollUpOpen(ctx context.Context, before int64) error {
 	}
 	for _, h := range hosts {
 		if err := s.inTx(ctx, func(tx *sql.Tx) error {
-			st, err := s.lockOpenMinute(ctx, tx, h)
+			st, err := s.lockOpenMinute(ctx, tx, h, math.MaxInt64)
 			if err != nil || st.open == 0 || st.open >= before {
 				return err // the host's own write got there first
 			}

@@ -28,12 +28,17 @@ func TestOpenMinutesAreRolledUpExactly(t *testing.T) {
 			w.SetAutoCompact(false)
 			c := open(t, spec) // a reader with the cache, as deptrace serve's
 			c.EnableCache(store.CacheConfig{Now: func() time.Time { return h.Add(3 * time.Hour) }})
-			write := func(s *store.Store, host string, at time.Time, conns uint64) {
+			// write writes one batch of two flows per host; each host's
+			// flows at its own time.
+			write := func(s *store.Store, hostsAt ...any) {
 				t.Helper()
-				b := store.Batch{Observations: []store.Observation{
-					obs(host, "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", at, conns, 10*conns),
-					obs(host, "inbound", "198.51.100.1", "198.51.100.3", 8080, "app", at, 2*conns, conns),
-				}}
+				var b store.Batch
+				for i := 0; i < len(hostsAt); i += 3 {
+					host, at, conns := hostsAt[i].(string), hostsAt[i+1].(time.Time), uint64(hostsAt[i+2].(int))
+					b.Observations = append(b.Observations,
+						obs(host, "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", at, conns, 10*conns),
+						obs(host, "inbound", "198.51.100.1", "198.51.100.3", 8080, "app", at, 2*conns, conns))
+				}
 				if err := s.Write(ctx, b); err != nil {
 					t.Fatal(err)
 				}
@@ -110,8 +115,10 @@ func TestOpenMinutesAreRolledUpExactly(t *testing.T) {
 				t.Errorf("Compact built the piece of an hour whose last minute z holds open")
 			}
 			check("y's stale minute rolled up by Compact, z's still open")
-			write(w, "y", h.Add(-2*time.Minute+55*time.Second), 23) // after its roll-up: every level
-			check("a row for y's rolled-up minute")
+			// One batch, two hosts: y's rolled-up minute (every level) and
+			// x's open one (the minute table).
+			write(w, "y", h.Add(-2*time.Minute+55*time.Second), 23, "x", h.Add(40*time.Second), 29)
+			check("a row for y's rolled-up minute, with x's open one")
 			if _, err := w.Compact(ctx, h.Add(2*time.Minute+time.Second)); err != nil {
 				t.Fatal(err)
 			}
@@ -141,6 +148,99 @@ func TestOpenMinutesAreRolledUpExactly(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A store upgraded to schema 12 in the middle of a minute already holds
+// that minute's rows in every level (the older deptrace wrote them so):
+// the minute must not be held open and rolled up again.
+func TestUpgradeToOpenMinutesMidMinute(t *testing.T) {
+	ctx := context.Background()
+	m := time.Now().Truncate(time.Minute).Add(10 * time.Minute)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			w := open(t, spec)
+			w.SetAutoCompact(false)
+			write := func(at time.Time, c uint64) {
+				t.Helper()
+				if err := w.Write(ctx, store.Batch{Observations: []store.Observation{obs("x", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", at, c, c)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(m.Add(time.Second), 1)
+			// m's rows in every level, and no open-minute record: as a
+			// store of schema 11 is after migration 12.
+			if _, err := w.Compact(ctx, m.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.DB().ExecContext(ctx, `DELETE FROM open_minutes`); err != nil {
+				t.Fatal(err)
+			}
+			write(m.Add(20*time.Second), 5)
+			write(m.Add(time.Minute+time.Second), 7)
+			if _, err := w.Compact(ctx, m.Add(3*time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			for table, width := range store.RollupTables() {
+				got, err := w.ReadRollup(ctx, table, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := w.ReadRollup(ctx, "flow_minutes", width)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%s: %v; the minutes sum to %v", table, got, want)
+				}
+			}
+		})
+	}
+}
+
+// Retention that deletes the minute rows of a minute still held open must
+// first roll it up: the hour and day rows then answer for it.
+func TestRetentionRollsUpOpenMinutes(t *testing.T) {
+	ctx := context.Background()
+	m := time.Now().Truncate(time.Minute).Add(10 * time.Minute)
+	retain := map[string]func(*store.Store) error{
+		"Retain": func(s *store.Store) error {
+			_, err := s.Retain(ctx, m.Add(2*time.Minute), store.DefaultBucket)
+			return err
+		},
+		"RetainLevels": func(s *store.Store) error {
+			_, err := s.RetainLevels(ctx, store.Retention{Minutes: time.Hour, Hours: 72 * time.Hour, Days: 30 * 24 * time.Hour}, m.Add(3*time.Hour))
+			return err
+		},
+	}
+	for how, retain := range retain {
+		for name, spec := range backends(t) { // a fresh store each
+			t.Run(name+"/"+how, func(t *testing.T) {
+				w := open(t, spec)
+				w.SetAutoCompact(false)
+				if err := w.Write(ctx, store.Batch{Observations: []store.Observation{obs("x", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", m.Add(time.Second), 3, 30)}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := retain(w); err != nil {
+					t.Fatal(err)
+				}
+				hours, err := w.ReadRollup(ctx, "flow_hours", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got int64
+				for _, r := range hours {
+					got += r.Counters[0]
+				}
+				want := int64(3)
+				if how == "Retain" && !m.Truncate(time.Hour).Add(time.Hour).After(m.Add(2*time.Minute)) {
+					want = 0 // the cutoff passed the hour's end: the hour went too
+				}
+				if got != want {
+					t.Errorf("the hour rows hold %d connections after retention; want %d (the open minute's)", got, want)
+				}
+			})
+		}
 	}
 }
 

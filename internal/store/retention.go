@@ -100,19 +100,21 @@ func (z retained) old(lo, hi int64) []segment {
 func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows int64, err error) {
 	z.hours = max(z.hours, z.days)
 	z.minutes = max(z.minutes, z.hours)
-	// The part before z.minutes is read from hours and days: they must
-	// hold its open minutes (see openminute.go).
-	if z.minutes != math.MinInt64 {
-		if err := s.rollUpOpen(ctx, z.minutes); err != nil {
-			return 0, err
-		}
-	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
 		retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
 		hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,
 		days_from = CASE WHEN days_from < ? THEN ? ELSE days_from END WHERE id = 1`),
 		z.minutes, z.minutes, z.hours, z.hours, z.days, z.days); err != nil {
 		return 0, fmt.Errorf("record retention cutoff: %w", err)
+	}
+	// The part before z.minutes is read from hours and days: they must
+	// hold its open minutes before its minute rows go. After the cutoff
+	// is recorded, so that no write opens one there meanwhile (see
+	// openFloor).
+	if z.minutes != math.MinInt64 {
+		if err := s.rollUpOpen(ctx, z.minutes); err != nil {
+			return 0, err
+		}
 	}
 	for i, from := range []int64{z.minutes, z.hours, z.days} {
 		if from == math.MinInt64 {

@@ -41,7 +41,7 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (
 	}
 	// The rows of a host's open minute go to the minute table only (see
 	// openminute.go); the roll-ups run before the minute rows change.
-	minuteOnly, rolled, err := s.deferRollups(ctx, tx, hosts, rows, time.Now().UnixNano())
+	minuteOnly, rolled, err := s.deferRollups(ctx, tx, hosts, rows)
 	if err != nil {
 		return nil, err
 	}
