@@ -134,19 +134,7 @@ func TestOpenMinutesAreRolledUpExactly(t *testing.T) {
 				t.Fatal(err)
 			}
 			check("every minute rolled up")
-			for table, width := range store.RollupTables() {
-				got, err := w.ReadRollup(ctx, table, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := w.ReadRollup(ctx, "flow_minutes", width)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !reflect.DeepEqual(got, want) {
-					t.Errorf("%s: %d rows, not the sums of their minutes (%d rows)", table, len(got), len(want))
-				}
-			}
+			rollupsEqualMinutes(t, w)
 		})
 	}
 }
@@ -181,19 +169,7 @@ func TestUpgradeToOpenMinutesMidMinute(t *testing.T) {
 			if _, err := w.Compact(ctx, m.Add(3*time.Hour)); err != nil {
 				t.Fatal(err)
 			}
-			for table, width := range store.RollupTables() {
-				got, err := w.ReadRollup(ctx, table, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := w.ReadRollup(ctx, "flow_minutes", width)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !reflect.DeepEqual(got, want) {
-					t.Errorf("%s: %v; the minutes sum to %v", table, got, want)
-				}
-			}
+			rollupsEqualMinutes(t, w)
 		})
 	}
 }
@@ -240,6 +216,25 @@ func TestRetentionRollsUpOpenMinutes(t *testing.T) {
 					t.Errorf("the hour rows hold %d connections after retention; want %d (the open minute's)", got, want)
 				}
 			})
+		}
+	}
+}
+
+// rollupsEqualMinutes checks every hour and day row against the sum of
+// its minute rows.
+func rollupsEqualMinutes(t *testing.T, s *store.Store) {
+	t.Helper()
+	for table, width := range store.RollupTables() {
+		got, err := s.ReadRollup(context.Background(), table, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := s.ReadRollup(context.Background(), "flow_minutes", width)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %v; the minutes sum to %v", table, got, want)
 		}
 	}
 }
