@@ -115,15 +115,28 @@ func (s *Store) deferRollups(ctx context.Context, tx *sql.Tx, hosts []string, ro
 	return minuteOnly, rolled, nil
 }
 
+// retentionLockKey is the advisory lock (PostgreSQL) between writers
+// (shared) and retention moving its cutoff (exclusive); negative, apart
+// from the pieces' (pieceLockKey).
+const retentionLockKey = -0x64657074726163
+
 // openFloor is the oldest minute a write may hold open: recent by the
-// store's clock, and kept by retention. On PostgreSQL the retention
-// state's row is read FOR SHARE, so that retention's move of it waits for
-// this write, and rolls up what it opened (see advanceRetention).
+// store's clock, and kept by retention. On PostgreSQL the write holds
+// retentionLockKey shared until it commits, so that retention's move of
+// its cutoff waits for the write, and then rolls up what it opened (see
+// advanceRetention). An advisory lock rather than FOR SHARE on the row: a
+// waiting exclusive request holds back new shared ones, so a busy fleet of
+// writers cannot keep retention waiting.
 func (s *Store) openFloor(ctx context.Context, tx *sql.Tx) (int64, error) {
 	var kept, now int64
 	var err error
 	if s.d.name == postgres.name {
-		err = tx.QueryRowContext(ctx, `SELECT retained_from, (EXTRACT(EPOCH FROM clock_timestamp()) * 1e9)::bigint FROM retention_state WHERE id = 1 FOR SHARE`).Scan(&kept, &now)
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock_shared($1)`, int64(retentionLockKey)); err != nil {
+			return 0, fmt.Errorf("lock the retention state: %w", err)
+		}
+		// A statement of its own, after the lock: it sees a cutoff
+		// retention committed while this waited.
+		err = tx.QueryRowContext(ctx, `SELECT retained_from, (EXTRACT(EPOCH FROM clock_timestamp()) * 1e9)::bigint FROM retention_state WHERE id = 1`).Scan(&kept, &now)
 	} else {
 		now = time.Now().UnixNano()
 		err = tx.QueryRowContext(ctx, `SELECT retained_from FROM retention_state WHERE id = 1`).Scan(&kept)

@@ -178,7 +178,9 @@ func TestUpgradeToOpenMinutesMidMinute(t *testing.T) {
 // first roll it up: the hour and day rows then answer for it.
 func TestRetentionRollsUpOpenMinutes(t *testing.T) {
 	ctx := context.Background()
-	m := time.Now().Truncate(time.Minute).Add(10 * time.Minute)
+	// Recent (held open), and far enough from its hour's end that Retain's
+	// cutoff leaves the hour.
+	m := time.Now().Truncate(time.Hour).Add(2*time.Hour + 10*time.Minute)
 	retain := map[string]func(*store.Store) error{
 		"Retain": func(s *store.Store) error {
 			_, err := s.Retain(ctx, m.Add(2*time.Minute), store.DefaultBucket)
@@ -208,12 +210,8 @@ func TestRetentionRollsUpOpenMinutes(t *testing.T) {
 				for _, r := range hours {
 					got += r.Counters[0]
 				}
-				want := int64(3)
-				if how == "Retain" && !m.Truncate(time.Hour).Add(time.Hour).After(m.Add(2*time.Minute)) {
-					want = 0 // the cutoff passed the hour's end: the hour went too
-				}
-				if got != want {
-					t.Errorf("the hour rows hold %d connections after retention; want %d (the open minute's)", got, want)
+				if got != 3 {
+					t.Errorf("the hour rows hold %d connections after retention; want 3 (the open minute's)", got)
 				}
 			})
 		}
@@ -236,6 +234,34 @@ func rollupsEqualMinutes(t *testing.T, s *store.Store) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: %v; the minutes sum to %v", table, got, want)
 		}
+	}
+}
+
+// A minute older than the minutes retention keeps is never held open: its
+// rows go to every level at once (retention, which rolled up the open
+// minutes before its cutoff, would not come back for it).
+func TestMinutesBeforeRetentionAreNotHeldOpen(t *testing.T) {
+	ctx := context.Background()
+	m := time.Now().Truncate(time.Hour).Add(2*time.Hour + 10*time.Minute)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			w := open(t, spec)
+			w.SetAutoCompact(false)
+			// Minutes kept from the hour after m's on.
+			if _, err := w.RetainLevels(ctx, store.Retention{Minutes: time.Hour, Hours: 72 * time.Hour, Days: 30 * 24 * time.Hour}, m.Add(2*time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Write(ctx, store.Batch{Observations: []store.Observation{obs("x", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", m.Add(time.Second), 3, 30)}}); err != nil {
+				t.Fatal(err)
+			}
+			hours, err := w.ReadRollup(ctx, "flow_hours", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(hours) != 1 {
+				t.Errorf("%d hour rows right after a write to a minute before the minutes kept; want 1: the minute was held open", len(hours))
+			}
+		})
 	}
 }
 

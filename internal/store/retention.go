@@ -100,12 +100,8 @@ func (z retained) old(lo, hi int64) []segment {
 func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows int64, err error) {
 	z.hours = max(z.hours, z.days)
 	z.minutes = max(z.minutes, z.hours)
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
-		retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
-		hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,
-		days_from = CASE WHEN days_from < ? THEN ? ELSE days_from END WHERE id = 1`),
-		z.minutes, z.minutes, z.hours, z.hours, z.days, z.days); err != nil {
-		return 0, fmt.Errorf("record retention cutoff: %w", err)
+	if err := s.recordCutoff(ctx, z); err != nil {
+		return 0, err
 	}
 	// The part before z.minutes is read from hours and days: they must
 	// hold its open minutes before its minute rows go. After the cutoff
@@ -139,6 +135,27 @@ func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows in
 		return minuteRows, nil
 	}
 	return minuteRows, s.forgetBefore(ctx, z.days)
+}
+
+// recordCutoff moves the starts of the kept history forward (never back).
+// On PostgreSQL it waits, under retentionLockKey, for the writes that read
+// the old cutoff (see openFloor).
+func (s *Store) recordCutoff(ctx context.Context, z retained) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if s.d.name == postgres.name {
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(retentionLockKey)); err != nil {
+				return fmt.Errorf("lock the retention state: %w", err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
+			retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
+			hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,
+			days_from = CASE WHEN days_from < ? THEN ? ELSE days_from END WHERE id = 1`),
+			z.minutes, z.minutes, z.hours, z.hours, z.days, z.days); err != nil {
+			return fmt.Errorf("record retention cutoff: %w", err)
+		}
+		return nil
+	})
 }
 
 // forgetBefore deletes flow keys, services and addresses not seen since

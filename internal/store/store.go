@@ -438,11 +438,8 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	// retainedFrom), so a rollup bucket that straddles the cutoff is
 	// answered from its remaining minutes and hours, never from its sum.
 	from := floorTo(ns(cutoff), minuteLevel.width)
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`UPDATE retention_state SET
-		retained_from = CASE WHEN retained_from < ? THEN ? ELSE retained_from END,
-		hours_from = CASE WHEN hours_from < ? THEN ? ELSE hours_from END,
-		days_from = CASE WHEN days_from < ? THEN ? ELSE days_from END WHERE id = 1`), from, from, from, from, from, from); err != nil {
-		return 0, fmt.Errorf("record retention cutoff: %w", err)
+	if err := s.recordCutoff(ctx, retained{from, from, from}); err != nil {
+		return 0, err
 	}
 	// Open minutes before the cutoff into their hours and days first,
 	// after it is recorded (see advanceRetention).
