@@ -82,14 +82,17 @@ extern void *bpf_cast_to_kern_ctx(void *) __ksym;
 /* A new flow's first value, kept off the 512-byte stack. */
 const volatile struct flow_value zero_flow = {};
 
-/* The bundled-flow map template. Two maps of this shape exist; the outer
- * array holds the one programs write to. Swapping the slot from user space
- * waits for an RCU grace period (the kernel does this for map-in-map
- * updates), so once the swap returns no program still writes to the old map
- * and it can be drained with no race and no lost increment. */
+/* The bundled-flow maps: two of this shape, in fixed slots. Programs
+ * count interval n into map n & 1 (interval_now); the drain of interval n
+ * makes them count n + 1 into the other map, then waits for an RCU grace
+ * period (updating a slot of this outer array waits for one), so that no
+ * program still writes to map n & 1 when it is read: no entry and no
+ * increment is lost between intervals. The map is not reset after it is
+ * read: its values carry the interval they count (flow_value.gen), and the
+ * first program to touch one in interval n + 2 zeroes it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__uint(max_entries, 1);
+	__uint(max_entries, 2);
 	__type(key, __u32);
 	/* clang-format off */
 	__array(values, struct {
@@ -110,13 +113,12 @@ struct {
  * of the same map on one CPU fails too (-EBUSY), and a full map (-E2BIG).
  * The spill is preallocated and never fails that way: its slots are
  * claimed by compare-and-swap and shared by every CPU (programs add to
- * them atomically). Half i goes with inner flow map i: spill_half says
- * which half programs write to, and the drain sets it to the next half
- * before it swaps the flow maps, so the swap's RCU grace period also
- * quiesces the old half, which the drain then reads and frees with its
- * map. Two programs racing to claim one key may take two slots: the drain
- * sums every slot and map entry of a key. Only when a key finds no slot
- * is the count lost, and counted. */
+ * them atomically). Half i goes with flow map i: interval n spills into
+ * half n & 1, so the drain's grace period also quiesces the old half, which
+ * the drain then reads and frees (its map is only read). Two programs
+ * racing to claim one key may take two slots: the drain sums every slot
+ * and map entry of a key. Only when a key finds no slot is the count lost,
+ * and counted. */
 /* Slots per half, a power of two: the loader sizes the spill from the
  * flow map (internal/bundler SpillSlots: an eighth of it). Inserts into
  * the flow map fail with -ENOMEM on a steady stream of new flows, not only
@@ -132,15 +134,18 @@ struct {
 	__type(value, struct spill_slot);
 } spill SEC(".maps");
 
-/* The active half (0 or 1), written by user space only. A map rather than
- * a global variable: it is pinned with the flow maps, so that a process
- * adopting a pinned side steers the programs it adopts. */
+/* The number of the interval programs count (from 1), written by user
+ * space only: its parity picks the flow map, the spill half and the cache
+ * half, and flow values carry it. A program reads it once per event, so
+ * all three agree. A map rather than a global variable: it is pinned with
+ * the flow maps, so that a process adopting a pinned side steers the
+ * programs it adopts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u32);
-} spill_half SEC(".maps");
+	__type(value, __u64);
+} interval_now SEC(".maps");
 
 /* Slots claimed per half: the drain reads a half only when it has some. */
 struct {
@@ -180,8 +185,8 @@ const enum spill_state *_btf_spill_state __attribute__((unused)); /* for bpf2go 
  * pointer: about 160 ns of each of a short connection's four flow updates in
  * this VM's profile. A slot goes to the first flow of the interval that
  * hashes to it, on that CPU; flows that find it taken use the map as
- * before. Slots use the spill's states and halves: half i goes with inner
- * flow map i (spill_half), so the drain's swap quiesces the old half, which
+ * before. Slots use the spill's states and halves: half i goes with flow
+ * map i (interval_now), so the drain's grace period quiesces the old half, which
  * the drain reads (every CPU's slots) and frees with the map; a key in
  * cache slots and in the map is summed. Only this CPU's programs write its
  * slots: a claim is a compare-and-swap against a program nested on the

@@ -31,12 +31,19 @@ struct flow_key {
 _Static_assert(sizeof(struct flow_key) == 40, "flow_key layout");
 
 /* Per-CPU counters of one bundled flow; user space sums the CPUs. The
- * fields every update touches come first (the jiffy, opens, process,
- * bytes, datagrams, last seen and connect latency: the first 88 bytes),
- * so that an update touches fewer cache lines: about two of a value where
- * the counters it adds to were spread over four. The layout is numbered
- * (flowLayout, internal/bundler/pin.go): change both together. */
+ * fields every update touches come first (the interval, the jiffy, opens,
+ * process, bytes, datagrams, last seen and connect latency: the first 96
+ * bytes), so that an update touches fewer cache lines: about two of a
+ * value where the counters it adds to were spread over four. The layout is
+ * numbered (flowLayout, internal/bundler/pin.go): change both together. */
 struct flow_value {
+	/* The interval (interval_now's number) the counters belong to. A
+	 * program finding an older one zeroes the counters, keeping the
+	 * process, before it adds (flow_entry): the drain then counts only the
+	 * values of the interval it reads, and never has to reset the map.
+	 * GEN_CLAIMING while a program zeroes it. Map values only: spill and
+	 * cache slots are freed by the drain instead. */
+	__u64 gen;
 	__u64 last_jiffies; /* jiffy of last_seen_ns */
 	__u64 connections;  /* opens that reached ESTABLISHED */
 	__u32 pid;          /* thread-group id of the local process */
@@ -69,7 +76,10 @@ struct flow_value {
 	char comm[16]; /* the process's name (its thread-group leader's) */
 	char peer_comm[16];
 };
-_Static_assert(sizeof(struct flow_value) == 232, "flow_value layout");
+_Static_assert(sizeof(struct flow_value) == 240, "flow_value layout");
+
+/* flow_value.gen while a program zeroes the value for a newer interval. */
+#define GEN_CLAIMING (~0ULL)
 
 /* A bundled flow kept in the spill, the preallocated overflow of the
  * flow maps for new flows whose insert failed (bundler.bpf.c, spill). One
@@ -86,7 +96,7 @@ struct spill_slot {
 	struct flow_key key;
 	struct flow_value value;
 };
-_Static_assert(sizeof(struct spill_slot) == 280, "spill_slot layout");
+_Static_assert(sizeof(struct spill_slot) == 288, "spill_slot layout");
 
 /* A unix socket path, by the hash the flow key carries. */
 struct unix_path {

@@ -99,15 +99,11 @@ static __always_inline __u32 key_hash(const struct flow_key *key)
 	return h ^ (h >> 15) ^ (h >> 23);
 }
 
-/* The flow's slot in this CPU's cache, found or claimed; NULL when the
- * slot holds another flow or is being claimed (see flow_cache). */
-static __always_inline struct flow_value *cache_entry(const struct flow_key *key)
+/* The flow's slot in this CPU's cache half, found or claimed; NULL when
+ * the slot holds another flow or is being claimed (see flow_cache). */
+static __always_inline struct flow_value *cache_entry(const struct flow_key *key, __u32 half)
 {
-	__u32 zero = 0;
-	__u32 *half = bpf_map_lookup_elem(&spill_half, &zero);
-	if (!half)
-		return NULL;
-	__u32 idx = (*half & 1) * CACHE_SLOTS + (key_hash(key) & (CACHE_SLOTS - 1));
+	__u32 idx = half * CACHE_SLOTS + (key_hash(key) & (CACHE_SLOTS - 1));
 	struct spill_slot *s = bpf_map_lookup_elem(&flow_cache, &idx);
 	if (!s)
 		return NULL;
@@ -122,16 +118,12 @@ static __always_inline struct flow_value *cache_entry(const struct flow_key *key
 	return &s->value;
 }
 
-/* Find or claim the spill slot of key in the active half. err is the
+/* Find or claim the spill slot of key in spill half `half`. err is the
  * failed insert's error, for the loss counter when no slot is free. Not
  * inlined: only a failed insert comes here. */
-static __noinline struct flow_value *spill_entry(const struct flow_key *key, long err)
+static __noinline struct flow_value *spill_entry(const struct flow_key *key, long err, __u32 half)
 {
-	__u32 zero = 0;
-	__u32 *half = bpf_map_lookup_elem(&spill_half, &zero);
-	if (!half)
-		return NULL;
-	__u32 base = (*half & 1) * spill_slots;
+	__u32 base = (half & 1) * spill_slots;
 	__u32 h = key_hash(key);
 	for (int i = 0; i < SPILL_PROBES; i++) {
 		__u32 idx = base + ((h + i) & (spill_slots - 1));
@@ -165,32 +157,64 @@ static __noinline struct flow_value *spill_entry(const struct flow_key *key, lon
 	return NULL;
 }
 
-/* Find or create the bundled entry of k in the active map, or where its
- * insert fails, in the spill. The lookup that finds an existing flow, by
- * far the common case, is all it costs. */
+/* A map value of interval n: one last counted in an older interval is
+ * zeroed first (its process kept, so that a flow whose next interval has
+ * only softirq events stays named), once per flow, CPU and interval.
+ * Claimed by compare-and-swap, as a cache slot is: a program nested on
+ * this CPU while the value is zeroed finds it GEN_CLAIMING and uses the
+ * spill. NULL then. */
+static __always_inline struct flow_value *current_value(struct flow_value *v, __u64 n)
+{
+	__u64 gen = *(volatile __u64 *)&v->gen;
+	if (gen == n)
+		return v;
+	if (gen == GEN_CLAIMING || __sync_val_compare_and_swap(&v->gen, gen, GEN_CLAIMING) != gen)
+		return NULL;
+	__u32 pid = v->pid;
+	__u64 cgroup = v->cgroup_id;
+	__u64 comm0 = *(__u64 *)&v->comm[0], comm1 = *(__u64 *)&v->comm[8];
+	__builtin_memset((char *)v + sizeof(v->gen), 0, sizeof(*v) - sizeof(v->gen));
+	v->pid = pid;
+	v->cgroup_id = cgroup;
+	*(__u64 *)&v->comm[0] = comm0;
+	*(__u64 *)&v->comm[8] = comm1;
+	__sync_lock_test_and_set(&v->gen, n);
+	return v;
+}
+
+/* Find or create the bundled entry of k for the interval programs count
+ * (interval_now), in this CPU's cache, the interval's map, or where its
+ * insert fails, the spill. The lookup that finds an existing flow, by far
+ * the common case, is all it costs. */
 static __always_inline struct flow_value *flow_entry(const struct flow_key *key)
 {
 	__u32 zero = 0;
-	struct flow_value *v = cache_off || spill_only ? NULL : cache_entry(key);
+	__u64 *now_p = bpf_map_lookup_elem(&interval_now, &zero);
+	if (!now_p)
+		return NULL;
+	/* Read once: the map, the halves and the values' tag must agree. */
+	__u64 n = *(volatile __u64 *)now_p;
+	__u32 half = n & 1;
+	struct flow_value *v = cache_off || spill_only ? NULL : cache_entry(key, half);
 	if (v)
 		goto found;
-	void *active = bpf_map_lookup_elem(&flows, &zero);
-	if (!active)
+	void *m = bpf_map_lookup_elem(&flows, &half);
+	if (!m)
 		return NULL;
-	v = bpf_map_lookup_elem(active, key);
-	if (!v) {
-		long err = 0;
-		if (!spill_only) {
-			/* -EEXIST: another CPU inserted it meanwhile. */
-			err = bpf_map_update_elem(active, key, (const void *)&zero_flow, BPF_NOEXIST);
-			if (!err || err == -EEXIST)
-				v = bpf_map_lookup_elem(active, key);
-		}
-		if (!v)
-			v = spill_entry(key, err);
-		if (!v)
-			return NULL;
+	long err = 0;
+	v = bpf_map_lookup_elem(m, key);
+	if (!v && !spill_only) {
+		/* -EEXIST: another CPU inserted it meanwhile. */
+		err = bpf_map_update_elem(m, key, (const void *)&zero_flow, BPF_NOEXIST);
+		if (!err || err == -EEXIST)
+			v = bpf_map_lookup_elem(m, key);
 	}
+	if (v)
+		v = current_value(v, n);
+	if (!v)
+		v = spill_entry(key, err, half);
+	if (!v)
+		return NULL;
 found:;
 	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
 	 * the rest of the update: read it at most once per jiffy per flow and

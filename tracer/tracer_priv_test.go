@@ -190,7 +190,7 @@ func testComm() string {
 }
 
 // Counts must add up exactly across many drains while traffic runs: the
-// map swap and the harvest may not lose or double a byte at an interval
+// switch of interval and the harvest may not lose or double a byte at an interval
 // boundary.
 func TestNoLossAcrossDrains(t *testing.T) {
 	nw := testnet.New(t, 2)

@@ -235,9 +235,9 @@ type Bundler struct {
 	cfg      Config
 	shared   *ebpf.Collection // maps only
 	objs     sharedObjects    // shared's maps and variables, typed
-	flows    *ebpf.Map        // outer array: slot 0 holds the active map
+	flows    *ebpf.Map        // outer array: slot i holds inner[i]
 	inner    [2]*ebpf.Map
-	active   int
+	active   int // the inner map programs count into (interval_now & 1)
 	programs map[string]*ebpf.Program
 	links    []link.Link
 	linkOf   map[string]link.Link // attached program -> its link, for pinning
@@ -385,9 +385,9 @@ func Load(cfg Config) (*Bundler, error) {
 			b.Release()
 			return nil, err
 		}
-	} else if err := b.flows.Put(uint32(0), b.inner[0]); err != nil {
+	} else if err := b.installFlowMaps(); err != nil {
 		b.Release()
-		return nil, fmt.Errorf("install bundled-flow map: %w", err)
+		return nil, err
 	}
 
 	cgroupRoot, cgroupErr := kernel.CgroupV2Root()
@@ -439,6 +439,12 @@ func Load(cfg Config) (*Bundler, error) {
 	if old != nil {
 		old.close()
 		b.adopt.Adopted, b.pinned = true, true
+		// Its drain record now: a side that cannot be resumed is
+		// refused at start, not after three failed drains.
+		if err := b.loadDrainState(); err != nil {
+			b.Release() // the pins stay, with what the side counted
+			return nil, err
+		}
 	} else if cfg.PinPath != "" {
 		if err := b.pin(); err != nil {
 			// Half a pinned side must not stay behind to be adopted.
@@ -462,27 +468,56 @@ func (p *pinnedSide) adoptLink(def hookDef) (link.Link, bool) {
 	return l, ok
 }
 
-// findActive learns which bundled-flow map an adopted side writes to.
-func (b *Bundler) findActive() error {
-	var active *ebpf.Map
-	if err := b.flows.Lookup(uint32(0), &active); err != nil {
-		return fmt.Errorf("read the adopted active flow map: %w", err)
-	}
-	defer active.Close()
-	info, err := active.Info()
-	if err != nil {
-		return fmt.Errorf("read the adopted active flow map: %w", err)
-	}
-	id, _ := info.ID()
+// installFlowMaps puts the two flow maps in their slots and makes
+// programs count interval 1 (into map 1).
+func (b *Bundler) installFlowMaps() error {
 	for i, m := range b.inner {
-		if mi, err := m.Info(); err == nil {
-			if mid, _ := mi.ID(); mid == id {
-				b.active = i
-				return nil
-			}
+		if err := b.flows.Put(uint32(i), m); err != nil {
+			return fmt.Errorf("install bundled-flow map: %w", err)
 		}
 	}
-	return errors.New("the adopted active flow map is neither pinned flow map")
+	if err := b.setInterval(1); err != nil {
+		return err
+	}
+	b.active = 1
+	return nil
+}
+
+// findActive learns which flow map an adopted side counts into, and checks
+// that each of its slots holds its own pinned map.
+func (b *Bundler) findActive() error {
+	for i, m := range b.inner {
+		var slot *ebpf.Map
+		if err := b.flows.Lookup(uint32(i), &slot); err != nil {
+			return fmt.Errorf("read the adopted side's bundled-flow map %d: %w", i, err)
+		}
+		same := sameMap(slot, m)
+		slot.Close()
+		if !same {
+			return fmt.Errorf("the adopted side's bundled-flow slot %d does not hold its pinned map", i)
+		}
+	}
+	n, err := b.intervalNow()
+	if err != nil {
+		return err
+	}
+	b.active = int(n & 1)
+	return nil
+}
+
+// sameMap reports whether a and b are the same kernel map.
+func sameMap(a, b *ebpf.Map) bool {
+	ai, err := a.Info()
+	if err != nil {
+		return false
+	}
+	bi, err := b.Info()
+	if err != nil {
+		return false
+	}
+	aid, aok := ai.ID()
+	bid, bok := bi.ID()
+	return aok && bok && aid == bid
 }
 
 // Adoption says what Load found under the pin path.

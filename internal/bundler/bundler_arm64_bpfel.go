@@ -53,6 +53,7 @@ const (
 
 type bundlerFlowValue struct {
 	_                 structs.HostLayout
+	Gen               uint64
 	LastJiffies       uint64
 	Connections       uint64
 	Pid               uint32
@@ -185,6 +186,7 @@ type bundlerSpillSlot struct {
 	Key   bundlerFlowKey
 	Value struct {
 		_                 structs.HostLayout
+		Gen               uint64
 		LastJiffies       uint64
 		Connections       uint64
 		Pid               uint32
@@ -255,6 +257,7 @@ const (
 	bundlerMapConnecting               = "connecting"
 	bundlerMapFlowCache                = "flow_cache"
 	bundlerMapFlows                    = "flows"
+	bundlerMapIntervalNow              = "interval_now"
 	bundlerMapPorts                    = "ports"
 	bundlerMapRecBusy                  = "rec_busy"
 	bundlerMapRecMarks                 = "rec_marks"
@@ -262,7 +265,6 @@ const (
 	bundlerMapSocks                    = "socks"
 	bundlerMapSpill                    = "spill"
 	bundlerMapSpillClaims              = "spill_claims"
-	bundlerMapSpillHalf                = "spill_half"
 	bundlerMapSpillUsed                = "spill_used"
 	bundlerMapStats                    = "stats"
 	bundlerMapUnixPaths                = "unix_paths"
@@ -410,6 +412,7 @@ type bundlerMapSpecs struct {
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
 	FlowCache     *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows         *ebpf.MapSpec `ebpf:"flows"`
+	IntervalNow   *ebpf.MapSpec `ebpf:"interval_now"`
 	Ports         *ebpf.MapSpec `ebpf:"ports"`
 	RecBusy       *ebpf.MapSpec `ebpf:"rec_busy"`
 	RecMarks      *ebpf.MapSpec `ebpf:"rec_marks"`
@@ -417,7 +420,6 @@ type bundlerMapSpecs struct {
 	Socks         *ebpf.MapSpec `ebpf:"socks"`
 	Spill         *ebpf.MapSpec `ebpf:"spill"`
 	SpillClaims   *ebpf.MapSpec `ebpf:"spill_claims"`
-	SpillHalf     *ebpf.MapSpec `ebpf:"spill_half"`
 	SpillUsed     *ebpf.MapSpec `ebpf:"spill_used"`
 	Stats         *ebpf.MapSpec `ebpf:"stats"`
 	UnixPaths     *ebpf.MapSpec `ebpf:"unix_paths"`
@@ -475,6 +477,7 @@ type bundlerMaps struct {
 	Connecting    *ebpf.Map `ebpf:"connecting"`
 	FlowCache     *ebpf.Map `ebpf:"flow_cache"`
 	Flows         *ebpf.Map `ebpf:"flows"`
+	IntervalNow   *ebpf.Map `ebpf:"interval_now"`
 	Ports         *ebpf.Map `ebpf:"ports"`
 	RecBusy       *ebpf.Map `ebpf:"rec_busy"`
 	RecMarks      *ebpf.Map `ebpf:"rec_marks"`
@@ -482,7 +485,6 @@ type bundlerMaps struct {
 	Socks         *ebpf.Map `ebpf:"socks"`
 	Spill         *ebpf.Map `ebpf:"spill"`
 	SpillClaims   *ebpf.Map `ebpf:"spill_claims"`
-	SpillHalf     *ebpf.Map `ebpf:"spill_half"`
 	SpillUsed     *ebpf.Map `ebpf:"spill_used"`
 	Stats         *ebpf.Map `ebpf:"stats"`
 	UnixPaths     *ebpf.Map `ebpf:"unix_paths"`
@@ -494,6 +496,7 @@ func (m *bundlerMaps) Close() error {
 		m.Connecting,
 		m.FlowCache,
 		m.Flows,
+		m.IntervalNow,
 		m.Ports,
 		m.RecBusy,
 		m.RecMarks,
@@ -501,7 +504,6 @@ func (m *bundlerMaps) Close() error {
 		m.Socks,
 		m.Spill,
 		m.SpillClaims,
-		m.SpillHalf,
 		m.SpillUsed,
 		m.Stats,
 		m.UnixPaths,

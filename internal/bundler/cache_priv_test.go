@@ -137,8 +137,12 @@ func TestFlowCacheAndMapSummed(t *testing.T) {
 	if !found {
 		t.Fatalf("the client's flow is not in the cache (%d keys there)", len(sp.keys))
 	}
+	now, err := bu.intervalNow()
+	if err != nil {
+		t.Fatal(err)
+	}
 	vals := make([]bundlerFlowValue, bu.ncpu)
-	vals[0].Connections = 1000
+	vals[0].Gen, vals[0].Connections = now, 1000
 	if err := bu.inner[bu.active].Put(key, vals); err != nil {
 		t.Fatal(err)
 	}

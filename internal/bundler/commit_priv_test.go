@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,9 +122,8 @@ func mustLoad(t *testing.T, cfg Config) *Bundler {
 	return b
 }
 
-// Killed after the drain record says generation g is pending, before the
-// swap: the next process collects g from the idle map, which the last
-// commit reset (empty), and the counts come in g+1.
+// Killed after the drain record says generation g is pending, before
+// programs count g+1: the next process makes them, and collects g whole.
 func TestKilledBeforeTheSwap(t *testing.T) {
 	w := newCommitWorld(t, 7101)
 	cfg := pinnedTestConfig(t)
@@ -144,8 +144,8 @@ func TestKilledBeforeTheSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !iv.Recovered || iv.Gen != g || w.clientConns(iv) != 0 {
-		t.Fatalf("first interval: gen %d recovered=%v connections %d; want generation %d again, empty", iv.Gen, iv.Recovered, w.clientConns(iv), g)
+	if !iv.Recovered || iv.Gen != g || w.clientConns(iv) != 5 {
+		t.Fatalf("first interval: gen %d recovered=%v connections %d; want generation %d, all 5", iv.Gen, iv.Recovered, w.clientConns(iv), g)
 	}
 	w.apply(iv)
 	if err := second.Commit(iv.Gen); err != nil {
@@ -155,10 +155,12 @@ func TestKilledBeforeTheSwap(t *testing.T) {
 	w.settle(second, 8)
 }
 
-// Killed after the store took interval g and the reset ran, before the
-// drain record says committed: the next process collects g again (empty),
-// under the same batch id; nothing counts twice.
-func TestKilledAfterTheResetBeforeTheRecord(t *testing.T) {
+// Killed after the store took interval g and its idle flows and halves
+// were freed, before the drain record says committed: the next process
+// collects g again under the same batch id, which the store ignores;
+// nothing counts twice, and the map's values of g do not come again with
+// a later interval.
+func TestKilledAfterTheCommitBeforeTheRecord(t *testing.T) {
 	w := newCommitWorld(t, 7102)
 	cfg := pinnedTestConfig(t)
 	first := mustLoad(t, cfg)
@@ -172,8 +174,8 @@ func TestKilledAfterTheResetBeforeTheRecord(t *testing.T) {
 	if p == nil || p.gen != iv.Gen {
 		t.Fatalf("a pinned interval is not pending before its commit: %+v", p)
 	}
-	// The reset: of the map, and of the spill and cache slots beside it.
-	if err := first.reset(first.inner[p.idx], p.idx, p.keys, p.vals, p.entries); err != nil {
+	// The commit's work, all but the record.
+	if err := first.deleteIdle(first.inner[p.idx], p.idx, p.keys, p.entries); err != nil {
 		t.Fatal(err)
 	}
 	if err := first.freeSpill(p.idx, p.spill); err != nil {
@@ -187,8 +189,8 @@ func TestKilledAfterTheResetBeforeTheRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !again.Recovered || again.BatchID() != iv.BatchID() || w.clientConns(again) != 0 {
-		t.Fatalf("first interval: %s recovered=%v connections %d; want %s again, empty", again.BatchID(), again.Recovered, w.clientConns(again), iv.BatchID())
+	if !again.Recovered || again.BatchID() != iv.BatchID() {
+		t.Fatalf("first interval: %s recovered=%v; want %s again", again.BatchID(), again.Recovered, iv.BatchID())
 	}
 	w.apply(again)
 	if err := second.Commit(again.Gen); err != nil {
@@ -199,14 +201,14 @@ func TestKilledAfterTheResetBeforeTheRecord(t *testing.T) {
 }
 
 // A side pinned by a deptrace without drain records, whose process died
-// between a swap and its read: the idle map's interval is collected once,
+// between a switch and its read: the idle map's interval is collected once,
 // under a new side identity.
 func TestAdoptedSideWithoutDrainRecord(t *testing.T) {
 	w := newCommitWorld(t, 7103)
 	cfg := pinnedTestConfig(t)
 	first := mustLoad(t, cfg)
 	w.connect(4)
-	read, err := first.Collect() // swapped and read, not reset
+	read, err := first.Collect() // switched and read, not committed
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +253,7 @@ func BenchmarkDrainCommit(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(name, func(b *testing.B) {
-			// Wall time is mostly the swap's RCU grace period, spent
+			// Wall time is mostly the RCU grace period, spent
 			// asleep; the process's CPU time is what a drain costs.
 			cpu0 := processCPU(b)
 			for i := 0; i < b.N; i++ {
@@ -286,4 +288,30 @@ func processCPU(b *testing.B) int64 {
 		b.Fatal(err)
 	}
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// An adopted side whose programs count an interval its drain record cannot
+// be followed by (not the next one, nor the pending one) is refused at
+// load with an error naming both and the way out; its pins stay.
+func TestAdoptedSideOutOfStepIsRefused(t *testing.T) {
+	testnet.RequireRoot(t)
+	cfg := pinnedTestConfig(t)
+	first := mustLoad(t, cfg)
+	t.Cleanup(first.Release)
+	if err := first.setInterval(9); err != nil {
+		t.Fatal(err)
+	}
+	first.Release()
+
+	second, err := Load(cfg)
+	if err == nil {
+		second.Close()
+		t.Fatal("a side out of step was adopted")
+	}
+	if !strings.Contains(err.Error(), "counts interval 9") || !strings.Contains(err.Error(), "deptrace cleanup") {
+		t.Fatalf("Load of a side out of step: %v; want an error naming interval 9 and deptrace cleanup", err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.PinPath, "meta")); err != nil {
+		t.Fatalf("the refused side's pins are gone: %v", err)
+	}
 }

@@ -18,20 +18,16 @@ type drainState struct {
 	// figure; it starts at random, so that a process adopting a pinned side
 	// does not repeat the previous process's numbers.
 	harvestGen uint32
-	first      bool                      // the first swap happened (salvaged counts were taken)
+	first      bool                      // the first interval was collected (salvaged counts were taken)
 	paths      map[uint64]string         // unix socket paths by hash
 	idle       [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf     []bundlerFlowKey
 	valBuf     []bundlerFlowValue
-	// The reset's keys and zeroed values, reused: BatchUpdate copies
-	// them, and fresh ones every interval were a large allocation each.
-	zeroKeys []bundlerFlowKey
-	zeroVals []bundlerFlowValue
-	lastRead int                 // entries the last readAll read
-	claims   *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
+	lastRead   int                 // entries the last readAll read
+	claims     *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
 
-	// Generations: every swap starts interval gen+1 of this kernel side.
-	// A pinned side keeps side, gen and whether the swapped-out map is
+	// Generations: every drain starts interval gen+1 of this kernel side.
+	// A pinned side keeps side, gen and whether the map programs left is
 	// still uncommitted in its drain map (see drainRecord), so that a
 	// process that adopts it knows which interval a dead one left.
 	loaded  bool     // side and gen are known (read from the pin, or new)
@@ -40,16 +36,17 @@ type drainState struct {
 	pending *pendingDrain
 }
 
-// pendingDrain is a collected interval not committed yet: the inner map
-// it was swapped out of is read but not reset.
+// pendingDrain is a collected interval not committed yet: programs count
+// the next one, its map is read, its spill and cache halves not freed.
 type pendingDrain struct {
-	gen     uint64
-	idx     int // the inner map that holds it, and the spill half
-	keys    []bundlerFlowKey
-	vals    []bundlerFlowValue
-	spill   spillRead // the spill half, as read
-	entries []Entry   // keys' entries first, in order, then the spill's own keys
-	extra   []Entry   // salvaged counts of a replaced side, reported until committed
+	gen      uint64
+	idx      int  // the flow map that holds it, and the spill and cache half
+	quiesced bool // a grace period passed since programs counted it
+	keys     []bundlerFlowKey
+	vals     []bundlerFlowValue
+	spill    spillRead // the spill half, as read
+	entries  []Entry   // keys' entries first, in order, then the spill's own keys
+	extra    []Entry   // salvaged counts of a replaced side, reported until committed
 }
 
 func (d *drainState) init() {
@@ -64,7 +61,7 @@ type Interval struct {
 	// Side identifies the kernel side and Gen numbers its intervals:
 	// together they name the interval uniquely (BatchID). Gen is 0 when
 	// the interval holds no flows because the drain failed (before the
-	// swap, or reading a pinned side: that one is read again next time).
+	// switch, or reading: that one is read again next time).
 	Side [16]byte
 	Gen  uint64
 	// Recovered: the interval was collected before (by this process, or
@@ -93,42 +90,38 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 }
 
 // Collect ends an interval. It first harvests the counters of every live
-// socket deptrace tagged into the active map, then swaps in the idle map
-// and reads the one programs wrote to until now. The swap returns only
-// after an RCU grace period, so no program can still be writing to the
-// map read: no entry and no increment is lost between intervals. The
-// spill (new flows whose insert into the map failed) has a half per map:
-// Collect makes programs write the next half before the swap, so the
-// grace period quiesces the old half too, and reads it with the old map,
-// each spilled flow summed into the map's entry of its key. The old half
-// is freed where the map is reset.
+// socket deptrace tagged into the interval's map, then makes programs
+// count the next interval (interval_now: the other flow map, spill half
+// and cache half), waits for an RCU grace period, so that no program can
+// still be writing to the map read, and reads it with its spill and cache
+// halves: no entry and no increment is lost between intervals. Only the
+// values the interval counted are read (flow_value.gen); the map is not
+// reset, since programs zero a value when they first touch it in a later
+// interval. The spill and cache halves are freed, and flows idle for
+// retainIdle drains of their map deleted, when the interval is committed.
 //
-// Without a pin path the map read is reset at once: the interval is
-// committed when Collect returns. A pinned side is two-phase: the map read
-// is reset only by Commit(iv.Gen), which the caller calls once the
-// interval is stored. Until then, and in a process that adopts the side
-// after this one died, Collect returns that same interval again
-// (Recovered, same Gen and BatchID) without swapping: the kernel keeps
-// counting into the active map meanwhile.
+// Without a pin path the interval is committed when Collect returns. A
+// pinned side is two-phase: Commit(iv.Gen), which the caller calls once
+// the interval is stored, frees its halves and records it. Until then, and
+// in a process that adopts the side after this one died, Collect returns
+// that same interval again (Recovered, same Gen and BatchID) without a
+// new one: the kernel keeps counting the next interval meanwhile.
 //
-// A pinned interval that cannot be read whole is not returned (Gen 0, no
-// entries): the next Collect reads it again. An unpinned one returns what
-// was read, reset.
+// An interval that cannot be read whole is not returned (Gen 0, no
+// entries): the next Collect reads it again (Recovered).
 //
-// Crash points of a pinned side, and what the next process does:
-//   - before the drain map records generation g as pending: nothing
+// Crash points of a pinned side, and what the next process does (the
+// drain record and interval_now together say where it stopped):
+//   - before the drain record says interval g is pending: nothing
 //     happened; g is collected normally.
-//   - after that, before the swap: g is recovered from the idle map, which
-//     the last commit reset (an empty interval); the counts are still in
-//     the active map and come with g+1.
-//   - after the swap, before or after reading, before the caller stored
-//     it: g is recovered in full, under the same BatchID.
-//   - after the caller stored it, before or during the reset: g is
-//     recovered under the same BatchID (in full, or partly reset), which a
-//     store that applies each batch id once ignores.
-//   - after the reset (of the map, then of the spill and cache slots),
-//     before the drain map records the commit: g is recovered empty, or
-//     with the slots not yet reset, under the same BatchID.
+//   - after that, before programs count g+1: the adopting process makes
+//     them, and collects g whole.
+//   - after that, before or after the grace period or the read, before
+//     the caller stored it: the adopting process waits for a grace period
+//     and collects g whole, under the same BatchID.
+//   - after the caller stored it, before the drain record says committed
+//     (halves freed or not): g is collected again under the same BatchID,
+//     which a store that applies each batch id once ignores.
 func (b *Bundler) Collect() (Interval, error) {
 	if err := b.loadDrainState(); err != nil {
 		return Interval{}, err
@@ -147,21 +140,13 @@ func (b *Bundler) Collect() (Interval, error) {
 			return Interval{Listeners: listeners}, errors.Join(harvestErr, err)
 		}
 	}
-	next := 1 - b.active
-	if err := b.setSpillHalf(next); err != nil {
+	if err := b.setInterval(gen + 1); err != nil {
 		if b.pinned {
-			_ = b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
+			_ = b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was switched
 		}
 		return Interval{Listeners: listeners}, errors.Join(harvestErr, err)
 	}
-	if err := b.flows.Put(uint32(0), b.inner[next]); err != nil {
-		if b.pinned {
-			_ = b.writeDrainRecord(b.drain.gen, false) // best effort: nothing was swapped
-		}
-		return Interval{Listeners: listeners}, errors.Join(harvestErr, fmt.Errorf("swap bundled-flow map: %w", err))
-	}
-	old := b.active
-	b.active = next
+	b.active = int((gen + 1) & 1)
 	b.drain.gen = gen
 	var extra []Entry
 	if !b.drain.first {
@@ -170,52 +155,61 @@ func (b *Bundler) Collect() (Interval, error) {
 		extra = b.adopt.Salvaged
 		b.drain.first = true
 	}
-	iv := Interval{Listeners: listeners, Side: b.drain.side, Gen: gen}
-	if !b.pinned {
-		entries, err := b.drainMap(b.inner[old], old)
-		iv.Entries = append(extra, entries...)
-		return iv, errors.Join(harvestErr, err)
-	}
-	p := &pendingDrain{gen: gen, idx: old, extra: extra}
+	p := &pendingDrain{gen: gen, idx: int(gen & 1), extra: extra}
 	b.drain.pending = p
+	iv := Interval{Listeners: listeners, Side: b.drain.side, Gen: gen}
 	entries, err := b.readPending(p)
 	if err != nil {
 		// Not read whole: withheld, and read again by the next Collect.
 		// Stored in part under its batch id, the rest would be lost to a
-		// store that ignores the id when the whole comes.
+		// store that ignores the id when the whole comes; and a value
+		// not read now would be zeroed in its map's next interval.
 		iv.Gen = 0
 		return iv, errors.Join(harvestErr, err)
 	}
 	iv.Entries = append(append([]Entry(nil), extra...), entries...)
-	return iv, harvestErr
+	if !b.pinned {
+		err = b.Commit(gen) // nothing keeps an unpinned interval
+	}
+	return iv, errors.Join(harvestErr, err)
 }
 
-// Commit declares interval gen stored: the map it was read from is reset
-// (recurring entries zeroed, idle ones deleted), so is its spill half
-// (slots freed), and the pinned drain map records it. Committing an
-// interval committed already, or one of an unpinned side, does nothing.
+// Commit declares interval gen stored: flows idle for retainIdle drains of
+// its map are deleted, its spill and cache halves freed, and the pinned
+// drain record records it. Committing an interval committed already does
+// nothing.
 func (b *Bundler) Commit(gen uint64) error {
 	p := b.drain.pending
 	if p == nil || p.gen != gen || gen == 0 {
 		return nil
 	}
-	if err := b.reset(b.inner[p.idx], p.idx, p.keys, p.vals, p.entries); err != nil {
+	if err := b.deleteIdle(b.inner[p.idx], p.idx, p.keys, p.entries); err != nil {
 		return err
 	}
 	if err := b.freeSpill(p.idx, p.spill); err != nil {
 		return err
 	}
-	if err := b.writeDrainRecord(gen, false); err != nil {
-		return err
+	if b.pinned {
+		if err := b.writeDrainRecord(gen, false); err != nil {
+			return err
+		}
 	}
 	b.drain.pending = nil
 	return nil
 }
 
 // readPending reads the map and spill half holding a pending interval,
-// keeping what the reset needs.
+// after a grace period if none has passed since programs left it, keeping
+// what the commit needs.
 func (b *Bundler) readPending(p *pendingDrain) ([]Entry, error) {
+	if !p.quiesced {
+		if err := b.quiesce(p.idx); err != nil {
+			return nil, err
+		}
+		p.quiesced = true
+	}
 	keys, vals, err := b.readAll(b.inner[p.idx])
+	b.onlyInterval(vals, p.gen)
 	p.keys, p.vals = keys, vals
 	sp, spillErr := b.readSpill(p.idx)
 	p.spill = sp
@@ -226,57 +220,45 @@ func (b *Bundler) readPending(p *pendingDrain) ([]Entry, error) {
 	return p.entries, spillErr
 }
 
-// drainMap reads every entry of m and its spill half and resets both at
-// once (unpinned sides).
-func (b *Bundler) drainMap(m *ebpf.Map, idx int) ([]Entry, error) {
-	keys, vals, err := b.readAll(m)
-	sp, spillErr := b.readSpill(idx)
-	out := b.decode(keys, vals, sp)
-	if err != nil {
-		err = fmt.Errorf("drain bundled flows: %w", err)
+// quiesce returns once no program can still be writing to flow map idx
+// (and its spill and cache halves), which they no longer choose: putting
+// the map in its own slot again waits for an RCU grace period, as every
+// update of a map-in-map slot does.
+func (b *Bundler) quiesce(idx int) error {
+	if err := b.flows.Put(uint32(idx), b.inner[idx]); err != nil {
+		return fmt.Errorf("wait for programs to leave the bundled-flow map: %w", err)
 	}
-	// What was read is returned, so it is reset even when a read failed
-	// part-way: entries and slots not read keep their counts for later.
-	return out, errors.Join(err, spillErr, b.reset(m, idx, keys, vals, out), b.freeSpill(idx, sp))
+	return nil
 }
 
-// reset keeps the recurring entries of m that were read, zeroed.
-// Bundled flows recur every interval: an entry kept lets the next
-// interval's events find it instead of inserting (an insert costs
-// microseconds when the kernel's allocator refills, a lookup tens of
-// nanoseconds). A flow idle for retainIdle drains of this map in a row is
-// deleted. Entries not read (a failed read) keep their counts for a later
-// interval.
-func (b *Bundler) reset(m *ebpf.Map, idx int, keys []bundlerFlowKey, vals []bundlerFlowValue, read []Entry) error {
-	idle := b.drain.idle[idx]
-	var delKeys []bundlerFlowKey
-	zeroKeys, zeroVals := b.drain.zeroKeys[:0], b.drain.zeroVals[:0]
-	defer func() {
-		if cap(zeroKeys) > 2*len(zeroKeys)+1024 {
-			zeroKeys, zeroVals = nil, nil // a burst passed: do not keep its size
-		}
-		b.drain.zeroKeys, b.drain.zeroVals = zeroKeys[:0], zeroVals[:0]
-	}()
-	for i, k := range keys {
-		if read[i].Counts == (Counts{}) {
-			if idle[k]++; idle[k] >= retainIdle {
-				delete(idle, k)
-				delKeys = append(delKeys, k)
-				continue
-			}
-		} else {
-			delete(idle, k)
-		}
-		zeroKeys = append(zeroKeys, k)
-		for _, v := range vals[i*b.ncpu : (i+1)*b.ncpu] {
-			// Keep the process: a flow whose next interval has only
-			// softirq events stays named.
-			zeroVals = append(zeroVals, bundlerFlowValue{Pid: v.Pid, Comm: v.Comm, CgroupId: v.CgroupId})
+// onlyInterval leaves of the per-CPU values read only what interval gen
+// counted: a value last counted in an older interval (this map's
+// previous one) was read then; what the process it names is still kept.
+func (b *Bundler) onlyInterval(vals []bundlerFlowValue, gen uint64) {
+	for i := range vals {
+		if v := &vals[i]; v.Gen != gen {
+			*v = bundlerFlowValue{Pid: v.Pid, Comm: v.Comm, CgroupId: v.CgroupId}
 		}
 	}
-	if len(zeroKeys) > 0 {
-		if _, err := m.BatchUpdate(zeroKeys, zeroVals, nil); err != nil {
-			return fmt.Errorf("reset bundled flows: %w", err)
+}
+
+// deleteIdle deletes the flows of map idx that were idle for retainIdle
+// drains of it in a row. Bundled flows recur every interval: an entry kept
+// lets the next interval's events find it instead of inserting (an insert
+// costs microseconds when the kernel's allocator refills, a lookup tens of
+// nanoseconds), and programs zero its values when they first touch it.
+// Entries not read (a failed read) are kept.
+func (b *Bundler) deleteIdle(m *ebpf.Map, idx int, keys []bundlerFlowKey, read []Entry) error {
+	idle := b.drain.idle[idx]
+	var delKeys []bundlerFlowKey
+	for i, k := range keys {
+		if read[i].Counts != (Counts{}) {
+			delete(idle, k)
+			continue
+		}
+		if idle[k]++; idle[k] >= retainIdle {
+			delete(idle, k)
+			delKeys = append(delKeys, k)
 		}
 	}
 	if len(delKeys) > 0 {

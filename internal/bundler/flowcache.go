@@ -1,5 +1,6 @@
 // The per-CPU flow cache in front of the flow map: read with the spill
-// half of the same index, and reset slot by slot on every CPU.
+// half of the same index, and reset slot by slot on every CPU at the
+// interval's commit.
 
 package bundler
 

@@ -1,7 +1,8 @@
 // Package bundler loads bpf/bundler.bpf.c, attaches its programs to the
 // hooks this kernel offers, and drains the bundled flows: it harvests the
-// counters of live sockets, swaps the active flow map and reads the idle
-// one. It is the only package that knows deptrace's kernel side.
+// counters of live sockets, switches programs to the other flow map and
+// reads what the interval counted in the one they left. It is the only
+// package that knows deptrace's kernel side.
 package bundler
 
 // The generated bundler_x86_bpfel.go/.o (amd64) and bundler_arm64_bpfel.go/.o

@@ -1,5 +1,6 @@
-// The harvest: before each swap, the iterators fold live sockets' counter
-// growth into the active flow map and report every listener.
+// The harvest: before each drain switches interval, the iterators fold
+// live sockets' counter growth into the active flow map and report every
+// listener.
 
 package bundler
 

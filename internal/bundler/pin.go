@@ -27,14 +27,14 @@ import (
 //	drain             the drain record: the side's identity, its last
 //	                  interval's generation, whether that one is committed
 //	map_<name>        every map the programs write (flows, flows_a, flows_b,
-//	                  the flow spill and its active half, ...)
+//	                  the flow spill, the interval programs count, ...)
 //	link_<program>    every attached tracepoint and cgroup program
 //
 // Iterator programs are not pinned: each agent loads its own against the
 // pinned maps.
 
 // pinnedMaps are the maps whose contents must survive a restart.
-var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "spill_half", "spill_used", "spill_claims", "flow_cache"}
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "interval_now", "spill_used", "spill_claims", "flow_cache"}
 
 // AdoptReport says what Load found under the pin path.
 type AdoptReport struct {
@@ -142,7 +142,7 @@ func (b *Bundler) pin() error {
 	if err := meta.Pin(filepath.Join(b.cfg.PinPath, "meta")); err != nil {
 		return fmt.Errorf("pin meta map: %w", err)
 	}
-	if err := b.newDrainRecord(false); err != nil {
+	if err := b.newDrainRecord(0, false); err != nil {
 		return err
 	}
 	for _, name := range pinnedMaps {
@@ -170,7 +170,7 @@ func (b *Bundler) pin() error {
 // of them: a replaced side's counts are salvaged only when its layout is
 // this one (TestFlowLayoutFingerprint fails until it is changed). Sides
 // pinned before the number existed have none (0): never read.
-const flowLayout = 3
+const flowLayout = 4
 
 type pinnedSide struct {
 	hash   []byte
@@ -311,9 +311,9 @@ type drainRecord struct {
 func (b *Bundler) drainRecordPath() string { return filepath.Join(b.cfg.PinPath, drainPin) }
 
 // newDrainRecord creates and pins the drain record of a side with a new
-// identity; pending says its idle map may hold an interval nobody
-// committed (a side adopted from a deptrace without drain records).
-func (b *Bundler) newDrainRecord(pending bool) error {
+// identity, whose last interval collected is gen; pending says it may not
+// be committed (a side adopted without its record).
+func (b *Bundler) newDrainRecord(gen uint64, pending bool) error {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deptrace_drain", Type: ebpf.Array, KeySize: 4,
 		ValueSize: uint32(binarySize[drainRecord]()), MaxEntries: 1})
 	if err != nil {
@@ -322,9 +322,9 @@ func (b *Bundler) newDrainRecord(pending bool) error {
 	defer m.Close()
 	var side [16]byte
 	rand.Read(side[:]) // never fails (crypto/rand crashes the program instead)
-	rec := drainRecord{Side: side}
-	if pending {
-		rec.Gen, rec.Pending = 1, 1 // generation 0 names no interval
+	rec := drainRecord{Side: side, Gen: gen}
+	if pending && gen != 0 { // generation 0 names no interval
+		rec.Pending = 1
 	}
 	if err := m.Put(uint32(0), rec); err != nil {
 		return fmt.Errorf("write drain record: %w", err)
@@ -340,13 +340,13 @@ func (b *Bundler) setDrainState(rec drainRecord) {
 	b.drain.side, b.drain.gen, b.drain.loaded = rec.Side, rec.Gen, true
 	b.drain.pending = nil
 	if rec.Pending != 0 {
-		b.drain.pending = &pendingDrain{gen: rec.Gen, idx: 1 - b.active}
+		b.drain.pending = &pendingDrain{gen: rec.Gen, idx: int(rec.Gen & 1)}
 	}
 }
 
 // loadDrainState learns the side's identity and generation once: from the
 // pinned drain record, or new for an unpinned side. An adopted side whose
-// record says pending has its idle map collected again first.
+// record says pending has that interval collected again first.
 func (b *Bundler) loadDrainState() error {
 	if b.drain.loaded {
 		return nil
@@ -356,15 +356,15 @@ func (b *Bundler) loadDrainState() error {
 		b.drain.loaded = true
 		return nil
 	}
-	if err := b.alignSpillHalf(); err != nil {
+	now, err := b.intervalNow()
+	if err != nil {
 		return err
 	}
 	m, err := ebpf.LoadPinnedMap(b.drainRecordPath(), nil)
 	if errors.Is(err, os.ErrNotExist) {
-		// Pinned by a deptrace without drain records: its idle map holds
-		// an interval nobody read if it died between a swap and its read
-		// (it reset what it read at once).
-		return b.newDrainRecord(true)
+		// Its record lost: the idle map's interval may be one nobody
+		// committed. Collected again, under a new identity.
+		return b.newDrainRecord(now-1, true)
 	}
 	if err != nil {
 		return fmt.Errorf("open the pinned drain record: %w", err)
@@ -374,32 +374,30 @@ func (b *Bundler) loadDrainState() error {
 	if err := m.Lookup(uint32(0), &rec); err != nil {
 		return fmt.Errorf("read the pinned drain record: %w", err)
 	}
+	if err := b.resumeInterval(rec, now); err != nil {
+		return err
+	}
 	b.setDrainState(rec)
 	return nil
 }
 
-// alignSpillHalf makes the programs of an adopted side spill into the
-// half of the active flow map. A process killed between setting the next
-// half and swapping the flow maps (see Collect) left them spilling into
-// the idle map's half, which the next Collect reads and frees: once they
-// are steered back, putting the active map in its own place waits for an
-// RCU grace period, as a swap does, so that none still writes the idle
-// half when it is read. What they spilled there comes with that interval.
-func (b *Bundler) alignSpillHalf() error {
-	var half uint32
-	if err := b.objs.SpillHalf.Lookup(uint32(0), &half); err != nil {
-		return fmt.Errorf("read the adopted flow spill's half: %w", err)
-	}
-	if int(half) == b.active {
+// resumeInterval checks that the interval an adopted side's programs
+// count follows its drain record, and finishes the switch a process
+// killed inside Collect did not make: programs count the interval after
+// the pending one, so that the pending one is read whole. (Its grace
+// period comes before the read: readPending.)
+func (b *Bundler) resumeInterval(rec drainRecord, now uint64) error {
+	switch {
+	case now == rec.Gen+1:
+		return nil
+	case rec.Pending != 0 && now == rec.Gen:
+		if err := b.setInterval(rec.Gen + 1); err != nil {
+			return err
+		}
+		b.active = int((rec.Gen + 1) & 1)
 		return nil
 	}
-	if err := b.setSpillHalf(b.active); err != nil {
-		return err
-	}
-	if err := b.flows.Put(uint32(0), b.inner[b.active]); err != nil {
-		return fmt.Errorf("wait for programs spilling into the idle half: %w", err)
-	}
-	return nil
+	return fmt.Errorf("the kernel side pinned at %s counts interval %d, but its drain record says %d was the last collected: remove it with deptrace cleanup --pin-path %s", b.cfg.PinPath, now, rec.Gen, b.cfg.PinPath)
 }
 
 // writeDrainRecord records that interval gen is collected and pending, or
@@ -430,10 +428,29 @@ func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 		// keeps its size): counted, never decoded.
 		return nil, p.countEntries()
 	}
+	// Map values count only when tagged with the interval its programs
+	// counted, or an interval collected but not committed: older ones
+	// were committed.
+	var now uint64
+	if m := p.maps["interval_now"]; m != nil {
+		_ = m.Lookup(uint32(0), &now) // unread: 0 matches no value, all are left out
+	}
+	var rec drainRecord
+	if p.drain == nil || p.drain.Lookup(uint32(0), &rec) != nil || rec.Pending == 0 {
+		rec.Gen = 0
+	}
 	add := func(k bundlerFlowKey, vals []bundlerFlowValue) {
 		if e := merge(k, vals); e.Counts != (Counts{}) {
 			entries = append(entries, e)
 		}
+	}
+	addMap := func(k bundlerFlowKey, vals []bundlerFlowValue) {
+		for i, v := range vals {
+			if v.Gen == 0 || v.Gen != now && v.Gen != rec.Gen {
+				vals[i] = bundlerFlowValue{}
+			}
+		}
+		add(k, vals)
 	}
 	addSlot := func(s bundlerSpillSlot) {
 		if s.State == uint32(bundlerSpillStateSPILL_READY) {
@@ -447,7 +464,7 @@ func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 		var k bundlerFlowKey
 		vals := make([]bundlerFlowValue, ncpu)
 		for it := m.Iterate(); it.Next(&k, &vals); {
-			add(k, vals)
+			addMap(k, vals)
 		}
 	}
 	var i uint32

@@ -1,5 +1,5 @@
 // The spill: flows whose insert into the flow map failed, in one half per
-// inner map, read with that map and freed where it is reset.
+// flow map, read with that map and freed at the interval's commit.
 
 package bundler
 
@@ -32,12 +32,22 @@ type spillRead struct {
 // spillSlots is the slots of one spill half.
 func (b *Bundler) spillSlots() uint32 { return b.objs.Spill.MaxEntries() / 2 }
 
-// setSpillHalf makes programs spill into half h from now on.
-func (b *Bundler) setSpillHalf(h int) error {
-	if err := b.objs.SpillHalf.Put(uint32(0), uint32(h)); err != nil {
-		return fmt.Errorf("switch the flow spill to half %d: %w", h, err)
+// setInterval makes programs count interval n from now on: into flow map,
+// spill half and cache half n & 1, with values tagged n.
+func (b *Bundler) setInterval(n uint64) error {
+	if err := b.objs.IntervalNow.Put(uint32(0), n); err != nil {
+		return fmt.Errorf("make programs count interval %d: %w", n, err)
 	}
 	return nil
+}
+
+// intervalNow is the interval programs count.
+func (b *Bundler) intervalNow() (uint64, error) {
+	var n uint64
+	if err := b.objs.IntervalNow.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("read the interval programs count: %w", err)
+	}
+	return n, nil
 }
 
 // readSpill reads spill half h, which no program writes any more (see
@@ -126,9 +136,7 @@ func (sp *spillRead) add(i uint32, s *bundlerSpillSlot) {
 // freeSpill frees the slots of spill half h that sp read, then, if it
 // read them all, the half's use count: a process killed in between leaves
 // a count and no slot, which costs the next drain of the half one
-// needless read. (An unpinned side frees what a failed read got, as it
-// resets what it read of the map; the rest stays counted as used and is
-// read with the half's next drain.)
+// needless read.
 func (b *Bundler) freeSpill(h int, sp spillRead) error {
 	if len(sp.cacheSlots) > 0 {
 		next := make([]bundlerSpillSlot, 0, len(sp.cacheSlots)*b.ncpu)

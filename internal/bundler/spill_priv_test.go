@@ -360,11 +360,11 @@ func TestPinnedSpillCollectedUntilCommitted(t *testing.T) {
 	w.settle(second, 8)
 }
 
-// Killed after steering programs to the next spill half, before the swap:
-// they keep writing the idle flow map's half. The adopting process steers
-// them back before it reads that half, so connections made while the
-// recovered interval is read and committed are not freed with it.
-func TestKilledBetweenSpillHalfAndSwap(t *testing.T) {
+// Killed after making programs count the next interval, before the grace
+// period: the adopting process waits for one before it reads the pending
+// interval's map and spill half, and what programs count meanwhile comes
+// with the next interval.
+func TestKilledBetweenTheSwitchAndItsGracePeriod(t *testing.T) {
 	forceSpillFor(t)
 	w := newCommitWorld(t, 7405)
 	cfg := pinnedTestConfig(t)
@@ -379,11 +379,11 @@ func TestKilledBetweenSpillHalfAndSwap(t *testing.T) {
 	if err := first.writeDrainRecord(g, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.setSpillHalf(1 - first.active); err != nil {
+	if err := first.setInterval(g + 1); err != nil {
 		t.Fatal(err)
 	}
 	first.Release()
-	w.connect(4) // into the idle map's half
+	w.connect(4) // into interval g+1's spill half
 
 	second := mustLoad(t, cfg)
 	defer second.Close()
@@ -391,8 +391,8 @@ func TestKilledBetweenSpillHalfAndSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !iv.Recovered || iv.Gen != g || w.clientConns(iv) != 4 {
-		t.Fatalf("first interval: gen %d recovered=%v %d connections; want generation %d again with the 4 spilled into the idle half", iv.Gen, iv.Recovered, w.clientConns(iv), g)
+	if !iv.Recovered || iv.Gen != g || w.clientConns(iv) != 2 {
+		t.Fatalf("first interval: gen %d recovered=%v %d connections; want generation %d again with its 2", iv.Gen, iv.Recovered, w.clientConns(iv), g)
 	}
 	w.apply(iv)
 	w.connect(3) // between the read and the commit

@@ -1,0 +1,111 @@
+package bundler
+
+import (
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Flow map values are not reset after a drain: each carries the interval
+// it counted, a program zeroes one it first touches in a later interval,
+// and the drain reads only the values of the interval it drains. Planted
+// here, tagged with the interval already drained from the map, 1,000
+// connections on every CPU: of the client's flow, which programs touch
+// again two intervals later (they must zero it first), and of a flow no
+// program touches (the drain must leave it out).
+func TestFlowValuesCountOnlyTheirInterval(t *testing.T) {
+	const port = 7413
+	testHooks.noCache = true // the map's path, not the cache's
+	defer func() { testHooks.noCache = false }()
+	w := newCommitWorld(t, port)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var one unix.CPUSet
+	one.Set(0)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatal(err)
+	}
+	drain := func() uint64 {
+		t.Helper()
+		entries, _, err := bu.Drain()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, e := range entries {
+			if e.NetNS == w.client.Inode && e.Direction == DirOutbound && (e.Port == port || e.Port == port+1) {
+				n += e.Connections
+			}
+		}
+		return n
+	}
+
+	m := bu.active
+	first, err := bu.intervalNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.connect(3)
+	if got := drain(); got != 3 {
+		t.Fatalf("interval %d: %d connections, want 3", first, got)
+	}
+	keys, _, err := bu.readAll(bu.inner[m])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key bundlerFlowKey
+	found := false
+	for _, k := range keys {
+		if k.Netns == w.client.Inode && k.Direction == DirOutbound && k.Port == port {
+			key, found = k, true
+		}
+	}
+	if !found {
+		t.Fatalf("the client's flow is not in flow map %d after its drain (%d keys): a recurring flow must be kept", m, len(keys))
+	}
+	stale := make([]bundlerFlowValue, bu.ncpu)
+	for i := range stale {
+		stale[i].Gen, stale[i].Connections, stale[i].BytesSent = first, 1000, 1000
+	}
+	if err := bu.inner[m].Put(key, stale); err != nil {
+		t.Fatal(err)
+	}
+	untouched := key
+	untouched.Port = port + 1
+	if err := bu.inner[m].Put(untouched, stale); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(); got != 0 {
+		t.Fatalf("interval %d (the other map): %d connections, want 0", first+1, got)
+	}
+	w.connect(2)
+	if got := drain(); got != 2 {
+		t.Fatalf("interval %d: %d connections, want 2 (1,000 more: a value of interval %d counted again)", first+2, got, first)
+	}
+	if got := drain(); got != 0 {
+		t.Fatalf("interval %d: %d connections, want 0", first+3, got)
+	}
+}
+
+// What the drain keeps of a value of another interval: its process only.
+func TestOnlyIntervalKeepsTheProcess(t *testing.T) {
+	b := &Bundler{}
+	vals := []bundlerFlowValue{
+		{Gen: 7, Connections: 4, Pid: 10, CgroupId: 3},
+		{Gen: 5, Connections: 9, BytesSent: 100, LastSeenNs: 50, Pid: 11, CgroupId: 4, Comm: [16]int8{'c', 'u', 'r', 'l'}},
+	}
+	b.onlyInterval(vals, 7)
+	if vals[0].Connections != 4 || vals[0].Gen != 7 {
+		t.Errorf("a value of the interval read was changed: %+v", vals[0])
+	}
+	want := bundlerFlowValue{Pid: 11, CgroupId: 4, Comm: [16]int8{'c', 'u', 'r', 'l'}}
+	if vals[1] != want {
+		t.Errorf("a value of an older interval became %+v, want only its process %+v", vals[1], want)
+	}
+}
