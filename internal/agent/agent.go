@@ -236,7 +236,7 @@ func keptFor(d time.Duration) string {
 // that the same interval stored twice (collected again after a crash, or
 // replayed from the spool) counts once.
 func batchOf(iv tracer.Interval, ids *hostIDs) store.Batch {
-	b := store.Batch{ID: iv.BatchID}
+	b := store.Batch{ID: iv.BatchID, Observations: make([]store.Observation, 0, len(iv.Flows))}
 	seen := map[uint32]bool{}
 	for _, f := range iv.Flows {
 		ns := flowNetNS(f, ids.rootNS)

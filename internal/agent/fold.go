@@ -59,6 +59,7 @@ type foldState struct {
 	// Counted since the agent started, and since the last log line.
 	foldedFlows, loggedFlows uint64
 	lastLog                  time.Time
+	fresh                    []pending // apply's, reused: new edges of the interval
 	counter                  prometheus.Counter
 	edgesHeld, nodesCapped   prometheus.Gauge
 }
@@ -180,6 +181,13 @@ func newFoldState(m *metrics.Metrics) *foldState {
 	return st
 }
 
+// pending is a new edge of an interval: its flow is flows[i].
+type pending struct {
+	node foldNode
+	edge foldEdge
+	i    int
+}
+
 // weight orders the new edges of one interval: those that carried
 // traffic are held before those that only failed (a scan's), so that
 // within one interval the cap keeps the edges that worked.
@@ -188,16 +196,13 @@ func weight(f *tracer.Flow) uint64 {
 }
 
 // apply folds flows past the cap; it returns the flows to keep (the held
-// edges' flows, then one per folded group) and how many it folded.
+// edges' flows, then one per folded group), in flows' own array, and how
+// many it folded.
 func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
 	now := st.now()
 	st.expire(now)
-	type pending struct {
-		node foldNode
-		edge foldEdge
-		i    int
-	}
-	var fresh []pending
+	fresh := st.fresh[:0]
+	defer func() { st.fresh = fresh[:0] }()
 	for i := range flows {
 		f := &flows[i]
 		n, e := nodeOf(f), edgeOf(f)
@@ -237,7 +242,8 @@ func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
 	if n == 0 {
 		return flows, 0
 	}
-	out := make([]tracer.Flow, 0, len(flows)-n+1)
+	// In place: the kept flows first, in order, then one flow per folded
+	// group (each group takes at least one folded flow's place).
 	type group struct {
 		node  foldNode
 		dir   tracer.Direction
@@ -246,11 +252,7 @@ func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
 		port  uint16
 	}
 	at := map[group]int{}
-	for i := range flows {
-		if !fold[i] {
-			out = append(out, flows[i])
-		}
-	}
+	var groups []tracer.Flow
 	for i := range flows {
 		if !fold[i] {
 			continue
@@ -264,11 +266,11 @@ func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
 		if !ok {
 			f.LocalAddr, f.Port = g.local, g.port
 			f.RemoteAddr, f.RemoteName, f.PeerPID, f.PeerComm = Other, "", 0, ""
-			at[g] = len(out)
-			out = append(out, f)
+			at[g] = len(groups)
+			groups = append(groups, f)
 			continue
 		}
-		o := &out[j]
+		o := &groups[j]
 		o.Counters.Add(f.Counters)
 		if !f.FirstSeen.IsZero() && (o.FirstSeen.IsZero() || f.FirstSeen.Before(o.FirstSeen)) {
 			o.FirstSeen = f.FirstSeen
@@ -277,7 +279,13 @@ func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
 			o.LastSeen = f.LastSeen
 		}
 	}
-	return out, n
+	out := flows[:0]
+	for i := range flows {
+		if !fold[i] {
+			out = append(out, flows[i])
+		}
+	}
+	return append(out, groups...), n
 }
 
 // expire forgets edges idle for EdgeIdle, and local ends left with none,

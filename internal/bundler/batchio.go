@@ -96,10 +96,15 @@ func writeSlots[V any](m *ebpf.Map, keys []uint32, vals []V, perSlot int) error 
 // readAll reads every entry of m with batch lookups.
 func (b *Bundler) readAll(m *ebpf.Map) ([]bundlerFlowKey, []bundlerFlowValue, error) {
 	batch := 1024
-	// Sized as the last read: bundled flows recur, and growing by append
-	// copied each interval's values several times.
-	keys := make([]bundlerFlowKey, 0, b.drain.lastRead)
-	vals := make([]bundlerFlowValue, 0, b.drain.lastRead*b.ncpu)
+	// Sized as the last read (bundled flows recur, and growing by append
+	// copied each interval's values several times), in the buffers of the
+	// last committed interval when they are large enough.
+	keys, vals := b.drain.spareKeys[:0], b.drain.spareVals[:0]
+	b.drain.spareKeys, b.drain.spareVals = nil, nil
+	if cap(keys) < b.drain.lastRead || cap(vals) < b.drain.lastRead*b.ncpu {
+		keys = make([]bundlerFlowKey, 0, b.drain.lastRead)
+		vals = make([]bundlerFlowValue, 0, b.drain.lastRead*b.ncpu)
+	}
 	defer func() { b.drain.lastRead = len(keys) }()
 	var cursor ebpf.MapBatchCursor
 	for {

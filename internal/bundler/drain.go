@@ -23,8 +23,12 @@ type drainState struct {
 	idle       [2]map[bundlerFlowKey]int // per inner map: drains in a row a flow was idle
 	keyBuf     []bundlerFlowKey
 	valBuf     []bundlerFlowValue
-	lastRead   int                 // entries the last readAll read
-	claims     *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
+	lastRead   int // entries the last readAll read
+	// What the last committed interval was read into, for the next read
+	// (dropped after a burst, so that a hostile interval's size is not kept).
+	spareKeys []bundlerFlowKey
+	spareVals []bundlerFlowValue
+	claims    *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
 
 	// Generations: every drain starts interval gen+1 of this kernel side.
 	// A pinned side keeps side, gen and whether the map programs left is
@@ -131,7 +135,7 @@ func (b *Bundler) Collect() (Interval, error) {
 		if err != nil {
 			return Interval{Side: b.drain.side}, err
 		}
-		return Interval{Entries: append(append([]Entry(nil), p.extra...), entries...), Side: b.drain.side, Gen: p.gen, Recovered: true}, nil
+		return Interval{Entries: withSalvaged(p.extra, entries), Side: b.drain.side, Gen: p.gen, Recovered: true}, nil
 	}
 	listeners, harvestErr := b.harvest()
 	gen := b.drain.gen + 1
@@ -167,11 +171,21 @@ func (b *Bundler) Collect() (Interval, error) {
 		iv.Gen = 0
 		return iv, errors.Join(harvestErr, err)
 	}
-	iv.Entries = append(append([]Entry(nil), extra...), entries...)
+	iv.Entries = withSalvaged(extra, entries)
 	if !b.pinned {
 		err = b.Commit(gen) // nothing keeps an unpinned interval
 	}
 	return iv, errors.Join(harvestErr, err)
+}
+
+// withSalvaged is an interval's entries after the salvaged ones: entries
+// itself when there are none (the pending interval keeps it too, read
+// only).
+func withSalvaged(extra, entries []Entry) []Entry {
+	if len(extra) == 0 {
+		return entries
+	}
+	return append(append([]Entry(nil), extra...), entries...)
 }
 
 // Commit declares interval gen stored: flows idle for retainIdle drains of
@@ -195,6 +209,9 @@ func (b *Bundler) Commit(gen uint64) error {
 		}
 	}
 	b.drain.pending = nil
+	if cap(p.keys) <= 2*len(p.keys)+1024 {
+		b.drain.spareKeys, b.drain.spareVals = p.keys[:0], p.vals[:0]
+	}
 	return nil
 }
 
