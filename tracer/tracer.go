@@ -356,17 +356,16 @@ func (t *Tracer) ListeningPorts() ([]Port, error) {
 // Collect ends an interval: it harvests live sockets, drains the flows
 // bundled since the previous call and reports every listener.
 //
-// Without Config.PinPath the interval is committed when Collect returns.
-// With it, call Interval.Commit once the interval is stored: until then
-// Collect returns that same interval again (Recovered, same BatchID)
+// Without Config.PinPath the interval is committed when Collect returns
+// it. With it, call Interval.Commit once the interval is stored: until
+// then Collect returns that same interval again (Recovered, same BatchID)
 // rather than a new one, and the kernel side keeps counting meanwhile. A
 // process that adopts a pinned kernel side gets, in its first Collect, the
 // interval a previous process collected but never committed, if any.
 //
-// A drain that fails part way returns what it read with the error (and,
-// without PinPath, has reset what it read). With PinPath, flows that could
-// not be read whole are not returned at all: the next Collect reads them
-// again, so a stored interval is always whole.
+// Flows that could not be read whole are not returned at all (the interval
+// has no BatchID, and the error says why): the next Collect reads them
+// again and returns them (Recovered), so an interval is always whole.
 func (t *Tracer) Collect() (Interval, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

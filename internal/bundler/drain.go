@@ -46,11 +46,13 @@ type pendingDrain struct {
 	gen      uint64
 	idx      int  // the flow map that holds it, and the spill and cache half
 	quiesced bool // a grace period passed since programs counted it
-	keys     []bundlerFlowKey
-	vals     []bundlerFlowValue
-	spill    spillRead // the spill half, as read
-	entries  []Entry   // keys' entries first, in order, then the spill's own keys
-	extra    []Entry   // salvaged counts of a replaced side, reported until committed
+	// delivered: unpinned, returned by Collect, so never returned again
+	delivered bool
+	keys      []bundlerFlowKey
+	vals      []bundlerFlowValue
+	spill     spillRead // the spill half, as read
+	entries   []Entry   // keys' entries first, in order, then the spill's own keys
+	extra     []Entry   // salvaged counts of a replaced side, reported until committed
 }
 
 func (d *drainState) init() {
@@ -131,11 +133,19 @@ func (b *Bundler) Collect() (Interval, error) {
 		return Interval{}, err
 	}
 	if p := b.drain.pending; p != nil {
-		entries, err := b.readPending(p)
-		if err != nil {
+		if !p.delivered {
+			entries, err := b.readPending(p)
+			if err != nil {
+				return Interval{Side: b.drain.side}, err
+			}
+			iv := Interval{Entries: withSalvaged(p.extra, entries), Side: b.drain.side, Gen: p.gen, Recovered: true}
+			return iv, b.commitUnpinned(p)
+		}
+		// Unpinned, returned, its commit failed: only the commit again
+		// (nothing would tell a second copy from the first).
+		if err := b.Commit(p.gen); err != nil {
 			return Interval{Side: b.drain.side}, err
 		}
-		return Interval{Entries: withSalvaged(p.extra, entries), Side: b.drain.side, Gen: p.gen, Recovered: true}, nil
 	}
 	listeners, harvestErr := b.harvest()
 	gen := b.drain.gen + 1
@@ -172,10 +182,17 @@ func (b *Bundler) Collect() (Interval, error) {
 		return iv, errors.Join(harvestErr, err)
 	}
 	iv.Entries = withSalvaged(extra, entries)
-	if !b.pinned {
-		err = b.Commit(gen) // nothing keeps an unpinned interval
+	return iv, errors.Join(harvestErr, b.commitUnpinned(p))
+}
+
+// commitUnpinned commits an unpinned side's interval once it is returned:
+// nothing keeps it for a later Commit.
+func (b *Bundler) commitUnpinned(p *pendingDrain) error {
+	if b.pinned {
+		return nil
 	}
-	return iv, errors.Join(harvestErr, err)
+	p.delivered = true
+	return b.Commit(p.gen)
 }
 
 // withSalvaged is an interval's entries after the salvaged ones: entries

@@ -24,8 +24,9 @@ func TestFlowValuesCountOnlyTheirInterval(t *testing.T) {
 	bu := mustLoad(t, cfg)
 	defer bu.Close()
 
+	// Locked and never unlocked: the thread, kept on CPU 0, exits with
+	// the test's goroutine instead of serving other goroutines.
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	var one unix.CPUSet
 	one.Set(0)
 	if err := unix.SchedSetaffinity(0, &one); err != nil {
@@ -107,5 +108,45 @@ func TestOnlyIntervalKeepsTheProcess(t *testing.T) {
 	want := bundlerFlowValue{Pid: 11, CgroupId: 4, Comm: [16]int8{'c', 'u', 'r', 'l'}}
 	if vals[1] != want {
 		t.Errorf("a value of an older interval became %+v, want only its process %+v", vals[1], want)
+	}
+}
+
+// An unpinned side whose drain fails after the switch (here: the grace
+// period cannot be waited for) returns that interval with the next
+// Collect, once and committed: the one after is a new interval. Nothing
+// else would tell a repeat of an unpinned interval from a new one.
+func TestUnpinnedFailedDrainComesOnce(t *testing.T) {
+	w := newCommitWorld(t, 7414)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+	w.connect(3)
+	closed, err := bu.flows.Clone()
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	flows := bu.flows
+	bu.flows = closed
+	failed, err := bu.Collect()
+	bu.flows = flows
+	if err == nil || failed.Gen != 0 || len(failed.Entries) != 0 {
+		t.Fatalf("a drain whose grace period failed: gen %d, %d entries, error %v; want gen 0, none, an error", failed.Gen, len(failed.Entries), err)
+	}
+	again, err := bu.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Recovered || w.clientConns(again) != 3 {
+		t.Fatalf("the next drain: gen %d recovered=%v %d connections; want the failed interval, its 3", again.Gen, again.Recovered, w.clientConns(again))
+	}
+	w.connect(2)
+	next, err := bu.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Recovered || next.Gen != again.Gen+1 || w.clientConns(next) != 2 {
+		t.Fatalf("the drain after: gen %d recovered=%v %d connections; want gen %d, new, its 2", next.Gen, next.Recovered, w.clientConns(next), again.Gen+1)
 	}
 }

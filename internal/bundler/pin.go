@@ -142,7 +142,7 @@ func (b *Bundler) pin() error {
 	if err := meta.Pin(filepath.Join(b.cfg.PinPath, "meta")); err != nil {
 		return fmt.Errorf("pin meta map: %w", err)
 	}
-	if err := b.newDrainRecord(0, false); err != nil {
+	if err := b.newDrainRecord(0); err != nil {
 		return err
 	}
 	for _, name := range pinnedMaps {
@@ -311,9 +311,8 @@ type drainRecord struct {
 func (b *Bundler) drainRecordPath() string { return filepath.Join(b.cfg.PinPath, drainPin) }
 
 // newDrainRecord creates and pins the drain record of a side with a new
-// identity, whose last interval collected is gen; pending says it may not
-// be committed (a side adopted without its record).
-func (b *Bundler) newDrainRecord(gen uint64, pending bool) error {
+// identity, whose last interval collected is gen, committed.
+func (b *Bundler) newDrainRecord(gen uint64) error {
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "deptrace_drain", Type: ebpf.Array, KeySize: 4,
 		ValueSize: uint32(binarySize[drainRecord]()), MaxEntries: 1})
 	if err != nil {
@@ -323,9 +322,6 @@ func (b *Bundler) newDrainRecord(gen uint64, pending bool) error {
 	var side [16]byte
 	rand.Read(side[:]) // never fails (crypto/rand crashes the program instead)
 	rec := drainRecord{Side: side, Gen: gen}
-	if pending && gen != 0 { // generation 0 names no interval
-		rec.Pending = 1
-	}
 	if err := m.Put(uint32(0), rec); err != nil {
 		return fmt.Errorf("write drain record: %w", err)
 	}
@@ -362,9 +358,12 @@ func (b *Bundler) loadDrainState() error {
 	}
 	m, err := ebpf.LoadPinnedMap(b.drainRecordPath(), nil)
 	if errors.Is(err, os.ErrNotExist) {
-		// Its record lost: the idle map's interval may be one nobody
-		// committed. Collected again, under a new identity.
-		return b.newDrainRecord(now-1, true)
+		// Its record lost (removed by hand: this build pins it before
+		// the maps): a new identity, from the interval programs count.
+		// The idle map's interval may have been stored, and under a new
+		// identity a store could not tell it from a new one: it is not
+		// collected (lost, if it was not stored).
+		return b.newDrainRecord(now - 1)
 	}
 	if err != nil {
 		return fmt.Errorf("open the pinned drain record: %w", err)

@@ -361,9 +361,11 @@ func TestPinnedSpillCollectedUntilCommitted(t *testing.T) {
 }
 
 // Killed after making programs count the next interval, before the grace
-// period: the adopting process waits for one before it reads the pending
-// interval's map and spill half, and what programs count meanwhile comes
-// with the next interval.
+// period: the adopting process collects the pending interval from its map
+// and spill half, and what programs count meanwhile comes with the next
+// interval. (That it waits for a grace period before the read cannot be
+// observed here: no program is running at that point. The race itself is
+// what tracer's TestNoLossAcrossDrains exercises, drains under traffic.)
 func TestKilledBetweenTheSwitchAndItsGracePeriod(t *testing.T) {
 	forceSpillFor(t)
 	w := newCommitWorld(t, 7405)
