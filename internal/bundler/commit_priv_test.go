@@ -210,41 +210,57 @@ func TestKilledAfterTheCommitBeforeTheRecord(t *testing.T) {
 // A side whose drain record was removed (by hand: deptrace pins it before
 // the maps), after an interval was stored and before its commit: adopted
 // under a new identity from the interval its programs count. The idle
-// map's interval is not collected again: under a new identity the store
-// could not tell it from a new one, and would count it twice.
+// map's interval is not collected again, neither from the flow map, whose
+// values outlive a commit, nor from its cache or spill half, whose slots
+// programs would add to when they next use the half: under a new identity
+// the store could not tell it from a new one, and would count it twice.
 func TestAdoptedSideWithoutDrainRecord(t *testing.T) {
-	testHooks.noCache = true // through the flow map, whose values outlive a commit
-	defer func() { testHooks.noCache = false }()
-	w := newCommitWorld(t, 7103)
-	cfg := pinnedTestConfig(t)
-	first := mustLoad(t, cfg)
-	w.connect(4)
-	read, err := first.Collect() // switched and read, not committed
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.apply(read)
-	first.Release()
-	if err := os.Remove(filepath.Join(cfg.PinPath, drainPin)); err != nil {
-		t.Fatal(err)
-	}
+	for _, path := range []string{"cache", "map", "spill"} {
+		t.Run(path, func(t *testing.T) {
+			switch path {
+			case "map":
+				testHooks.noCache = true
+				t.Cleanup(func() { testHooks.noCache = false })
+			case "spill":
+				forceSpillFor(t)
+			}
+			w := newCommitWorld(t, 7103)
+			cfg := pinnedTestConfig(t)
+			cfg.NetNS = w.client.Inode
+			first := mustLoad(t, cfg)
+			t.Cleanup(first.Release) // its lock, should the test stop before it does
+			w.connect(4)
+			read, err := first.Collect() // switched and read, not committed
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := w.clientConns(read); got != 4 {
+				t.Fatalf("the first interval has %d connections, want 4", got)
+			}
+			w.apply(read)
+			first.Release()
+			if err := os.Remove(filepath.Join(cfg.PinPath, drainPin)); err != nil {
+				t.Fatal(err)
+			}
 
-	second := mustLoad(t, cfg)
-	defer second.Close()
-	iv, err := second.Collect()
-	if err != nil {
-		t.Fatal(err)
+			second := mustLoad(t, cfg)
+			defer second.Close()
+			iv, err := second.Collect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if iv.Recovered || iv.Side == read.Side || iv.Gen != read.Gen+1 || w.clientConns(iv) != 0 {
+				t.Fatalf("first interval: side %x gen %d recovered=%v connections %d; want generation %d, new, under a new side, empty",
+					iv.Side, iv.Gen, iv.Recovered, w.clientConns(iv), read.Gen+1)
+			}
+			w.apply(iv)
+			if err := second.Commit(iv.Gen); err != nil {
+				t.Fatal(err)
+			}
+			w.connect(3) // into the first interval's map and halves again
+			w.settle(second, 7)
+		})
 	}
-	if iv.Recovered || iv.Side == read.Side || iv.Gen != read.Gen+1 || w.clientConns(iv) != 0 {
-		t.Fatalf("first interval: side %x gen %d recovered=%v connections %d; want generation %d, new, under a new side, empty",
-			iv.Side, iv.Gen, iv.Recovered, w.clientConns(iv), read.Gen+1)
-	}
-	w.apply(iv)
-	if err := second.Commit(iv.Gen); err != nil {
-		t.Fatal(err)
-	}
-	w.connect(3)
-	w.settle(second, 7)
 }
 
 // What the two-phase drain adds to an interval: Collect and Commit of a

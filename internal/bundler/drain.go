@@ -214,6 +214,10 @@ func (b *Bundler) Commit(gen uint64) error {
 	if p == nil || p.gen != gen || gen == 0 {
 		return nil
 	}
+	if testHooks.failCommits > 0 {
+		testHooks.failCommits--
+		return errors.New("commit failed (test hook)")
+	}
 	if err := b.deleteIdle(b.inner[p.idx], p.idx, p.keys, p.entries); err != nil {
 		return err
 	}

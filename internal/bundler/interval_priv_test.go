@@ -150,3 +150,32 @@ func TestUnpinnedFailedDrainComesOnce(t *testing.T) {
 		t.Fatalf("the drain after: gen %d recovered=%v %d connections; want gen %d, new, its 2", next.Gen, next.Recovered, w.clientConns(next), again.Gen+1)
 	}
 }
+
+// An unpinned interval whose commit fails inside Collect is returned with
+// the error, once: the next Collect only commits it again and returns a
+// new interval.
+func TestUnpinnedFailedCommitComesOnce(t *testing.T) {
+	w := newCommitWorld(t, 7415)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+	w.connect(3)
+	testHooks.failCommits = 1
+	defer func() { testHooks.failCommits = 0 }()
+	first, err := bu.Collect()
+	if err == nil || w.clientConns(first) != 3 {
+		t.Fatalf("a drain whose commit failed: %d connections, error %v; want its 3 and the error", w.clientConns(first), err)
+	}
+	w.connect(2)
+	next, err := bu.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Recovered || next.Gen != first.Gen+1 || w.clientConns(next) != 2 {
+		t.Fatalf("the drain after: gen %d recovered=%v %d connections; want gen %d, new, its 2", next.Gen, next.Recovered, w.clientConns(next), first.Gen+1)
+	}
+	if bu.drain.pending != nil {
+		t.Fatalf("interval %d still pending after the drain after it", bu.drain.pending.gen)
+	}
+}

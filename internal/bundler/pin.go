@@ -363,7 +363,10 @@ func (b *Bundler) loadDrainState() error {
 		// The idle map's interval may have been stored, and under a new
 		// identity a store could not tell it from a new one: it is not
 		// collected (lost, if it was not stored).
-		return b.newDrainRecord(now - 1)
+		if err := b.newDrainRecord(now - 1); err != nil {
+			return err
+		}
+		return b.discardHalves(int((now - 1) & 1))
 	}
 	if err != nil {
 		return fmt.Errorf("open the pinned drain record: %w", err)
@@ -378,6 +381,21 @@ func (b *Bundler) loadDrainState() error {
 	}
 	b.setDrainState(rec)
 	return nil
+}
+
+// discardHalves empties spill and cache half idx without counting it:
+// their slots carry no interval, so a flow left in one would be counted
+// again when programs next use the half. The map's values need nothing:
+// their interval tags are older than any the drain will read.
+func (b *Bundler) discardHalves(idx int) error {
+	if err := b.quiesce(idx); err != nil {
+		return err
+	}
+	sp, err := b.readSpill(idx)
+	if err != nil {
+		return err
+	}
+	return b.freeSpill(idx, sp)
 }
 
 // resumeInterval checks that the interval an adopted side's programs

@@ -23,4 +23,7 @@ var testHooks struct {
 	// spill one slot per call, as it does on kernels without batch
 	// operations on per-CPU arrays (before 5.13).
 	noArrayBatch bool
+	// failCommits makes that many Commits fail before doing anything, as
+	// a failed delete or free would.
+	failCommits int
 }
