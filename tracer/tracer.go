@@ -529,22 +529,15 @@ func keyOf(f Flow) procKey {
 	return procKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
 }
 
-func (c procCache) remember(f Flow) {
-	if f.PID == 0 && f.CgroupID == 0 {
-		return
-	}
-	if len(c) >= procCacheMax {
-		clear(c) // bounded memory beats a perfect cache
-	}
-	c[keyOf(f)] = procInfo{f.PID, f.Comm, f.CgroupID}
-}
-
 // fill names f from the cache where its interval did not: the process
 // when it has none, and the cgroup when it has none and the process is
 // the one cached (a listener from before the start can come with its
-// cgroup and no process).
+// cgroup and no process). Then it remembers f's process: a flow that
+// recurs with the same process hashes its key once.
 func (c procCache) fill(f *Flow) {
-	if p, ok := c[keyOf(*f)]; ok {
+	k := keyOf(*f)
+	p, ok := c[k]
+	if ok {
 		if f.PID == 0 {
 			f.PID, f.Comm = p.pid, p.comm
 		}
@@ -552,5 +545,12 @@ func (c procCache) fill(f *Flow) {
 			f.CgroupID = p.cgroup
 		}
 	}
-	c.remember(*f)
+	seen := procInfo{f.PID, f.Comm, f.CgroupID}
+	if (f.PID == 0 && f.CgroupID == 0) || (ok && p == seen) {
+		return
+	}
+	if len(c) >= procCacheMax {
+		clear(c) // bounded memory beats a perfect cache
+	}
+	c[k] = seen
 }

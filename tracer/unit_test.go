@@ -26,7 +26,8 @@ func TestProcCacheNamesSoftirqOnlyFlows(t *testing.T) {
 	c := procCache{}
 	f := Flow{NetNS: 1, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.1",
 		RemoteAddr: "192.0.2.2", Port: 80, PID: 42, Comm: "curl", CgroupID: 9}
-	c.remember(f)
+	first := f
+	c.fill(&first)
 	later := f
 	later.PID, later.Comm, later.CgroupID = 0, "", 0
 	c.fill(&later)

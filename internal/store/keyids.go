@@ -51,19 +51,20 @@ func (c *keyIDCache) generation() uint64 {
 	return c.gen
 }
 
-// lookup puts in ids the cached id of each of keys whose row needs no
-// update for an event at its lastSeen (and whose entry is recent at now),
-// and returns the others, to upsert.
-func (c *keyIDCache) lookup(keys []flowKey, lastSeen map[flowKey]int64, now int64, ids map[flowKey]int64) (miss []flowKey) {
+// lookup sets the cached id of each of keys whose row needs no update
+// for an event at its lastSeen (and whose entry is recent at now), and
+// returns the indices of the others, to upsert.
+func (c *keyIDCache) lookup(keys []usedKey, now int64) (miss []int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, k := range keys {
-		e, ok := c.ids[k]
-		if !ok || lastSeen[k] > e.upTo || e.upTo < now-int64(keyIDMaxAge) {
-			miss = append(miss, k)
+	for j := range keys {
+		k := &keys[j]
+		e, ok := c.ids[k.key]
+		if !ok || k.lastSeen > e.upTo || e.upTo < now-int64(keyIDMaxAge) {
+			miss = append(miss, j)
 			continue
 		}
-		ids[k] = e.id
+		k.id = e.id
 	}
 	return miss
 }

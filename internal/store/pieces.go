@@ -50,12 +50,14 @@ func pieceLockKey(id pieceID) int64 {
 // invalidatePieces runs in a write's transaction, after its rows: it
 // deletes the pieces of the buckets the rows touched and queues those
 // Compact has passed to be built again (see the top of this file).
-func (s *Store) invalidatePieces(ctx context.Context, tx *sql.Tx, rows []flowRow) error {
+func (s *Store) invalidatePieces(ctx context.Context, tx *sql.Tx, rowSets ...[]flowRow) error {
 	var ids []pieceID
-	for _, r := range rows {
-		for i, l := range levels {
-			if id := (pieceID{i, floorTo(r.bucket, l.width)}); !slices.Contains(ids, id) {
-				ids = append(ids, id)
+	for _, rows := range rowSets {
+		for _, r := range rows {
+			for i, l := range levels {
+				if id := (pieceID{i, floorTo(r.bucket, l.width)}); !slices.Contains(ids, id) {
+					ids = append(ids, id)
+				}
 			}
 		}
 	}

@@ -130,6 +130,10 @@ type Store struct {
 	keyCache keyIDCache
 	stmtMu   sync.Mutex
 	stmts    map[writeShape]*sql.Stmt // see prepareWrites
+	// Row shapes a write used before they were prepared, and how many
+	// such shapes are (see preparedRows).
+	stmtsWanted map[writeShape]bool
+	rowShapes   int
 	// The background compaction writes start (see compactSoon).
 	lastCompact   atomic.Int64
 	noAutoCompact atomic.Bool

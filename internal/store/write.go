@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // writeFlows writes obs's rows in tx and returns the flow-key ids it
@@ -15,27 +17,31 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (
 	if len(obs) == 0 {
 		return nil, nil
 	}
-	// Resolve the distinct keys to ids, in a stable order so concurrent
-	// writers take row locks in the same order.
-	lastSeen := make(map[flowKey]int64, len(obs))
-	keys := make([]flowKey, 0, len(obs))
-	for _, o := range obs {
-		k := keyOf(o)
-		seen, ok := lastSeen[k]
+	// The distinct keys, each hashed once: obs[i]'s is keys[keyAt[i]].
+	at := make(map[flowKey]int, len(obs))
+	keys := make([]usedKey, 0, len(obs))
+	keyAt := make([]int, len(obs))
+	for i := range obs {
+		o := &obs[i]
+		k := keyOf(*o)
+		j, ok := at[k]
 		if !ok {
-			keys = append(keys, k)
+			j = len(keys)
+			at[k] = j
+			keys = append(keys, usedKey{key: k})
 		}
-		lastSeen[k] = max(seen, ns(o.LastSeen), ns(o.Bucket))
+		keys[j].lastSeen = max(keys[j].lastSeen, ns(o.LastSeen), ns(o.Bucket))
+		keyAt[i] = j
 	}
-	slices.SortFunc(keys, flowKey.compare)
-	ids, fresh, err := s.keyIDs(ctx, tx, keys, lastSeen)
+	fresh, err := s.keyIDs(ctx, tx, keys, at)
 	if err != nil {
 		return nil, err
 	}
 	rows := make([]flowRow, 0, len(obs))
 	hosts := make([]string, 0, len(obs))
-	for _, o := range obs {
-		rows = append(rows, flowRow{bucket: ns(o.Bucket.Truncate(time.Minute)), key: ids[keyOf(o)], pid: o.PID, peer: o.PeerPID,
+	for i := range obs {
+		o := &obs[i]
+		rows = append(rows, flowRow{bucket: ns(o.Bucket.Truncate(time.Minute)), key: keys[keyAt[i]].id, pid: o.PID, peer: o.PeerPID,
 			c: o.Counters, first: ns(o.FirstSeen), last: ns(o.LastSeen)})
 		hosts = append(hosts, o.HostID)
 	}
@@ -62,27 +68,34 @@ func (s *Store) writeFlows(ctx context.Context, tx *sql.Tx, obs []Observation) (
 			return nil, err
 		}
 	}
-	if err := s.writeNames(ctx, tx, obs, ids); err != nil {
+	if err := s.writeNames(ctx, tx, obs, rows); err != nil {
 		return nil, err
 	}
-	touched := slices.Concat(rows, rolled)
-	if err := s.invalidatePieces(ctx, tx, touched); err != nil {
+	if err := s.invalidatePieces(ctx, tx, rows, rolled); err != nil {
 		return nil, err
 	}
-	return fresh, s.logWrite(ctx, tx, touched)
+	return fresh, s.logWrite(ctx, tx, rows, rolled)
 }
 
-// keyIDs returns the id of each key: from the key cache where the key's
-// row needs no update, otherwise by an upsert that inserts keys not yet
-// known and moves last_seen (to the end of its minute: see keyIDCache).
-// fresh holds the upserted ones, for the cache once tx commits.
-func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen map[flowKey]int64) (ids map[flowKey]int64, fresh map[flowKey]cachedKeyID, err error) {
-	ids = make(map[flowKey]int64, len(all))
-	keys := s.keyCache.lookup(all, lastSeen, time.Now().UnixNano(), ids)
-	upTo := make(map[flowKey]int64, len(keys))
-	for _, k := range keys {
-		upTo[k] = keySeenUpTo(lastSeen[k])
-	}
+// usedKey is a flow key a write uses: its latest event (unix ns) and,
+// once resolved, its id.
+type usedKey struct {
+	key      flowKey
+	lastSeen int64
+	id       int64
+}
+
+// keyIDs sets the id of each of keys (at: the index of each key in
+// keys): from the key cache where the key's row needs no update,
+// otherwise by an upsert that inserts keys not yet known and moves
+// last_seen (to the end of its minute: see keyIDCache). fresh holds the
+// upserted ones, for the cache once tx commits.
+func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []usedKey, at map[flowKey]int) (fresh map[flowKey]cachedKeyID, err error) {
+	miss := s.keyCache.lookup(keys, time.Now().UnixNano())
+	// Upserted in a stable order, so concurrent writers take row locks
+	// in the same order.
+	slices.SortFunc(miss, func(a, b int) int { return keys[a].key.compare(keys[b].key) })
+	found := 0
 	read := func(rs *sql.Rows, err error) error {
 		if err != nil {
 			return err
@@ -96,53 +109,60 @@ func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, all []flowKey, lastSeen 
 				return fmt.Errorf("read flow key: %w", err)
 			}
 			k.port = uint16(port)
-			ids[k] = id
+			if j, ok := at[k]; ok && keys[j].id == 0 {
+				keys[j].id = id
+				found++
+			}
 		}
 		return rs.Close()
 	}
-	if s.d.name == postgres.name && len(keys) > 0 {
+	if s.d.name == postgres.name && len(miss) > 0 {
 		// One constant statement, a column of keys per array (see
 		// upsertRows).
 		text := make([][]string, 7)
-		ports := make([]int32, 0, len(keys))
-		seen := make([]int64, 0, len(keys))
-		for _, k := range keys {
+		ports := make([]int32, 0, len(miss))
+		seen := make([]int64, 0, len(miss))
+		for _, j := range miss {
+			k := &keys[j].key
 			for i, v := range []string{k.host, k.dir, k.proto, k.local, k.remote, k.comm, k.peerComm} {
 				text[i] = append(text[i], v)
 			}
 			ports = append(ports, int32(k.port))
-			seen = append(seen, upTo[k])
+			seen = append(seen, keySeenUpTo(keys[j].lastSeen))
 		}
 		q := `INSERT INTO flow_keys (` + keyColumns + `) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[], $8::text[], $9::bigint[])` + keysUpsert
 		if err := read(tx.QueryContext(ctx, q, text[0], text[1], text[2], text[3], text[4], ports, text[5], text[6], seen)); err != nil {
-			return nil, nil, fmt.Errorf("write %d flow keys: %w", len(keys), err)
+			return nil, fmt.Errorf("write %d flow keys: %w", len(miss), err)
 		}
 	}
-	for start := 0; start < len(keys) && s.d.name != postgres.name; {
-		n := chunkRows(len(keys) - start)
-		part := keys[start : start+n]
-		stmt, err := s.prepared(ctx, tx, writeShape{"flow_keys", n})
+	for start := 0; start < len(miss) && s.d.name != postgres.name; {
+		n := chunkRows(len(miss) - start)
+		stmt, err := s.prepared(ctx, tx, writeShape{"flow_keys", n, 0})
 		if err != nil {
-			return nil, nil, fmt.Errorf("write %d flow keys: %w", n, err)
+			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
 		}
 		args := make([]any, 0, n*9)
-		for _, k := range part {
-			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, upTo[k])
+		for _, j := range miss[start : start+n] {
+			k := &keys[j].key
+			args = append(args, k.host, k.dir, k.proto, k.local, k.remote, int(k.port), k.comm, k.peerComm, keySeenUpTo(keys[j].lastSeen))
 		}
 		if err := read(stmt.QueryContext(ctx, args...)); err != nil {
-			return nil, nil, fmt.Errorf("write %d flow keys: %w", n, err)
+			return nil, fmt.Errorf("write %d flow keys: %w", n, err)
 		}
 		start += n
 	}
-	fresh = make(map[flowKey]cachedKeyID, len(keys))
-	for _, k := range keys {
-		id, ok := ids[k]
-		if !ok {
-			return nil, nil, fmt.Errorf("write flow keys: no id returned for %+v", k)
+	if found != len(miss) {
+		for _, j := range miss {
+			if keys[j].id == 0 {
+				return nil, fmt.Errorf("write flow keys: no id returned for %+v", keys[j].key)
+			}
 		}
-		fresh[k] = cachedKeyID{id: id, upTo: upTo[k]}
 	}
-	return ids, fresh, nil
+	fresh = make(map[flowKey]cachedKeyID, len(miss))
+	for _, j := range miss {
+		fresh[keys[j].key] = cachedKeyID{id: keys[j].id, upTo: keySeenUpTo(keys[j].lastSeen)}
+	}
+	return fresh, nil
 }
 
 // upsertRows adds rows to level l's table: rows are first merged per
@@ -205,28 +225,46 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 	}
 	// SQLite: statements of 256, 128, ... 1 rows, each prepared once per
 	// open store, so that the parser (a third of the write's time when
-	// every batch had a statement of its own) runs once.
+	// every batch had a statement of its own) runs once. Rows are grouped
+	// by the counter columns they fill, and a statement writes only those
+	// (see colMask): a short-lived TCP row fills 7 to 10 of the 20.
+	masks := make([]colMask, len(merged))
+	for i := range merged {
+		masks[i] = filledColumns(&merged[i].c)
+	}
+	order := make([]int, len(merged))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return compareInt(int64(masks[a]), int64(masks[b])) })
 	args := make([]any, 0, chunkRows(len(merged))*ncol) // reused: database/sql copies them
-	for start := 0; start < len(merged); {
-		n := chunkRows(len(merged) - start)
-		end := start + n
-		stmt, err := s.prepared(ctx, tx, writeShape{l.table, n})
-		if err != nil {
-			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
+	for start := 0; start < len(order); {
+		end := start + 1
+		for end < len(order) && masks[order[end]] == masks[order[start]] {
+			end++
 		}
-		args = args[:0]
-		for i := start; i < end; i++ {
-			r := &merged[i]
-			args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
-			for _, v := range counterFields(&r.c) {
-				args = append(args, int64(*v))
+		for end-start > 0 {
+			n := chunkRows(end - start)
+			stmt, cols, err := s.preparedRows(ctx, tx, writeShape{l.table, n, masks[order[start]]})
+			if err != nil {
+				return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
 			}
-			args = append(args, r.first, r.last)
+			args = args[:0]
+			for _, i := range order[start : start+n] {
+				r := &merged[i]
+				args = append(args, r.bucket, r.key, int64(r.pid), int64(r.peer))
+				for c, v := range counterFields(&r.c) {
+					if cols&(1<<c) != 0 {
+						args = append(args, int64(*v))
+					}
+				}
+				args = append(args, r.first, r.last)
+			}
+			if _, err := stmt.ExecContext(ctx, args...); err != nil {
+				return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
+			}
+			start += n
 		}
-		if _, err := stmt.ExecContext(ctx, args...); err != nil {
-			return fmt.Errorf("write %d rows to %s: %w", n, l.table, err)
-		}
-		start = end
 	}
 	return nil
 }
@@ -242,19 +280,48 @@ func chunkRows(left int) int {
 }
 
 // writeShape names a write statement: n rows into table (flow_keys: the
-// key upsert, keysInsert; a flow bucket table: rowsInsert). Statements
-// are looked up by shape, so a write builds no text.
+// key upsert, keysInsert; a flow bucket table: rowsInsert, writing the
+// counter columns of cols). Statements are looked up by shape, so a write
+// builds no text.
 type writeShape struct {
 	table string
 	rows  int
+	cols  colMask
 }
 
 func (sh writeShape) sql() string {
 	if sh.table == "flow_keys" {
 		return keysInsert(sh.rows)
 	}
-	return rowsInsert(sh.table, sh.rows)
+	return rowsInsert(sh.table, sh.rows, sh.cols)
 }
+
+// colMask names counter columns: bit i is counterColumns[i]. A row write
+// may leave out a column that is 0 in each of its rows: the column then
+// keeps its value (an update) or takes its default 0 (an insert), which
+// is what adding a 0 does, and what a 0 does to a maximum or to the
+// minimum of non-zero values.
+type colMask uint32
+
+// everyCounter names every counter column.
+var everyCounter = colMask(1)<<len(counterColumns) - 1
+
+// filledColumns names c's non-zero counters.
+func filledColumns(c *tracer.Counters) colMask {
+	var m colMask
+	for i, v := range counterFields(c) {
+		if *v != 0 {
+			m |= 1 << i
+		}
+	}
+	return m
+}
+
+// maxRowShapes bounds the row statements one open store keeps prepared
+// beyond those of every column: the masks are data (a host with every mix
+// of failures could make thousands), and a statement of 256 rows holds a
+// few hundred KiB of program.
+const maxRowShapes = 64
 
 // prepared returns sh's statement bound to tx: prepared once per open
 // store by prepareWrites, or (a shape it did not prepare) prepared for tx
@@ -269,10 +336,34 @@ func (s *Store) prepared(ctx context.Context, tx *sql.Tx, sh writeShape) (*sql.S
 	return tx.StmtContext(ctx, st), nil
 }
 
+// preparedRows returns a row statement for sh bound to tx, and the
+// counter columns it writes: sh's own once prepared, until then the one
+// of every column (sh is then noted, for prepareWrites to prepare before
+// the next write: a statement cannot be prepared for the store while tx
+// holds SQLite's one connection).
+func (s *Store) preparedRows(ctx context.Context, tx *sql.Tx, sh writeShape) (*sql.Stmt, colMask, error) {
+	s.stmtMu.Lock()
+	st := s.stmts[sh]
+	if st == nil {
+		if s.stmtsWanted == nil {
+			s.stmtsWanted = map[writeShape]bool{}
+		}
+		s.stmtsWanted[sh] = true
+		sh.cols = everyCounter
+	}
+	s.stmtMu.Unlock()
+	if st == nil {
+		st, err := s.prepared(ctx, tx, sh)
+		return st, sh.cols, err
+	}
+	return tx.StmtContext(ctx, st), sh.cols, nil
+}
+
 // prepareWrites prepares, once per open SQLite store, every statement
-// shape the writes use (keys and each level's rows, 1 to 256 rows per
-// statement). It runs outside any transaction: SQLite has one connection,
-// which a transaction holds.
+// shape the writes use (keys and each level's rows of every column, 1 to
+// 256 rows per statement), and before each write the row shapes the last
+// writes noted (preparedRows), up to maxRowShapes. It runs outside any
+// transaction: SQLite has one connection, which a transaction holds.
 func (s *Store) prepareWrites(ctx context.Context) error {
 	if s.d.name == postgres.name {
 		return nil
@@ -280,14 +371,26 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 	s.stmtMu.Lock()
 	defer s.stmtMu.Unlock()
 	if s.stmts != nil {
+		for sh := range s.stmtsWanted {
+			if s.rowShapes >= maxRowShapes {
+				break
+			}
+			st, err := s.db.PrepareContext(ctx, s.d.rebind(sh.sql()))
+			if err != nil {
+				return fmt.Errorf("prepare writes: %w", err)
+			}
+			s.stmts[sh] = st
+			s.rowShapes++
+		}
+		clear(s.stmtsWanted)
 		return nil
 	}
 	stmts := map[writeShape]*sql.Stmt{}
 	var shapes []writeShape
 	for n := 1; n <= 256; n *= 2 {
-		shapes = append(shapes, writeShape{"flow_keys", n})
+		shapes = append(shapes, writeShape{"flow_keys", n, 0})
 		for _, l := range levels {
-			shapes = append(shapes, writeShape{l.table, n})
+			shapes = append(shapes, writeShape{l.table, n, everyCounter})
 		}
 	}
 	for _, sh := range shapes {
@@ -305,13 +408,26 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 }
 
 // rowColumns are the columns a write gives a flow bucket table.
-var rowColumns = "bucket, key_id, pid, peer_pid, " + strings.Join(counterColumns, ", ") + ", first_seen, last_seen"
+var rowColumns = columnsOf(everyCounter)
 
-// rowsInsert adds n rows to the flow bucket table t (SQLite).
-func rowsInsert(t string, n int) string {
-	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", 6+len(counterColumns)), ", ") + ")"
-	return "INSERT INTO " + t + " (" + rowColumns + ") VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") +
-		" ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSet(t)
+// columnsOf lists a row write's columns, of the counters those of cols.
+func columnsOf(cols colMask) string {
+	names := []string{"bucket", "key_id", "pid", "peer_pid"}
+	for i, c := range counterColumns {
+		if cols&(1<<i) != 0 {
+			names = append(names, c)
+		}
+	}
+	return strings.Join(append(names, "first_seen", "last_seen"), ", ")
+}
+
+// rowsInsert adds n rows to the flow bucket table t, writing the counter
+// columns of cols (SQLite).
+func rowsInsert(t string, n int, cols colMask) string {
+	columns := columnsOf(cols)
+	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", strings.Count(columns, ",")+1), ", ") + ")"
+	return "INSERT INTO " + t + " (" + columns + ") VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", n), ", ") +
+		" ON CONFLICT (bucket, key_id) DO UPDATE SET " + upsertSetOf(t, cols)
 }
 
 // keysInsert adds n flow keys and returns their ids (SQLite). DO UPDATE
@@ -330,11 +446,17 @@ const keysUpsert = ` ON CONFLICT (host_id, direction, proto, local_addr, remote_
 // upsertSet is the ON CONFLICT update of a flow bucket table t: maximum
 // of the pids and of the maxima, minimum of the non-zero RTT minima,
 // sums, earliest first and latest last seen.
-func upsertSet(t string) string {
+func upsertSet(t string) string { return upsertSetOf(t, everyCounter) }
+
+// upsertSetOf is upsertSet of the counter columns of cols.
+func upsertSetOf(t string, cols colMask) string {
 	var set strings.Builder
 	fmt.Fprintf(&set, "pid = CASE WHEN excluded.pid > %[1]s.pid THEN excluded.pid ELSE %[1]s.pid END,\n", t)
 	fmt.Fprintf(&set, "peer_pid = CASE WHEN excluded.peer_pid > %[1]s.peer_pid THEN excluded.peer_pid ELSE %[1]s.peer_pid END,\n", t)
-	for _, c := range counterColumns {
+	for i, c := range counterColumns {
+		if cols&(1<<i) == 0 {
+			continue
+		}
 		if maxColumns[c] {
 			fmt.Fprintf(&set, "%[2]s = CASE WHEN excluded.%[2]s > %[1]s.%[2]s THEN excluded.%[2]s ELSE %[1]s.%[2]s END,\n", t, c)
 		} else if minColumns[c] {
@@ -349,8 +471,9 @@ func upsertSet(t string) string {
 }
 
 // writeNames keeps, per flow key, the latest non-empty remote name of
-// obs (by last seen; of two seen at once, the later written).
-func (s *Store) writeNames(ctx context.Context, tx *sql.Tx, obs []Observation, ids map[flowKey]int64) error {
+// obs (by last seen; of two seen at once, the later written); rows[i] is
+// obs[i]'s minute row, which names its key's id.
+func (s *Store) writeNames(ctx context.Context, tx *sql.Tx, obs []Observation, rows []flowRow) error {
 	type named struct {
 		name string
 		seen int64
@@ -361,7 +484,7 @@ func (s *Store) writeNames(ctx context.Context, tx *sql.Tx, obs []Observation, i
 		if o.RemoteName == "" {
 			continue
 		}
-		id, seen := ids[keyOf(*o)], max(ns(o.LastSeen), ns(o.Bucket))
+		id, seen := rows[i].key, max(ns(o.LastSeen), ns(o.Bucket))
 		if n, ok := latest[id]; !ok || seen >= n.seen {
 			latest[id] = named{o.RemoteName, seen}
 		}

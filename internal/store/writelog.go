@@ -11,12 +11,14 @@ import (
 // logWrite appends the hours rows touched to the write log, in the
 // writer's transaction (see migration 7 and cache.go), and prunes the log
 // at most once an hour per open store.
-func (s *Store) logWrite(ctx context.Context, tx *sql.Tx, rows []flowRow) error {
+func (s *Store) logWrite(ctx context.Context, tx *sql.Tx, rowSets ...[]flowRow) error {
 	hour := levels[1].width
 	var hours []int64
-	for _, r := range rows {
-		if h := floorTo(r.bucket, hour); !slices.Contains(hours, h) {
-			hours = append(hours, h)
+	for _, rows := range rowSets {
+		for _, r := range rows {
+			if h := floorTo(r.bucket, hour); !slices.Contains(hours, h) {
+				hours = append(hours, h)
+			}
 		}
 	}
 	now := time.Now().UnixNano()
