@@ -16,6 +16,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/netns"
@@ -71,6 +73,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	halt, err := testHaltPoint()
 	if err != nil {
 		return err
+	}
+	series := 0
+	if cfg.MetricsListen != "" {
+		series = cfg.Metrics.MaxSeries
+	}
+	if cpus, err := ebpf.PossibleCPU(); err == nil {
+		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, os.LookupEnv)
+		setGC(percent, limit)
+		log.Info("garbage collector", "gc_percent", percent, "memory_limit_mib", limit>>20, "hint", "-1: set by GOGC or GOMEMLIMIT")
 	}
 	var m *metrics.Metrics // nil: metrics off, every call a no-op
 	if cfg.MetricsListen != "" {

@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	agentpkg "github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/bundler"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/internal/testnet"
@@ -357,18 +358,13 @@ func report(t *testing.T, a *agent, flowMapSize int, series int) {
 func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 // memoryCeiling is docs/performance.md's formula for the agent's peak
-// resident memory: a base (the Go runtime, the kernel's BTF and the BPF
-// objects while they load), plus per flow one interval can hold (the
-// flow map, its spill and the per-CPU flow cache: what one drain reads,
-// per CPU, and turns into flows and SQL, with the garbage collector's
-// headroom), plus per metric series (held, and gathered by a scrape).
+// resident memory (agent.MemoryCeiling) on this machine's CPUs.
 func memoryCeiling(flowMapSize, series int) int64 {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		panic(err)
 	}
-	flows := int64(flowMapSize) + int64(bundler.SpillSlots(uint32(flowMapSize))) + int64(64*ncpu)
-	return 96<<20 + flows*(6<<10+int64(ncpu)<<9) + int64(series)*(7<<10)
+	return agentpkg.MemoryCeiling(uint32(flowMapSize), ncpu, series)
 }
 
 // checkLosses checks that what the kernel side lost is the same in the

@@ -1,0 +1,59 @@
+package agent
+
+import (
+	"runtime/debug"
+
+	"github.com/deptrace/deptrace/internal/bundler"
+)
+
+// GCPercent is the agent's garbage-collection target (Go's GOGC). The
+// agent's heap is mostly an interval's flows, which die young: at Go's
+// default of 100 the collector, with the page faults of a heap that grows
+// and shrinks, took about a fifth of the agent's CPU under short-lived
+// TCP from 1,000 client hosts, and 200 saves that fifth for about 11 MiB
+// of resident memory (docs/performance.md). A soft memory limit keeps
+// the ceiling: see gcTargets.
+const GCPercent = 200
+
+// memoryBase is MemoryCeiling's part that does not grow with flows or
+// series: the Go runtime, SQLite and its prepared statements, the
+// kernel's BTF and the BPF objects while they load.
+const memoryBase = 96 << 20
+
+// MemoryCeiling is docs/performance.md's bound on the agent's resident
+// memory ("The ceiling"): memoryBase, plus per flow one interval can hold
+// (the flow map, its spill and the per-CPU flow cache: what one drain
+// reads, per CPU, and turns into flows and SQL, with the collector's
+// headroom), plus per metric series (held, and gathered by a scrape).
+func MemoryCeiling(flowMapSize uint32, cpus, series int) int64 {
+	flows := int64(flowMapSize) + int64(bundler.SpillSlots(flowMapSize)) + int64(64*cpus)
+	return memoryBase + flows*(6<<10+int64(cpus)<<9) + int64(series)*(7<<10)
+}
+
+// gcTargets is the collector's target and soft memory limit for an agent
+// whose flow map holds flowMapSize flows on cpus CPUs and whose metrics
+// hold at most series series; -1 leaves Go's own (set from GOGC and
+// GOMEMLIMIT, which win when the environment sets them). The limit is
+// what MemoryCeiling allows above its base: where GCPercent's headroom
+// would take the heap past the ceiling (a hostile load), the runtime
+// collects as often as the limit needs instead.
+func gcTargets(flowMapSize uint32, cpus, series int, lookupEnv func(string) (string, bool)) (percent int, limit int64) {
+	percent, limit = -1, -1
+	if _, set := lookupEnv("GOGC"); !set {
+		percent = GCPercent
+	}
+	if _, set := lookupEnv("GOMEMLIMIT"); !set {
+		limit = MemoryCeiling(flowMapSize, cpus, series) - memoryBase
+	}
+	return percent, limit
+}
+
+// setGC applies gcTargets' values (-1: unchanged).
+func setGC(percent int, limit int64) {
+	if percent >= 0 {
+		debug.SetGCPercent(percent)
+	}
+	if limit >= 0 {
+		debug.SetMemoryLimit(limit)
+	}
+}

@@ -1,0 +1,55 @@
+package agent
+
+import (
+	"runtime/debug"
+	"testing"
+)
+
+// The agent collects at GCPercent under a soft limit of what the
+// documented ceiling allows above its base, unless the environment sets
+// GOGC or GOMEMLIMIT.
+func TestGCTargets(t *testing.T) {
+	env := func(set ...string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			for _, s := range set {
+				if s == k {
+					return "50", true
+				}
+			}
+			return "", false
+		}
+	}
+	// 65,536 flows, a spill of 8,192 and 64 cache slots on each of 2
+	// CPUs, 7 KiB each; 20,000 series of 7 KiB.
+	const want = (65536+8192+128)*7<<10 + 20000*7<<10
+	if got := MemoryCeiling(65536, 2, 20000); got != 96<<20+want {
+		t.Errorf("ceiling %d, want %d", got, 96<<20+want)
+	}
+	for _, c := range []struct {
+		env     []string
+		percent int
+		limit   int64
+	}{
+		{nil, GCPercent, want},
+		{[]string{"GOGC"}, -1, want},
+		{[]string{"GOMEMLIMIT"}, GCPercent, -1},
+		{[]string{"GOGC", "GOMEMLIMIT"}, -1, -1},
+	} {
+		percent, limit := gcTargets(65536, 2, 20000, env(c.env...))
+		if percent != c.percent || limit != c.limit {
+			t.Errorf("environment %v: percent %d and limit %d, want %d and %d", c.env, percent, limit, c.percent, c.limit)
+		}
+	}
+	// setGC sets what it is given and leaves -1 alone.
+	oldPercent, oldLimit := debug.SetGCPercent(100), debug.SetMemoryLimit(-1)
+	defer func() { debug.SetGCPercent(oldPercent); debug.SetMemoryLimit(oldLimit) }()
+	setGC(GCPercent, 1<<30)
+	if p, l := debug.SetGCPercent(-1), debug.SetMemoryLimit(-1); p != GCPercent || l != 1<<30 {
+		t.Errorf("after setGC: percent %d, limit %d", p, l)
+	}
+	debug.SetGCPercent(100)
+	setGC(-1, -1)
+	if p, l := debug.SetGCPercent(100), debug.SetMemoryLimit(-1); p != 100 || l != 1<<30 {
+		t.Errorf("setGC(-1, -1) changed the targets: percent %d, limit %d", p, l)
+	}
+}
