@@ -319,9 +319,9 @@ func filledColumns(c *tracer.Counters) colMask {
 
 // maxRowShapes bounds the row statements one open store keeps prepared
 // beyond those of every column: the masks are data (a host with every mix
-// of failures could make thousands), and a statement of 256 rows holds a
-// few hundred KiB of program.
-const maxRowShapes = 64
+// of failures could make thousands), and SQLite's program for one mask's
+// nine sizes (1 to 256 rows) takes about 1.5 MiB, outside Go's heap.
+const maxRowShapes = 16
 
 // prepared returns sh's statement bound to tx: prepared once per open
 // store by prepareWrites, or (a shape it did not prepare) prepared for tx
