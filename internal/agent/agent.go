@@ -77,10 +77,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	series := 0
 	if cfg.MetricsListen != "" {
 		series = cfg.Metrics.MaxSeries
+		if series <= 0 {
+			series = metrics.DefaultMaxSeries // as metrics.New takes it
+		}
 	}
+	memLimit := memoryLimit{base: -1}
 	if cpus, err := ebpf.PossibleCPU(); err == nil {
-		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, os.LookupEnv)
+		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, cfg.BufferMax, os.LookupEnv)
 		setGC(percent, limit)
+		memLimit.base = limit
 		log.Info("garbage collector", "gc_percent", percent, "memory_limit_mib", limit>>20, "hint", "-1: set by GOGC or GOMEMLIMIT")
 	}
 	var m *metrics.Metrics // nil: metrics off, every call a no-op
@@ -174,6 +179,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			lastDNS, lastDNSBatch = iv.DNS, iv.BatchID
 		}
 		cfg.EdgeCap.fold(&iv, log, m) // before the metrics and the store see the flows
+		memLimit.follow(cfg.EdgeCap.held())
 		if iv.Recovered {
 			// While the disk is full this repeats every drain: logged once.
 			lvl := slog.LevelInfo

@@ -45,6 +45,14 @@ type EdgeCap struct {
 	st              *foldState
 }
 
+// held is the number of edges the cap holds over every local end.
+func (c *EdgeCap) held() int {
+	if c.st == nil {
+		return 0
+	}
+	return c.st.held
+}
+
 // foldState is what the cap remembers between intervals.
 type foldState struct {
 	nodes map[foldNode]*foldEdges

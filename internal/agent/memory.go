@@ -29,20 +29,31 @@ func MemoryCeiling(flowMapSize uint32, cpus, series int) int64 {
 	return memoryBase + flows*(6<<10+int64(cpus)<<9) + int64(series)*(7<<10)
 }
 
+// memoryBaseGo is the part of memoryBase that Go's runtime holds, which
+// is what a Go memory limit counts: at idle, 52 MiB of the agent's 72 MiB
+// resident (go_memstats_sys_bytes against process_resident_memory_bytes).
+// The rest is SQLite's, allocated outside Go's heap.
+const memoryBaseGo = 64 << 20
+
+// edgeBytes is the ceiling's term per edge the edge cap holds.
+const edgeBytes = 256
+
 // gcTargets is the collector's target and soft memory limit for an agent
-// whose flow map holds flowMapSize flows on cpus CPUs and whose metrics
-// hold at most series series; -1 leaves Go's own (set from GOGC and
-// GOMEMLIMIT, which win when the environment sets them). The limit is
-// what MemoryCeiling allows above its base: where GCPercent's headroom
-// would take the heap past the ceiling (a hostile load), the runtime
-// collects as often as the limit needs instead.
-func gcTargets(flowMapSize uint32, cpus, series int, lookupEnv func(string) (string, bool)) (percent int, limit int64) {
+// whose flow map holds flowMapSize flows on cpus CPUs, whose metrics hold
+// at most series series and which keeps at most bufferMax bytes of
+// batches in memory; -1 leaves Go's own (set from GOGC and GOMEMLIMIT,
+// which win when the environment sets them). The limit is the Go part of
+// MemoryCeiling plus bufferMax, without the edges the cap holds
+// (memoryLimit.follow adds them as they come): where GCPercent's headroom
+// would take a hostile load past the ceiling, the runtime collects as
+// often as the limit needs instead.
+func gcTargets(flowMapSize uint32, cpus, series int, bufferMax int64, lookupEnv func(string) (string, bool)) (percent int, limit int64) {
 	percent, limit = -1, -1
 	if _, set := lookupEnv("GOGC"); !set {
 		percent = GCPercent
 	}
 	if _, set := lookupEnv("GOMEMLIMIT"); !set {
-		limit = MemoryCeiling(flowMapSize, cpus, series) - memoryBase
+		limit = MemoryCeiling(flowMapSize, cpus, series) - memoryBase + memoryBaseGo + max(bufferMax, 0)
 	}
 	return percent, limit
 }
@@ -55,4 +66,27 @@ func setGC(percent int, limit int64) {
 	if limit >= 0 {
 		debug.SetMemoryLimit(limit)
 	}
+}
+
+// memoryLimit keeps the soft memory limit in step with the ceiling's
+// edges term.
+type memoryLimit struct {
+	base  int64 // gcTargets' limit; -1: GOMEMLIMIT's, left alone
+	edges int   // the edges the limit set counts
+}
+
+// limitStep is the change in edges held (1 MiB of ceiling) that moves the
+// limit.
+const limitStep = 4096
+
+// follow sets the limit for edges held, when they moved by limitStep
+// since it last did; it returns the limit set, or -1.
+func (l *memoryLimit) follow(edges int) int64 {
+	if l.base < 0 || (edges-l.edges < limitStep && l.edges-edges < limitStep) {
+		return -1
+	}
+	l.edges = edges
+	limit := l.base + int64(edges)*edgeBytes
+	debug.SetMemoryLimit(limit)
+	return limit
 }

@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// The agent collects at GCPercent under a soft limit of what the
-// documented ceiling allows above its base, unless the environment sets
-// GOGC or GOMEMLIMIT.
+// The agent collects at GCPercent under a soft limit of the Go part of
+// the documented ceiling and the batches it may keep in memory, unless
+// the environment sets GOGC or GOMEMLIMIT.
 func TestGCTargets(t *testing.T) {
 	env := func(set ...string) func(string) (string, bool) {
 		return func(k string) (string, bool) {
@@ -21,10 +21,13 @@ func TestGCTargets(t *testing.T) {
 	}
 	// 65,536 flows, a spill of 8,192 and 64 cache slots on each of 2
 	// CPUs, 7 KiB each; 20,000 series of 7 KiB.
-	const want = (65536+8192+128)*7<<10 + 20000*7<<10
-	if got := MemoryCeiling(65536, 2, 20000); got != 96<<20+want {
-		t.Errorf("ceiling %d, want %d", got, 96<<20+want)
+	const above = (65536+8192+128)*7<<10 + 20000*7<<10
+	if got := MemoryCeiling(65536, 2, 20000); got != 96<<20+above {
+		t.Errorf("ceiling %d, want %d", got, 96<<20+above)
 	}
+	// The limit: the Go runtime's 64 MiB of the base, and 64 MiB of
+	// batches.
+	const want = above + 64<<20 + 64<<20
 	for _, c := range []struct {
 		env     []string
 		percent int
@@ -35,7 +38,7 @@ func TestGCTargets(t *testing.T) {
 		{[]string{"GOMEMLIMIT"}, GCPercent, -1},
 		{[]string{"GOGC", "GOMEMLIMIT"}, -1, -1},
 	} {
-		percent, limit := gcTargets(65536, 2, 20000, env(c.env...))
+		percent, limit := gcTargets(65536, 2, 20000, 64<<20, env(c.env...))
 		if percent != c.percent || limit != c.limit {
 			t.Errorf("environment %v: percent %d and limit %d, want %d and %d", c.env, percent, limit, c.percent, c.limit)
 		}
@@ -51,5 +54,38 @@ func TestGCTargets(t *testing.T) {
 	setGC(-1, -1)
 	if p, l := debug.SetGCPercent(100), debug.SetMemoryLimit(-1); p != 100 || l != 1<<30 {
 		t.Errorf("setGC(-1, -1) changed the targets: percent %d, limit %d", p, l)
+	}
+}
+
+// The soft limit follows the edges the cap holds, by steps of limitStep
+// edges, and is left alone when GOMEMLIMIT set it.
+func TestMemoryLimitFollowsEdges(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(old)
+	l := memoryLimit{base: 100 << 20}
+	for _, c := range []struct {
+		edges int
+		want  int64
+	}{
+		{limitStep - 1, -1},
+		{limitStep, 100<<20 + limitStep*edgeBytes},
+		{2*limitStep - 1, -1},
+		{3 * limitStep, 100<<20 + 3*limitStep*edgeBytes},
+		{2*limitStep + 1, -1},
+		{0, 100 << 20},
+	} {
+		if got := l.follow(c.edges); got != c.want {
+			t.Errorf("%d edges held: limit %d, want %d", c.edges, got, c.want)
+		}
+		if c.want >= 0 {
+			if set := debug.SetMemoryLimit(-1); set != c.want {
+				t.Errorf("%d edges held: the runtime's limit is %d, want %d", c.edges, set, c.want)
+			}
+		}
+	}
+	env := memoryLimit{base: -1}
+	debug.SetMemoryLimit(1 << 30)
+	if got := env.follow(10 * limitStep); got != -1 || debug.SetMemoryLimit(-1) != 1<<30 {
+		t.Errorf("a limit from GOMEMLIMIT was changed (follow returned %d)", got)
 	}
 }

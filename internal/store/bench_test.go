@@ -467,30 +467,48 @@ func compact(b *testing.B, s *store.Store, name string, now time.Time) {
 
 // BenchmarkAgentInterval: one agent's interval as `deptrace agent` writes
 // it with 1,000 client hosts (docs/performance.md, "The agent and its
-// output"): 2,000 flows with the counters short-lived TCP fills (the
-// client's with its connect latency, both with RTT), every one already
-// in the store from the interval before (the same keys), 5 s apart (a new
-// minute every twelve intervals), into SQLite:
+// output"): the flows with the counters short-lived TCP fills (the
+// client's with its connect latency, both with RTT), already in the store
+// from the interval before (the same keys), 5 s apart (a new minute every
+// twelve intervals), into SQLite. "steady": 1,000 clients, 2,000 flows an
+// interval. "varying": 700 to 1,000 clients an interval, and every
+// seventh client's flow in one interval of three with failed connects
+// (refused, timed out), so that row counts and sets of columns vary as
+// the agent's do:
 //
 //	go test -run '^$' -bench AgentInterval -benchtime 60x ./internal/store/
 func BenchmarkAgentInterval(b *testing.B) {
+	b.Run("steady", func(b *testing.B) { agentIntervals(b, false) })
+	b.Run("varying", func(b *testing.B) { agentIntervals(b, true) })
+}
+
+func agentIntervals(b *testing.B, varying bool) {
 	s, err := store.Open(context.Background(), filepath.Join(b.TempDir(), "agent.db"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
 	at := time.Now().Truncate(time.Minute)
+	flows := 0
 	batch := func(i int) store.Batch {
 		// The agent's default 5 s interval: twelve intervals a minute.
 		seen := at.Add(time.Duration(i) * 5 * time.Second)
 		bucket := seen.Truncate(time.Minute)
 		bt := store.Batch{Hosts: []store.Host{{ID: "h", Name: "h", Addrs: []string{"10.0.0.1"}, LastSeen: seen}}}
-		for c := 0; c < 1000; c++ {
+		clients := 1000
+		if varying {
+			clients = 700 + i*37%301
+		}
+		for c := 0; c < clients; c++ {
 			client := fmt.Sprintf("127.0.%d.%d", c/250, c%250+1)
+			out := tracer.Counters{Connections: 25, BytesSent: 1600, BytesReceived: 1600, ConnectLatencyCount: 25, ConnectLatencySumUs: 1250, ConnectLatencyMaxUs: 90,
+				RTTSamples: 25, RTTSumUs: 500, RTTMinUs: 11, RTTMaxUs: 40}
+			if varying && c%7 == i%3 {
+				out.FailedConnections, out.FailedRefused, out.FailedTimeout = 3, 2, 1
+			}
 			bt.Observations = append(bt.Observations,
 				store.Observation{Bucket: bucket, HostID: "h", Direction: "outbound", Proto: "tcp", LocalAddr: client, RemoteAddr: "127.0.0.1", Port: 7000, Comm: "deptrace-bench",
-					Counters: tracer.Counters{Connections: 25, BytesSent: 1600, BytesReceived: 1600, ConnectLatencyCount: 25, ConnectLatencySumUs: 1250, ConnectLatencyMaxUs: 90,
-						RTTSamples: 25, RTTSumUs: 500, RTTMinUs: 11, RTTMaxUs: 40}, FirstSeen: seen, LastSeen: seen},
+					Counters: out, FirstSeen: seen, LastSeen: seen},
 				store.Observation{Bucket: bucket, HostID: "h", Direction: "inbound", Proto: "tcp", LocalAddr: "127.0.0.1", RemoteAddr: client, Port: 7000, Comm: "deptrace-bench",
 					Counters: tracer.Counters{Connections: 25, BytesSent: 1600, BytesReceived: 1600, RTTSamples: 25, RTTSumUs: 450, RTTMinUs: 9, RTTMaxUs: 35}, FirstSeen: seen, LastSeen: seen})
 		}
@@ -503,10 +521,11 @@ func BenchmarkAgentInterval(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer() // the batch is the tracer's work, not the store's
 		bt := batch(i + 1)
+		flows += len(bt.Observations)
 		b.StartTimer()
 		if err := s.Write(context.Background(), bt); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*2000), "µs/flow")
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(flows), "µs/flow")
 }

@@ -130,10 +130,13 @@ type Store struct {
 	keyCache keyIDCache
 	stmtMu   sync.Mutex
 	stmts    map[writeShape]*sql.Stmt // see prepareWrites
-	// Row shapes a write used before they were prepared, and how many
-	// such shapes are (see preparedRows).
+	// Row shapes a write used before they were prepared (see
+	// preparedRows), the column sets admitted, and how often writes
+	// wanted the others (see prepareWrites).
 	stmtsWanted map[writeShape]bool
-	rowShapes   int
+	columnSets  map[columnSet]bool
+	setsWanted  map[columnSet]int
+	closed      bool // under stmtMu: statements prepared after Close are closed
 	// The background compaction writes start (see compactSoon).
 	lastCompact   atomic.Int64
 	noAutoCompact atomic.Bool
@@ -229,6 +232,7 @@ func (s *Store) Close() error {
 		st.Close()
 	}
 	s.stmts = nil
+	s.closed = true
 	s.stmtMu.Unlock()
 	return s.db.Close()
 }

@@ -317,11 +317,20 @@ func filledColumns(c *tracer.Counters) colMask {
 	return m
 }
 
-// maxRowShapes bounds the row statements one open store keeps prepared
-// beyond those of every column: the masks are data (a host with every mix
-// of failures could make thousands), and SQLite's program for one mask's
-// nine sizes (1 to 256 rows) takes about 1.5 MiB, outside Go's heap.
-const maxRowShapes = 16
+// maxColumnSets bounds the sets of counter columns (per table) one open
+// store keeps row statements for beyond the statement of every column:
+// the sets are data (a host with every mix of failures could make
+// thousands), and SQLite's program for one set in its nine sizes (1 to
+// 256 rows) takes about 1.5 MiB, outside Go's heap. An agent's rows fill
+// a few sets (client and server rows, failures) in the minute table and,
+// for closed minutes, the hour and day tables.
+const maxColumnSets = 8
+
+// columnSet is a table's row statements of the same counter columns.
+type columnSet struct {
+	table string
+	cols  colMask
+}
 
 // prepared returns sh's statement bound to tx: prepared once per open
 // store by prepareWrites, or (a shape it did not prepare) prepared for tx
@@ -362,49 +371,109 @@ func (s *Store) preparedRows(ctx context.Context, tx *sql.Tx, sh writeShape) (*s
 // prepareWrites prepares, once per open SQLite store, every statement
 // shape the writes use (keys and each level's rows of every column, 1 to
 // 256 rows per statement), and before each write the row shapes the last
-// writes noted (preparedRows), up to maxRowShapes. It runs outside any
-// transaction: SQLite has one connection, which a transaction holds.
+// writes noted (preparedRows) of the column sets admitted: a set is
+// admitted when writes wanted it twice, up to maxColumnSets, so that one
+// burst of unusual rows does not take the places of the usual ones.
+//
+// It runs outside any transaction (SQLite has one connection, which a
+// transaction holds) and prepares without holding stmtMu, which a writer
+// inside its transaction may wait for. A statement of some columns that
+// fails to prepare is left out: the writes go on with the statement of
+// every column, which stores the same.
 func (s *Store) prepareWrites(ctx context.Context) error {
 	if s.d.name == postgres.name {
 		return nil
 	}
 	s.stmtMu.Lock()
-	defer s.stmtMu.Unlock()
-	if s.stmts != nil {
+	base := s.stmts == nil
+	s.stmtMu.Unlock()
+	if base {
+		var shapes []writeShape
+		for n := 1; n <= 256; n *= 2 {
+			shapes = append(shapes, writeShape{"flow_keys", n, 0})
+			for _, l := range levels {
+				shapes = append(shapes, writeShape{l.table, n, everyCounter})
+			}
+		}
+		stmts, err := s.prepareShapes(ctx, shapes)
+		if err != nil {
+			return fmt.Errorf("prepare writes: %w", err)
+		}
+		s.adoptStatements(stmts, true)
+	}
+	s.stmtMu.Lock()
+	var todo []writeShape
+	if len(s.stmtsWanted) > 0 {
+		counted := map[columnSet]bool{}
 		for sh := range s.stmtsWanted {
-			if s.rowShapes >= maxRowShapes {
-				break
+			set := columnSet{sh.table, sh.cols}
+			if s.stmts[sh] != nil {
+				continue
 			}
-			st, err := s.db.PrepareContext(ctx, s.d.rebind(sh.sql()))
-			if err != nil {
-				return fmt.Errorf("prepare writes: %w", err)
+			if !s.columnSets[set] {
+				if len(s.columnSets) >= maxColumnSets {
+					continue
+				}
+				if !counted[set] {
+					counted[set] = true
+					s.setsWanted[set]++
+				}
+				if s.setsWanted[set] < 2 {
+					continue
+				}
+				s.columnSets[set] = true
+				delete(s.setsWanted, set)
 			}
-			s.stmts[sh] = st
-			s.rowShapes++
+			todo = append(todo, sh)
 		}
 		clear(s.stmtsWanted)
-		return nil
-	}
-	stmts := map[writeShape]*sql.Stmt{}
-	var shapes []writeShape
-	for n := 1; n <= 256; n *= 2 {
-		shapes = append(shapes, writeShape{"flow_keys", n, 0})
-		for _, l := range levels {
-			shapes = append(shapes, writeShape{l.table, n, everyCounter})
+		if len(s.setsWanted) > 4*maxColumnSets {
+			clear(s.setsWanted) // forget sets that do not recur
 		}
 	}
+	s.stmtMu.Unlock()
+	for _, sh := range todo {
+		if stmts, err := s.prepareShapes(ctx, []writeShape{sh}); err == nil {
+			s.adoptStatements(stmts, false)
+		}
+	}
+	return nil
+}
+
+// prepareShapes prepares shapes for the store, all or none.
+func (s *Store) prepareShapes(ctx context.Context, shapes []writeShape) (map[writeShape]*sql.Stmt, error) {
+	stmts := make(map[writeShape]*sql.Stmt, len(shapes))
 	for _, sh := range shapes {
 		st, err := s.db.PrepareContext(ctx, s.d.rebind(sh.sql()))
 		if err != nil {
 			for _, st := range stmts {
 				st.Close()
 			}
-			return fmt.Errorf("prepare writes: %w", err)
+			return nil, err
 		}
 		stmts[sh] = st
 	}
-	s.stmts = stmts
-	return nil
+	return stmts, nil
+}
+
+// adoptStatements adds stmts to the store's, base being the first set:
+// one another writer prepared meanwhile, or any after Close, is closed.
+func (s *Store) adoptStatements(stmts map[writeShape]*sql.Stmt, base bool) {
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if base && s.stmts == nil && !s.closed {
+		s.stmts = stmts
+		s.columnSets = map[columnSet]bool{}
+		s.setsWanted = map[columnSet]int{}
+		return
+	}
+	for sh, st := range stmts {
+		if s.stmts == nil || s.stmts[sh] != nil {
+			st.Close()
+			continue
+		}
+		s.stmts[sh] = st
+	}
 }
 
 // rowColumns are the columns a write gives a flow bucket table.

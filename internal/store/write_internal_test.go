@@ -3,52 +3,150 @@ package store
 import (
 	"context"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/tracer"
 )
 
-// Statements of some counter columns are data-driven, so their number is
-// bounded: past maxRowShapes a write uses the statement of every column,
-// and every count still lands.
-func TestRowShapesAreBounded(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "shapes.db"))
+// shapesObservation is one flow's observation that counts a connection
+// and fills, of the next counters, those of m's bits: m names a set of
+// columns.
+func shapesObservation(at time.Time, port uint16, m int) Observation {
+	o := Observation{Bucket: at, HostID: "h", Direction: "outbound", Proto: "tcp", LocalAddr: "10.0.0.1", RemoteAddr: "10.0.0.2",
+		Port: port, Comm: "c", FirstSeen: at, LastSeen: at}
+	for i, v := range counterFields(&o.Counters)[1:] {
+		if m&(1<<i) != 0 {
+			*v = uint64(i + 2)
+		}
+	}
+	o.Counters.Connections = 1
+	return o
+}
+
+func openShapes(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "shapes.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Statements of some counter columns are data-driven, so their number is
+// bounded: past maxColumnSets a write uses the statement of every column,
+// and every count still lands.
+func TestColumnSetsAreBounded(t *testing.T) {
+	ctx := context.Background()
+	s := openShapes(t)
 	at := time.Now().Truncate(time.Minute)
-	const masks = 3 * maxRowShapes
-	var want uint64
-	for round := 0; round < 2; round++ { // the second round finds the first's shapes prepared
+	const masks = 3 * maxColumnSets
+	var want tracer.Counters
+	for round := 0; round < 3; round++ { // a set is admitted in the third
 		for m := 1; m <= masks; m++ {
-			o := Observation{Bucket: at, HostID: "h", Direction: "outbound", Proto: "tcp", LocalAddr: "10.0.0.1", RemoteAddr: "10.0.0.2",
-				Port: 80, Comm: "c", FirstSeen: at, LastSeen: at}
-			// Every row counts one connection, and m names which of the
-			// other counters it fills: masks distinct sets of columns.
-			for i, v := range counterFields(&o.Counters)[1:] {
-				if m&(1<<i) != 0 {
-					*v = 1
-				}
-			}
-			o.Counters.Connections = 1
-			want++
+			o := shapesObservation(at, 80, m)
+			want.Add(o.Counters)
 			if err := s.Write(ctx, Batch{Observations: []Observation{o}}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	s.stmtMu.Lock()
-	shapes, prepared := s.rowShapes, len(s.stmts)
+	sets, masked := len(s.columnSets), 0
+	for sh := range s.stmts {
+		if sh.table != "flow_keys" && sh.cols != everyCounter {
+			masked++
+			if !s.columnSets[columnSet{sh.table, sh.cols}] {
+				t.Errorf("%+v prepared outside the admitted sets", sh)
+			}
+		}
+	}
 	s.stmtMu.Unlock()
-	if base := 9 * (1 + len(levels)); shapes != maxRowShapes || prepared != base+maxRowShapes {
-		t.Errorf("%d row shapes and %d statements prepared, want %d and %d", shapes, prepared, maxRowShapes, base+maxRowShapes)
+	if sets != maxColumnSets || masked < maxColumnSets {
+		t.Errorf("%d column sets admitted, %d statements of them, want %d and at least as many", sets, masked, maxColumnSets)
 	}
 	got, err := s.Observations(ctx, Range{})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("%v %+v", err, got)
 	}
-	if got[0].Connections != want {
-		t.Errorf("%d connections stored, want %d", got[0].Connections, want)
+	if got[0].Counters != want {
+		t.Errorf("stored\n %+v\nwant\n %+v", got[0].Counters, want)
+	}
+}
+
+// Once writes wanted a set of columns twice, the writes after use its own
+// statements (a write that falls back to the statement of every column
+// notes its shape), and a set wanted once takes no place.
+func TestColumnSetStatementsAreUsed(t *testing.T) {
+	ctx := context.Background()
+	s := openShapes(t)
+	at := time.Now().Truncate(time.Minute)
+	const usual, once = 0b101, 0b11
+	if err := s.Write(ctx, Batch{Observations: []Observation{shapesObservation(at, 81, once)}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if err := s.Write(ctx, Batch{Observations: []Observation{shapesObservation(at, 80, usual)}}); err != nil {
+			t.Fatal(err)
+		}
+		s.stmtMu.Lock()
+		fellBack := len(s.stmtsWanted)
+		s.stmtMu.Unlock()
+		if wantFallBack := i < 2; (fellBack > 0) != wantFallBack {
+			t.Errorf("write %d: %d shapes noted for lack of a statement; want some: %v", i+1, fellBack, wantFallBack)
+		}
+	}
+	setOf := func(m int) columnSet {
+		o := shapesObservation(at, 80, m)
+		return columnSet{levels[0].table, filledColumns(&o.Counters)}
+	}
+	usualSet, onceSet := setOf(usual), setOf(once)
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if !s.columnSets[usualSet] || s.stmts[writeShape{usualSet.table, 1, usualSet.cols}] == nil {
+		t.Errorf("the set written four times has no statement: sets %v", s.columnSets)
+	}
+	if s.columnSets[onceSet] {
+		t.Errorf("the set written once was admitted: sets %v", s.columnSets)
+	}
+}
+
+// Two writers sharing one SQLite store: one prepares a set's statements
+// while the other, inside its transaction (holding SQLite's one
+// connection), looks its statements up. Neither may wait for the other.
+func TestSharedStoreWritersPrepareWithoutDeadlock(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := openShapes(t)
+	at := time.Now().Truncate(time.Minute)
+	const writes = 30
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < writes; i++ {
+				// A new set every third write, each wanted three times.
+				o := shapesObservation(at, uint16(80+w), 1+w+2*(i/3))
+				if err := s.Write(ctx, Batch{Observations: []Observation{o}}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("a writer failed (the deadline of a deadlock?): %v", err)
+	}
+	s.stmtMu.Lock()
+	sets := len(s.columnSets)
+	s.stmtMu.Unlock()
+	if sets == 0 {
+		t.Error("no set admitted: the writers never prepared while the other wrote")
 	}
 }
