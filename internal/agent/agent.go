@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +58,9 @@ type Config struct {
 	// counted and stored: the DNS watcher's Apply.
 	DNS     func(*tracer.Interval)
 	EdgeCap // MaxEdgesPerNode: folds a local end's flows past it (fold.go)
+	// MaxProcs is Go's GOMAXPROCS for the agent unless the environment
+	// sets it; 0 leaves Go's (one per CPU). See DefaultMaxProcs.
+	MaxProcs int
 }
 
 // DefaultSpoolPath is where batches wait while the store is unreachable.
@@ -81,12 +85,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			series = metrics.DefaultMaxSeries // as metrics.New takes it
 		}
 	}
+	if procs := maxProcs(cfg.MaxProcs, os.LookupEnv); procs > 0 {
+		runtime.GOMAXPROCS(procs)
+	}
 	memLimit := memoryLimit{base: -1}
 	if cpus, err := ebpf.PossibleCPU(); err == nil {
-		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, cfg.BufferMax, os.LookupEnv)
+		held := cfg.BufferMax // batches wait in memory only without a pinned kernel side
+		if cfg.Tracer.PinPath != "" {
+			held = 0
+		}
+		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, held, os.LookupEnv)
 		setGC(percent, limit)
 		memLimit.base = limit
-		log.Info("garbage collector", "gc_percent", percent, "memory_limit_mib", limit>>20, "hint", "-1: set by GOGC or GOMEMLIMIT")
+		log.Info("go runtime", "gomaxprocs", runtime.GOMAXPROCS(0), "gc_percent", percent, "memory_limit_mib", limit>>20, "hint", "-1: set by GOGC or GOMEMLIMIT")
 	}
 	var m *metrics.Metrics // nil: metrics off, every call a no-op
 	if cfg.MetricsListen != "" {

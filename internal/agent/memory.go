@@ -32,7 +32,8 @@ func MemoryCeiling(flowMapSize uint32, cpus, series int) int64 {
 // memoryBaseGo is the part of memoryBase that Go's runtime holds, which
 // is what a Go memory limit counts: at idle, 52 MiB of the agent's 72 MiB
 // resident (go_memstats_sys_bytes against process_resident_memory_bytes).
-// The rest is SQLite's, allocated outside Go's heap.
+// The other 32 MiB are outside Go's heap: SQLite's (20 MiB at idle, and
+// up to 12 MiB of row statements of some columns; internal/store).
 const memoryBaseGo = 64 << 20
 
 // edgeBytes is the ceiling's term per edge the edge cap holds.
@@ -41,7 +42,8 @@ const edgeBytes = 256
 // gcTargets is the collector's target and soft memory limit for an agent
 // whose flow map holds flowMapSize flows on cpus CPUs, whose metrics hold
 // at most series series and which keeps at most bufferMax bytes of
-// batches in memory; -1 leaves Go's own (set from GOGC and GOMEMLIMIT,
+// batches in memory (--buffer-max; 0 with a pinned kernel side, which
+// keeps them in the kernel); -1 leaves Go's own (set from GOGC and GOMEMLIMIT,
 // which win when the environment sets them). The limit is the Go part of
 // MemoryCeiling plus bufferMax, without the edges the cap holds
 // (memoryLimit.follow adds them as they come): where GCPercent's headroom
@@ -89,4 +91,21 @@ func (l *memoryLimit) follow(edges int) int64 {
 	limit := l.base + int64(edges)*edgeBytes
 	debug.SetMemoryLimit(limit)
 	return limit
+}
+
+// DefaultMaxProcs is the agent's GOMAXPROCS: its work is one pipeline (a
+// drain, then the store's write through SQLite's one connection), which a
+// second processor does not speed up, while waking it costs switches
+// between threads; at 1, the agent with 1,000 client hosts took about
+// 12 % less CPU (docs/performance.md). It also keeps the agent's Go code
+// to one CPU's worth on a busy host. node_exporter does the same.
+const DefaultMaxProcs = 1
+
+// maxProcs is the GOMAXPROCS to set for want (the --gomaxprocs flag), or
+// 0 to leave Go's: when want is 0 or the environment sets GOMAXPROCS.
+func maxProcs(want int, lookupEnv func(string) (string, bool)) int {
+	if _, set := lookupEnv("GOMAXPROCS"); set || want <= 0 {
+		return 0
+	}
+	return want
 }

@@ -25,9 +25,9 @@ func TestGCTargets(t *testing.T) {
 	if got := MemoryCeiling(65536, 2, 20000); got != 96<<20+above {
 		t.Errorf("ceiling %d, want %d", got, 96<<20+above)
 	}
-	// The limit: the Go runtime's 64 MiB of the base, and 64 MiB of
+	// The limit: the Go runtime's 64 MiB of the base, and 10 MiB of
 	// batches.
-	const want = above + 64<<20 + 64<<20
+	const want = above + 64<<20 + 10<<20
 	for _, c := range []struct {
 		env     []string
 		percent int
@@ -38,7 +38,7 @@ func TestGCTargets(t *testing.T) {
 		{[]string{"GOMEMLIMIT"}, GCPercent, -1},
 		{[]string{"GOGC", "GOMEMLIMIT"}, -1, -1},
 	} {
-		percent, limit := gcTargets(65536, 2, 20000, 64<<20, env(c.env...))
+		percent, limit := gcTargets(65536, 2, 20000, 10<<20, env(c.env...))
 		if percent != c.percent || limit != c.limit {
 			t.Errorf("environment %v: percent %d and limit %d, want %d and %d", c.env, percent, limit, c.percent, c.limit)
 		}
@@ -62,17 +62,18 @@ func TestGCTargets(t *testing.T) {
 func TestMemoryLimitFollowsEdges(t *testing.T) {
 	old := debug.SetMemoryLimit(-1)
 	defer debug.SetMemoryLimit(old)
-	l := memoryLimit{base: 100 << 20}
+	const base = 8 << 30 // above what the tests use: no collection is forced
+	l := memoryLimit{base: base}
 	for _, c := range []struct {
 		edges int
 		want  int64
 	}{
 		{limitStep - 1, -1},
-		{limitStep, 100<<20 + limitStep*edgeBytes},
+		{limitStep, base + limitStep*edgeBytes},
 		{2*limitStep - 1, -1},
-		{3 * limitStep, 100<<20 + 3*limitStep*edgeBytes},
+		{3 * limitStep, base + 3*limitStep*edgeBytes},
 		{2*limitStep + 1, -1},
-		{0, 100 << 20},
+		{0, base},
 	} {
 		if got := l.follow(c.edges); got != c.want {
 			t.Errorf("%d edges held: limit %d, want %d", c.edges, got, c.want)
@@ -87,5 +88,19 @@ func TestMemoryLimitFollowsEdges(t *testing.T) {
 	debug.SetMemoryLimit(1 << 30)
 	if got := env.follow(10 * limitStep); got != -1 || debug.SetMemoryLimit(-1) != 1<<30 {
 		t.Errorf("a limit from GOMEMLIMIT was changed (follow returned %d)", got)
+	}
+}
+
+// --gomaxprocs applies unless GOMAXPROCS is in the environment or it is 0.
+func TestMaxProcs(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	env := func(k string) (string, bool) { return "4", k == "GOMAXPROCS" }
+	for _, c := range []struct {
+		want, got int
+		lookup    func(string) (string, bool)
+	}{{1, 1, none}, {3, 3, none}, {0, 0, none}, {1, 0, env}, {0, 0, env}} {
+		if got := maxProcs(c.want, c.lookup); got != c.got {
+			t.Errorf("--gomaxprocs %d: %d, want %d", c.want, got, c.got)
+		}
 	}
 }

@@ -306,3 +306,12 @@ func (s *Store) PieceBytes(ctx context.Context) (map[int]int64, error) {
 	}
 	return out, rows.Err()
 }
+
+// RowShapesFellBack is the number of row shapes the writes since the last
+// prepareWrites wrote with the statement of every column, for want of
+// their own (0 for PostgreSQL, which has no such statements).
+func (s *Store) RowShapesFellBack() int {
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	return len(s.stmtsWanted)
+}

@@ -317,13 +317,13 @@ func filledColumns(c *tracer.Counters) colMask {
 	return m
 }
 
-// maxColumnSets bounds the sets of counter columns (per table) one open
-// store keeps row statements for beyond the statement of every column:
-// the sets are data (a host with every mix of failures could make
+// maxColumnSets bounds the sets of counter columns (over every table)
+// one open store keeps row statements for beyond the statement of every
+// column: the sets are data (a host with every mix of failures could make
 // thousands), and SQLite's program for one set in its nine sizes (1 to
 // 256 rows) takes about 1.5 MiB, outside Go's heap. An agent's rows fill
-// a few sets (client and server rows, failures) in the minute table and,
-// for closed minutes, the hour and day tables.
+// a few sets (client and server rows, failures), in the minute table:
+// the hour and day tables take only the rows of minutes already closed.
 const maxColumnSets = 8
 
 // columnSet is a table's row statements of the same counter columns.
@@ -403,7 +403,10 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 	}
 	s.stmtMu.Lock()
 	var todo []writeShape
-	if len(s.stmtsWanted) > 0 {
+	if len(s.stmtsWanted) > 0 && s.stmts != nil {
+		if s.columnSets == nil {
+			s.columnSets, s.setsWanted = map[columnSet]bool{}, map[columnSet]int{}
+		}
 		counted := map[columnSet]bool{}
 		for sh := range s.stmtsWanted {
 			set := columnSet{sh.table, sh.cols}
@@ -428,16 +431,37 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 		}
 		clear(s.stmtsWanted)
 		if len(s.setsWanted) > 4*maxColumnSets {
-			clear(s.setsWanted) // forget sets that do not recur
+			// Forget the sets this round did not want: they do not recur.
+			for set := range s.setsWanted {
+				if !counted[set] {
+					delete(s.setsWanted, set)
+				}
+			}
 		}
 	}
 	s.stmtMu.Unlock()
 	for _, sh := range todo {
-		if stmts, err := s.prepareShapes(ctx, []writeShape{sh}); err == nil {
-			s.adoptStatements(stmts, false)
+		stmts, err := s.prepareShapes(ctx, []writeShape{sh})
+		if err != nil {
+			s.dropEmptySet(columnSet{sh.table, sh.cols})
+			continue
 		}
+		s.adoptStatements(stmts, false)
 	}
 	return nil
+}
+
+// dropEmptySet gives set's place back when none of its statements could
+// be prepared: writes may want it again, or another set.
+func (s *Store) dropEmptySet(set columnSet) {
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	for sh := range s.stmts {
+		if sh.table == set.table && sh.cols == set.cols {
+			return
+		}
+	}
+	delete(s.columnSets, set)
 }
 
 // prepareShapes prepares shapes for the store, all or none.

@@ -44,7 +44,7 @@ func TestColumnSetsAreBounded(t *testing.T) {
 	at := time.Now().Truncate(time.Minute)
 	const masks = 3 * maxColumnSets
 	var want tracer.Counters
-	for round := 0; round < 3; round++ { // a set is admitted in the third
+	for round := 0; round < 3; round++ { // admitted in the second, used in the third
 		for m := 1; m <= masks; m++ {
 			o := shapesObservation(at, 80, m)
 			want.Add(o.Counters)
