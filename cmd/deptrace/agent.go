@@ -110,7 +110,7 @@ killed agent left.`,
 			}
 			cfg.SpoolMax = spoolMax
 			if cfg.MaxProcs < 0 {
-				return fmt.Errorf("invalid --gomaxprocs %d: allowed 0 (one per CPU) or more", cfg.MaxProcs)
+				return fmt.Errorf("invalid --gomaxprocs %d: allowed 0 (Go's default) or more", cfg.MaxProcs)
 			}
 			if err := metrics.CheckListen(cfg.MetricsListen); err != nil {
 				return err
@@ -175,7 +175,7 @@ killed agent left.`,
 	cmd.Flags().StringVar(&bufferMax, "buffer-max", formatBytes(agent.DefaultBufferMax), "without a pinned kernel side, most memory (estimated) for the newest batches while neither the store nor the spool can be written; 0 keeps none")
 	cmd.Flags().StringVar(&cfg.SpoolPath, "spool", agent.DefaultSpoolPath, "where batches wait while the store is unreachable")
 	cmd.Flags().Int64Var(&spoolMax, "spool-max", 256<<20, "most bytes the spool may hold")
-	cmd.Flags().IntVar(&cfg.MaxProcs, "gomaxprocs", agent.DefaultMaxProcs, "threads running the agent's Go code at once (Go's GOMAXPROCS, which wins when set); 0: one per CPU")
+	cmd.Flags().IntVar(&cfg.MaxProcs, "gomaxprocs", agent.DefaultMaxProcs, "threads running the agent's Go code at once (Go's GOMAXPROCS, which wins when set); 0: Go's default (one per CPU or the container's CPU limit)")
 	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
 	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics-listen", metrics.DefaultListen, "host:port serving Prometheus /metrics; \"\" disables them")
 	cmd.Flags().DurationVar(&cfg.Metrics.TTL, "metrics-ttl", metrics.DefaultTTL, "drop a metric series idle for longer than this (1s or more)")

@@ -30,7 +30,7 @@ func TestAgentRetentionFlagErrors(t *testing.T) {
 		{nil, []string{"--store-max-size", "NaN"}, `invalid --store-max-size "NaN"`},
 		{nil, []string{"--buffer-max", "+InfMiB"}, `invalid --buffer-max "+InfMiB"`},
 		{nil, []string{"--buffer-max", "-1"}, `invalid --buffer-max "-1": allowed from 0 to 64GiB`},
-		{nil, []string{"--gomaxprocs", "-2"}, `invalid --gomaxprocs -2: allowed 0 (one per CPU) or more`},
+		{nil, []string{"--gomaxprocs", "-2"}, `invalid --gomaxprocs -2: allowed 0 (Go's default) or more`},
 		{[]string{"DEPTRACE_RETENTION_DAYS=1h"}, nil, `invalid --retention-minutes 48h: longer than --retention-days 1h`},
 	}
 	for _, c := range cases {

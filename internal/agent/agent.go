@@ -59,7 +59,8 @@ type Config struct {
 	DNS     func(*tracer.Interval)
 	EdgeCap // MaxEdgesPerNode: folds a local end's flows past it (fold.go)
 	// MaxProcs is Go's GOMAXPROCS for the agent unless the environment
-	// sets it; 0 leaves Go's (one per CPU). See DefaultMaxProcs.
+	// sets it; 0 leaves Go's default (one per CPU, or the container's
+	// CPU limit). See DefaultMaxProcs.
 	MaxProcs int
 }
 
@@ -90,11 +91,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	memLimit := memoryLimit{base: -1}
 	if cpus, err := ebpf.PossibleCPU(); err == nil {
-		held := cfg.BufferMax // batches wait in memory only without a pinned kernel side
-		if cfg.Tracer.PinPath != "" {
-			held = 0
-		}
-		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, held, os.LookupEnv)
+		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, cfg.BufferMax, cfg.Tracer.PinPath != "", os.LookupEnv)
 		setGC(percent, limit)
 		memLimit.base = limit
 		log.Info("go runtime", "gomaxprocs", runtime.GOMAXPROCS(0), "gc_percent", percent, "memory_limit_mib", limit>>20, "hint", "-1: set by GOGC or GOMEMLIMIT")

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"runtime/debug"
+	"strconv"
 
 	"github.com/deptrace/deptrace/internal/bundler"
 )
@@ -42,22 +43,30 @@ const edgeBytes = 256
 // gcTargets is the collector's target and soft memory limit for an agent
 // whose flow map holds flowMapSize flows on cpus CPUs, whose metrics hold
 // at most series series and which keeps at most bufferMax bytes of
-// batches in memory (--buffer-max; 0 with a pinned kernel side, which
-// keeps them in the kernel); -1 leaves Go's own (set from GOGC and GOMEMLIMIT,
+// batches in memory (--buffer-max) unless its kernel side is pinned; -1 leaves Go's own (set from GOGC and GOMEMLIMIT,
 // which win when the environment sets them). The limit is the Go part of
 // MemoryCeiling plus bufferMax, without the edges the cap holds
 // (memoryLimit.follow adds them as they come): where GCPercent's headroom
 // would take a hostile load past the ceiling, the runtime collects as
 // often as the limit needs instead.
-func gcTargets(flowMapSize uint32, cpus, series int, bufferMax int64, lookupEnv func(string) (string, bool)) (percent int, limit int64) {
+func gcTargets(flowMapSize uint32, cpus, series int, bufferMax int64, pinned bool, lookupEnv func(string) (string, bool)) (percent int, limit int64) {
 	percent, limit = -1, -1
 	if _, set := lookupEnv("GOGC"); !set {
 		percent = GCPercent
 	}
 	if _, set := lookupEnv("GOMEMLIMIT"); !set {
-		limit = MemoryCeiling(flowMapSize, cpus, series) - memoryBase + memoryBaseGo + max(bufferMax, 0)
+		limit = SoftMemoryLimit(flowMapSize, cpus, series, bufferMax, pinned)
 	}
 	return percent, limit
+}
+
+// SoftMemoryLimit is the agent's soft memory limit before it holds edges
+// (see gcTargets).
+func SoftMemoryLimit(flowMapSize uint32, cpus, series int, bufferMax int64, pinned bool) int64 {
+	if pinned {
+		bufferMax = 0 // batches wait in the kernel, not in memory
+	}
+	return MemoryCeiling(flowMapSize, cpus, series) - memoryBase + memoryBaseGo + max(bufferMax, 0)
 }
 
 // setGC applies gcTargets' values (-1: unchanged).
@@ -97,15 +106,18 @@ func (l *memoryLimit) follow(edges int) int64 {
 // drain, then the store's write through SQLite's one connection), which a
 // second processor does not speed up, while waking it costs switches
 // between threads; at 1, the agent with 1,000 client hosts took about
-// 12 % less CPU (docs/performance.md). It also keeps the agent's Go code
+// 8 % less CPU (docs/performance.md). It also keeps the agent's Go code
 // to one CPU's worth on a busy host. node_exporter does the same.
 const DefaultMaxProcs = 1
 
 // maxProcs is the GOMAXPROCS to set for want (the --gomaxprocs flag), or
-// 0 to leave Go's: when want is 0 or the environment sets GOMAXPROCS.
+// 0 to leave Go's: when want is 0 or the environment sets GOMAXPROCS to
+// a number Go takes (a positive integer; Go ignores any other value).
 func maxProcs(want int, lookupEnv func(string) (string, bool)) int {
-	if _, set := lookupEnv("GOMAXPROCS"); set || want <= 0 {
-		return 0
+	if v, set := lookupEnv("GOMAXPROCS"); set {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return 0
+		}
 	}
-	return want
+	return max(want, 0)
 }

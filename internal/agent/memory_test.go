@@ -38,9 +38,17 @@ func TestGCTargets(t *testing.T) {
 		{[]string{"GOMEMLIMIT"}, GCPercent, -1},
 		{[]string{"GOGC", "GOMEMLIMIT"}, -1, -1},
 	} {
-		percent, limit := gcTargets(65536, 2, 20000, 10<<20, env(c.env...))
+		percent, limit := gcTargets(65536, 2, 20000, 10<<20, false, env(c.env...))
 		if percent != c.percent || limit != c.limit {
 			t.Errorf("environment %v: percent %d and limit %d, want %d and %d", c.env, percent, limit, c.percent, c.limit)
+		}
+		// A pinned kernel side keeps batches in the kernel: no --buffer-max.
+		pinnedLimit := c.limit
+		if pinnedLimit >= 0 {
+			pinnedLimit -= 10 << 20
+		}
+		if _, limit := gcTargets(65536, 2, 20000, 10<<20, true, env(c.env...)); limit != pinnedLimit {
+			t.Errorf("environment %v, pinned: limit %d, want %d", c.env, limit, pinnedLimit)
 		}
 	}
 	// setGC sets what it is given and leaves -1 alone.
@@ -91,14 +99,18 @@ func TestMemoryLimitFollowsEdges(t *testing.T) {
 	}
 }
 
-// --gomaxprocs applies unless GOMAXPROCS is in the environment or it is 0.
+// --gomaxprocs applies unless it is 0 or the environment sets GOMAXPROCS
+// to a value Go takes.
 func TestMaxProcs(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
-	env := func(k string) (string, bool) { return "4", k == "GOMAXPROCS" }
+	env := func(v string) func(string) (string, bool) {
+		return func(k string) (string, bool) { return v, k == "GOMAXPROCS" }
+	}
 	for _, c := range []struct {
 		want, got int
 		lookup    func(string) (string, bool)
-	}{{1, 1, none}, {3, 3, none}, {0, 0, none}, {1, 0, env}, {0, 0, env}} {
+	}{{1, 1, none}, {3, 3, none}, {0, 0, none}, {1, 0, env("4")}, {0, 0, env("4")},
+		{1, 1, env("")}, {1, 1, env("0")}, {1, 1, env("many")}} { // values Go ignores
 		if got := maxProcs(c.want, c.lookup); got != c.got {
 			t.Errorf("--gomaxprocs %d: %d, want %d", c.want, got, c.got)
 		}

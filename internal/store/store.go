@@ -131,12 +131,14 @@ type Store struct {
 	stmtMu   sync.Mutex
 	stmts    map[writeShape]*sql.Stmt // see prepareWrites
 	// Row shapes a write used before they were prepared (see
-	// preparedRows), the column sets admitted, and how often writes
-	// wanted the others (see prepareWrites).
-	stmtsWanted map[writeShape]bool
-	columnSets  map[columnSet]bool
-	setsWanted  map[columnSet]int
-	closed      bool // under stmtMu: statements prepared after Close are closed
+	// preparedRows), the column sets admitted, how often writes wanted
+	// the others, and the prepareWrites preparing each (see
+	// prepareWrites).
+	stmtsWanted   map[writeShape]bool
+	columnSets    map[columnSet]bool
+	setsWanted    map[columnSet]int
+	setsPreparing map[columnSet]int
+	closed        bool // under stmtMu: statements prepared after Close are closed
 	// The background compaction writes start (see compactSoon).
 	lastCompact   atomic.Int64
 	noAutoCompact atomic.Bool

@@ -405,7 +405,7 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 	var todo []writeShape
 	if len(s.stmtsWanted) > 0 && s.stmts != nil {
 		if s.columnSets == nil {
-			s.columnSets, s.setsWanted = map[columnSet]bool{}, map[columnSet]int{}
+			s.columnSets, s.setsWanted, s.setsPreparing = map[columnSet]bool{}, map[columnSet]int{}, map[columnSet]int{}
 		}
 		counted := map[columnSet]bool{}
 		for sh := range s.stmtsWanted {
@@ -439,23 +439,41 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 			}
 		}
 	}
-	s.stmtMu.Unlock()
+	bySet := map[columnSet][]writeShape{}
 	for _, sh := range todo {
-		stmts, err := s.prepareShapes(ctx, []writeShape{sh})
-		if err != nil {
-			s.dropEmptySet(columnSet{sh.table, sh.cols})
-			continue
+		set := columnSet{sh.table, sh.cols}
+		if bySet[set] == nil {
+			s.setsPreparing[set]++
 		}
-		s.adoptStatements(stmts, false)
+		bySet[set] = append(bySet[set], sh)
+	}
+	s.stmtMu.Unlock()
+	for set, shapes := range bySet {
+		prepared := false
+		for _, sh := range shapes {
+			if stmts, err := s.prepareShapes(ctx, []writeShape{sh}); err == nil {
+				s.adoptStatements(stmts, false)
+				prepared = true
+			}
+		}
+		s.donePreparing(set, prepared)
 	}
 	return nil
 }
 
-// dropEmptySet gives set's place back when none of its statements could
-// be prepared: writes may want it again, or another set.
-func (s *Store) dropEmptySet(set columnSet) {
+// donePreparing ends a prepareWrites' work on set, and gives set's place
+// back when none of its statements could be prepared and no other writer
+// is preparing one: writes may want it again, or another set.
+func (s *Store) donePreparing(set columnSet, prepared bool) {
 	s.stmtMu.Lock()
 	defer s.stmtMu.Unlock()
+	if s.setsPreparing[set]--; s.setsPreparing[set] > 0 {
+		return
+	}
+	delete(s.setsPreparing, set)
+	if prepared {
+		return
+	}
 	for sh := range s.stmts {
 		if sh.table == set.table && sh.cols == set.cols {
 			return
@@ -487,8 +505,6 @@ func (s *Store) adoptStatements(stmts map[writeShape]*sql.Stmt, base bool) {
 	defer s.stmtMu.Unlock()
 	if base && s.stmts == nil && !s.closed {
 		s.stmts = stmts
-		s.columnSets = map[columnSet]bool{}
-		s.setsWanted = map[columnSet]int{}
 		return
 	}
 	for sh, st := range stmts {

@@ -150,3 +150,31 @@ func TestSharedStoreWritersPrepareWithoutDeadlock(t *testing.T) {
 		t.Error("no set admitted: the writers never prepared while the other wrote")
 	}
 }
+
+// Sets that stop recurring are forgotten, but not the one that recurs: a
+// write of many one-off sets does not reset the count of the usual one.
+func TestColumnSetsForgottenOneByOne(t *testing.T) {
+	ctx := context.Background()
+	s := openShapes(t)
+	at := time.Now().Truncate(time.Minute)
+	const oneOff, usual = 5 * maxColumnSets, 63
+	var burst []Observation
+	for m := 1; m <= oneOff; m++ {
+		burst = append(burst, shapesObservation(at, uint16(1000+m), m))
+	}
+	for _, b := range [][]Observation{burst, {shapesObservation(at, 80, usual)}, {shapesObservation(at, 80, usual)}, {shapesObservation(at, 80, usual)}} {
+		if err := s.Write(ctx, Batch{Observations: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := shapesObservation(at, 80, usual)
+	set := columnSet{levels[0].table, filledColumns(&o.Counters)}
+	s.stmtMu.Lock()
+	defer s.stmtMu.Unlock()
+	if !s.columnSets[set] {
+		t.Errorf("the set wanted by the last three writes was not admitted (sets %v, counts %v)", s.columnSets, s.setsWanted)
+	}
+	if len(s.columnSets) != 1 || len(s.setsWanted) > 0 || len(s.setsPreparing) > 0 {
+		t.Errorf("%d sets admitted, %d counted, %d preparing; want 1, 0 and 0", len(s.columnSets), len(s.setsWanted), len(s.setsPreparing))
+	}
+}

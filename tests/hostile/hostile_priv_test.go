@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ import (
 
 	agentpkg "github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
@@ -87,6 +89,9 @@ func startAgent(t *testing.T, ns string, args ...string) *agent {
 	full := append([]string{"agent", "--store", a.db, "--spool", filepath.Join(dir, "spool.jsonl"), "--pin-path", "",
 		"--netns", ns, "--no-identity", "--metrics-listen", "127.0.0.1:0", "--log-level", "debug", "--host-id", "hostile"}, args...)
 	a.cmd = exec.Command(deptrace, full...)
+	a.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { // the agent's own Go runtime targets
+		return strings.HasPrefix(kv, "GOGC=") || strings.HasPrefix(kv, "GOMEMLIMIT=") || strings.HasPrefix(kv, "GOMAXPROCS=")
+	})
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := a.cmd.StderrPipe()
 	if err != nil {
@@ -367,6 +372,24 @@ func memoryCeiling(flowMapSize, series int) int64 {
 	return agentpkg.MemoryCeiling(uint32(flowMapSize), ncpu, series)
 }
 
+// checkGoRuntime checks the Go runtime targets the agent set at its
+// defaults (internal/agent/memory.go), as its metrics show them: one
+// thread, GOGC 200, and the soft limit without pinning (--pin-path "")
+// and fewer edges than move it.
+func checkGoRuntime(t *testing.T, m map[string]float64) {
+	t.Helper()
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLimit := agentpkg.SoftMemoryLimit(65536, ncpu, metrics.DefaultMaxSeries, agentpkg.DefaultBufferMax, false)
+	procs, gogc, limit := m["go_sched_gomaxprocs_threads{}"], m["go_gc_gogc_percent{}"], m["go_gc_gomemlimit_bytes{}"]
+	if procs != agentpkg.DefaultMaxProcs || gogc != agentpkg.GCPercent || int64(limit) != wantLimit {
+		t.Errorf("agent's Go runtime: GOMAXPROCS %v, GOGC %v, memory limit %v; want %d, %d and %d",
+			procs, gogc, limit, agentpkg.DefaultMaxProcs, agentpkg.GCPercent, wantLimit)
+	}
+}
+
 // checkLosses checks that what the kernel side lost is the same in the
 // log and the metrics, and returns it (every cause).
 func checkLosses(t *testing.T, a *agent, m map[string]float64) uint64 {
@@ -449,6 +472,7 @@ func TestPortScan(t *testing.T) {
 	m, size := a.scrape(t)
 	report(t, a, 65536, int(m["deptrace_metrics_series{}"]))
 	a.stop(t)
+	checkGoRuntime(t, m)
 
 	lost := checkLosses(t, a, m)
 	folded := checkFolded(t, a, m)
@@ -565,6 +589,7 @@ func TestFiftyThousandUDPPeers(t *testing.T) {
 	m, size := a.scrape(t)
 	report(t, a, 65536, int(m["deptrace_metrics_series{}"]))
 	a.stop(t)
+	checkGoRuntime(t, m)
 
 	lost := checkLosses(t, a, m)
 	folded := checkFolded(t, a, m)
@@ -635,6 +660,7 @@ func TestHundredThousandFlowsInOneInterval(t *testing.T) {
 	m, size := a.scrape(t)
 	report(t, a, 65536, int(m["deptrace_metrics_series{}"]))
 	a.stop(t)
+	checkGoRuntime(t, m)
 
 	lost := checkLosses(t, a, m)
 	folded := checkFolded(t, a, m)
