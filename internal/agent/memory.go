@@ -43,21 +43,46 @@ const edgeBytes = 256
 // gcTargets is the collector's target and soft memory limit for an agent
 // whose flow map holds flowMapSize flows on cpus CPUs, whose metrics hold
 // at most series series and which keeps at most bufferMax bytes of
-// batches in memory (--buffer-max) unless its kernel side is pinned; -1 leaves Go's own (set from GOGC and GOMEMLIMIT,
-// which win when the environment sets them). The limit is the Go part of
+// batches in memory (--buffer-max) unless its kernel side is pinned; -1
+// leaves Go's own (set from GOGC and GOMEMLIMIT, which win when the
+// environment gives them a value Go takes). The limit is the Go part of
 // MemoryCeiling plus bufferMax, without the edges the cap holds
 // (memoryLimit.follow adds them as they come): where GCPercent's headroom
 // would take a hostile load past the ceiling, the runtime collects as
 // often as the limit needs instead.
 func gcTargets(flowMapSize uint32, cpus, series int, bufferMax int64, pinned bool, lookupEnv func(string) (string, bool)) (percent int, limit int64) {
 	percent, limit = -1, -1
-	if _, set := lookupEnv("GOGC"); !set {
+	if !goTakes(lookupEnv, "GOGC") {
 		percent = GCPercent
 	}
-	if _, set := lookupEnv("GOMEMLIMIT"); !set {
+	if !goTakes(lookupEnv, "GOMEMLIMIT") {
 		limit = SoftMemoryLimit(flowMapSize, cpus, series, bufferMax, pinned)
 	}
 	return percent, limit
+}
+
+// goTakes is whether the environment sets the Go runtime variable name to
+// a value the runtime uses: it takes an empty GOGC or GOMEMLIMIT, or a
+// GOGC it cannot read, as unset (and stops at a malformed GOMEMLIMIT before
+// the agent starts); it ignores a GOMAXPROCS that is not a positive
+// 32-bit integer.
+func goTakes(lookupEnv func(string) (string, bool), name string) bool {
+	v, set := lookupEnv(name)
+	if !set || v == "" {
+		return false
+	}
+	switch name {
+	case "GOGC":
+		if v == "off" {
+			return true
+		}
+		_, err := strconv.ParseInt(v, 10, 32)
+		return err == nil
+	case "GOMAXPROCS":
+		n, err := strconv.ParseInt(v, 10, 32)
+		return err == nil && n > 0
+	}
+	return true
 }
 
 // SoftMemoryLimit is the agent's soft memory limit before it holds edges
@@ -112,12 +137,10 @@ const DefaultMaxProcs = 1
 
 // maxProcs is the GOMAXPROCS to set for want (the --gomaxprocs flag), or
 // 0 to leave Go's: when want is 0 or the environment sets GOMAXPROCS to
-// a number Go takes (a positive integer; Go ignores any other value).
+// a value Go takes.
 func maxProcs(want int, lookupEnv func(string) (string, bool)) int {
-	if v, set := lookupEnv("GOMAXPROCS"); set {
-		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			return 0
-		}
+	if goTakes(lookupEnv, "GOMAXPROCS") {
+		return 0
 	}
 	return max(want, 0)
 }

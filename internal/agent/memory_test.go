@@ -110,9 +110,26 @@ func TestMaxProcs(t *testing.T) {
 		want, got int
 		lookup    func(string) (string, bool)
 	}{{1, 1, none}, {3, 3, none}, {0, 0, none}, {1, 0, env("4")}, {0, 0, env("4")},
-		{1, 1, env("")}, {1, 1, env("0")}, {1, 1, env("many")}} { // values Go ignores
+		{1, 1, env("")}, {1, 1, env("0")}, {1, 1, env("many")}, {1, 1, env("4294967296")}} { // values Go ignores
 		if got := maxProcs(c.want, c.lookup); got != c.got {
 			t.Errorf("--gomaxprocs %d: %d, want %d", c.want, got, c.got)
+		}
+	}
+}
+
+// GOGC and GOMEMLIMIT win only with a value the Go runtime uses.
+func TestGoTakes(t *testing.T) {
+	for _, c := range []struct {
+		name, value string
+		set, want   bool
+	}{
+		{"GOGC", "", false, false}, {"GOGC", "", true, false}, {"GOGC", "50", true, true}, {"GOGC", "off", true, true},
+		{"GOGC", "lots", true, false}, {"GOMEMLIMIT", "", true, false}, {"GOMEMLIMIT", "900MiB", true, true},
+		{"GOMEMLIMIT", "off", true, true}, {"GOMAXPROCS", "3", true, true}, {"GOMAXPROCS", "-1", true, false},
+	} {
+		lookup := func(k string) (string, bool) { return c.value, c.set && k == c.name }
+		if got := goTakes(lookup, c.name); got != c.want {
+			t.Errorf("%s=%q (set: %v): %v, want %v", c.name, c.value, c.set, got, c.want)
 		}
 	}
 }
