@@ -20,7 +20,7 @@ func pinPath(t *testing.T) string {
 
 func newPinned(t *testing.T, path string) *tracer.Tracer {
 	t.Helper()
-	closeShared() // one deptrace loaded at a time
+	unloadShared(t) // one deptrace loaded at a time
 	cfg := tracer.DefaultConfig()
 	cfg.PinPath = path
 	tr, err := tracer.New(cfg)

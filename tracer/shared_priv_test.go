@@ -1,10 +1,13 @@
 package tracer_test
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -31,6 +34,9 @@ var shared struct {
 	attached map[string]string
 	// stats keeps kernel.bpf_stats_enabled on while the binary runs.
 	stats io.Closer
+	// sharedPass is set while the tests that share the load run
+	// (runFirstPassFirst).
+	sharedPass bool
 }
 
 func sharedLoad() bool { return os.Getenv(sharedLoadEnv) == "1" }
@@ -66,16 +72,31 @@ func startSharedTracer(t *testing.T) *tracer.Tracer {
 	return shared.tr
 }
 
+// startSharedTracerAfter is startSharedTracer for a test whose sockets
+// were opened before the start: under the shared load it loads the shared
+// tracer when none is loaded (it runs in the first pass, firstPassTests),
+// else the test loads its own, as without the shared load.
+func startSharedTracerAfter(t *testing.T) *tracer.Tracer {
+	t.Helper()
+	shared.mu.Lock()
+	fresh := shared.tr == nil
+	shared.mu.Unlock()
+	if !sharedLoad() || !fresh {
+		return startTracer(t, nil)
+	}
+	return startSharedTracer(t)
+}
+
 // closeShared unloads the shared tracer, if one is loaded, keeping its
 // programs' run counts. A test that loads its own tracer calls it first:
 // two deptraces at once are not what the test checks (the second finds the
 // first's socket storage on every connection and tags live connections
 // only during one jiffy in 32, bpf/bundler.bpf.c udp_datagram).
-func closeShared() {
+func closeShared() (unloaded bool) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.tr == nil {
-		return
+		return false
 	}
 	if shared.runs == nil {
 		shared.runs, shared.attached = map[string]uint64{}, map[string]string{}
@@ -92,6 +113,16 @@ func closeShared() {
 	}
 	shared.tr.Close()
 	shared.tr = nil
+	return true
+}
+
+// unloadShared is closeShared for a test about to load its own kernel
+// side; it notes when that cost a test of the shared pass a load.
+func unloadShared(t *testing.T) {
+	t.Helper()
+	if closeShared() && shared.sharedPass {
+		t.Logf("unloaded the shared load, which the next test loads again: list %s in firstPassTests", t.Name())
+	}
 }
 
 // loadShared loads the tracer with startTracer's configuration and checks.
@@ -121,7 +152,7 @@ func runShared(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "%s: cannot enable bpf_stats: %v\n", sharedLoadEnv, err)
 		return 1
 	}
-	code := m.Run()
+	code := runFirstPassFirst(m)
 	closeShared()
 	defer shared.stats.Close()
 	if shared.attached == nil {
@@ -145,5 +176,65 @@ func runShared(m *testing.M) int {
 		return 1
 	}
 	fmt.Println("--- PASS: TestEveryAttachedProgramRan (0.00s)")
+	return code
+}
+
+// firstPassTests run first under the shared load, in a pass of their own
+// (runFirstPassFirst): tests that load their own kernel side (startTracer,
+// pinning), which unloads the shared one so that the next test that
+// shares it loads it again (30 s under TCG), and tests that open sockets
+// before the start (startSharedTracerAfter). The pass runs them in file
+// order: pin_priv_test.go's before tracer_priv_test.go's, so the shared
+// load the last one makes is kept for the second pass. A test missing here
+// still passes; unloadShared logs that it cost a load.
+var firstPassTests = []string{
+	"TestPersistentTCPIncludingOneOpenedBeforeStart",
+	"TestPinnedKernelSideSurvivesItsProcess",
+}
+
+// runFirstPassFirst runs the tests -test.run selects in two passes: those
+// of firstPassTests, then the others (-test.skip leaves out the first
+// pass's).
+// testing.M.Run reads -test.run and -test.skip afresh on each call. A
+// pattern naming subtests (a slash) runs in one pass, as go test would.
+func runFirstPassFirst(m *testing.M) int {
+	if !flag.Parsed() {
+		flag.Parse() // as m.Run would: the patterns must be read first
+	}
+	runFlag, skipFlag := flag.Lookup("test.run"), flag.Lookup("test.skip")
+	run, skip := runFlag.Value.String(), skipFlag.Value.String()
+	runRE, err := regexp.Compile(run)
+	if err != nil || strings.Contains(run, "/") || strings.Contains(skip, "/") {
+		shared.sharedPass = true
+		return m.Run()
+	}
+	var first []string
+	for _, name := range firstPassTests {
+		if runRE.MatchString(name) {
+			first = append(first, regexp.QuoteMeta(name))
+		}
+	}
+	if len(first) == 0 {
+		shared.sharedPass = true
+		return m.Run()
+	}
+	own := "^(" + strings.Join(first, "|") + ")$"
+	code := 0
+	if err := runFlag.Value.Set(own); err == nil {
+		code = m.Run()
+	}
+	if skip != "" {
+		own = "(" + skip + ")|" + own
+	}
+	if err := runFlag.Value.Set(run); err != nil {
+		return 1
+	}
+	if err := skipFlag.Value.Set(own); err != nil {
+		return 1
+	}
+	shared.sharedPass = true
+	if c := m.Run(); c != 0 {
+		code = c
+	}
 	return code
 }

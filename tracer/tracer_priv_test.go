@@ -36,7 +36,7 @@ import (
 func startTracer(t *testing.T, mutate func(*tracer.Config)) *tracer.Tracer {
 	t.Helper()
 	testnet.RequireRoot(t)
-	closeShared()
+	unloadShared(t)
 	return tracertest.Start(t, mutate)
 }
 
@@ -268,7 +268,7 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tr := startTracer(t, nil)
+	tr := startSharedTracerAfter(t)
 	l := tracertest.NewLedger()
 	// Its next bytes are reported within one interval, with the right
 	// direction on both ends.
