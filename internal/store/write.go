@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -439,7 +440,10 @@ func (s *Store) prepareWrites(ctx context.Context) error {
 			}
 		}
 	}
-	bySet := map[columnSet][]writeShape{}
+	var bySet map[columnSet][]writeShape // nil, as a rule: nothing to prepare
+	if len(todo) > 0 {
+		bySet = map[columnSet][]writeShape{}
+	}
 	for _, sh := range todo {
 		set := columnSet{sh.table, sh.cols}
 		if bySet[set] == nil {
@@ -487,6 +491,10 @@ func (s *Store) prepareShapes(ctx context.Context, shapes []writeShape) (map[wri
 	stmts := make(map[writeShape]*sql.Stmt, len(shapes))
 	for _, sh := range shapes {
 		st, err := s.db.PrepareContext(ctx, s.d.rebind(sh.sql()))
+		if err == nil && testHooks.failPrepare != nil && testHooks.failPrepare(sh) {
+			st.Close()
+			err = errors.New("prepare failed (test hook)")
+		}
 		if err != nil {
 			for _, st := range stmts {
 				st.Close()

@@ -190,3 +190,53 @@ func TestOneOffColumnSetsAreForgotten(t *testing.T) {
 		t.Errorf("%d sets of the minute table admitted, %d counted, %d preparing; want 1, at most %d (the first burst forgotten) and 0", minuteSets, len(s.setsWanted), len(s.setsPreparing), oneOff)
 	}
 }
+
+// A statement of some columns that fails to prepare is left out: the
+// writes go on with the statement of every column, every count lands, and
+// the set gives its place back, to be admitted again once prepares work.
+func TestFailedColumnSetPrepareFallsBack(t *testing.T) {
+	ctx := context.Background()
+	s := openShapes(t)
+	testHooks.failPrepare = func(sh writeShape) bool { return sh.table != "flow_keys" && sh.cols != everyCounter }
+	defer func() { testHooks.failPrepare = nil }()
+	at := time.Now().Truncate(time.Minute)
+	var want tracer.Counters
+	write := func() {
+		t.Helper()
+		o := shapesObservation(at, 80, 5)
+		want.Add(o.Counters)
+		if err := s.Write(ctx, Batch{Observations: []Observation{o}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func() (sets, masked, fellBack int) {
+		s.stmtMu.Lock()
+		defer s.stmtMu.Unlock()
+		for sh := range s.stmts {
+			if sh.table != "flow_keys" && sh.cols != everyCounter {
+				masked++
+			}
+		}
+		return len(s.columnSets), masked, len(s.stmtsWanted)
+	}
+	// Wanted by the first two writes, admitted before the third, whose
+	// prepare fails; the fourth wants it once more.
+	for range 4 {
+		write()
+	}
+	if sets, masked, fellBack := state(); sets != 0 || masked != 0 || fellBack == 0 {
+		t.Errorf("with prepares failing: %d sets admitted, %d statements of some columns, %d shapes fell back; want 0, 0 and some", sets, masked, fellBack)
+	}
+	testHooks.failPrepare = nil
+	write() // the set's second want: admitted, prepared and used
+	if sets, masked, fellBack := state(); sets != 1 || masked == 0 || fellBack != 0 {
+		t.Errorf("prepares working again: %d sets admitted, %d statements of some columns, %d shapes fell back; want 1, some and 0", sets, masked, fellBack)
+	}
+	got, err := s.Observations(ctx, Range{})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("%v %+v", err, got)
+	}
+	if got[0].Counters != want {
+		t.Errorf("stored\n %+v\nwant\n %+v", got[0].Counters, want)
+	}
+}
