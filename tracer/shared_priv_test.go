@@ -43,11 +43,12 @@ func sharedLoad() bool { return os.Getenv(sharedLoadEnv) == "1" }
 
 // startSharedTracer is startTracer with the default configuration for a
 // test that creates every socket after the tracer starts (a test that
-// needs sockets from before the start, or another configuration, loads
-// its own). Under sharedLoadEnv the load is shared: what earlier tests
-// left in the kernel side is drained and dropped first, and the tracer
-// stays open for the next test. Tests key their ledgers on their own
-// hosts' namespaces, so another test's flows never reach their counts.
+// needs another configuration loads its own; one with sockets from before
+// the start uses startSharedTracerAfter). Under sharedLoadEnv the load is
+// shared: what earlier tests left in the kernel side is drained and
+// dropped first, and the tracer stays open for the next test. Tests key
+// their ledgers on their own hosts' namespaces, so another test's flows
+// never reach their counts.
 func startSharedTracer(t *testing.T) *tracer.Tracer {
 	t.Helper()
 	if !sharedLoad() {
@@ -55,15 +56,8 @@ func startSharedTracer(t *testing.T) *tracer.Tracer {
 	}
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
-	// Loaded outside any test's cleanup: it outlives the test that
-	// happens to load it, until a test loads its own (closeShared) or
-	// the binary ends (runShared).
 	if shared.tr == nil {
-		tr, err := loadShared()
-		if err != nil {
-			t.Fatalf("shared tracer: %v", err)
-		}
-		shared.tr = tr
+		loadSharedLocked(t)
 	}
 	// Whatever earlier tests left behind goes before this test counts.
 	if _, err := shared.tr.Collect(); err != nil {
@@ -73,18 +67,37 @@ func startSharedTracer(t *testing.T) *tracer.Tracer {
 }
 
 // startSharedTracerAfter is startSharedTracer for a test whose sockets
-// were opened before the start: under the shared load it loads the shared
-// tracer when none is loaded (it runs in the first pass, firstPassTests),
-// else the test loads its own, as without the shared load.
+// were opened before the start. Under the shared load, when none is loaded
+// yet (the test runs in the first pass, firstPassTests), it makes the
+// shared load and returns it undrained: the first interval is the test's
+// own, and holds what seeding at the start got wrong, if anything. Else
+// the test loads its own, as without the shared load.
 func startSharedTracerAfter(t *testing.T) *tracer.Tracer {
 	t.Helper()
-	shared.mu.Lock()
-	fresh := shared.tr == nil
-	shared.mu.Unlock()
-	if !sharedLoad() || !fresh {
+	if !sharedLoad() {
 		return startTracer(t, nil)
 	}
-	return startSharedTracer(t)
+	shared.mu.Lock()
+	if shared.tr == nil {
+		defer shared.mu.Unlock()
+		loadSharedLocked(t)
+		return shared.tr
+	}
+	shared.mu.Unlock()
+	return startTracer(t, nil)
+}
+
+// loadSharedLocked makes the shared load (shared.mu held). It is loaded
+// outside any test's cleanup: it outlives the test that happens to load
+// it, until a test loads its own (closeShared) or the binary ends
+// (runShared).
+func loadSharedLocked(t *testing.T) {
+	t.Helper()
+	tr, err := loadShared()
+	if err != nil {
+		t.Fatalf("shared tracer: %v", err)
+	}
+	shared.tr = tr
 }
 
 // closeShared unloads the shared tracer, if one is loaded, keeping its
@@ -182,11 +195,12 @@ func runShared(m *testing.M) int {
 // firstPassTests run first under the shared load, in a pass of their own
 // (runFirstPassFirst): tests that load their own kernel side (startTracer,
 // pinning), which unloads the shared one so that the next test that
-// shares it loads it again (30 s under TCG), and tests that open sockets
-// before the start (startSharedTracerAfter). The pass runs them in file
-// order: pin_priv_test.go's before tracer_priv_test.go's, so the shared
-// load the last one makes is kept for the second pass. A test missing here
-// still passes; unloadShared logs that it cost a load.
+// shares it loads it again (30 s under TCG), and the test with sockets
+// opened before the start, which makes the shared load itself
+// (startSharedTracerAfter). The pass runs them in file order:
+// pin_priv_test.go's before tracer_priv_test.go's, so the shared load the
+// last one makes is kept for the second pass. A test that loads its own
+// and is missing here still passes; unloadShared logs that it cost a load.
 var firstPassTests = []string{
 	"TestPersistentTCPIncludingOneOpenedBeforeStart",
 	"TestPinnedKernelSideSurvivesItsProcess",
@@ -194,17 +208,24 @@ var firstPassTests = []string{
 
 // runFirstPassFirst runs the tests -test.run selects in two passes: those
 // of firstPassTests, then the others (-test.skip leaves out the first
-// pass's).
-// testing.M.Run reads -test.run and -test.skip afresh on each call. A
-// pattern naming subtests (a slash) runs in one pass, as go test would.
+// pass's). testing.M.Run reads -test.run and -test.skip afresh on each
+// call; -test.timeout holds per pass. One pass, as go test would run them,
+// when the pattern names subtests (a slash), or for a listing, benchmarks
+// or profiles (each pass would list, run or write them again).
 func runFirstPassFirst(m *testing.M) int {
 	if !flag.Parsed() {
 		flag.Parse() // as m.Run would: the patterns must be read first
 	}
 	runFlag, skipFlag := flag.Lookup("test.run"), flag.Lookup("test.skip")
 	run, skip := runFlag.Value.String(), skipFlag.Value.String()
+	onePass := strings.Contains(run, "/") || strings.Contains(skip, "/")
+	for _, f := range []string{"test.list", "test.bench", "test.cpuprofile", "test.memprofile", "test.coverprofile", "test.trace"} {
+		if fl := flag.Lookup(f); fl != nil && fl.Value.String() != "" {
+			onePass = true
+		}
+	}
 	runRE, err := regexp.Compile(run)
-	if err != nil || strings.Contains(run, "/") || strings.Contains(skip, "/") {
+	if err != nil || onePass {
 		shared.sharedPass = true
 		return m.Run()
 	}
