@@ -35,6 +35,18 @@ func openShapes(t *testing.T) *Store {
 	return s
 }
 
+// checkOneFlowStored reads the store back: one flow, with want's counters.
+func checkOneFlowStored(t *testing.T, s *Store, want tracer.Counters) {
+	t.Helper()
+	got, err := s.Observations(context.Background(), Range{})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("%v %+v", err, got)
+	}
+	if got[0].Counters != want {
+		t.Errorf("stored\n %+v\nwant\n %+v", got[0].Counters, want)
+	}
+}
+
 // Statements of some counter columns are data-driven, so their number is
 // bounded: past maxColumnSets a write uses the statement of every column,
 // and every count still lands.
@@ -67,13 +79,7 @@ func TestColumnSetsAreBounded(t *testing.T) {
 	if sets != maxColumnSets || masked < maxColumnSets {
 		t.Errorf("%d column sets admitted, %d statements of them, want %d and at least as many", sets, masked, maxColumnSets)
 	}
-	got, err := s.Observations(ctx, Range{})
-	if err != nil || len(got) != 1 {
-		t.Fatalf("%v %+v", err, got)
-	}
-	if got[0].Counters != want {
-		t.Errorf("stored\n %+v\nwant\n %+v", got[0].Counters, want)
-	}
+	checkOneFlowStored(t, s, want)
 }
 
 // Once writes wanted a set of columns twice, the writes after use its own
@@ -232,11 +238,5 @@ func TestFailedColumnSetPrepareFallsBack(t *testing.T) {
 	if sets, masked, fellBack := state(); sets != 1 || masked == 0 || fellBack != 0 {
 		t.Errorf("prepares working again: %d sets admitted, %d statements of some columns, %d shapes fell back; want 1, some and 0", sets, masked, fellBack)
 	}
-	got, err := s.Observations(ctx, Range{})
-	if err != nil || len(got) != 1 {
-		t.Fatalf("%v %+v", err, got)
-	}
-	if got[0].Counters != want {
-		t.Errorf("stored\n %+v\nwant\n %+v", got[0].Counters, want)
-	}
+	checkOneFlowStored(t, s, want)
 }
