@@ -163,7 +163,7 @@ func newBenchOverheadCmd() *cobra.Command {
 	var workloads string
 	var pairs int
 	var pairPhase time.Duration
-	var attribute, hollow bool
+	var attribute, hollow, dns bool
 	var minReached float64
 	var realtime bool
 	var hollowSet, pairLoads string
@@ -229,28 +229,37 @@ tables for docs/performance.md.`,
 			if hollow && pairs == 0 {
 				return fmt.Errorf("--hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more")
 			}
+			if dns && (pairs == 0 || hollow) {
+				return fmt.Errorf("--dns adds the DNS watcher to deptrace in the whole-machine pairs: give --pairs 1 or more, without --hollow")
+			}
 			// Flags first, so a mistyped command says what is wrong with it.
 			if err := kernel.CheckCapabilities(); err != nil {
 				return err
 			}
 			if workloads != "" {
 				ms, err := measure.Overhead(ctx, cfg, os.Stderr)
+				if len(ms) > 0 {
+					measure.WriteMarkdown(os.Stdout, ms, cfg)
+				}
 				if err != nil {
 					return err
 				}
-				measure.WriteMarkdown(os.Stdout, ms, cfg)
 			}
 			if pairs > 0 {
-				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime}
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime, DNS: dns}
+				// The loads measured before a failure are printed all
+				// the same: a pair failing late loses no finished load.
 				rs, err := measure.Paired(ctx, cfg.LoadCommand, loads, pc, os.Stderr)
+				if len(rs) > 0 {
+					fmt.Println()
+					measure.WritePairedMarkdown(os.Stdout, rs, pc)
+					if attribute {
+						fmt.Println()
+						measure.WriteAttributionMarkdown(os.Stdout, rs)
+					}
+				}
 				if err != nil {
 					return err
-				}
-				fmt.Println()
-				measure.WritePairedMarkdown(os.Stdout, rs, pc)
-				if attribute {
-					fmt.Println()
-					measure.WriteAttributionMarkdown(os.Stdout, rs)
 				}
 			}
 			return nil
@@ -268,6 +277,7 @@ tables for docs/performance.md.`,
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
 	cmd.Flags().StringVar(&hollowSet, "hollow-set", "", "with --hollow, the hook set of the empty programs (deptrace: today's; sockops...: the alternatives for TCP; implies --hollow)")
 	cmd.Flags().StringVar(&pairLoads, "pair-loads", strings.Join(pairedLoadKeys, ","), "comma list of the whole-machine pairs' loads: "+strings.Join(pairedLoadKeys, ", "))
+	cmd.Flags().BoolVar(&dns, "dns", false, "in the pairs, run deptrace's DNS watcher beside the tracer, as trace and agent do unless --no-dns: its two cgroup_skb programs run on every packet")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }

@@ -219,8 +219,10 @@ var (
 	// The kernel's call of tracing programs: from a tracepoint, or
 	// through a trampoline (fexit, where the kernel has it).
 	dispatchSym = regexp.MustCompile(`^(bpf_trace_run\d+|__traceiter_\w+|__bpf_trace_\w+|call_trace_\w+|bpf_trampoline_\w+|__bpf_prog_enter\w*|__bpf_prog_exit\w*|__bpf_tramp_\w+)$`)
-	// The kernel's run of cgroup programs, with its buffers for socket options.
-	cgroupSym = regexp.MustCompile(`^(__cgroup_bpf_run_filter_\w+|sockopt_alloc_buf|sockopt_free_buf|bpf_prog_run_array_cg)$`)
+	// The kernel's run of cgroup programs, with its buffers for socket
+	// options and, for cgroup_skb programs (the DNS watcher's), the save
+	// and restore of the packet's control block around each run.
+	cgroupSym = regexp.MustCompile(`^(__cgroup_bpf_run_filter_\w+|sockopt_alloc_buf|sockopt_free_buf|bpf_prog_run_array_cg|__bpf_prog_run_save_cb)$`)
 	// Helpers and map operations the programs call (kernel functions
 	// that, on a machine without other BPF users, only programs call).
 	helperSym = regexp.MustCompile(`^(bpf_\w+|__bpf_\w+|htab_\w+|__htab_\w+|lookup_nulls_elem_raw|ktime_get_mono_fast_ns|__sock_gen_cookie|copy_from_kernel_nofault\w*|bpf_local_storage\w*|bpf_sk_storage\w*)$`)
