@@ -4,18 +4,22 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // The whole-machine pairs with the DNS watcher beside the tracer, stopped
-// by Ctrl-C during the second load: the first load's table is printed all
-// the same, and the run ends with one line saying why.
+// by Ctrl-C during the second load's traced run: the watcher's programs
+// are loaded then, the first load's table is printed all the same, and the
+// run ends with one line saying why.
 func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -36,7 +40,10 @@ func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	sc := bufio.NewScanner(errPipe)
 	for sc.Scan() {
 		stderr = append(stderr, sc.Text())
-		if !interrupted && strings.Contains(sc.Text(), "paired persistent TCP: pair 1/1") {
+		if !interrupted && strings.Contains(sc.Text(), "paired persistent TCP, pair 1: traced run") {
+			if !loadedProgram(t, "dns_egress") || !loadedProgram(t, "dns_ingress") {
+				t.Errorf("--dns: the DNS watcher's programs are not loaded during the traced run")
+			}
 			if err := cmd.Process.Signal(os.Interrupt); err != nil {
 				t.Fatal(err)
 			}
@@ -62,5 +69,30 @@ func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	}
 	if strings.Contains(out, "| persistent TCP |") {
 		t.Errorf("the interrupted load has a row:\n%s", out)
+	}
+}
+
+// loadedProgram reports whether a BPF program of that name is loaded.
+func loadedProgram(t *testing.T, name string) bool {
+	t.Helper()
+	var id ebpf.ProgramID
+	for {
+		next, err := ebpf.ProgramGetNextID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			return false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		id = next
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue // unloaded meanwhile
+		}
+		info, err := p.Info()
+		_ = p.Close() // a read-only handle
+		if err == nil && info.Name == name {
+			return true
+		}
 	}
 }

@@ -107,7 +107,7 @@ func TestCheckBusyAgrees(t *testing.T) {
 		t.Errorf("16 s against 10 s: %v", err)
 	}
 	err = checkBusyAgrees(c, 19*time.Second, 10*time.Second, 0.15, 0.35)
-	if !errors.Is(err, errPerfDisagrees) || !strings.Contains(err.Error(), "16 % below it, tolerance 15 %") {
+	if !errors.Is(err, errPerfUnusable) || !strings.Contains(err.Error(), "16 % below it, tolerance 15 %") {
 		t.Errorf("16 s against 19 s: %v", err)
 	}
 	lost := c

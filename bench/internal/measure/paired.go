@@ -127,20 +127,20 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		fmt.Fprintf(progress, "bench: empty programs in place of deptrace, on %s\n", strings.Join(hooks, ", "))
 	}
 	// measure runs the load once, under perf when attributing.
-	measure := func(l PairedLoad) (res loadgen.Result, busy time.Duration, c SampleCounts, err error) {
+	measure := func(l PairedLoad) (r pairRun, err error) {
 		var wall time.Duration
 		run := func() error {
-			res, busy, wall, err = busyDuring(ctx, loadCmd, l, phase, cfg.Realtime && !l.AboveReach)
+			r.res, r.busy, wall, err = busyDuring(ctx, loadCmd, l, phase, cfg.Realtime && !l.AboveReach)
 			return err
 		}
 		if !attribute {
 			err = run()
-			return res, busy, c, err
+			return r, err
 		}
-		if c, err = attributeRun(perfDir, phase, run); err == nil {
-			err = checkBusyAgrees(c, busy, wall, busyToleranceBelow, busyToleranceAbove)
+		if r.samples, err = attributeRun(perfDir, phase, run); err == nil {
+			err = checkBusyAgrees(r.samples, r.busy, wall, busyToleranceBelow, busyToleranceAbove)
 		}
-		return res, busy, c, err
+		return r, err
 	}
 	// start puts the traced side in place: deptrace draining every second
 	// and formatting its flows, or the empty programs alone.
@@ -187,54 +187,21 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		r := PairedResult{Load: l}
 		for i := 0; i < pairs; i++ {
 			fmt.Fprintf(progress, "bench: paired %s: pair %d/%d\n", l.Name, i+1, pairs)
-			var (
-				base, traced               loadgen.Result
-				baseBusy, tracedBusy       time.Duration
-				baseSamples, tracedSamples SampleCounts
-			)
-			for attempt := 1; ; attempt++ {
-				var err error
-				var short error // why this pair's runs cannot be compared
-				if base, baseBusy, baseSamples, err = measure(l); err != nil {
-					short = fmt.Errorf("paired %s, pair %d, untraced run: %w", l.Name, i+1, err)
-					if !errors.Is(err, errPerfDisagrees) {
-						return out, short
-					}
-				}
-				if short == nil {
-					stop, err := start()
-					if err != nil {
-						return out, err
-					}
-					traced, tracedBusy, tracedSamples, err = measure(l)
-					stop()
-					if err != nil {
-						short = fmt.Errorf("paired %s, pair %d, traced run: %w", l.Name, i+1, err)
-						if !errors.Is(err, errPerfDisagrees) {
-							return out, short
-						}
-					}
-				}
-				if short == nil {
-					short = checkPair(fmt.Sprintf("paired %s, pair %d", l.Name, i+1), l, base, traced, cfg.MinReached)
-				}
-				if short == nil {
-					break
-				}
-				if attempt >= pairAttempts {
-					return out, fmt.Errorf("%w (%d tries)", short, attempt)
-				}
-				fmt.Fprintf(progress, "bench: %v; running the pair again (%d of %d)\n", short, attempt+1, pairAttempts)
+			what := fmt.Sprintf("paired %s, pair %d", l.Name, i+1)
+			base, traced, err := makePair(what, func() (pairRun, error) { return measure(l) }, start,
+				func(base, traced loadgen.Result) error { return checkPair(what, l, base, traced, cfg.MinReached) }, progress)
+			if err != nil {
+				return out, err
 			}
-			extra := (tracedBusy - baseBusy).Seconds() / float64(max(traced.RoundTrips, 1)) * 1e6
+			extra := (traced.busy - base.busy).Seconds() / float64(max(traced.res.RoundTrips, 1)) * 1e6
 			r.ExtraUs = append(r.ExtraUs, extra)
 			if attribute {
-				r.Attribution.addPair(baseSamples, tracedSamples, int64(base.RoundTrips), int64(traced.RoundTrips))
+				r.Attribution.addPair(base.samples, traced.samples, int64(base.res.RoundTrips), int64(traced.res.RoundTrips))
 			}
-			r.BaseRates = append(r.BaseRates, base.Rate)
-			r.TracedRates = append(r.TracedRates, traced.Rate)
-			r.BusyBase = append(r.BusyBase, baseBusy.Seconds()/base.Elapsed.Seconds()*100)
-			r.BusyTraced = append(r.BusyTraced, tracedBusy.Seconds()/traced.Elapsed.Seconds()*100)
+			r.BaseRates = append(r.BaseRates, base.res.Rate)
+			r.TracedRates = append(r.TracedRates, traced.res.Rate)
+			r.BusyBase = append(r.BusyBase, base.busy.Seconds()/base.res.Elapsed.Seconds()*100)
+			r.BusyTraced = append(r.BusyTraced, traced.busy.Seconds()/traced.res.Elapsed.Seconds()*100)
 		}
 		out = append(out, r)
 	}
@@ -242,9 +209,60 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 }
 
 // pairAttempts is how often a pair whose runs fall short (checkPair), or
-// whose perf samples disagree with /proc/stat (errPerfDisagrees), is made
-// before the measurement fails.
+// whose perf samples cannot be used (errPerfUnusable), is made before the
+// measurement fails.
 const pairAttempts = 3
+
+// pairRun is one run of a pair: the load's result, the machine's busy CPU
+// over it, and perf's samples when attributing.
+type pairRun struct {
+	res     loadgen.Result
+	busy    time.Duration
+	samples SampleCounts
+}
+
+// makePair makes one pair: measure untraced, start the traced side,
+// measure again, stop it. A pair whose runs cannot be compared (check) or
+// whose perf samples cannot be used is made again, pairAttempts times in
+// all; any other error ends the measurement at once. what names the pair
+// in errors and progress lines; a progress line marks each traced run.
+func makePair(what string, measure func() (pairRun, error), start func() (stop func(), err error),
+	check func(base, traced loadgen.Result) error, progress io.Writer) (base, traced pairRun, err error) {
+	for attempt := 1; ; attempt++ {
+		var again error // why this attempt's runs cannot be used
+		if base, err = measure(); err != nil {
+			if !errors.Is(err, errPerfUnusable) {
+				return base, traced, fmt.Errorf("%s, untraced run: %w", what, err)
+			}
+			again = fmt.Errorf("%s, untraced run: %w", what, err)
+		}
+		if again == nil {
+			stop, err := start()
+			if err != nil {
+				return base, traced, err
+			}
+			fmt.Fprintf(progress, "bench: %s: traced run\n", what)
+			traced, err = measure()
+			stop()
+			if err != nil && !errors.Is(err, errPerfUnusable) {
+				return base, traced, fmt.Errorf("%s, traced run: %w", what, err)
+			}
+			if err != nil {
+				again = fmt.Errorf("%s, traced run: %w", what, err)
+			}
+		}
+		if again == nil {
+			again = check(base.res, traced.res)
+		}
+		if again == nil {
+			return base, traced, nil
+		}
+		if attempt >= pairAttempts {
+			return base, traced, fmt.Errorf("%w (%d tries)", again, attempt)
+		}
+		fmt.Fprintf(progress, "bench: %v; running the pair again (%d of %d)\n", again, attempt+1, pairAttempts)
+	}
+}
 
 // checkPair says, in one line, why a pair's two runs cannot be compared:
 // a run below min (a fraction) of the asked rate, or, for a load asked
@@ -281,10 +299,10 @@ const (
 	busyToleranceAbove = 0.35
 )
 
-// errPerfDisagrees is checkBusyAgrees' failure: the run's attribution
-// does not add up, and the pair is made again (pairAttempts), as one whose
-// load fell short is.
-var errPerfDisagrees = errors.New("perf disagrees with /proc/stat")
+// errPerfUnusable is checkBusyAgrees' failure: perf's samples of the run
+// are missing, lost or do not add up to /proc/stat's busy time, and the
+// pair is made again (pairAttempts), as one whose load fell short is.
+var errPerfUnusable = errors.New("perf's samples unusable")
 
 // checkBusyAgrees checks the attribution's whole against /proc/stat: the
 // attribution counts each sample as 1/perfFreq s of CPU, so the samples
@@ -294,10 +312,10 @@ var errPerfDisagrees = errors.New("perf disagrees with /proc/stat")
 // CPU less often than its frequency on this kernel.)
 func checkBusyAgrees(c SampleCounts, busy, wall time.Duration, below, above float64) error {
 	if c.All == 0 || busy <= 0 {
-		return fmt.Errorf("perf took no sample of the run (%d samples, %s busy over %s)", c.All, busy, wall)
+		return fmt.Errorf("%w: perf took no sample of the run (%d samples, %s busy over %s)", errPerfUnusable, c.All, busy, wall)
 	}
 	if c.Lost > 0 {
-		return fmt.Errorf("perf lost %d samples or events of the run (perf report --stats): its counts are short", c.Lost)
+		return fmt.Errorf("%w: perf lost %d samples or events of the run (perf report --stats): its counts are short", errPerfUnusable, c.Lost)
 	}
 	perf := time.Duration(float64(c.All-c.Idle) / perfFreq * float64(time.Second))
 	d := (perf.Seconds() - busy.Seconds()) / math.Max(perf.Seconds(), busy.Seconds())
@@ -306,7 +324,7 @@ func checkBusyAgrees(c SampleCounts, busy, wall time.Duration, below, above floa
 		tol, side = below, "below"
 	}
 	if math.Abs(d) > tol {
-		return fmt.Errorf("%w: perf's %d busy samples at %d Hz stand for %s of CPU, /proc/stat gives %s over the same %s: %.0f %% %s it, tolerance %.0f %%", errPerfDisagrees,
+		return fmt.Errorf("%w: perf's %d busy samples at %d Hz stand for %s of CPU, /proc/stat gives %s over the same %s: %.0f %% %s it, tolerance %.0f %%", errPerfUnusable,
 			c.All-c.Idle, perfFreq, perf.Round(10*time.Millisecond), busy.Round(10*time.Millisecond), wall.Round(time.Millisecond), math.Abs(d)*100, side, tol*100)
 	}
 	return nil
