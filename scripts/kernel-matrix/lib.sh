@@ -12,9 +12,11 @@ KM_FLAVOUR=${KMATRIX_FLAVOUR:-cloud-amd64}
 KM_MEM=${KMATRIX_MEM:-2G}
 KM_SMP=${KMATRIX_SMP:-2}
 KM_TIMEOUT=${KMATRIX_TIMEOUT:-3300}          # seconds per guest, boot to power-off
-KM_MODULES=${KMATRIX_MODULES:-veth bridge}  # loaded in the guest (with their dependencies)
+# Loaded in the guest (with their dependencies): veth and bridge for the
+# test networks, nftables' NAT for the tracer's DNS forwarder tests (nft).
+KM_MODULES=${KMATRIX_MODULES:-veth bridge nf_tables nft_chain_nat nft_nat nft_redir}
 KM_PKGS=${KMATRIX_PKGS-./tracer ./internal/bundler ./bench/internal/measure}   # test binaries built for the guest (set but empty: none)
-KM_TOOLS=${KMATRIX_HOST_TOOLS:-ip}          # host binaries copied in with their libraries
+KM_TOOLS=${KMATRIX_HOST_TOOLS:-ip nft}      # host binaries copied in with their libraries
 KM_BUSYBOX=${KMATRIX_BUSYBOX:-/bin/busybox} # the guest's static busybox (the arm64 matrix: an arm64 one)
 KM_APT="$KM_CACHE/apt"
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -73,6 +75,7 @@ km_host_deps() {
   command -v xz >/dev/null || need+=(xz-utils)
   command -v file >/dev/null || need+=(file)
   command -v ip >/dev/null || need+=(iproute2)
+  command -v nft >/dev/null || need+=(nftables)
   command -v depmod >/dev/null || [ -x /usr/sbin/depmod ] || [ -x /sbin/depmod ] || need+=(kmod)
   if [ ${#need[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || km_die "missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}"
@@ -349,6 +352,34 @@ km_boot() {
   else
     timeout -k 10 "$KM_TIMEOUT" qemu-system-x86_64 "${args[@]}" -serial "file:$dir/console.log" -serial "file:$dir/results.log" </dev/null
   fi
+}
+
+# km_jobs_max prints how many guests boot at once: KMATRIX_JOBS (default
+# one per host CPU: under TCG a guest keeps about one host CPU busy), after
+# checking it is a positive integer.
+km_jobs_max() {
+  local j=${KMATRIX_JOBS:-$(nproc)}
+  case "$j" in ''|*[!0-9]*) km_die "KMATRIX_JOBS=$j (allowed: 1 or more guests at once)" ;; esac
+  j=$((10#$j))
+  [ "$j" -ge 1 ] || km_die "KMATRIX_JOBS=$KMATRIX_JOBS (allowed: 1 or more guests at once)"
+  echo "$j"
+}
+
+# km_run_guests MAX FUNC ITEM... runs FUNC ITEM in the background for
+# every ITEM, the last first (the kernels file and the arm64 series list
+# the newest kernel, the slowest under TCG, last), at most MAX at once, and
+# waits for them all. Interrupted, it stops them (timeout passes the
+# signal on to qemu).
+km_run_guests() {
+  local max=$1 fn=$2 i
+  shift 2
+  local items=("$@")
+  trap 'for p in $(jobs -p); do pkill -TERM -P "$p" 2>/dev/null; done; exit 130' INT TERM
+  for (( i = ${#items[@]} - 1; i >= 0; i-- )); do
+    while [ "$(jobs -rp | wc -l)" -ge "$max" ]; do wait -n || true; done
+    "$fn" "${items[$i]}" &
+  done
+  wait
 }
 
 # km_tier_read reads scripts/kernel-matrix/tier (the CI tier's tests) into
