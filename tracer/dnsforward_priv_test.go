@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -308,6 +309,14 @@ func TestDNSForwarderAnswerInFlightAtStart(t *testing.T) {
 	hold := make(chan struct{})
 	_, port := startForwarderHeld(t, h, dockerDNS.String(), hold)
 	natDockerDNS(t, h, port)
+	// The answer is held while the tracer loads, which takes over 30 s in
+	// an emulated 7.x guest (the kernel matrix): longer than conntrack
+	// keeps an unreplied UDP entry by default, after which the answer's
+	// source is no longer translated back to 127.0.0.11:53 and the client
+	// drops it. This namespace keeps it ten minutes.
+	h.Do(t, func() error {
+		return os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_udp_timeout", []byte("600"), 0)
+	})
 	first, err := h.Dial("udp4", dockerDNS.String()+":53")
 	if err != nil {
 		t.Fatal(err)
