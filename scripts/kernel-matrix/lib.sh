@@ -287,7 +287,7 @@ km_modules() {
 }
 
 # km_initramfs ABI BINDIR GUESTSCRIPT OUT builds a gzip'ed cpio with busybox,
-# the host tools of $KMATRIX_HOST_TOOLS (default ip) with their libraries,
+# the host tools of $KMATRIX_HOST_TOOLS (default ip nft) with their libraries,
 # the kernel modules, the binaries of
 # BINDIR (in /opt/km, on PATH) and GUESTSCRIPT, which /init runs.
 km_initramfs() {

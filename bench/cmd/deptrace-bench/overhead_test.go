@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,8 +44,9 @@ func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	for sc.Scan() {
 		stderr = append(stderr, sc.Text())
 		if !interrupted && strings.Contains(sc.Text(), "paired persistent TCP, pair 1: traced run") {
-			if !loadedProgram(t, "dns_egress") || !loadedProgram(t, "dns_ingress") {
-				t.Errorf("--dns: the DNS watcher's programs are not loaded during the traced run")
+			names := programsOf(t, cmd.Process.Pid)
+			if !hasPrefix(names, "dns_egress") || !hasPrefix(names, "dns_ingress") {
+				t.Errorf("--dns: the DNS watcher's programs are not among the run's during its traced run: %v", names)
 			}
 			if err := cmd.Process.Signal(os.Interrupt); err != nil {
 				t.Fatal(err)
@@ -72,27 +76,46 @@ func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	}
 }
 
-// loadedProgram reports whether a BPF program of that name is loaded.
-func loadedProgram(t *testing.T, name string) bool {
+// programsOf names the BPF programs process pid holds, from the prog_id
+// lines of its file descriptors' fdinfo: this run's own programs, not
+// another process's of the same name.
+func programsOf(t *testing.T, pid int) []string {
 	t.Helper()
-	var id ebpf.ProgramID
-	for {
-		next, err := ebpf.ProgramGetNextID(id)
-		if errors.Is(err, os.ErrNotExist) {
-			return false
-		}
+	dir := fmt.Sprintf("/proc/%d/fdinfo", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, fd := range fds {
+		b, err := os.ReadFile(filepath.Join(dir, fd.Name()))
 		if err != nil {
-			t.Fatal(err)
+			continue // closed meanwhile
 		}
-		id = next
-		p, err := ebpf.NewProgramFromID(id)
-		if err != nil {
-			continue // unloaded meanwhile
-		}
-		info, err := p.Info()
-		_ = p.Close() // a read-only handle
-		if err == nil && info.Name == name {
-			return true
+		for _, line := range strings.Split(string(b), "\n") {
+			v, ok := strings.CutPrefix(line, "prog_id:")
+			if !ok {
+				continue
+			}
+			id, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			if err != nil {
+				t.Fatalf("%s/%s: %q", dir, fd.Name(), line)
+			}
+			p, err := ebpf.NewProgramFromID(ebpf.ProgramID(id))
+			if err != nil {
+				continue // unloaded meanwhile
+			}
+			if info, err := p.Info(); err == nil {
+				names = append(names, info.Name)
+			}
+			_ = p.Close() // a read-only handle
 		}
 	}
+	return names
+}
+
+// hasPrefix reports whether a name starts with prefix: the watcher's
+// programs have a suffix per variant (internal/dnswatch, variant.go).
+func hasPrefix(names []string, prefix string) bool {
+	return slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, prefix) })
 }

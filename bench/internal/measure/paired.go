@@ -231,10 +231,9 @@ func makePair(what string, measure func() (pairRun, error), start func() (stop f
 	for attempt := 1; ; attempt++ {
 		var again error // why this attempt's runs cannot be used
 		if base, err = measure(); err != nil {
-			if !errors.Is(err, errPerfUnusable) {
-				return base, traced, fmt.Errorf("%s, untraced run: %w", what, err)
+			if again = fmt.Errorf("%s, untraced run: %w", what, err); !errors.Is(err, errPerfUnusable) {
+				return base, traced, again
 			}
-			again = fmt.Errorf("%s, untraced run: %w", what, err)
 		}
 		if again == nil {
 			stop, err := start()
@@ -244,11 +243,10 @@ func makePair(what string, measure func() (pairRun, error), start func() (stop f
 			fmt.Fprintf(progress, "bench: %s: traced run\n", what)
 			traced, err = measure()
 			stop()
-			if err != nil && !errors.Is(err, errPerfUnusable) {
-				return base, traced, fmt.Errorf("%s, traced run: %w", what, err)
-			}
 			if err != nil {
-				again = fmt.Errorf("%s, traced run: %w", what, err)
+				if again = fmt.Errorf("%s, traced run: %w", what, err); !errors.Is(err, errPerfUnusable) {
+					return base, traced, again
+				}
 			}
 		}
 		if again == nil {

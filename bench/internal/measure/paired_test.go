@@ -1,7 +1,6 @@
 package measure
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -35,6 +34,9 @@ func TestMakePairRetriesOnlyWhatMayPassNextTime(t *testing.T) {
 			wantRuns: 4, wantStart: 2, wantAgain: 1},
 		{name: "perf unusable three times", runs: []error{unusable, unusable, unusable},
 			wantErr: "pair 1, untraced run: perf's samples unusable: perf's 10 busy samples... (3 tries)", wantRuns: 3, wantAgain: 2},
+		{name: "short, then traced perf unusable, then unusable again", runs: []error{nil, nil, nil, unusable, unusable},
+			checks:  []error{errors.New("short 1")},
+			wantErr: "pair 1, untraced run: perf's samples unusable: perf's 10 busy samples... (3 tries)", wantRuns: 5, wantStart: 2, wantAgain: 2},
 		{name: "rate short three times", runs: []error{nil, nil, nil, nil, nil, nil},
 			checks:  []error{errors.New("short 1"), errors.New("short 2"), errors.New("short 3")},
 			wantErr: "short 3 (3 tries)", wantRuns: 6, wantStart: 3, wantAgain: 2},
@@ -48,6 +50,7 @@ func TestMakePairRetriesOnlyWhatMayPassNextTime(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var runs, starts, stops, checks int
+			var events []string // starts, stops and progress lines, in order
 			measure := func() (pairRun, error) {
 				if runs >= len(c.runs) {
 					t.Fatalf("run %d: more runs than the case has", runs+1)
@@ -58,10 +61,11 @@ func TestMakePairRetriesOnlyWhatMayPassNextTime(t *testing.T) {
 			}
 			start := func() (func(), error) {
 				starts++
+				events = append(events, "start")
 				if c.startErr != nil {
 					return nil, c.startErr
 				}
-				return func() { stops++ }, nil
+				return func() { stops++; events = append(events, "stop") }, nil
 			}
 			check := func(base, traced loadgen.Result) error {
 				if traced.Rate != base.Rate+1 {
@@ -71,8 +75,8 @@ func TestMakePairRetriesOnlyWhatMayPassNextTime(t *testing.T) {
 				checks++
 				return err
 			}
-			var progress bytes.Buffer
-			base, traced, err := makePair("paired x, pair 1", measure, start, check, &progress)
+			progress := lineLog{events: &events}
+			base, traced, err := makePair("paired x, pair 1", measure, start, check, progress)
 			if c.wantErr == "" {
 				if err != nil {
 					t.Fatalf("error %v", err)
@@ -82,6 +86,8 @@ func TestMakePairRetriesOnlyWhatMayPassNextTime(t *testing.T) {
 				}
 			} else if err == nil || !strings.HasSuffix(err.Error(), c.wantErr) {
 				t.Fatalf("error %v, want one ending %q", err, c.wantErr)
+			} else if strings.Contains(c.wantErr, "perf's samples unusable") && !errors.Is(err, errPerfUnusable) {
+				t.Errorf("error %v does not wrap errPerfUnusable", err)
 			}
 			if runs != c.wantRuns || starts != c.wantStart {
 				t.Errorf("%d runs and %d starts, want %d and %d", runs, starts, c.wantRuns, c.wantStart)
@@ -89,9 +95,27 @@ func TestMakePairRetriesOnlyWhatMayPassNextTime(t *testing.T) {
 			if c.startErr == nil && stops != starts {
 				t.Errorf("%d starts but %d stops: the traced side was left attached", starts, stops)
 			}
-			if n := strings.Count(progress.String(), "running the pair again"); n != c.wantAgain {
-				t.Errorf("%d retries reported, want %d:\n%s", n, c.wantAgain, progress.String())
+			all := strings.Join(events, "\n")
+			if n := strings.Count(all, "running the pair again"); n != c.wantAgain {
+				t.Errorf("%d retries reported, want %d:\n%s", n, c.wantAgain, all)
+			}
+			// Each traced run is announced once its side is in place.
+			for i, e := range events {
+				if strings.HasSuffix(e, ": traced run") && (i == 0 || events[i-1] != "start") {
+					t.Errorf("traced run announced before its start:\n%s", all)
+				}
+			}
+			if n, want := strings.Count(all, ": traced run"), starts; c.startErr == nil && n != want {
+				t.Errorf("%d traced runs announced, %d started:\n%s", n, want, all)
 			}
 		})
 	}
+}
+
+// lineLog appends each line written to it to events.
+type lineLog struct{ events *[]string }
+
+func (l lineLog) Write(b []byte) (int, error) {
+	*l.events = append(*l.events, strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")...)
+	return len(b), nil
 }
