@@ -198,6 +198,55 @@ func TestIncompatiblePinnedSideIsReplaced(t *testing.T) {
 	}
 }
 
+// A process that stored an interval and died before committing it, whose
+// kernel side the next deptrace build replaces (here: another map size),
+// has that interval salvaged under its own BatchID and reported first: a
+// store that applied it does not count it twice. What the replaced side
+// counted after it comes with the new side's first interval.
+func TestReplacedSideStoredIntervalCountedOnce(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	path := pinPath(t)
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":6065")
+	wait := echoServer(ln, 8, 3, 3)
+	server := b.IPv4.String() + ":6065"
+
+	closeShared() // one deptrace loaded at a time
+	cfg := tracer.DefaultConfig()
+	cfg.PinPath = path
+	cfg.FlowMapSize = 4096
+	old, err := tracer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connectN(t, a, "tcp4", server, 5, 3, 3)
+	st := newBatchStore()
+	stored := tracertest.Collect(t, old)
+	if !st.apply(t, stored) || sum(stored, a).Connections != 5 {
+		t.Fatalf("the stored interval %s has %+v from the client; want its 5 connections", stored.BatchID, sum(stored, a))
+	}
+	old.Release() // dies before its commit
+	connectN(t, a, "tcp4", server, 3, 3, 3)
+
+	tr := newPinned(t, path) // default map size: replaced
+	defer tr.Close()
+	if ad := tr.Adoption(); ad.Adopted || ad.Replaced == "" || ad.Salvaged == 0 {
+		t.Fatalf("adoption: %+v; want the old side replaced and its flows salvaged", ad)
+	}
+	first := st.store(t, tr)
+	if !first.Recovered || first.BatchID != stored.BatchID || sum(first, a).Connections != 5 {
+		t.Errorf("first interval after the replacement: batch %s recovered=%v, %d connections; want the stored %s again with its 5",
+			first.BatchID, first.Recovered, sum(first, a).Connections, stored.BatchID)
+	}
+	st.settle(t, tr, func(l *tracertest.Ledger) bool { return l.One(t, a).Connections >= 8 })
+	if f := st.One(t, a); !st.Counted(f.Connections, 8) {
+		t.Errorf("client flow over the replacement: %+v; want 8 connections, each once", f.Counters)
+	}
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A process that dies after reading an interval and before storing it
 // loses nothing: the next one collects that interval again, whole, under
 // the same BatchID.

@@ -235,8 +235,11 @@ type Adoption struct {
 	// Replaced says why a pinned kernel side was removed instead (another
 	// deptrace build, other map sizes); "" if none was.
 	Replaced string
-	// Salvaged flows were read from the replaced side (in the first
-	// Collect); Unreadable entries were lost with it.
+	// Salvaged flows were read from the replaced side: reported in the
+	// first Collects (the interval its process collected and did not
+	// commit, if any, first, under its own BatchID and Recovered; then
+	// what it counted since, with this side's first interval). Unreadable
+	// entries were lost with it.
 	Salvaged, Unreadable int
 	// MountedBPFFS: bpffs was not mounted at the pin path's parent, and
 	// New mounted it.
@@ -246,7 +249,7 @@ type Adoption struct {
 // Adoption reports what New found at Config.PinPath.
 func (t *Tracer) Adoption() Adoption {
 	a := t.b.Adoption()
-	return Adoption{Adopted: a.Adopted, Replaced: a.Replaced, Salvaged: len(a.Salvaged), Unreadable: a.Unreadable, MountedBPFFS: a.MountedBPFFS}
+	return Adoption{Adopted: a.Adopted, Replaced: a.Replaced, Salvaged: len(a.Salvaged) + len(a.SalvagedPending), Unreadable: a.Unreadable, MountedBPFFS: a.MountedBPFFS}
 }
 
 // Cleanup removes a kernel side left pinned at pinPath (by a process that

@@ -327,7 +327,11 @@ func Load(cfg Config) (*Bundler, error) {
 		if found && err == nil {
 			if why := old.compatible(spec, specs.Flows, cfg); why != "" {
 				b.adopt.Replaced = why
-				b.adopt.Salvaged, b.adopt.Unreadable = old.salvage(ncpu)
+				sv := old.salvage(ncpu)
+				b.adopt.Salvaged, b.adopt.SalvagedPending, b.adopt.Unreadable = sv.current, sv.pending.Entries, sv.unreadable
+				if sv.pending.Gen != 0 {
+					b.drain.salvaged = &sv.pending
+				}
 				if err := removePinned(cfg.PinPath, old); err != nil {
 					_ = b.lock.Close() // releases the lock; the removal's error is the one to report
 					return nil, fmt.Errorf("remove the kernel side pinned at %s (%s): %w", cfg.PinPath, why, err)

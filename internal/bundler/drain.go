@@ -38,6 +38,10 @@ type drainState struct {
 	side    [16]byte // random identity of the kernel side
 	gen     uint64   // the last interval collected
 	pending *pendingDrain
+	// salvaged is a replaced side's interval collected and not committed
+	// (salvage): Collect returns it, under that side's identity, before
+	// any interval of this side, until it is committed.
+	salvaged *Interval
 }
 
 // pendingDrain is a collected interval not committed yet: programs count
@@ -116,6 +120,11 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 // An interval that cannot be read whole is not returned (Gen 0, no
 // entries): the next Collect reads it again (Recovered).
 //
+// A side that replaced an incompatible one (another build) whose process
+// died with an interval collected and not committed first returns that
+// interval as salvaged, under the replaced side's Side and Gen
+// (Recovered), until it is committed: stored before, a store ignores it.
+//
 // Crash points of a pinned side, and what the next process does (the
 // drain record and interval_now together say where it stopped):
 //   - before the drain record says interval g is pending: nothing
@@ -131,6 +140,10 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 func (b *Bundler) Collect() (Interval, error) {
 	if err := b.loadDrainState(); err != nil {
 		return Interval{}, err
+	}
+	if s := b.drain.salvaged; s != nil {
+		// Meanwhile this side counts on: its first interval comes next.
+		return *s, nil
 	}
 	if p := b.drain.pending; p != nil {
 		if !p.delivered {
@@ -210,6 +223,13 @@ func withSalvaged(extra, entries []Entry) []Entry {
 // drain record records it. Committing an interval committed already does
 // nothing.
 func (b *Bundler) Commit(gen uint64) error {
+	if s := b.drain.salvaged; s != nil {
+		// Nothing of it is left in the kernel: the replaced side is gone.
+		if gen == s.Gen {
+			b.drain.salvaged = nil
+		}
+		return nil
+	}
 	p := b.drain.pending
 	if p == nil || p.gen != gen || gen == 0 {
 		return nil

@@ -44,9 +44,14 @@ type AdoptReport struct {
 	// ("" when there was none).
 	Replaced string
 	// Salvaged are the counts read from a replaced kernel side whose
-	// flow layout was still readable; Unreadable counts entries that were not.
-	Salvaged   []Entry
-	Unreadable int
+	// flow layout was still readable, counted since its last collected
+	// interval (reported with the first interval of this side);
+	// SalvagedPending those of the interval its process had collected but
+	// not committed (reported first, as that interval: see salvage).
+	// Unreadable counts entries that could not be read.
+	Salvaged        []Entry
+	SalvagedPending []Entry
+	Unreadable      int
 	// MountedBPFFS is true when Load had to mount bpffs at the pin path's
 	// parent (a fresh machine may have a plain directory there).
 	MountedBPFFS bool
@@ -436,43 +441,74 @@ func (b *Bundler) writeDrainRecord(gen uint64, pending bool) error {
 	return nil
 }
 
+// salvaged is what salvage read from a replaced side.
+type salvaged struct {
+	// pending is the interval the side's process had collected and not
+	// committed, under its own Side and Gen (Gen 0: none). That process
+	// may have stored it before it died: reported under its own batch id,
+	// a store that applies each batch id once does not count it twice.
+	pending Interval
+	// current is what programs counted since, never collected.
+	current    []Entry
+	unreadable int
+}
+
 // salvage reads what an incompatible pinned side counted (flow maps,
 // spill and flow cache), if it was written in today's layout; otherwise
 // its entries are counted as unreadable.
-func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
+func (p *pinnedSide) salvage(ncpu int) (s salvaged) {
 	if p.layout != flowLayout {
 		// Same sizes need not mean the same fields (a reordered value
 		// keeps its size): counted, never decoded.
-		return nil, p.countEntries()
+		s.unreadable = p.countEntries()
+		return s
 	}
 	// Map values count only when tagged with the interval its programs
-	// counted, or an interval collected but not committed: older ones
-	// were committed.
+	// count (current), or with the interval collected but not committed
+	// (pending); older ones were committed. The spill and the cache hold
+	// an interval per half (gen & 1): the pending one's half was not
+	// freed, a committed one's was.
 	var now uint64
 	if m := p.maps["interval_now"]; m != nil {
 		_ = m.Lookup(uint32(0), &now) // unread: 0 matches no value, all are left out
 	}
 	var rec drainRecord
-	if p.drain == nil || p.drain.Lookup(uint32(0), &rec) != nil || rec.Pending == 0 {
-		rec.Gen = 0
+	if p.drain == nil || p.drain.Lookup(uint32(0), &rec) != nil || rec.Pending == 0 || rec.Gen == now {
+		// (A record pending with programs still counting its interval:
+		// killed before the switch, that interval was never read.)
+		rec = drainRecord{}
 	}
-	add := func(k bundlerFlowKey, vals []bundlerFlowValue) {
+	s.pending = Interval{Side: rec.Side, Gen: rec.Gen}
+	add := func(into *[]Entry, k bundlerFlowKey, vals []bundlerFlowValue) {
 		if e := merge(k, vals); e.Counts != (Counts{}) {
-			entries = append(entries, e)
+			*into = append(*into, e)
 		}
 	}
+	cur, pend := make([]bundlerFlowValue, ncpu), make([]bundlerFlowValue, ncpu)
 	addMap := func(k bundlerFlowKey, vals []bundlerFlowValue) {
 		for i, v := range vals {
-			if v.Gen == 0 || v.Gen != now && v.Gen != rec.Gen {
-				vals[i] = bundlerFlowValue{}
+			cur[i], pend[i] = bundlerFlowValue{}, bundlerFlowValue{}
+			switch v.Gen {
+			case 0: // never written, or rec.Gen none
+			case now:
+				cur[i] = v
+			case rec.Gen:
+				pend[i] = v
 			}
 		}
-		add(k, vals)
+		add(&s.current, k, cur)
+		add(&s.pending.Entries, k, pend)
 	}
-	addSlot := func(s bundlerSpillSlot) {
-		if s.State == uint32(bundlerSpillStateSPILL_READY) {
-			add(s.Key, []bundlerFlowValue{bundlerFlowValue(s.Value)})
+	// A slot of the pending interval's half, or of the other one.
+	addSlot := func(slot bundlerSpillSlot, half uint32) {
+		if slot.State != uint32(bundlerSpillStateSPILL_READY) {
+			return
 		}
+		into := &s.current
+		if rec.Gen != 0 && half == uint32(rec.Gen&1) {
+			into = &s.pending.Entries
+		}
+		add(into, slot.Key, []bundlerFlowValue{bundlerFlowValue(slot.Value)})
 	}
 	for _, m := range p.inner {
 		if m == nil {
@@ -486,20 +522,27 @@ func (p *pinnedSide) salvage(ncpu int) (entries []Entry, unreadable int) {
 	}
 	var i uint32
 	if m := p.maps["spill"]; m != nil {
-		var s bundlerSpillSlot
-		for it := m.Iterate(); it.Next(&i, &s); {
-			addSlot(s)
+		perHalf := max(1, m.MaxEntries()/2)
+		var slot bundlerSpillSlot
+		for it := m.Iterate(); it.Next(&i, &slot); {
+			addSlot(slot, i/perHalf)
 		}
 	}
 	if m := p.maps["flow_cache"]; m != nil {
+		perHalf := max(1, m.MaxEntries()/2)
 		cpus := make([]bundlerSpillSlot, ncpu)
 		for it := m.Iterate(); it.Next(&i, &cpus); {
-			for _, s := range cpus {
-				addSlot(s)
+			for _, slot := range cpus {
+				addSlot(slot, i/perHalf)
 			}
 		}
 	}
-	return entries, unreadable
+	if len(s.pending.Entries) > 0 {
+		s.pending.Recovered = true
+	} else {
+		s.pending = Interval{}
+	}
+	return s
 }
 
 // countEntries counts what a side holds that cannot be read: flow map
