@@ -167,24 +167,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}()
 
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	servicesDue := 0         // intervals until listening services are written again
-	observed := ""           // the last interval counted in the metrics
-	againBefore := false     // the last drain collected an interval again
-	var lastDNS []tracer.DNS // the DNS records given to the last interval
-	lastDNSBatch := ""
+	servicesDue := 0     // intervals until listening services are written again
+	observed := ""       // the last interval counted in the metrics
+	againBefore := false // the last drain collected an interval again
+	var dns dnsBatches
 	emit := func(iv tracer.Interval) error {
 		if cfg.Annotate != nil {
 			cfg.Annotate(iv.Flows)
 		}
 		if cfg.DNS != nil {
 			cfg.DNS(&iv)
-			// DNS records come from this process, not from the kernel
-			// side: an interval collected again (not stored the first
-			// time) gets them again with what came since.
-			if iv.Recovered && iv.BatchID != "" && iv.BatchID == lastDNSBatch {
-				iv.DNS = mergeDNS(lastDNS, iv.DNS)
-			}
-			lastDNS, lastDNSBatch = iv.DNS, iv.BatchID
+			dns.attach(&iv)
 		}
 		cfg.EdgeCap.fold(&iv, log, m) // before the metrics and the store see the flows
 		memLimit.follow(cfg.EdgeCap.held())
@@ -298,6 +291,34 @@ func DNSObservation(host string, d tracer.DNS, bucket time.Duration) store.DNSOb
 		Bucket: d.Time.Truncate(bucket), HostID: host, Comm: d.Comm, PID: d.PID, Identity: d.Identity,
 		Proto: string(d.Proto), Resolver: d.Resolver, DNSCounters: d.DNSCounters, FirstSeen: d.Time, LastSeen: d.Time,
 	}
+}
+
+// dnsBatches decides which DNS records an interval is stored with. They
+// come from this process, not from the kernel side, so a store that
+// applies each batch id once would drop the lookups of an interval
+// collected again (Recovered) that it had stored before: by a process
+// that died before the commit, or by this one whose commit failed. Such
+// an interval carries exactly the records this process gave it the first
+// time, if any; the lookups taken since wait for the next new interval.
+type dnsBatches struct {
+	last      []tracer.DNS // the records given to the last new interval
+	lastBatch string
+	carry     []tracer.DNS // lookups taken with recovered intervals, not stored yet
+}
+
+// attach sets iv.DNS, which holds the lookups taken since the last call.
+func (d *dnsBatches) attach(iv *tracer.Interval) {
+	if iv.Recovered && iv.BatchID != "" {
+		d.carry = mergeDNS(d.carry, iv.DNS)
+		iv.DNS = nil
+		if iv.BatchID == d.lastBatch {
+			iv.DNS = d.last
+		}
+		return
+	}
+	iv.DNS = mergeDNS(d.carry, iv.DNS)
+	d.carry = nil
+	d.last, d.lastBatch = iv.DNS, iv.BatchID
 }
 
 // mergeDNS adds b's records into a copy of a, one record per client and

@@ -51,3 +51,47 @@ func TestMergeDNSAddsPerClientAndResolver(t *testing.T) {
 		t.Errorf("merged %+v (a %+v)", got, a)
 	}
 }
+
+// An interval collected again may have been stored already (its commit
+// failed, or the process that collected it died before the commit): it
+// carries only the DNS records it had the first time, and lookups taken
+// with it go with the next new interval. Over a store that applies each
+// batch id once, every lookup counts once.
+func TestRecoveredIntervalsKeepTheirFirstDNS(t *testing.T) {
+	lookups := func(n uint64) []tracer.DNS {
+		return []tracer.DNS{{PID: 1, Resolver: "r:53", DNSCounters: tracer.DNSCounters{Queries: n}}}
+	}
+	var d dnsBatches
+	applied := map[string]bool{}
+	var stored uint64
+	for _, step := range []struct {
+		batch     string
+		recovered bool
+		queries   uint64 // taken from the watcher with this interval
+		want      uint64 // the interval's records
+	}{
+		{"a", false, 1, 1},
+		{"a", true, 2, 1},   // this process's, stored or not: its first records
+		{"old", true, 4, 0}, // a dead process's, maybe stored
+		{"", false, 8, 14},  // a failed drain's (no batch id): a new interval
+		{"b", false, 16, 16},
+		{"b", true, 0, 16},
+	} {
+		iv := tracer.Interval{BatchID: step.batch, Recovered: step.recovered, DNS: lookups(step.queries)}
+		d.attach(&iv)
+		var got uint64
+		for _, r := range iv.DNS {
+			got += r.Queries
+		}
+		if got != step.want {
+			t.Errorf("batch %q recovered=%v: %d queries attached, want %d", step.batch, step.recovered, got, step.want)
+		}
+		if step.batch == "" || !applied[step.batch] {
+			applied[step.batch] = step.batch != ""
+			stored += got
+		}
+	}
+	if stored != 31 {
+		t.Errorf("the store counted %d queries, want each of the 31 taken once", stored)
+	}
+}
