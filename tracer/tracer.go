@@ -364,7 +364,9 @@ func (t *Tracer) ListeningPorts() ([]Port, error) {
 // then Collect returns that same interval again (Recovered, same BatchID)
 // rather than a new one, and the kernel side keeps counting meanwhile. A
 // process that adopts a pinned kernel side gets, in its first Collect, the
-// interval a previous process collected but never committed, if any.
+// interval a previous process collected but never committed, if any; one
+// that replaces an incompatible side (Adoption.Replaced) gets that side's
+// such interval salvaged, under its batch id, until it is committed.
 //
 // Flows that could not be read whole are not returned at all (the interval
 // has no BatchID, and the error says why): the next Collect reads them
@@ -378,11 +380,11 @@ func (t *Tracer) Collect() (Interval, error) {
 	now := time.Now()
 	offset := bootToWall(now)
 	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start), BatchID: d.BatchID(), Recovered: d.Recovered}
-	if gen := d.Gen; gen != 0 {
+	if side, gen := d.Side, d.Gen; gen != 0 {
 		iv.commit = func() error {
 			t.mu.Lock()
 			defer t.mu.Unlock()
-			return t.b.Commit(gen)
+			return t.b.CommitOf(side, gen)
 		}
 	}
 	for _, e := range entries {

@@ -167,9 +167,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}()
 
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	servicesDue := 0     // intervals until listening services are written again
-	observed := ""       // the last interval counted in the metrics
-	againBefore := false // the last drain collected an interval again
+	servicesDue := 0             // intervals until listening services are written again
+	var observed observedBatches // what the metrics counted
+	againBefore := false         // the last drain collected an interval again
 	var dns dnsBatches
 	emit := func(iv tracer.Interval) error {
 		if cfg.Annotate != nil {
@@ -191,8 +191,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		againBefore = iv.Recovered
 		log.Debug("interval drained", "flows", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain, "batch", iv.BatchID)
-		if iv.BatchID == "" || iv.BatchID != observed {
-			observed = iv.BatchID
+		if observed.first(iv.BatchID) {
 			m.ObserveInterval(iv, hostID, iv.Drain)
 			m.ObserveListeners(iv.Listeners, hostID)
 			if l := iv.Lost; l.Total() > 0 {
@@ -293,13 +292,32 @@ func DNSObservation(host string, d tracer.DNS, bucket time.Duration) store.DNSOb
 	}
 }
 
+// observedBatches says which intervals the metrics count: each batch id
+// once (an interval collected again is not counted again, even after a
+// failed drain in between), and every interval without one (a failed
+// drain's: listeners and losses only).
+type observedBatches struct{ last string }
+
+func (o *observedBatches) first(batch string) bool {
+	if batch == "" {
+		return true
+	}
+	if batch == o.last {
+		return false
+	}
+	o.last = batch
+	return true
+}
+
 // dnsBatches decides which DNS records an interval is stored with. They
 // come from this process, not from the kernel side, so a store that
 // applies each batch id once would drop the lookups of an interval
 // collected again (Recovered) that it had stored before: by a process
 // that died before the commit, or by this one whose commit failed. Such
 // an interval carries exactly the records this process gave it the first
-// time, if any; the lookups taken since wait for the next new interval.
+// time, if any; the lookups taken since wait for the next new interval,
+// as do those taken with a failed drain's interval (no batch id: nothing
+// brings it back if it is not stored).
 type dnsBatches struct {
 	last      []tracer.DNS // the records given to the last new interval
 	lastBatch string
@@ -308,10 +326,10 @@ type dnsBatches struct {
 
 // attach sets iv.DNS, which holds the lookups taken since the last call.
 func (d *dnsBatches) attach(iv *tracer.Interval) {
-	if iv.Recovered && iv.BatchID != "" {
+	if iv.Recovered || iv.BatchID == "" {
 		d.carry = mergeDNS(d.carry, iv.DNS)
 		iv.DNS = nil
-		if iv.BatchID == d.lastBatch {
+		if iv.BatchID != "" && iv.BatchID == d.lastBatch {
 			iv.DNS = d.last
 		}
 		return
@@ -546,7 +564,9 @@ func (w *writer) write(b store.Batch) (durable bool) {
 // in a pinned kernel side: not committed, it is collected again (the
 // same batch) at the next drain while the kernel adds what it counts
 // meanwhile to the next interval; nothing is dropped, and a crash loses
-// nothing either. Memory is then not needed.
+// nothing either (but for the interval salvaged from a replaced kernel
+// side, which only this process holds: docs/design.md). Memory is then
+// not needed.
 func (w *writer) keepInKernel() bool {
 	if !w.holding {
 		w.holding = true

@@ -73,9 +73,10 @@ func TestRecoveredIntervalsKeepTheirFirstDNS(t *testing.T) {
 		{"a", false, 1, 1},
 		{"a", true, 2, 1},   // this process's, stored or not: its first records
 		{"old", true, 4, 0}, // a dead process's, maybe stored
-		{"", false, 8, 14},  // a failed drain's (no batch id): a new interval
-		{"b", false, 16, 16},
-		{"b", true, 0, 16},
+		{"", false, 8, 0},   // a failed drain's: nothing brings it back if it is not stored
+		{"a", true, 0, 1},   // after it, still its first records
+		{"b", false, 16, 30},
+		{"b", true, 0, 30},
 	} {
 		iv := tracer.Interval{BatchID: step.batch, Recovered: step.recovered, DNS: lookups(step.queries)}
 		d.attach(&iv)
@@ -93,5 +94,19 @@ func TestRecoveredIntervalsKeepTheirFirstDNS(t *testing.T) {
 	}
 	if stored != 31 {
 		t.Errorf("the store counted %d queries, want each of the 31 taken once", stored)
+	}
+}
+
+// The metrics count each batch once, however often it is collected again,
+// a failed drain's interval (no batch id) in between included.
+func TestObservedBatchesCountEachBatchOnce(t *testing.T) {
+	var o observedBatches
+	for i, step := range []struct {
+		batch string
+		want  bool
+	}{{"a", true}, {"a", false}, {"", true}, {"a", false}, {"b", true}, {"", true}, {"", true}, {"b", false}} {
+		if got := o.first(step.batch); got != step.want {
+			t.Errorf("step %d: batch %q counted %v, want %v", i, step.batch, got, step.want)
+		}
 	}
 }

@@ -104,7 +104,7 @@ func (w *commitWorld) settle(b *Bundler, want uint64) {
 			w.t.Fatal(err)
 		}
 		w.apply(iv)
-		if err := b.Commit(iv.Gen); err != nil {
+		if err := b.CommitOf(iv.Side, iv.Gen); err != nil {
 			w.t.Fatal(err)
 		}
 	})

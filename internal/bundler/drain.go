@@ -94,7 +94,7 @@ func (iv Interval) BatchID() string {
 func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 	iv, err := b.Collect()
 	if err == nil {
-		err = b.Commit(iv.Gen)
+		err = b.CommitOf(iv.Side, iv.Gen)
 	}
 	return iv.Entries, iv.Listeners, err
 }
@@ -218,16 +218,23 @@ func withSalvaged(extra, entries []Entry) []Entry {
 	return append(append([]Entry(nil), extra...), entries...)
 }
 
-// Commit declares interval gen stored: flows idle for retainIdle drains of
-// its map are deleted, its spill and cache halves freed, and the pinned
-// drain record records it. Committing an interval committed already does
-// nothing.
-func (b *Bundler) Commit(gen uint64) error {
-	if s := b.drain.salvaged; s != nil {
-		// Nothing of it is left in the kernel: the replaced side is gone.
+// Commit declares interval gen of this kernel side stored: flows idle for
+// retainIdle drains of its map are deleted, its spill and cache halves
+// freed, and the pinned drain record records it. Committing an interval
+// committed already does nothing.
+func (b *Bundler) Commit(gen uint64) error { return b.CommitOf(b.drain.side, gen) }
+
+// CommitOf commits the interval Collect returned as side and gen: one of
+// this side (Commit), or the salvaged interval of the side it replaced,
+// whose generations are numbered apart (the two may be equal).
+func (b *Bundler) CommitOf(side [16]byte, gen uint64) error {
+	if s := b.drain.salvaged; s != nil && side == s.Side {
 		if gen == s.Gen {
-			b.drain.salvaged = nil
+			b.drain.salvaged = nil // nothing of it is left in the kernel: the replaced side is gone
 		}
+		return nil
+	}
+	if side != b.drain.side {
 		return nil
 	}
 	p := b.drain.pending

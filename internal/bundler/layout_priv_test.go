@@ -82,3 +82,74 @@ func TestReplacedSideSalvagedOnlyInItsLayout(t *testing.T) {
 		})
 	}
 }
+
+// The interval a replaced side's process collected and did not commit is
+// salvaged apart from what the side counted after it: by the values' tags
+// in the flow map, by half in the spill and the flow cache. The new side
+// returns it first, under the replaced side's batch id, until that id is
+// committed (this side's own Commit of the same generation does not),
+// then its own first interval with the rest.
+func TestReplacedSidePendingIntervalSalvagedApart(t *testing.T) {
+	for _, path := range []string{"flow cache", "flow map", "spill"} {
+		t.Run(path, func(t *testing.T) {
+			switch path {
+			case "flow map":
+				testHooks.noCache = true
+				t.Cleanup(func() { testHooks.noCache = false })
+			case "spill":
+				testHooks.spill = true
+				t.Cleanup(func() { testHooks.spill = false })
+			}
+			w := newCommitWorld(t, 7421)
+			cfg := pinnedTestConfig(t)
+			cfg.NetNS = w.client.Inode
+			first := mustLoad(t, cfg)
+			t.Cleanup(first.Release)
+			w.connect(5)
+			collected, err := first.Collect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := w.clientConns(collected); got != 5 {
+				t.Fatalf("collected %d connections, want 5", got)
+			}
+			w.connect(3)
+			first.Release() // dies before its commit
+
+			cfg.FlowMapSize *= 2 // another map size: replaced, not adopted
+			second := mustLoad(t, cfg)
+			defer second.Close()
+			conns := func(es []Entry) uint64 { return w.clientConns(Interval{Entries: es}) }
+			if ad := second.adopt; ad.Adopted || ad.Replaced == "" || conns(ad.SalvagedPending) != 5 || conns(ad.Salvaged) != 3 {
+				t.Fatalf("adoption: replaced %q, %d connections salvaged of the collected interval and %d after it; want 5 and 3",
+					ad.Replaced, conns(ad.SalvagedPending), conns(ad.Salvaged))
+			}
+			for try := 0; try < 2; try++ {
+				iv, err := second.Collect()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if iv.BatchID() != collected.BatchID() || !iv.Recovered || w.clientConns(iv) != 5 {
+					t.Fatalf("collect %d after the replacement: batch %s recovered=%v, %d connections; want %s again with its 5",
+						try+1, iv.BatchID(), iv.Recovered, w.clientConns(iv), collected.BatchID())
+				}
+				if try == 0 {
+					// This side's generation of the same number: not the salvaged interval's commit.
+					if err := second.Commit(iv.Gen); err != nil {
+						t.Fatal(err)
+					}
+				} else if err := second.CommitOf(iv.Side, iv.Gen); err != nil {
+					t.Fatal(err)
+				}
+			}
+			next, err := second.Collect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if next.Side == collected.Side || next.Recovered || w.clientConns(next) != 3 {
+				t.Errorf("the new side's first interval: batch %s recovered=%v, %d connections; want its own, with the 3 counted after the collected one",
+					next.BatchID(), next.Recovered, w.clientConns(next))
+			}
+		})
+	}
+}

@@ -441,8 +441,8 @@ func (b *Bundler) writeDrainRecord(gen uint64, pending bool) error {
 	return nil
 }
 
-// salvaged is what salvage read from a replaced side.
-type salvaged struct {
+// salvageResult is what salvage read from a replaced side.
+type salvageResult struct {
 	// pending is the interval the side's process had collected and not
 	// committed, under its own Side and Gen (Gen 0: none). That process
 	// may have stored it before it died: reported under its own batch id,
@@ -456,7 +456,7 @@ type salvaged struct {
 // salvage reads what an incompatible pinned side counted (flow maps,
 // spill and flow cache), if it was written in today's layout; otherwise
 // its entries are counted as unreadable.
-func (p *pinnedSide) salvage(ncpu int) (s salvaged) {
+func (p *pinnedSide) salvage(ncpu int) (s salvageResult) {
 	if p.layout != flowLayout {
 		// Same sizes need not mean the same fields (a reordered value
 		// keeps its size): counted, never decoded.
