@@ -6,6 +6,7 @@ package web
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image"
 	"image/png"
 	"os"
@@ -28,7 +29,7 @@ func mapData(t *testing.T, ctx context.Context) map[string]string {
 
 // docScreenshots are the screenshots docs/web.md shows: with
 // DEPTRACE_UPDATE_SCREENSHOTS=1 the test writes them into docs/images/.
-var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true, "map-400": true, "map-namespaces": true}
+var docScreenshots = map[string]bool{"map": true, "edge-history": true, "node-history": true, "map-400": true, "map-namespaces": true, "map-fleet": true}
 
 // screenshot saves the page (into $DEPTRACE_SCREENSHOTS when set, to look
 // at; the documentation's into docs/images/ with
@@ -376,13 +377,15 @@ func TestBrowserTokenCookie(t *testing.T) {
 }
 
 // A map beyond dagre's size (400 nodes, 300 edges) is layered by the
-// worker's linear layout: every edge points left to right.
+// worker's linear layout: every edge points left to right. It is opened
+// with its groups expanded (groups=expanded): by itself it would open on
+// its 100 groups (TestBrowserDenseMapOpensOnGroups).
 func TestBrowserLinearLayeredLayout(t *testing.T) {
 	path := t.TempDir() + "/mid.db"
 	history(t, path, time.Now(), 100, 3, 1)
 	srv, _ := serve(t, path, Options{})
 	ctx := browsertest.Browser(t, 90*time.Second)
-	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&groups=expanded")
 	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
 	d := mapData(t, ctx)
 	if d["nodes"] != "400" || d["edges"] != "300" || d["layoutEngine"] != "linear" || d["boxes"] != "100" {
@@ -395,8 +398,123 @@ func TestBrowserLinearLayeredLayout(t *testing.T) {
 	screenshot(t, ctx, "map-400")
 }
 
+// seedFleet writes a fleet of 70 machines, each its own network namespace:
+// 40 web machines (nginx -> php-fpm -> memcached on each, php-fpm calling
+// one of the app machines), 20 app machines (gunicorn, calling one of the
+// database machines) and 10 database machines (pgbouncer -> postgres):
+// 160 workloads in 70 groups, two of the web-to-app edges failing.
+func seedFleet(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fleet.db")
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now()
+	at := now.Add(-5 * time.Minute)
+	type machine struct{ id, addr string }
+	var web, app, db []machine
+	b := store.Batch{}
+	add := func(into *[]machine, prefix string, n int) {
+		for i := 0; i < n; i++ {
+			m := machine{fmt.Sprintf("%s-%d", prefix, i), fmt.Sprintf("10.%d.%d.1", len(b.Hosts)/256, len(b.Hosts)%256)}
+			*into = append(*into, m)
+			b.Hosts = append(b.Hosts, store.Host{ID: m.id, Name: m.id, Addrs: []string{m.addr}, LastSeen: now})
+		}
+	}
+	add(&web, "web", 40)
+	add(&app, "app", 20)
+	add(&db, "db", 10)
+	call := func(c machine, ccomm string, srv machine, scomm string, port uint16, failed uint64) {
+		cc := tracer.Counters{Connections: 20, FailedConnections: failed, BytesSent: 2000, BytesReceived: 20000}
+		sc := tracer.Counters{Connections: 20, BytesSent: 20000, BytesReceived: 2000}
+		b.Observations = append(b.Observations,
+			store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: c.id, Direction: "outbound", Proto: "tcp",
+				LocalAddr: c.addr, RemoteAddr: srv.addr, Port: port, Comm: ccomm, Counters: cc, FirstSeen: at, LastSeen: at.Add(time.Second)},
+			store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: srv.id, Direction: "inbound", Proto: "tcp",
+				LocalAddr: srv.addr, RemoteAddr: c.addr, Port: port, Comm: scomm, Counters: sc, FirstSeen: at, LastSeen: at.Add(time.Second)})
+	}
+	for i, w := range web {
+		call(w, "nginx", w, "php-fpm", 9000, 0)
+		call(w, "php-fpm", w, "memcached", 11211, 0)
+		failed := uint64(0)
+		if i%20 == 7 {
+			failed = 12 // two unhealthy web-to-app edges
+		}
+		call(w, "php-fpm", app[i%len(app)], "gunicorn", 8080, failed)
+	}
+	for i, a := range app {
+		call(a, "gunicorn", db[i%len(db)], "pgbouncer", 6432, 0)
+	}
+	for _, d := range db {
+		call(d, "pgbouncer", d, "postgres", 5432, 0)
+	}
+	if err := s.Write(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A map of 160 workloads in 70 network namespaces (seedFleet) is too
+// dense to read whole: it opens on its groups, one node per machine,
+// every label at least 7 px tall (14 px Arial's ascenders are 10 px: the
+// labels are drawn at 70 % of their size or more), the unhealthy edges
+// still red, the status line saying so. The choice is then the user's:
+// Expand all gives the 160 workloads, groups=expanded in the URL keeps them expanded
+// across a new time range and on a fresh page opened on the link.
+func TestBrowserDenseMapOpensOnGroups(t *testing.T) {
+	srv, _ := serve(t, seedFleet(t), Options{})
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	d := mapData(t, ctx)
+	if d["nodes"] != "70" || d["boxes"] != "0" || d["unhealthy"] != "2" {
+		t.Errorf("map %v: want its 70 groups collapsed, no boxes, the 2 unhealthy edges kept", d)
+	}
+	status := func() string { return browsertest.JS[string](t, ctx, `document.querySelector('#status').textContent`) }
+	if s := status(); !strings.Contains(s, "160 nodes") || !strings.Contains(s, "its 70 groups collapsed") {
+		t.Errorf("status %q: want the graph's size and the collapsed groups named", s)
+	}
+	browsertest.Until(t, ctx, `window.deptrace.labels().length === 70`, `window.deptrace.labels().length`)
+	if small := browsertest.JS[[]string](t, ctx, `window.deptrace.labels().filter(r => r.bottom - r.top < 7).map(r => r.label + ' ' + (r.bottom - r.top).toFixed(1))`); len(small) > 0 {
+		t.Errorf("%d group labels under 7 px tall: %q", len(small), small[:min(5, len(small))])
+	}
+	screenshot(t, ctx, "map-fleet")
+
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#expand-all"))); err != nil {
+		t.Fatal(err)
+	}
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '160' && document.querySelector('#map').dataset.layout === 'layered'`, `Object.assign({}, document.querySelector('#map').dataset)`)
+	if d := mapData(t, ctx); d["boxes"] != "70" || d["unhealthy"] != "2" {
+		t.Errorf("expanded map %v: want 70 boxes and the 2 unhealthy edges", d)
+	}
+	t.Logf("expanded: labels %s px tall", browsertest.JS[string](t, ctx, `(() => { const h = window.deptrace.labels().map(r => r.bottom - r.top); return h.length + ' drawn, ' + Math.min(...h).toFixed(1) + '-' + Math.max(...h).toFixed(1); })()`))
+	if s := status(); strings.Contains(s, "collapsed") {
+		t.Errorf("status %q after Expand all still says the groups are collapsed", s)
+	}
+	if u := browsertest.JS[string](t, ctx, `location.search`); !strings.Contains(u, "groups=expanded") {
+		t.Errorf("URL %q after Expand all: want groups=expanded, so that a link shows the map expanded", u)
+	}
+	screenshot(t, ctx, "map-fleet-expanded")
+
+	// Reloaded for another range, the map stays as the user left it, and
+	// so does a fresh page opened on the link.
+	browsertest.JS[bool](t, ctx, `(s => { s.value = '24h'; s.dispatchEvent(new Event('change')); return true; })(document.querySelector('#range'))`)
+	browsertest.Until(t, ctx, `new URLSearchParams(location.search).get('range') === '24h' && document.body.dataset.state === 'ready'`, `location.search + ' ' + document.body.dataset.state`)
+	if d := mapData(t, ctx); d["nodes"] != "160" {
+		t.Errorf("after a new range the map has %s nodes, want the 160 the user expanded", d["nodes"])
+	}
+	link := browsertest.JS[string](t, ctx, `location.href`)
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatal(err)
+	}
+	browsertest.Open(t, ctx, link)
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '160'`, `document.querySelector('#map').dataset.nodes`)
+}
+
 // A graph beyond 2,000 nodes opens on the table; the map is one click
-// away and draws all of it (collapsing groups works on it).
+// away and opens on its groups (Expand all draws all of it).
 func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
 	path := t.TempDir() + "/large.db"
 	history(t, path, time.Now(), 550, 3, 1) // 2,200 nodes, 1,650 edges
@@ -421,18 +539,21 @@ func TestBrowserLargeGraphOpensOnTable(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#view-map"))); err != nil {
 		t.Fatal(err)
 	}
+	// The map opens on its groups, one node per namespace (550 hosts),
+	// edges between groups added up; Expand all draws all of it.
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
+	if d := mapData(t, ctx); d["unhealthy"] == "0" {
+		t.Errorf("collapsed large map %v: the unhealthy edges are gone", d)
+	}
+	screenshot(t, ctx, "large-collapsed")
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#expand-all"))); err != nil {
+		t.Fatal(err)
+	}
 	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '2200'`, `document.querySelector('#map').dataset.nodes`)
 	if d := mapData(t, ctx); d["edges"] != "1650" || d["unhealthy"] == "0" {
 		t.Errorf("large map %v", d)
 	}
 	screenshot(t, ctx, "large-map")
-	// Collapse every group: one node per namespace (550 hosts), and edges
-	// between groups add up.
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#collapse-all"))); err != nil {
-		t.Fatal(err)
-	}
-	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.nodes === '550'`, `document.querySelector('#map').dataset.nodes`)
-	screenshot(t, ctx, "large-collapsed")
 }
 
 // Grouped by Kubernetes namespace: the checkout pod's workload sits in

@@ -16,6 +16,9 @@
     unhealthy: false, rows: PAGE,
   };
   const collapsed = new Set();
+  // collapseChosen: the user collapsed or expanded a group since the
+  // grouping was chosen; until then the page decides (openCollapsed).
+  let collapseChosen = false;
 
   function readURL() {
     const p = new URLSearchParams(location.search);
@@ -34,6 +37,8 @@
     state.sort = p.get('sort') || 'client';
     state.dir = pick('dir', ['asc', 'desc']) || 'asc';
     state.unhealthy = p.get('unhealthy') === '1';
+    // groups=expanded: every group open, as the user chose (openCollapsed).
+    collapseChosen = p.get('groups') === 'expanded';
   }
 
   function writeURL() {
@@ -49,6 +54,7 @@
     if (state.weight !== 'connections') p.set('weight', state.weight);
     if (state.group !== 'namespace') p.set('group', state.group);
     if (state.by !== 'workload') p.set('by', state.by);
+    if (collapseChosen && collapsed.size === 0) p.set('groups', 'expanded');
     if (state.view === 'table') {
       if (state.sort !== 'client' || state.dir !== 'asc') { p.set('sort', state.sort); p.set('dir', state.dir); }
       if (state.unhealthy) p.set('unhealthy', '1');
@@ -225,11 +231,38 @@
       note += ' · focus ' + state.focus + ' is not in this range';
       state.focus = '';
     }
-    const s = data.nodes.size + ' nodes, ' + data.edges.length + ' edges' +
+    baseStatus = data.nodes.size + ' nodes, ' + data.edges.length + ' edges' +
       (d_summary(data.diff)) + note;
+    const folded = openCollapsed();
     render();
-    setStatus(s);
+    setStatus(baseStatus + folded);
   }
+
+  // A map of more than OVERVIEW nodes is too dense to read whole (its
+  // labels a few pixels tall): it opens with its groups collapsed, one
+  // node each, when that leaves at most half as many nodes, so that the
+  // first picture is one of groups with readable labels and their edges
+  // added up (an unhealthy edge keeps its group edge red). A click on a
+  // group, or Expand all, opens it. Once the user collapses or expands
+  // anything, the page leaves the choice to them until the grouping
+  // changes. openCollapsed returns the status line's note.
+  const OVERVIEW = 150;
+  let baseStatus = '';
+  function openCollapsed() {
+    if (collapseChosen || !data) return '';
+    collapsed.clear();
+    const groups = new Set();
+    let loose = 0;
+    for (const n of data.nodes.values()) {
+      const k = groupOf(n);
+      if (k) groups.add(k); else loose++;
+    }
+    if (data.nodes.size <= OVERVIEW || groups.size < 2 || groups.size + loose > data.nodes.size / 2) return '';
+    for (const k of groups) collapsed.add(k);
+    return ' · map: its ' + groups.size + ' groups collapsed (click one, or Expand all)';
+  }
+  // chooseCollapse records that the user collapsed or expanded something.
+  const chooseCollapse = () => { collapseChosen = true; setStatus(baseStatus); writeURL(); };
 
   function d_summary(d) {
     return d ? ' · ' + d.appeared.length + ' appeared, ' + d.disappeared.length + ' disappeared' : '';
@@ -574,7 +607,7 @@
       const t = el('button', titleText(b.key, b.n));
       t.type = 'button';
       t.title = 'Collapse ' + b.key + ' into one node';
-      t.addEventListener('click', () => { collapsed.add(b.key); renderGroups(); renderMap(); });
+      t.addEventListener('click', () => { collapsed.add(b.key); chooseCollapse(); renderGroups(); renderMap(); });
       d.append(t);
       layer.append(d);
       b.el = d;
@@ -642,7 +675,7 @@
     renderer.on('enterNode', ({ node }) => { if (!pinned) showNode(node); });
     renderer.on('clickNode', ({ node }) => {
       const a = display.getNodeAttributes(node);
-      if (a.kind === 'group') { collapsed.delete(a.group); renderGroups(); renderMap(); return; }
+      if (a.kind === 'group') { collapsed.delete(a.group); chooseCollapse(); renderGroups(); renderMap(); return; }
       setFocus(node);
     });
     renderer.on('enterEdge', ({ edge }) => { if (!pinned) showEdge(edge); });
@@ -1046,6 +1079,7 @@
       b.setAttribute('aria-label', (collapsed.has(k) ? 'Expand ' : 'Collapse ') + k);
       b.addEventListener('click', () => {
         if (collapsed.has(k)) collapsed.delete(k); else collapsed.add(k);
+        chooseCollapse();
         renderGroups();
         if (state.view === 'map') renderMap();
       });
@@ -1233,16 +1267,24 @@
       if (ids.length) setFocus(ids[0]);
     });
     $('#weight').addEventListener('change', (ev) => { state.weight = ev.target.value; writeURL(); if (state.view === 'map') renderMap(); });
-    $('#group').addEventListener('change', (ev) => { state.group = ev.target.value; collapsed.clear(); writeURL(); render(); });
+    $('#group').addEventListener('change', (ev) => {
+      state.group = ev.target.value;
+      collapseChosen = false;
+      const folded = openCollapsed();
+      writeURL();
+      render();
+      setStatus(baseStatus + folded);
+    });
     $('#by').addEventListener('change', (ev) => { state.by = ev.target.value; state.focus = ''; writeURL(); load(); });
     $('#depth').addEventListener('change', (ev) => { state.depth = ev.target.value; writeURL(); render(); });
     $('#clear-focus').addEventListener('click', () => { setFocus(''); render(); });
     $('#collapse-all').addEventListener('click', () => {
       for (const n of data.nodes.values()) if (groupOf(n)) collapsed.add(groupOf(n));
+      chooseCollapse();
       renderGroups();
       renderMap();
     });
-    $('#expand-all').addEventListener('click', () => { collapsed.clear(); renderGroups(); renderMap(); });
+    $('#expand-all').addEventListener('click', () => { collapsed.clear(); chooseCollapse(); renderGroups(); renderMap(); });
     $('#only-unhealthy').addEventListener('change', (ev) => { state.unhealthy = ev.target.checked; writeURL(); renderTable(); });
     $('#more').addEventListener('click', () => { state.rows += PAGE; renderTable(); });
     $('#all-rows').addEventListener('click', () => { state.rows = Infinity; renderTable(); });
