@@ -315,9 +315,9 @@ func (o *observedBatches) first(batch string) bool {
 // collected again (Recovered) that it had stored before: by a process
 // that died before the commit, or by this one whose commit failed. Such
 // an interval carries exactly the records this process gave it the first
-// time, if any; the lookups taken since wait for the next new interval,
-// as do those taken with a failed drain's interval (no batch id: nothing
-// brings it back if it is not stored).
+// time, if any; the lookups taken since wait for the next interval that
+// is not collected again. A failed drain's interval (no batch id, never
+// deduplicated) takes them, but is not one to give its records again.
 type dnsBatches struct {
 	last      []tracer.DNS // the records given to the last new interval
 	lastBatch string
@@ -326,17 +326,19 @@ type dnsBatches struct {
 
 // attach sets iv.DNS, which holds the lookups taken since the last call.
 func (d *dnsBatches) attach(iv *tracer.Interval) {
-	if iv.Recovered || iv.BatchID == "" {
+	if iv.Recovered && iv.BatchID != "" {
 		d.carry = mergeDNS(d.carry, iv.DNS)
 		iv.DNS = nil
-		if iv.BatchID != "" && iv.BatchID == d.lastBatch {
+		if iv.BatchID == d.lastBatch {
 			iv.DNS = d.last
 		}
 		return
 	}
 	iv.DNS = mergeDNS(d.carry, iv.DNS)
 	d.carry = nil
-	d.last, d.lastBatch = iv.DNS, iv.BatchID
+	if iv.BatchID != "" {
+		d.last, d.lastBatch = iv.DNS, iv.BatchID
+	}
 }
 
 // mergeDNS adds b's records into a copy of a, one record per client and

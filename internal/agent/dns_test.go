@@ -73,10 +73,10 @@ func TestRecoveredIntervalsKeepTheirFirstDNS(t *testing.T) {
 		{"a", false, 1, 1},
 		{"a", true, 2, 1},   // this process's, stored or not: its first records
 		{"old", true, 4, 0}, // a dead process's, maybe stored
-		{"", false, 8, 0},   // a failed drain's: nothing brings it back if it is not stored
+		{"", false, 8, 14},  // a failed drain's (no batch id): takes them
 		{"a", true, 0, 1},   // after it, still its first records
-		{"b", false, 16, 30},
-		{"b", true, 0, 30},
+		{"b", false, 16, 16},
+		{"b", true, 0, 16},
 	} {
 		iv := tracer.Interval{BatchID: step.batch, Recovered: step.recovered, DNS: lookups(step.queries)}
 		d.attach(&iv)

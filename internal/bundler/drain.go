@@ -111,8 +111,8 @@ func (b *Bundler) Drain() ([]Entry, []Listener, error) {
 // retainIdle drains of their map deleted, when the interval is committed.
 //
 // Without a pin path the interval is committed when Collect returns. A
-// pinned side is two-phase: Commit(iv.Gen), which the caller calls once
-// the interval is stored, frees its halves and records it. Until then, and
+// pinned side is two-phase: CommitOf(iv.Side, iv.Gen), which the caller
+// calls once the interval is stored, frees its halves and records it. Until then, and
 // in a process that adopts the side after this one died, Collect returns
 // that same interval again (Recovered, same Gen and BatchID) without a
 // new one: the kernel keeps counting the next interval meanwhile.

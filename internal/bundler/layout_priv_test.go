@@ -147,8 +147,21 @@ func TestReplacedSidePendingIntervalSalvagedApart(t *testing.T) {
 				t.Fatal(err)
 			}
 			if next.Side == collected.Side || next.Recovered || w.clientConns(next) != 3 {
-				t.Errorf("the new side's first interval: batch %s recovered=%v, %d connections; want its own, with the 3 counted after the collected one",
+				t.Fatalf("the new side's first interval: batch %s recovered=%v, %d connections; want its own, with the 3 counted after the collected one",
 					next.BatchID(), next.Recovered, w.clientConns(next))
+			}
+			// The salvaged interval's commit again, of the same number as
+			// this side's first: that one stays uncommitted.
+			if err := second.CommitOf(collected.Side, next.Gen); err != nil {
+				t.Fatal(err)
+			}
+			again, err := second.Collect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.BatchID() != next.BatchID() || !again.Recovered {
+				t.Errorf("after a commit of the replaced side's generation %d: batch %s recovered=%v; want this side's %s again, uncommitted",
+					next.Gen, again.BatchID(), again.Recovered, next.BatchID())
 			}
 		})
 	}

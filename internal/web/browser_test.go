@@ -460,7 +460,8 @@ func seedFleet(t testing.TB) string {
 // dense to read whole: it opens on its groups, one node per machine,
 // every label at least 7 px tall (14 px Arial's ascenders are 10 px: the
 // labels are drawn at 70 % of their size or more), the unhealthy edges
-// still red, the status line saying so. The choice is then the user's:
+// still red, the status line saying so; a search lights up the groups
+// holding a match. The choice is then the user's:
 // Expand all gives the 160 workloads, groups=expanded in the URL keeps them expanded
 // across a new time range and on a fresh page opened on the link.
 func TestBrowserDenseMapOpensOnGroups(t *testing.T) {
@@ -481,6 +482,16 @@ func TestBrowserDenseMapOpensOnGroups(t *testing.T) {
 		t.Errorf("%d group labels under 7 px tall: %q", len(small), small[:min(5, len(small))])
 	}
 	screenshot(t, ctx, "map-fleet")
+
+	// A search lights up the groups that hold a match: gunicorn runs on
+	// the 20 app machines.
+	search := func(q string) {
+		browsertest.JS[bool](t, ctx, `(s => { s.value = '`+q+`'; s.dispatchEvent(new Event('input')); return true; })(document.querySelector('#search'))`)
+	}
+	search("gunicorn")
+	browsertest.Until(t, ctx, `window.deptrace.labels().length === 20 && window.deptrace.labels().every(r => r.label.startsWith('app-'))`, `window.deptrace.labels().map(r => r.label)`)
+	search("")
+	browsertest.Until(t, ctx, `window.deptrace.labels().length === 70`, `window.deptrace.labels().length`)
 
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#expand-all"))); err != nil {
 		t.Fatal(err)

@@ -699,16 +699,19 @@
     requestLayout(display);
   }
 
-  let matchSet = new Set();
+  // matchSet: the nodes the search matches; matchGroups: the groups that
+  // hold one, whose node a collapsed group lights up in their place.
+  let matchSet = new Set(), matchGroups = new Set();
+  const matched = (id, a) => matchSet.has(id) || (a.kind === 'group' && matchGroups.has(a.group));
   function reduceNode(id, a) {
     if (!matchSet.size) return a;
-    if (matchSet.has(id)) return Object.assign({}, a, { highlighted: true, forceLabel: true, zIndex: 1 });
+    if (matched(id, a)) return Object.assign({}, a, { highlighted: true, forceLabel: true, zIndex: 1 });
     return Object.assign({}, a, { color: '#d9dde3', label: '', zIndex: 0 });
   }
   function reduceEdge(id, a) {
     if (!matchSet.size) return a;
     const [s, t] = display.extremities(id);
-    if (matchSet.has(s) || matchSet.has(t)) return a;
+    if (matched(s, display.getNodeAttributes(s)) || matched(t, display.getNodeAttributes(t))) return a;
     return Object.assign({}, a, { color: '#eef0f3' });
   }
 
@@ -1042,6 +1045,7 @@
   function renderMatches() {
     const ids = matches();
     matchSet = new Set(ids);
+    matchGroups = new Set(ids.map((id) => groupOf(data.nodes.get(id))));
     $('#map').dataset.matches = String(ids.length);
     const panel = $('#matches-panel');
     panel.hidden = !state.q;
@@ -1273,7 +1277,7 @@
       const folded = openCollapsed();
       writeURL();
       render();
-      setStatus(baseStatus + folded);
+      if (data) setStatus(baseStatus + folded); // else still loading
     });
     $('#by').addEventListener('change', (ev) => { state.by = ev.target.value; state.focus = ''; writeURL(); load(); });
     $('#depth').addEventListener('change', (ev) => { state.depth = ev.target.value; writeURL(); render(); });
