@@ -405,12 +405,6 @@ func TestBrowserLinearLayeredLayout(t *testing.T) {
 // 160 workloads in 70 groups, two of the web-to-app edges failing.
 func seedFleet(t testing.TB) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "fleet.db")
-	s, err := store.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	now := time.Now()
 	at := now.Add(-5 * time.Minute)
 	type machine struct{ id, addr string }
@@ -427,13 +421,9 @@ func seedFleet(t testing.TB) string {
 	add(&app, "app", 20)
 	add(&db, "db", 10)
 	call := func(c machine, ccomm string, srv machine, scomm string, port uint16, failed uint64) {
-		cc := tracer.Counters{Connections: 20, FailedConnections: failed, BytesSent: 2000, BytesReceived: 20000}
-		sc := tracer.Counters{Connections: 20, BytesSent: 20000, BytesReceived: 2000}
-		b.Observations = append(b.Observations,
-			store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: c.id, Direction: "outbound", Proto: "tcp",
-				LocalAddr: c.addr, RemoteAddr: srv.addr, Port: port, Comm: ccomm, Counters: cc, FirstSeen: at, LastSeen: at.Add(time.Second)},
-			store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: srv.id, Direction: "inbound", Proto: "tcp",
-				LocalAddr: srv.addr, RemoteAddr: c.addr, Port: port, Comm: scomm, Counters: sc, FirstSeen: at, LastSeen: at.Add(time.Second)})
+		b.Observations = append(b.Observations, callObservations(at, c.id, c.addr, ccomm, srv.id, srv.addr, scomm, "tcp", port,
+			tracer.Counters{Connections: 20, FailedConnections: failed, BytesSent: 2000, BytesReceived: 20000},
+			tracer.Counters{Connections: 20, BytesSent: 20000, BytesReceived: 2000})...)
 	}
 	for i, w := range web {
 		call(w, "nginx", w, "php-fpm", 9000, 0)
@@ -450,6 +440,30 @@ func seedFleet(t testing.TB) string {
 	for _, d := range db {
 		call(d, "pgbouncer", d, "postgres", 5432, 0)
 	}
+	return writeSeed(t, "fleet.db", b)
+}
+
+// callObservations are a call's two ends as agents store them: the
+// client's outbound observation and the server's inbound one, at at.
+func callObservations(at time.Time, client, clientAddr, ccomm, server, serverAddr, scomm, proto string, port uint16, cc, sc tracer.Counters) []store.Observation {
+	bucket := at.Truncate(store.DefaultBucket)
+	return []store.Observation{
+		{Bucket: bucket, HostID: client, Direction: "outbound", Proto: proto, LocalAddr: clientAddr, RemoteAddr: serverAddr, Port: port,
+			Comm: ccomm, Counters: cc, FirstSeen: at, LastSeen: at.Add(time.Second)},
+		{Bucket: bucket, HostID: server, Direction: "inbound", Proto: proto, LocalAddr: serverAddr, RemoteAddr: clientAddr, Port: port,
+			Comm: scomm, Counters: sc, FirstSeen: at, LastSeen: at.Add(time.Second)},
+	}
+}
+
+// writeSeed writes b into a new SQLite store named name and returns its path.
+func writeSeed(t testing.TB, name string, b store.Batch) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	if err := s.Write(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -696,12 +710,6 @@ func TestBrowserChainMap(t *testing.T) {
 // pair, dbench -> pgbouncer.
 func seedNamespaces(t testing.TB) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "namespaces.db")
-	s, err := store.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	now := time.Now()
 	at := now.Add(-5 * time.Minute)
 	host := func(i int) string { return "servicemap/dt4242-1-h" + string(rune('0'+i)) }
@@ -715,16 +723,7 @@ func seedNamespaces(t testing.TB) string {
 		if proto == "udp" {
 			c = tracer.Counters{DatagramsSent: 40}
 		}
-		for _, o := range []struct {
-			h       int
-			dir     string
-			l, r    string
-			comm    string
-			counter tracer.Counters
-		}{{client, "outbound", addr(client), addr(server), ccomm, c}, {server, "inbound", addr(server), addr(client), scomm, c}} {
-			b.Observations = append(b.Observations, store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: host(o.h), Direction: o.dir, Proto: proto,
-				LocalAddr: o.l, RemoteAddr: o.r, Port: port, Comm: o.comm, Counters: o.counter, FirstSeen: at, LastSeen: at.Add(time.Second)})
-		}
+		b.Observations = append(b.Observations, callObservations(at, host(client), addr(client), ccomm, host(server), addr(server), scomm, proto, port, c, c)...)
 	}
 	call(1, "curl", 2, "nginx", "tcp", 80)
 	call(2, "nginx", 3, "python3", "tcp", 8080)
@@ -733,10 +732,7 @@ func seedNamespaces(t testing.TB) string {
 	call(3, "python3", 6, "postgres", "tcp", 5432)
 	call(3, "python3", 7, "collector", "udp", 8125)
 	call(8, "dbench", 9, "pgbouncer", "tcp", 6432)
-	if err := s.Write(context.Background(), b); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return writeSeed(t, "namespaces.db", b)
 }
 
 // layoutProblems reads, from the page as drawn, the group boxes and their
