@@ -140,8 +140,8 @@ test-kernels:
 # both run, and either failing fails the target. The x86_64 guests boot
 # one after the other unless KMATRIX_JOBS says otherwise: every test
 # loads its own kernel side, and beside another guest on two host CPUs
-# the 6.12 guest took 2.6 times as long as alone, and the 7.3 guest's
-# test binaries ran out of their 25 minutes (docs/testing.md).
+# the 7.3 guest's test binaries ran out of their 25 minutes
+# (docs/testing.md).
 test-kernels-full:
 	rc=0; KMATRIX_JOBS=$${KMATRIX_JOBS:-1} scripts/kernel-matrix/matrix || rc=1; scripts/kernel-matrix/arm64 --tier || rc=1; exit $$rc
 

@@ -566,9 +566,10 @@ func (w *writer) write(b store.Batch) (durable bool) {
 // in a pinned kernel side: not committed, it is collected again (the
 // same batch) at the next drain while the kernel adds what it counts
 // meanwhile to the next interval; nothing is dropped, and a crash loses
-// nothing either (but for the interval salvaged from a replaced kernel
-// side, which only this process holds: docs/design.md). Memory is then
-// not needed.
+// nothing either (but for what was salvaged from a replaced kernel side,
+// its pending interval and the counts added to this side's first one,
+// which only this process holds: docs/design.md). Memory is then not
+// needed.
 func (w *writer) keepInKernel() bool {
 	if !w.holding {
 		w.holding = true
