@@ -140,8 +140,8 @@ test-kernels:
 # both run, and either failing fails the target. The x86_64 guests boot
 # one after the other unless KMATRIX_JOBS says otherwise: every test
 # loads its own kernel side, and beside another guest on two host CPUs
-# the 7.3 guest's test binaries ran out of their 25 minutes
-# (docs/testing.md).
+# the 7.3 guest's ./internal/bundler passed 17 of its 28 tests in 25
+# minutes, alone all 28 in 1,494 s (docs/testing.md).
 test-kernels-full:
 	rc=0; KMATRIX_JOBS=$${KMATRIX_JOBS:-1} scripts/kernel-matrix/matrix || rc=1; scripts/kernel-matrix/arm64 --tier || rc=1; exit $$rc
 

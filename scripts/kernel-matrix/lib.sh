@@ -11,7 +11,7 @@ KM_CACHE=${KMATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deptrace-kernels}
 KM_FLAVOUR=${KMATRIX_FLAVOUR:-cloud-amd64}
 KM_MEM=${KMATRIX_MEM:-2G}
 KM_SMP=${KMATRIX_SMP:-2}
-KM_TIMEOUT=${KMATRIX_TIMEOUT:-3300}          # seconds per guest, boot to power-off
+KM_TIMEOUT=${KMATRIX_TIMEOUT:-5400}          # seconds per guest, boot to power-off
 # Loaded in the guest (with their dependencies): veth and bridge for the
 # test networks, nftables' NAT for the tracer's DNS forwarder tests (nft).
 KM_MODULES=${KMATRIX_MODULES:-veth bridge nf_tables nft_chain_nat nft_nat nft_redir}
@@ -405,14 +405,14 @@ km_tier_read() {
 # with their settings: MODE (full or doctor), and with TIER=1 the tier's
 # shared load (DEPTRACE_TEST_SHARED_LOAD=1) and -test.run patterns (from
 # km_tier_read). KMATRIX_TEST_TIMEOUT: go test -test.timeout per binary
-# (default 900 in the tier, else 1500).
+# (default 900 in the tier, else 2700: 7.3's ./tracer alone ran past 25 min under TCG).
 km_guest_script() {
   local mode=$1 tier=$2 out=$3 bin
   {
     echo "MODE=$mode"
     # The tier's tracer tests share one load of the kernel side (tier).
     [ "$tier" -eq 1 ] && echo "export DEPTRACE_TEST_SHARED_LOAD=1"
-    echo "TEST_TIMEOUT=${KMATRIX_TEST_TIMEOUT:-$([ "$tier" -eq 1 ] && echo 900 || echo 1500)}"
+    echo "TEST_TIMEOUT=${KMATRIX_TEST_TIMEOUT:-$([ "$tier" -eq 1 ] && echo 900 || echo 2700)}"
     # testrun BINARY prints the -test.run pattern of BINARY (empty: every test).
     echo 'testrun() { case "$1" in'
     if [ "$tier" -eq 1 ]; then
