@@ -98,25 +98,35 @@ func TestAttributionPairs(t *testing.T) {
 func TestCheckBusyAgrees(t *testing.T) {
 	c := SampleCounts{All: 100000, Idle: 20000} // 80,000 busy samples: 16.0 s at 4999 Hz
 	for _, ok := range []time.Duration{16 * time.Second, 14 * time.Second, 11 * time.Second, 18 * time.Second} {
-		if err := checkBusyAgrees(c, ok, 10*time.Second, 0.15, 0.35); err != nil {
+		if err := checkBusyAgrees(c, ok, busyFromTicks, 10*time.Second, 0.15, 0.35); err != nil {
 			t.Errorf("16 s against %s: %v", ok, err)
 		}
 	}
-	err := checkBusyAgrees(c, 10*time.Second, 10*time.Second, 0.15, 0.35)
+	err := checkBusyAgrees(c, 10*time.Second, busyFromTicks, 10*time.Second, 0.15, 0.35)
 	if err == nil || !strings.Contains(err.Error(), "80000 busy samples at 4999 Hz stand for 16s of CPU, /proc/stat gives 10s") || !strings.Contains(err.Error(), "38 % above it, tolerance 35 %") {
 		t.Errorf("16 s against 10 s: %v", err)
 	}
-	err = checkBusyAgrees(c, 19*time.Second, 10*time.Second, 0.15, 0.35)
+	err = checkBusyAgrees(c, 19*time.Second, busyFromTicks, 10*time.Second, 0.15, 0.35)
 	if !errors.Is(err, errPerfUnusable) || !strings.Contains(err.Error(), "16 % below it, tolerance 15 %") {
 		t.Errorf("16 s against 19 s: %v", err)
 	}
 	lost := c
 	lost.Lost = 3
-	if err := checkBusyAgrees(lost, 16*time.Second, 10*time.Second, 0.15, 0.35); err == nil || !strings.Contains(err.Error(), "perf lost 3 samples") {
+	if err := checkBusyAgrees(lost, 16*time.Second, busyFromTicks, 10*time.Second, 0.15, 0.35); err == nil || !strings.Contains(err.Error(), "perf lost 3 samples") {
 		t.Errorf("a run with lost samples: %v", err)
 	}
-	if err := checkBusyAgrees(SampleCounts{}, time.Second, time.Second, 0.15, 0.35); err == nil {
+	if err := checkBusyAgrees(SampleCounts{}, time.Second, busyFromTicks, time.Second, 0.15, 0.35); err == nil {
 		t.Error("a run without samples passed")
+	}
+	// From the idle residency, perf may read lower (interrupts on a CPU
+	// that left idle), not higher.
+	below, above := busyTolerances(busyFromIdleStates)
+	if err := checkBusyAgrees(c, 18*time.Second, busyFromIdleStates, 10*time.Second, below, above); err != nil {
+		t.Errorf("16 s of samples against 18 s of residency: %v", err)
+	}
+	err = checkBusyAgrees(c, 14*time.Second, busyFromIdleStates, 10*time.Second, below, above)
+	if err == nil || !strings.Contains(err.Error(), "cpuidle residency gives 14s") || !strings.Contains(err.Error(), "13 % above it, tolerance 10 %") {
+		t.Errorf("16 s of samples against 14 s of residency: %v", err)
 	}
 }
 
