@@ -175,7 +175,8 @@ with the tracer attached (agent CPU; bpf_stats off), with bpf_stats on (run time
 of every kernel program), and without deptrace again (the noise floor). Then
 the whole-machine pairs: each load at a fixed rate, alternately without and
 with deptrace, busy CPU from the cpuidle residency counters (or /proc/stat's
-ticks on a kernel without a cpuidle driver); with --attribute, perf samples every
+ticks without cpuidle states on every online CPU, or where it cannot run on
+each CPU); with --attribute, perf samples every
 run and the extra CPU is split by what deptrace runs (its programs, the
 kernel's dispatch to them, helpers, the agent). With --hollow, the pairs'
 traced runs have one empty program on each hook deptrace runs on this kernel

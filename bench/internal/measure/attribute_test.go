@@ -124,6 +124,13 @@ func TestCheckBusyAgrees(t *testing.T) {
 	if err := checkBusyAgrees(c, 18*time.Second, busyFromIdleStates, 10*time.Second, below, above); err != nil {
 		t.Errorf("16 s of samples against 18 s of residency: %v", err)
 	}
+	if err := checkBusyAgrees(c, 19500*time.Millisecond, busyFromIdleStates, 10*time.Second, below, above); err != nil {
+		t.Errorf("16 s of samples against 19.5 s of residency (18 %% below): %v", err)
+	}
+	err = checkBusyAgrees(c, 20500*time.Millisecond, busyFromIdleStates, 10*time.Second, below, above)
+	if !errors.Is(err, errPerfUnusable) || !strings.Contains(err.Error(), "22 % below it, tolerance 20 %") {
+		t.Errorf("16 s of samples against 20.5 s of residency: %v", err)
+	}
 	err = checkBusyAgrees(c, 14*time.Second, busyFromIdleStates, 10*time.Second, below, above)
 	if err == nil || !strings.Contains(err.Error(), "cpuidle residency gives 14s") || !strings.Contains(err.Error(), "13 % above it, tolerance 10 %") {
 		t.Errorf("16 s of samples against 14 s of residency: %v", err)

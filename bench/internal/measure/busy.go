@@ -25,13 +25,17 @@ import (
 // exit: busy = CPUs × wall time − idle time − steal (a virtual CPU's time
 // taken by the host is in no idle state; /proc/stat counts it apart), with
 // no sampling. They are used when every online CPU has them, else
-// /proc/stat's ticks.
+// /proc/stat's ticks. (Steal while a virtual CPU polls in its POLL state
+// is subtracted twice: small, and only in a VM.)
 type busyClock struct {
-	mono  time.Duration // CLOCK_MONOTONIC, the clock of the residency counters
-	cpus  int           // online CPUs whose idle residency is summed; 0: none read
-	idle  time.Duration // their summed idle residency
-	ticks time.Duration // /proc/stat's busy time (user nice system irq softirq)
-	steal time.Duration // /proc/stat's steal time
+	// mono is CLOCK_MONOTONIC; the kernel clocks residency with
+	// local_clock, which runs at the same rate on a TSC.
+	mono   time.Duration
+	online string        // the online CPU list read
+	cpus   int           // online CPUs whose idle residency is summed; 0: none read
+	idle   time.Duration // their summed idle residency
+	ticks  time.Duration // /proc/stat's busy time (user nice system irq softirq)
+	steal  time.Duration // /proc/stat's steal time
 }
 
 // Busy sources, as errors name them.
@@ -60,36 +64,56 @@ func readBusyClock() (busyClock, error) {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // CLOCK_MONOTONIC is always there
 	c.mono = time.Duration(ts.Nano())
-	c.cpus, c.idle = idleResidencyPinned("/sys/devices/system/cpu")
+	c.online, c.cpus, c.idle = idleResidencyPinned("/sys/devices/system/cpu")
 	return c, nil
 }
 
 // idleResidencyPinned reads each CPU's idle residency from this thread
 // moved onto that CPU. A CPU's counters grow only when it leaves an idle
 // state, so read from another CPU an idle period in progress is missed:
-// without perf waking the CPUs, that was up to 6 % of a 5 s load's busy
+// without perf waking the CPUs, that was up to 9 % of a 5 s load's busy
 // time on this project's machine. Read on the CPU itself, the period has
-// just ended.
-func idleResidencyPinned(sys string) (cpus int, idle time.Duration) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var orig unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &orig); err != nil {
-		return 0, 0
+// just ended. The reads run on a thread locked to a goroutine of their
+// own, which gives the thread its affinity back and ends without
+// unlocking it: Go then ends the thread (or parks it for good, if it is
+// the main thread), so even if giving the affinity back failed, no other
+// goroutine (nor a process started from one) runs on the last CPU only.
+func idleResidencyPinned(sys string) (online string, cpus int, idle time.Duration) {
+	type reading struct {
+		online string
+		cpus   int
+		idle   time.Duration
 	}
-	defer func() { _ = unix.SchedSetaffinity(0, &orig) }() // before the unlock: the thread goes back as it was
-	return idleResidency(sys, func(cpu int) error {
-		var on unix.CPUSet
-		on.Set(cpu)
-		return unix.SchedSetaffinity(0, &on)
-	})
+	done := make(chan reading, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked (above)
+		var orig unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &orig); err != nil {
+			done <- reading{}
+			return
+		}
+		defer func() { _ = unix.SchedSetaffinity(0, &orig) }()
+		var r reading
+		r.online, r.cpus, r.idle = idleResidency(sys, func(cpu int) error {
+			var on unix.CPUSet
+			on.Set(cpu)
+			return unix.SchedSetaffinity(0, &on)
+		})
+		done <- r
+	}()
+	r := <-done
+	return r.online, r.cpus, r.idle
 }
 
 // busySince is the busy CPU time from a to c, and the source it came
-// from: the idle residency when both readings have it for the same CPUs.
+// from: the idle residency when both readings have it for the same CPUs
+// and it lies between none and all of them, else /proc/stat's ticks.
 func (c busyClock) busySince(a busyClock) (time.Duration, string) {
-	if c.cpus > 0 && c.cpus == a.cpus {
-		return time.Duration(c.cpus)*(c.mono-a.mono) - (c.idle - a.idle) - (c.steal - a.steal), busyFromIdleStates
+	if c.cpus > 0 && c.cpus == a.cpus && c.online == a.online {
+		all := time.Duration(c.cpus) * (c.mono - a.mono)
+		if busy := all - (c.idle - a.idle) - (c.steal - a.steal); busy >= 0 && busy <= all {
+			return busy, busyFromIdleStates
+		}
 	}
 	return c.ticks - a.ticks, busyFromTicks
 }
@@ -98,36 +122,37 @@ func (c busyClock) busySince(a busyClock) (time.Duration, string) {
 // sys (/sys/devices/system/cpu), each read after pin(cpu); cpus is 0 when
 // any of them has none (no cpuidle driver: a CPU left out would count as
 // busy all the time) or cannot be pinned to.
-func idleResidency(sys string, pin func(cpu int) error) (cpus int, idle time.Duration) {
-	online, err := os.ReadFile(filepath.Join(sys, "online"))
+func idleResidency(sys string, pin func(cpu int) error) (online string, cpus int, idle time.Duration) {
+	list, err := os.ReadFile(filepath.Join(sys, "online"))
 	if err != nil {
-		return 0, 0
+		return "", 0, 0
 	}
-	ids, err := parseCPUList(strings.TrimSpace(string(online)))
+	online = strings.TrimSpace(string(list))
+	ids, err := parseCPUList(online)
 	if err != nil || len(ids) == 0 {
-		return 0, 0
+		return "", 0, 0
 	}
 	for _, id := range ids {
 		if pin(id) != nil {
-			return 0, 0
+			return "", 0, 0
 		}
 		states, _ := filepath.Glob(filepath.Join(sys, "cpu"+strconv.Itoa(id), "cpuidle", "state*", "time"))
 		if len(states) == 0 {
-			return 0, 0
+			return "", 0, 0
 		}
 		for _, s := range states {
 			b, err := os.ReadFile(s)
 			if err != nil {
-				return 0, 0
+				return "", 0, 0
 			}
 			us, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 			if err != nil {
-				return 0, 0
+				return "", 0, 0
 			}
 			idle += time.Duration(us) * time.Microsecond
 		}
 	}
-	return len(ids), idle
+	return online, len(ids), idle
 }
 
 // parseCPUList parses the kernel's CPU list format ("0-3,5,7-8").
