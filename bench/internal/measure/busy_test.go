@@ -155,9 +155,8 @@ func TestIdleResidencyPinnedLeavesNoThreadPinned(t *testing.T) {
 			cpus = append(cpus, strconv.Itoa(i))
 		}
 	}
-	if len(cpus) < 2 {
-		t.Skip("one CPU: nothing to pin apart (the project's machines have two or more)")
-	}
+	// With one CPU no thread can be narrowed, and only the readings below
+	// are checked; the project's machines have two or more.
 	sys := t.TempDir()
 	if err := os.WriteFile(filepath.Join(sys, "online"), []byte(strings.Join(cpus, ",")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
