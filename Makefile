@@ -77,6 +77,7 @@ tidy-check:
 # The whole suite. Privileged tests need root; under CI=true they fail
 # rather than skip without it.
 test: deps check-generate vet tidy-check
+	scripts/kernel-matrix/parse-test.sh
 	$(GO) test -count=1 -timeout 30m ./...
 
 # The unprivileged tests alone: no root, no apt, no kernel side loaded
