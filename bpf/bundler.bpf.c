@@ -48,6 +48,7 @@ const struct port_value *_btf_port_value __attribute__((unused));
 const struct listen_record *_btf_listen_record __attribute__((unused));
 const struct listener_record *_btf_listener_record __attribute__((unused));
 const enum stat_index *_btf_stat_index __attribute__((unused));
+const enum pid_naming *_btf_pid_naming __attribute__((unused));
 const enum direction *_btf_direction __attribute__((unused));
 const enum flow_proto *_btf_flow_proto __attribute__((unused));
 const struct unix_path *_btf_unix_path __attribute__((unused));
@@ -89,14 +90,21 @@ const volatile struct flow_value zero_flow = {};
  * program still writes to map n & 1 when it is read: no entry and no
  * increment is lost between intervals. The map is not reset after it is
  * read: its values carry the interval they count (flow_value.gen), and the
- * first program to touch one in interval n + 2 zeroes it. */
+ * first program to touch one in interval n + 2 zeroes it.
+ *
+ * One value per flow, shared by every CPU (programs add atomically, as to
+ * the spill), not one per CPU: a hot flow that holds a slot of the per-CPU
+ * flow cache in front of it is counted there, and with many flows a
+ * per-CPU value was the cost: each lookup a cold line on a page of its
+ * own, memory growing with the CPUs, the drain copying every CPU's
+ * (docs/performance.md). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, 2);
 	__type(key, __u32);
 	/* clang-format off */
 	__array(values, struct {
-		__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+		__uint(type, BPF_MAP_TYPE_HASH);
 		__uint(map_flags, BPF_F_NO_PREALLOC);
 		__uint(max_entries, 65536);
 		__type(key, struct flow_key);
@@ -105,12 +113,13 @@ struct {
 	/* clang-format on */
 } flows SEC(".maps");
 
-/* The spill: where a new flow goes when its insert into the active flow
- * map fails. A per-CPU hash without preallocation takes each new entry
- * from a small per-CPU cache that the kernel refills asynchronously, so
- * two inserts in a row on one CPU (both ends of a loopback handshake in
- * one softirq) can find it empty (-ENOMEM); an insert nested in an update
- * of the same map on one CPU fails too (-EBUSY), and a full map (-E2BIG).
+/* The spill: where a flow goes when its insert into the active flow map
+ * fails, or its value is being zeroed for the interval by another program
+ * (GEN_CLAIMING). A hash without preallocation takes each new entry from a
+ * per-CPU cache that the kernel refills asynchronously, so a burst of
+ * inserts on one CPU can find it empty (-ENOMEM); an insert nested in an
+ * update of the same map on one CPU fails too (-EBUSY), and a full map
+ * (-E2BIG).
  * The spill is preallocated and never fails that way: its slots are
  * claimed by compare-and-swap and shared by every CPU (programs add to
  * them atomically). Half i goes with flow map i: interval n spills into
@@ -120,11 +129,11 @@ struct {
  * and map entry of a key. Only when a key finds no slot is the count lost,
  * and counted. */
 /* Slots per half, a power of two: the loader sizes the spill from the
- * flow map (internal/bundler SpillSlots: an eighth of it). Inserts into
- * the flow map fail with -ENOMEM on a steady stream of new flows, not only
- * in bursts: each CPU caches at most 3 free per-CPU values, refilled with
- * GFP_NOWAIT, which the per-CPU allocator often cannot serve at once
- * (1,000 new UDP peers a second lost 11 % with 256 slots). */
+ * flow map (internal/bundler SpillSlots: an eighth of it). When the flow
+ * map held a value per CPU, whose allocator caches 3 free values per CPU,
+ * inserts failed on a steady stream of new flows too (1,000 new UDP peers
+ * a second lost 11 % with 256 slots); with one value per flow that load
+ * needed no slot (docs/performance.md). */
 const volatile __u32 spill_slots = 256;
 #define SPILL_PROBES 8 /* slots tried from the key's hash */
 struct {
@@ -180,10 +189,12 @@ const enum spill_state *_btf_spill_state __attribute__((unused)); /* for bpf2go 
 
 /* In front of the flow map, a small direct-mapped cache per CPU: a flow
  * found there costs a hash of its key and a compare, where a lookup in the
- * per-CPU hash costs a hash, a walk of a bucket in a large table (a cache
- * and TLB miss once the table outgrows the cache), and the value's per-CPU
- * pointer: about 160 ns of each of a short connection's four flow updates in
- * this VM's profile. A slot goes to the first flow of the interval that
+ * flow map costs a hash, a walk of a bucket in a large table (a cache and
+ * TLB miss once the table outgrows the cache), and the value: about 160 ns
+ * of each of a short connection's four flow updates in this VM's profile
+ * (measured when the map held a value per CPU). It also keeps a hot flow's
+ * counts on each CPU's own line, where the map's one value is shared. A
+ * slot goes to the first flow of the interval that
  * hashes to it, on that CPU; flows that find it taken use the map as
  * before. Slots use the spill's states and halves: half i goes with flow
  * map i (interval_now), so the drain's grace period quiesces the old half, which

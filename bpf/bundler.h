@@ -30,12 +30,14 @@ struct flow_key {
 };
 _Static_assert(sizeof(struct flow_key) == 40, "flow_key layout");
 
-/* Per-CPU counters of one bundled flow; user space sums the CPUs. The
- * fields every update touches come first (the interval, the jiffy, opens,
- * process, bytes, datagrams, last seen and connect latency: the first 96
- * bytes), so that an update touches fewer cache lines: about two of a
- * value where the counters it adds to were spread over four. The layout is
- * numbered (flowLayout, internal/bundler/pin.go): change both together. */
+/* The counters of one bundled flow: a flow map value (shared by every
+ * CPU), a spill slot's, or a flow cache slot's (one per CPU); user space
+ * sums every value and slot of a key. The fields every update touches come
+ * first (the interval, the jiffy, opens, process, bytes, datagrams, last
+ * seen and connect latency: the first 96 bytes), so that an update touches
+ * fewer cache lines: about two of a value where the counters it adds to
+ * were spread over four. The layout is numbered (flowLayout,
+ * internal/bundler/pin.go): change both together. */
 struct flow_value {
 	/* The interval (interval_now's number) the counters belong to. A
 	 * program finding an older one zeroes the counters, keeping the
@@ -58,7 +60,7 @@ struct flow_value {
 	__u64 latency_max_us;
 	/* TCP: the socket's smoothed RTT (srtt), one sample per read of the
 	 * socket (at close, and at a drain that folds its counters); min is
-	 * 0 on a CPU that took no sample */
+	 * 0 in a value or slot that took no sample */
 	__u64 rtt_samples;
 	__u64 rtt_sum_us;
 	__u64 rtt_min_us;
@@ -77,6 +79,16 @@ struct flow_value {
 	char peer_comm[16];
 };
 _Static_assert(sizeof(struct flow_value) == 240, "flow_value layout");
+
+/* flow_value.pid (and peer_pid) while a program writes the process it
+ * names (name_set, flow.bpf.h): flow map values and spill slots are shared
+ * by every CPU, and a pid, cgroup and name written by two programs at once
+ * must still name one process. User space never reads it from a drained
+ * interval (its programs are done); a salvaged one reads it as no
+ * process. */
+enum pid_naming {
+	PID_NAMING = 0xFFFFFFFFu,
+};
 
 /* flow_value.gen while a program zeroes the value for a newer interval. */
 #define GEN_CLAIMING (~0ULL)

@@ -79,7 +79,7 @@ static __always_inline void tcp_connect_failed_early(struct sock *sk, const void
 	if (!v)
 		return;
 	count_failed_errno(v, err);
-	name_from_current(v);
+	name_current(v);
 }
 
 /* from_syscall: the system call's tracepoint, which leaves alone what a

@@ -87,6 +87,28 @@ static __always_inline bool same_key(const struct flow_key *a, const struct flow
 	return true;
 }
 
+/* Raise *p to x, or for min lower it (0 at *p: none yet), by
+ * compare-and-swap: on a value shared by every CPU a plain compare and
+ * store could overwrite a larger value written meanwhile. Bounded retries:
+ * each failure means another CPU moved it. */
+static __always_inline void store_max64(__u64 *p, __u64 x)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 seen = *(volatile __u64 *)p;
+		if (x <= seen || __sync_val_compare_and_swap(p, seen, x) == seen)
+			return;
+	}
+}
+
+static __always_inline void store_min64(__u64 *p, __u64 x)
+{
+	for (int i = 0; i < 4; i++) {
+		__u64 seen = *(volatile __u64 *)p;
+		if ((seen && x >= seen) || __sync_val_compare_and_swap(p, seen, x) == seen)
+			return;
+	}
+}
+
 /* The spill's and the cache's slot of a key: each word times its own odd
  * constant, summed, folded. The products are independent (they pipeline),
  * where FNV's chain of ten multiplies was 5 % of a connection's time. */
@@ -159,10 +181,11 @@ static __noinline struct flow_value *spill_entry(const struct flow_key *key, lon
 
 /* A map value of interval n: one last counted in an older interval is
  * zeroed first (its process kept, so that a flow whose next interval has
- * only softirq events stays named), once per flow, CPU and interval.
- * Claimed by compare-and-swap, as a cache slot is: a program nested on
- * this CPU while the value is zeroed finds it GEN_CLAIMING and uses the
- * spill. NULL then. Not inlined: it runs once per flow and interval. */
+ * only softirq events stays named), once per flow and interval. Claimed
+ * by compare-and-swap, as a cache slot is: a program on another CPU, or
+ * nested on this one, that finds the value GEN_CLAIMING while it is zeroed
+ * uses the spill. NULL then. Not inlined: it runs once per flow and
+ * interval. */
 static __noinline struct flow_value *renew_value(struct flow_value *v, __u64 n)
 {
 	__u64 gen = *(volatile __u64 *)&v->gen;
@@ -171,7 +194,7 @@ static __noinline struct flow_value *renew_value(struct flow_value *v, __u64 n)
 	if (gen == GEN_CLAIMING)
 		return NULL;
 	__u64 prev = __sync_val_compare_and_swap(&v->gen, gen, GEN_CLAIMING);
-	if (prev != gen) /* a nested program claimed it first: done, or not yet */
+	if (prev != gen) /* another program claimed it first: done, or not yet */
 		return prev == n ? v : NULL;
 	__u32 pid = v->pid;
 	__u64 cgroup = v->cgroup_id;
@@ -228,17 +251,56 @@ static __always_inline struct flow_value *flow_entry(const struct flow_key *key)
 		return NULL;
 found:;
 	/* Reading the clock costs about 50 ns on some VMs (rdtsc), more than
-	 * the rest of the update: read it at most once per jiffy per flow and
-	 * CPU. last_seen is then exact to one jiffy (1-10 ms). */
+	 * the rest of the update: read it at most once per jiffy per value.
+	 * last_seen is then exact to one jiffy (1-10 ms). A value may be
+	 * shared by every CPU: first and last seen move by compare-and-swap,
+	 * never back. */
 	__u64 j = bpf_jiffies64();
 	if (v->last_jiffies != j) {
 		__u64 now = bpf_ktime_get_boot_ns();
 		v->last_jiffies = j;
 		if (!v->first_seen_ns)
-			v->first_seen_ns = now;
-		v->last_seen_ns = now;
+			__sync_val_compare_and_swap(&v->first_seen_ns, 0, now);
+		store_max64(&v->last_seen_ns, now);
 	}
 	return v;
+}
+
+/* Name v after process pid, its cgroup and name, under v's pid
+ * (PID_NAMING, bundler.h): unless another program is naming it at this
+ * moment, whose process is as recent as ours. pid 0 sets only the cgroup
+ * of a flow with no process (a listener found at start-up whose process
+ * /proc does not show), and only when cgroup is known: one 8-byte store,
+ * no lock, so that it never keeps a real naming out. */
+static __always_inline void name_set(struct flow_value *v, __u32 pid, __u64 cgroup, const char *comm)
+{
+	__u32 seen = *(volatile __u32 *)&v->pid;
+	if (!pid) {
+		if (!seen && cgroup)
+			v->cgroup_id = cgroup;
+		return;
+	}
+	if (seen == pid || seen == PID_NAMING)
+		return;
+	if (__sync_val_compare_and_swap(&v->pid, seen, PID_NAMING) != seen)
+		return;
+	v->cgroup_id = cgroup;
+	__builtin_memcpy(v->comm, comm, sizeof(v->comm));
+	__sync_lock_test_and_set(&v->pid, pid);
+}
+
+/* Name v after the current process (UDP and unix, in the process's own
+ * context): the pid compare alone on the usual path. */
+static __always_inline void name_current(struct flow_value *v)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (v->pid == tgid)
+		return;
+	__u32 pid;
+	char comm[16] __attribute__((aligned(4)));
+	__u64 cgroup;
+	current_process(&pid, comm, &cgroup);
+	name_set(v, pid, cgroup, comm);
 }
 
 /* Name the flow's process from the socket's, or for a server without one
@@ -246,21 +308,14 @@ found:;
 static __always_inline void name_flow(struct flow_value *v, const struct sock_state *st)
 {
 	if (st->pid) {
-		if (v->pid != st->pid) {
-			v->pid = st->pid;
-			v->cgroup_id = st->cgroup_id;
-			__builtin_memcpy(v->comm, st->comm, sizeof(v->comm));
-		}
+		name_set(v, st->pid, st->cgroup_id, st->comm);
 		return;
 	}
 	if (v->pid || st->key.direction != DIR_INBOUND || st->key.proto != IPPROTO_TCP)
 		return;
 	struct port_value *pv = port_lookup(st->key.netns, st->key.port);
-	if (pv && pv->pid) {
-		v->pid = pv->pid;
-		v->cgroup_id = pv->cgroup_id;
-		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
-	}
+	if (pv && pv->pid)
+		name_set(v, pv->pid, pv->cgroup_id, pv->comm);
 }
 
 /* Advance *rep to now if now is ahead; return by how much. Bounded retries:

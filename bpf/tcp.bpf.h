@@ -69,20 +69,15 @@ static __always_inline __u32 tcp_srtt_us(const struct tcp_sock *tp)
 
 /* One RTT sample into the flow, taken by a read of the socket that
  * updates the flow anyway (a close or drain that reports bytes,
- * retransmissions or the open): never a flow update of its own. Like
- * latency_max_us, min and max are plain compares: a race with another
- * CPU's spill update can keep the other value, never a value no socket
- * had. */
+ * retransmissions or the open): never a flow update of its own. */
 static __always_inline void flow_rtt(struct flow_value *v, __u32 rtt)
 {
 	if (!rtt)
 		return;
 	__sync_fetch_and_add(&v->rtt_samples, 1);
 	__sync_fetch_and_add(&v->rtt_sum_us, rtt);
-	if (!v->rtt_min_us || rtt < v->rtt_min_us)
-		v->rtt_min_us = rtt;
-	if (rtt > v->rtt_max_us)
-		v->rtt_max_us = rtt;
+	store_min64(&v->rtt_min_us, rtt);
+	store_max64(&v->rtt_max_us, rtt);
 }
 
 /* Fold a connection's counter growth into its bundled flow.
@@ -145,8 +140,7 @@ static __always_inline void tcp_fold(struct sock *sk, struct sock_state *st, boo
 			__u64 lat = st->latency_us;
 			__sync_fetch_and_add(&v->latency_count, 1);
 			__sync_fetch_and_add(&v->latency_sum_us, lat);
-			if (lat > v->latency_max_us)
-				v->latency_max_us = lat;
+			store_max64(&v->latency_max_us, lat);
 		}
 	}
 	if (d_sent)
@@ -299,11 +293,7 @@ static __always_inline void tcp_connecting(struct sock *sk)
 
 static __always_inline void name_from_connect(struct flow_value *v, const struct connect_info *ci)
 {
-	if (v->pid != ci->pid) {
-		v->pid = ci->pid;
-		v->cgroup_id = ci->cgroup_id;
-		__builtin_memcpy(v->comm, ci->comm, sizeof(v->comm));
-	}
+	name_set(v, ci->pid, ci->cgroup_id, ci->comm);
 }
 
 /* An unnamed server's flow takes the listening process from the port
@@ -312,12 +302,7 @@ static __always_inline void name_from_connect(struct flow_value *v, const struct
  * /proc does not show its process: another pid namespace). */
 static __always_inline void name_from_port(struct flow_value *v, const struct port_value *pv)
 {
-	if (pv->pid) {
-		v->pid = pv->pid;
-		__builtin_memcpy(v->comm, pv->comm, sizeof(v->comm));
-	}
-	if (pv->cgroup_id)
-		v->cgroup_id = pv->cgroup_id;
+	name_set(v, pv->pid, pv->cgroup_id ? pv->cgroup_id : v->cgroup_id, pv->comm);
 }
 
 static __always_inline void name_from_listener(struct flow_value *v, __u32 netns, __u16 port)
@@ -405,8 +390,7 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 			__u64 lat = (bpf_ktime_get_ns() - syn_ns) / 1000;
 			__sync_fetch_and_add(&v->latency_count, 1);
 			__sync_fetch_and_add(&v->latency_sum_us, lat);
-			if (lat > v->latency_max_us)
-				v->latency_max_us = lat;
+			store_max64(&v->latency_max_us, lat);
 		}
 		if (ci)
 			name_from_connect(v, ci);

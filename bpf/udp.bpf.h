@@ -69,9 +69,7 @@ static __always_inline void add_datagram(struct flow_value *v, int bytes, bool s
 		__sync_fetch_and_add(&v->bytes_received, bytes);
 		__sync_fetch_and_add(&v->datagrams_received, 1);
 	}
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (v->pid != tgid)
-		current_process(&v->pid, v->comm, &v->cgroup_id);
+	name_current(v);
 }
 
 /* Count one datagram of a connected socket straight into its flow. */

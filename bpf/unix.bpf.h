@@ -93,12 +93,6 @@ static __always_inline int read_addr(void *dst, __u32 size, const void *src, boo
 	return user ? bpf_probe_read_user(dst, size, src) : bpf_probe_read_kernel(dst, size, src);
 }
 
-static __always_inline void name_from_current(struct flow_value *v)
-{
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (v->pid != tgid)
-		current_process(&v->pid, v->comm, &v->cgroup_id);
-}
 
 /* The hash of a unix sockaddr's path, kept in unix_paths; 0 if none.
  * A filesystem path is taken up to its 0, which is part of the name as the
@@ -150,7 +144,7 @@ static __always_inline struct flow_value *unix_client_flow(__u32 netns, __u64 h)
 	__builtin_memcpy(k.remote_addr, &h, sizeof(h));
 	struct flow_value *v = flow_entry(&k);
 	if (v)
-		name_from_current(v);
+		name_current(v);
 	return v;
 }
 
@@ -210,9 +204,12 @@ static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
 	struct sock *peer = u->peer;
 	if (peer) {
 		struct sock_state *ps = bpf_sk_storage_get(&socks, peer, 0, 0);
-		if (ps && ps->pid && v->peer_pid != ps->pid) {
-			v->peer_pid = ps->pid;
+		__u32 seen = ps ? *(volatile __u32 *)&v->peer_pid : 0;
+		/* Named as name_set names the local process. */
+		if (ps && ps->pid && seen != ps->pid && seen != PID_NAMING &&
+		        __sync_val_compare_and_swap(&v->peer_pid, seen, PID_NAMING) == seen) {
 			__builtin_memcpy(v->peer_comm, ps->comm, sizeof(v->peer_comm));
+			__sync_lock_test_and_set(&v->peer_pid, ps->pid);
 		}
 	}
 }

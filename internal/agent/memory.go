@@ -23,12 +23,17 @@ const memoryBase = 96 << 20
 // MemoryCeiling is docs/performance.md's bound on the agent's resident
 // memory ("The ceiling"): memoryBase, plus per flow one interval can hold
 // (the flow map, its spill and the per-CPU flow cache: what one drain
-// reads, per CPU, and turns into flows and SQL, with the collector's
-// headroom), plus per metric series (held, and gathered by a scrape).
+// reads and turns into flows and SQL, with the collector's headroom),
+// plus per metric series (held, and gathered by a scrape). A flow's part
+// does not grow with the CPUs: the flow map holds one value per flow, and
+// the flow cache's slots on every CPU are counted as flows of their own.
 func MemoryCeiling(flowMapSize uint32, cpus, series int) int64 {
 	flows := int64(flowMapSize) + int64(bundler.SpillSlots(flowMapSize)) + int64(64*cpus)
-	return memoryBase + flows*(6<<10+int64(cpus)<<9) + int64(series)*(7<<10)
+	return memoryBase + flows*flowBytes + int64(series)*(7<<10)
 }
+
+// flowBytes is the ceiling's term per flow: 6.5 KiB.
+const flowBytes = 13 << 9
 
 // memoryBaseGo is the part of memoryBase that Go's runtime holds, which
 // is what a Go memory limit counts: at idle, 52 MiB of the agent's 72 MiB

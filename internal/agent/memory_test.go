@@ -20,8 +20,8 @@ func TestGCTargets(t *testing.T) {
 		}
 	}
 	// 65,536 flows, a spill of 8,192 and 64 cache slots on each of 2
-	// CPUs, 7 KiB each; 20,000 series of 7 KiB.
-	const above = (65536+8192+128)*7<<10 + 20000*7<<10
+	// CPUs, 6.5 KiB each; 20,000 series of 7 KiB.
+	const above = (65536+8192+128)*13<<9 + 20000*7<<10
 	if got := MemoryCeiling(65536, 2, 20000); got != 96<<20+above {
 		t.Errorf("ceiling %d, want %d", got, 96<<20+above)
 	}

@@ -101,20 +101,20 @@ func (b *Bundler) readAll(m *ebpf.Map) ([]bundlerFlowKey, []bundlerFlowValue, er
 	// last committed interval when they are large enough.
 	keys, vals := b.drain.spareKeys[:0], b.drain.spareVals[:0]
 	b.drain.spareKeys, b.drain.spareVals = nil, nil
-	if cap(keys) < b.drain.lastRead || cap(vals) < b.drain.lastRead*b.ncpu {
+	if cap(keys) < b.drain.lastRead || cap(vals) < b.drain.lastRead {
 		keys = make([]bundlerFlowKey, 0, b.drain.lastRead)
-		vals = make([]bundlerFlowValue, 0, b.drain.lastRead*b.ncpu)
+		vals = make([]bundlerFlowValue, 0, b.drain.lastRead)
 	}
 	defer func() { b.drain.lastRead = len(keys) }()
 	var cursor ebpf.MapBatchCursor
 	for {
 		if len(b.drain.keyBuf) < batch {
 			b.drain.keyBuf = make([]bundlerFlowKey, batch)
-			b.drain.valBuf = make([]bundlerFlowValue, batch*b.ncpu)
+			b.drain.valBuf = make([]bundlerFlowValue, batch)
 		}
-		n, err := m.BatchLookup(&cursor, b.drain.keyBuf[:batch], b.drain.valBuf[:batch*b.ncpu], nil)
+		n, err := m.BatchLookup(&cursor, b.drain.keyBuf[:batch], b.drain.valBuf[:batch], nil)
 		keys = append(keys, b.drain.keyBuf[:n]...)
-		vals = append(vals, b.drain.valBuf[:n*b.ncpu]...)
+		vals = append(vals, b.drain.valBuf[:n]...)
 		switch {
 		case errors.Is(err, ebpf.ErrKeyNotExist):
 			return keys, vals, nil

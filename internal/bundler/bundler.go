@@ -101,9 +101,10 @@ const FlowCacheSlots = 64
 
 // SpillSlots is the spill's size per half for a flow map of flowMapSize:
 // an eighth of it as a power of two, 256 to 65,536 (bpf/bundler.bpf.c,
-// spill_slots). New flows go there when their insert into the flow map
-// fails, which the per-CPU allocator makes happen on a steady stream of
-// new flows too; what finds no slot is lost (and counted).
+// spill_slots). Flows go there when their insert into the flow map fails
+// (a full map, the kernel's allocator caught short, an update nested in
+// another) or another program is zeroing their value; what finds no slot
+// is lost (and counted).
 func SpillSlots(flowMapSize uint32) uint32 {
 	n := uint32(256)
 	for n < flowMapSize/8 && n < 65536 {

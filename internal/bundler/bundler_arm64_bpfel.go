@@ -107,6 +107,12 @@ type bundlerListenerRecord struct {
 	Comm         [16]int8
 }
 
+type bundlerPidNaming uint32
+
+const (
+	bundlerPidNamingPID_NAMING bundlerPidNaming = 4294967295
+)
+
 type bundlerPortKey struct {
 	_     structs.HostLayout
 	Netns uint32
@@ -308,6 +314,7 @@ const (
 	bundlerVarBtfFlowValue             = "_btf_flow_value"
 	bundlerVarBtfListenRecord          = "_btf_listen_record"
 	bundlerVarBtfListenerRecord        = "_btf_listener_record"
+	bundlerVarBtfPidNaming             = "_btf_pid_naming"
 	bundlerVarBtfPortKey               = "_btf_port_key"
 	bundlerVarBtfPortValue             = "_btf_port_value"
 	bundlerVarBtfSpillState            = "_btf_spill_state"
@@ -435,6 +442,7 @@ type bundlerVariableSpecs struct {
 	BtfFlowValue      *ebpf.VariableSpec `ebpf:"_btf_flow_value"`
 	BtfListenRecord   *ebpf.VariableSpec `ebpf:"_btf_listen_record"`
 	BtfListenerRecord *ebpf.VariableSpec `ebpf:"_btf_listener_record"`
+	BtfPidNaming      *ebpf.VariableSpec `ebpf:"_btf_pid_naming"`
 	BtfPortKey        *ebpf.VariableSpec `ebpf:"_btf_port_key"`
 	BtfPortValue      *ebpf.VariableSpec `ebpf:"_btf_port_value"`
 	BtfSpillState     *ebpf.VariableSpec `ebpf:"_btf_spill_state"`
@@ -520,6 +528,7 @@ type bundlerVariables struct {
 	BtfFlowValue      *ebpf.Variable `ebpf:"_btf_flow_value"`
 	BtfListenRecord   *ebpf.Variable `ebpf:"_btf_listen_record"`
 	BtfListenerRecord *ebpf.Variable `ebpf:"_btf_listener_record"`
+	BtfPidNaming      *ebpf.Variable `ebpf:"_btf_pid_naming"`
 	BtfPortKey        *ebpf.Variable `ebpf:"_btf_port_key"`
 	BtfPortValue      *ebpf.Variable `ebpf:"_btf_port_value"`
 	BtfSpillState     *ebpf.Variable `ebpf:"_btf_spill_state"`

@@ -141,9 +141,9 @@ func TestFlowCacheAndMapSummed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vals := make([]bundlerFlowValue, bu.ncpu)
-	vals[0].Gen, vals[0].Connections = now, 1000
-	if err := bu.inner[bu.active].Put(key, vals); err != nil {
+	var val bundlerFlowValue
+	val.Gen, val.Connections = now, 1000
+	if err := bu.inner[bu.active].Put(key, val); err != nil {
 		t.Fatal(err)
 	}
 	entries, _, err := bu.Drain()

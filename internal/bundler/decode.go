@@ -1,5 +1,6 @@
 // What the drain reads, decoded: Entry and its Counts from the flow map's
-// per-CPU values and the spill's slots, unix paths from their hashes.
+// values, the spill's slots and the flow cache's (per CPU), unix paths
+// from their hashes.
 
 package bundler
 
@@ -10,7 +11,8 @@ import (
 	"net/netip"
 )
 
-// Counts are one flow's counters, CPUs summed (see struct flow_value).
+// Counts are one flow's counters, its values and slots summed (see
+// struct flow_value).
 type Counts struct {
 	Connections       uint64
 	FailedConnections uint64
@@ -74,12 +76,12 @@ func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spil
 	}
 	out := make([]Entry, 0, len(keys)+len(spillOnly))
 	for i, k := range keys {
-		cpus := vals[i*b.ncpu : (i+1)*b.ncpu]
+		kv := vals[i : i+1] // one value per key: the flow maps are not per CPU
 		if s, ok := spilled[k]; ok {
-			cpus = append(append([]bundlerFlowValue(nil), cpus...), s...)
+			kv = append(append([]bundlerFlowValue(nil), kv...), s...)
 			delete(spilled, k)
 		}
-		out = append(out, b.entry(k, cpus))
+		out = append(out, b.entry(k, kv))
 	}
 	for _, k := range spillOnly {
 		if s, ok := spilled[k]; ok {
@@ -89,7 +91,8 @@ func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spil
 	return out
 }
 
-// entry is one flow's Entry from its values (CPUs and spill slots).
+// entry is one flow's Entry from its values (map value, spill and cache
+// slots).
 func (b *Bundler) entry(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
 	e := merge(k, vals)
 	if k.Proto == ProtoUnix {
@@ -99,11 +102,17 @@ func (b *Bundler) entry(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
 	return e
 }
 
-// merge sums one flow's per-CPU slots. The process is taken from the slot
-// that saw it last; a flow no slot saw a process of keeps the cgroup one
-// saw (a server's listener found at start-up whose process /proc does not
-// show is known by its socket's cgroup).
-func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
+// pidNaming is a value's pid (or peer pid) while a program writes the
+// process it names (bpf/bundler.h): no process yet. Only a salvaged side,
+// whose programs may still run, can show it.
+const pidNaming = uint32(bundlerPidNamingPID_NAMING)
+
+// merge sums one flow's values: its flow map value, spill slots and
+// per-CPU flow cache slots. The process is taken from the value that saw
+// it last; a flow no value saw a process of keeps the cgroup one saw (a
+// server's listener found at start-up whose process /proc does not show
+// is known by its socket's cgroup).
+func merge(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
 	e := Entry{
 		NetNS:     k.Netns,
 		Proto:     k.Proto,
@@ -113,7 +122,7 @@ func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 		Remote:    netip.AddrFrom16(k.RemoteAddr).Unmap(),
 	}
 	var procSeen uint64
-	for _, v := range cpus {
+	for _, v := range vals {
 		c := &e.Counts
 		c.Connections += v.Connections
 		c.FailedConnections += v.FailedConnections
@@ -145,12 +154,12 @@ func merge(k bundlerFlowKey, cpus []bundlerFlowValue) Entry {
 		if v.LastSeenNs > e.LastSeenBootNs {
 			e.LastSeenBootNs = v.LastSeenNs
 		}
-		if v.Pid != 0 && v.LastSeenNs >= procSeen {
+		if v.Pid != 0 && v.Pid != pidNaming && v.LastSeenNs >= procSeen {
 			procSeen = v.LastSeenNs
 			e.PID = v.Pid
 			e.Comm = commString(v.Comm)
 			e.CgroupID = v.CgroupId
-			if v.PeerPid != 0 {
+			if v.PeerPid != 0 && v.PeerPid != pidNaming {
 				e.PeerPID, e.PeerComm = v.PeerPid, commString(v.PeerComm)
 			}
 		} else if e.PID == 0 && e.CgroupID == 0 {

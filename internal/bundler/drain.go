@@ -296,7 +296,7 @@ func (b *Bundler) quiesce(idx int) error {
 	return nil
 }
 
-// onlyInterval leaves of the per-CPU values read only what interval gen
+// onlyInterval leaves of the flow map values read only what interval gen
 // counted: a value last counted in an older interval (this map's
 // previous one) was read then; what the process it names is still kept.
 func (b *Bundler) onlyInterval(vals []bundlerFlowValue, gen uint64) {

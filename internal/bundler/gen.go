@@ -11,4 +11,4 @@ package bundler
 // fails when they differ from their sources. Each object is compiled with
 // its __TARGET_ARCH_* (x86, arm64): on_connect_exit reads the system call's
 // registers, which differ between them.
-//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target amd64,arm64 -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path -type spill_state bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include
+//go:generate go tool bpf2go -tags linux -cc clang -cflags "-O2 -g -Wall -Werror -mcpu=v3" -target amd64,arm64 -type flow_key -type port_key -type port_value -type listen_record -type listener_record -type stat_index -type direction -type flow_proto -type unix_path -type spill_state -type pid_naming bundler ../../bpf/bundler.bpf.c -- -I../../bpf -I../../bpf/include

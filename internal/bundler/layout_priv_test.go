@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/deptrace/deptrace/internal/testnet"
 )
 
 // A replaced side (another build or map size) is salvaged only when its
@@ -164,5 +166,58 @@ func TestReplacedSidePendingIntervalSalvagedApart(t *testing.T) {
 					next.Gen, again.BatchID(), again.Recovered, next.BatchID())
 			}
 		})
+	}
+}
+
+// A side pinned by the build before the flow maps held one value per flow
+// (flowLayoutPerCPU: the same value layout, a value per CPU) is salvaged
+// by summing each key's CPUs: an upgrade keeps what that side counted.
+// Flow maps of the other type than their layout says are never decoded.
+func TestPerCPUSideSalvagedOnUpgrade(t *testing.T) {
+	testnet.RequireRoot(t)
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	newMap := func(typ ebpf.MapType, key, value uint32) *ebpf.Map {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: typ, KeySize: key, ValueSize: value, MaxEntries: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	const now = 9
+	intervalNow := newMap(ebpf.Array, 4, 8)
+	if err := intervalNow.Put(uint32(0), uint64(now)); err != nil {
+		t.Fatal(err)
+	}
+	keySize, valueSize := uint32(binarySize[bundlerFlowKey]()), uint32(binarySize[bundlerFlowValue]())
+	perCPU := newMap(ebpf.PerCPUHash, keySize, valueSize)
+	counted, older := bundlerFlowKey{Netns: 1, Port: 80}, bundlerFlowKey{Netns: 1, Port: 81}
+	vals := make([]bundlerFlowValue, ncpu)
+	want := uint64(0)
+	for i := range vals {
+		vals[i].Gen, vals[i].Connections = now, uint64(i+1)
+		want += uint64(i + 1)
+	}
+	if err := perCPU.Put(counted, vals); err != nil {
+		t.Fatal(err)
+	}
+	for i := range vals {
+		vals[i].Gen = now - 2 // committed long ago
+	}
+	if err := perCPU.Put(older, vals); err != nil {
+		t.Fatal(err)
+	}
+
+	side := &pinnedSide{layout: flowLayoutPerCPU, maps: map[string]*ebpf.Map{"interval_now": intervalNow}, inner: [2]*ebpf.Map{perCPU}}
+	s := side.salvage(ncpu)
+	if len(s.current) != 1 || s.current[0].Port != 80 || s.current[0].Connections != want || s.unreadable != 0 {
+		t.Errorf("per-CPU side salvaged %+v, %d unreadable; want port 80's %d connections, summed over %d CPUs", s.current, s.unreadable, want, ncpu)
+	}
+	side.layout = flowLayout // a per-CPU map where one value per flow is due
+	if s := side.salvage(ncpu); len(s.current) != 0 || s.unreadable != 2 {
+		t.Errorf("per-CPU map under flowLayout: %d entries salvaged, %d unreadable; want none decoded, 2 counted", len(s.current), s.unreadable)
 	}
 }

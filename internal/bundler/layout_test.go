@@ -15,6 +15,7 @@ var layoutFingerprints = map[uint32]string{
 	2: "2d071c76",
 	3: "edf301a0",
 	4: "8449933d",
+	5: "8449933d", // 4's value layout in flow maps that are no longer per CPU
 }
 
 func layoutFingerprint() string {

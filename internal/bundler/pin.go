@@ -174,8 +174,9 @@ func (b *Bundler) pin() error {
 // spill and cache slot as the kernel side writes them. Change it with any
 // of them: a replaced side's counts are salvaged only when its layout is
 // this one (TestFlowLayoutFingerprint fails until it is changed). Sides
-// pinned before the number existed have none (0): never read.
-const flowLayout = 4
+// pinned before the number existed have none (0): never read. 5: the flow
+// maps hold one value per flow, not one per CPU (the same value layout).
+const flowLayout = 5
 
 type pinnedSide struct {
 	hash   []byte
@@ -453,11 +454,25 @@ type salvageResult struct {
 	unreadable int
 }
 
+// flowLayoutPerCPU is the layout before flowLayout 5: today's key, value
+// and slots, with flow maps that hold a value per CPU. A side pinned by
+// such a build (replaced by an upgrade) is salvaged too.
+const flowLayoutPerCPU = 4
+
 // salvage reads what an incompatible pinned side counted (flow maps,
-// spill and flow cache), if it was written in today's layout; otherwise
-// its entries are counted as unreadable.
+// spill and flow cache), if it was written in today's layout (or
+// flowLayoutPerCPU's); otherwise its entries are counted as unreadable,
+// as are those of a map whose read fails.
 func (p *pinnedSide) salvage(ncpu int) (s salvageResult) {
-	if p.layout != flowLayout {
+	flowMapType := ebpf.Hash
+	if p.layout == flowLayoutPerCPU {
+		flowMapType = ebpf.PerCPUHash
+	}
+	readable := p.layout == flowLayout || p.layout == flowLayoutPerCPU
+	for _, m := range p.inner {
+		readable = readable && (m == nil || m.Type() == flowMapType)
+	}
+	if !readable {
 		// Same sizes need not mean the same fields (a reordered value
 		// keeps its size): counted, never decoded.
 		s.unreadable = p.countEntries()
@@ -484,20 +499,24 @@ func (p *pinnedSide) salvage(ncpu int) (s salvageResult) {
 			*into = append(*into, e)
 		}
 	}
-	cur, pend := make([]bundlerFlowValue, ncpu), make([]bundlerFlowValue, ncpu)
-	addMap := func(k bundlerFlowKey, vals []bundlerFlowValue) {
-		for i, v := range vals {
-			cur[i], pend[i] = bundlerFlowValue{}, bundlerFlowValue{}
+	var cur, pend []bundlerFlowValue
+	addMap := func(k bundlerFlowKey, vals []bundlerFlowValue) { // a key's value, or one per CPU
+		cur, pend = cur[:0], pend[:0]
+		for _, v := range vals {
 			switch v.Gen {
 			case 0: // never written, or rec.Gen none
 			case now:
-				cur[i] = v
+				cur = append(cur, v)
 			case rec.Gen:
-				pend[i] = v
+				pend = append(pend, v)
 			}
 		}
-		add(&s.current, k, cur)
-		add(&s.pending.Entries, k, pend)
+		if len(cur) > 0 {
+			add(&s.current, k, cur)
+		}
+		if len(pend) > 0 {
+			add(&s.pending.Entries, k, pend)
+		}
 	}
 	// A slot of the pending interval's half, or of the other one.
 	addSlot := func(slot bundlerSpillSlot, half uint32) {
@@ -515,26 +534,47 @@ func (p *pinnedSide) salvage(ncpu int) (s salvageResult) {
 			continue
 		}
 		var k bundlerFlowKey
-		vals := make([]bundlerFlowValue, ncpu)
-		for it := m.Iterate(); it.Next(&k, &vals); {
-			addMap(k, vals)
+		vals := make([]bundlerFlowValue, 1)
+		if flowMapType == ebpf.PerCPUHash {
+			vals = make([]bundlerFlowValue, ncpu)
+		}
+		var it *ebpf.MapIterator
+		if len(vals) == 1 {
+			for it = m.Iterate(); it.Next(&k, &vals[0]); {
+				addMap(k, vals)
+			}
+		} else {
+			for it = m.Iterate(); it.Next(&k, &vals); {
+				addMap(k, vals)
+			}
+		}
+		if it.Err() != nil {
+			s.unreadable += countKeys(m)
 		}
 	}
 	var i uint32
 	if m := p.maps["spill"]; m != nil {
 		perHalf := max(1, m.MaxEntries()/2)
 		var slot bundlerSpillSlot
-		for it := m.Iterate(); it.Next(&i, &slot); {
+		it := m.Iterate()
+		for it.Next(&i, &slot) {
 			addSlot(slot, i/perHalf)
+		}
+		if it.Err() != nil {
+			s.unreadable++ // slots in use unknown: at least the failed one
 		}
 	}
 	if m := p.maps["flow_cache"]; m != nil {
 		perHalf := max(1, m.MaxEntries()/2)
 		cpus := make([]bundlerSpillSlot, ncpu)
-		for it := m.Iterate(); it.Next(&i, &cpus); {
+		it := m.Iterate()
+		for it.Next(&i, &cpus) {
 			for _, slot := range cpus {
 				addSlot(slot, i/perHalf)
 			}
+		}
+		if it.Err() != nil {
+			s.unreadable++
 		}
 	}
 	if len(s.pending.Entries) > 0 {
@@ -551,14 +591,8 @@ func (p *pinnedSide) salvage(ncpu int) (s salvageResult) {
 func (p *pinnedSide) countEntries() int {
 	n := 0
 	for _, m := range p.inner {
-		if m == nil {
-			continue
-		}
-		var key []byte
-		var next []byte
-		for err := m.NextKey(nil, &next); err == nil; err = m.NextKey(key, &next) {
-			key = append(key[:0], next...)
-			n++
+		if m != nil {
+			n += countKeys(m)
 		}
 	}
 	if m := p.maps["spill"]; m != nil {
@@ -580,6 +614,17 @@ func (p *pinnedSide) countEntries() int {
 				}
 			}
 		}
+	}
+	return n
+}
+
+// countKeys counts m's keys, whatever its value layout.
+func countKeys(m *ebpf.Map) int {
+	n := 0
+	var key, next []byte
+	for err := m.NextKey(nil, &next); err == nil; err = m.NextKey(key, &next) {
+		key = append(key[:0], next...)
+		n++
 	}
 	return n
 }
