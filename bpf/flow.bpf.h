@@ -193,6 +193,13 @@ static __noinline struct flow_value *renew_value(struct flow_value *v, __u64 n)
 		return v;
 	if (gen == GEN_CLAIMING)
 		return NULL;
+	if (gen == 0) {
+		/* Just inserted, all zeroes: nothing to zero, so no claim
+		 * either, and two CPUs counting a new flow at once both find
+		 * it (neither goes to the spill). */
+		__u64 prev = __sync_val_compare_and_swap(&v->gen, 0, n);
+		return prev == 0 || prev == n ? v : NULL;
+	}
 	__u64 prev = __sync_val_compare_and_swap(&v->gen, gen, GEN_CLAIMING);
 	if (prev != gen) /* another program claimed it first: done, or not yet */
 		return prev == n ? v : NULL;
@@ -269,15 +276,17 @@ found:;
 /* Name v after process pid, its cgroup and name, under v's pid
  * (PID_NAMING, bundler.h): unless another program is naming it at this
  * moment, whose process is as recent as ours. pid 0 sets only the cgroup
- * of a flow with no process (a listener found at start-up whose process
- * /proc does not show), and only when cgroup is known: one 8-byte store,
- * no lock, so that it never keeps a real naming out. */
+ * of a flow with no process yet (a listener found at start-up whose
+ * process /proc does not show), when cgroup is known, under the same lock
+ * released back to 0: a real naming that meets it skips this one event. */
 static __always_inline void name_set(struct flow_value *v, __u32 pid, __u64 cgroup, const char *comm)
 {
 	__u32 seen = *(volatile __u32 *)&v->pid;
 	if (!pid) {
-		if (!seen && cgroup)
+		if (!seen && cgroup && __sync_val_compare_and_swap(&v->pid, 0, PID_NAMING) == 0) {
 			v->cgroup_id = cgroup;
+			__sync_lock_test_and_set(&v->pid, 0);
+		}
 		return;
 	}
 	if (seen == pid || seen == PID_NAMING)

@@ -204,12 +204,13 @@ static __always_inline void unix_count(struct sock *sk, int bytes, bool send)
 	struct sock *peer = u->peer;
 	if (peer) {
 		struct sock_state *ps = bpf_sk_storage_get(&socks, peer, 0, 0);
-		__u32 seen = ps ? *(volatile __u32 *)&v->peer_pid : 0;
+		__u32 pid = ps ? *(volatile __u32 *)&ps->pid : 0;
+		__u32 seen = *(volatile __u32 *)&v->peer_pid;
 		/* Named as name_set names the local process. */
-		if (ps && ps->pid && seen != ps->pid && seen != PID_NAMING &&
+		if (ps && pid && seen != pid && seen != PID_NAMING &&
 		        __sync_val_compare_and_swap(&v->peer_pid, seen, PID_NAMING) == seen) {
 			__builtin_memcpy(v->peer_comm, ps->comm, sizeof(v->peer_comm));
-			__sync_lock_test_and_set(&v->peer_pid, ps->pid);
+			__sync_lock_test_and_set(&v->peer_pid, pid);
 		}
 	}
 }

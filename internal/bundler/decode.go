@@ -162,7 +162,7 @@ func merge(k bundlerFlowKey, vals []bundlerFlowValue) Entry {
 			if v.PeerPid != 0 && v.PeerPid != pidNaming {
 				e.PeerPID, e.PeerComm = v.PeerPid, commString(v.PeerComm)
 			}
-		} else if e.PID == 0 && e.CgroupID == 0 {
+		} else if e.PID == 0 && e.CgroupID == 0 && v.Pid != pidNaming {
 			e.CgroupID = v.CgroupId
 		}
 	}

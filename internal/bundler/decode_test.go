@@ -21,4 +21,10 @@ func TestMergeSkipsAProcessBeingNamed(t *testing.T) {
 	if e.PID != 44 || e.CgroupID != 9 || e.PeerPID != 43 || e.Connections != 7 {
 		t.Errorf("merged %+v: want pid 44 of cgroup 9, peer 43 (the newest value's being named), 7 connections", e)
 	}
+	// Nor does a value being named give its cgroup to a flow no value
+	// names a process of.
+	e = merge(bundlerFlowKey{}, []bundlerFlowValue{vals[1], {Connections: 1, CgroupId: 5}})
+	if e.PID != 0 || e.CgroupID != 5 {
+		t.Errorf("merged %+v: want no process, cgroup 5", e)
+	}
 }

@@ -539,17 +539,18 @@ func (p *pinnedSide) salvage(ncpu int) (s salvageResult) {
 			vals = make([]bundlerFlowValue, ncpu)
 		}
 		var it *ebpf.MapIterator
+		read := 0
 		if len(vals) == 1 {
-			for it = m.Iterate(); it.Next(&k, &vals[0]); {
+			for it = m.Iterate(); it.Next(&k, &vals[0]); read++ {
 				addMap(k, vals)
 			}
 		} else {
-			for it = m.Iterate(); it.Next(&k, &vals); {
+			for it = m.Iterate(); it.Next(&k, &vals); read++ {
 				addMap(k, vals)
 			}
 		}
 		if it.Err() != nil {
-			s.unreadable += countKeys(m)
+			s.unreadable += max(countKeys(m)-read, 1) // those not read, at least the failed one
 		}
 	}
 	var i uint32
