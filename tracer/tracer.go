@@ -20,6 +20,7 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -185,6 +186,7 @@ type Tracer struct {
 	lastLoss Losses
 	procs    procCache
 	routes   *sourceCache
+	addrs    addrNames
 }
 
 // New loads and attaches the kernel programs, then takes in the sockets
@@ -202,7 +204,7 @@ func New(cfg Config) (*Tracer, error) {
 		}
 		return nil, err
 	}
-	t := &Tracer{cfg: cfg, b: b, procs: procCache{}, routes: newSourceCache()}
+	t := &Tracer{cfg: cfg, b: b, procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
 	// An adopted kernel side has its sockets tagged already.
 	if !b.Adoption().Adopted {
 		t.seed, t.seedErr = b.Seed()
@@ -394,8 +396,8 @@ func (t *Tracer) Collect() (Interval, error) {
 			NetNS:      e.NetNS,
 			Proto:      protoName(e.Proto),
 			Direction:  directionName(e.Direction),
-			LocalAddr:  e.Local.String(),
-			RemoteAddr: e.Remote.String(),
+			LocalAddr:  t.addrs.name(e.Local),
+			RemoteAddr: t.addrs.name(e.Remote),
 			Port:       e.Port,
 			PID:        e.PID,
 			Comm:       e.Comm,
@@ -418,7 +420,7 @@ func (t *Tracer) Collect() (Interval, error) {
 			// An unconnected socket bound to a wildcard: the kernel picks
 			// the source per datagram by routing; ask the same routing.
 			if src, ok := t.routes.source(e.NetNS, e.Remote); ok {
-				f.LocalAddr = src.String()
+				f.LocalAddr = t.addrs.name(src)
 			}
 		}
 		t.procs.fill(&f)
@@ -508,6 +510,27 @@ func directionName(d uint8) Direction {
 	return Outbound
 }
 
+// addrNames remembers the text of the addresses flows had lately: a flow
+// recurs every interval, and one string per address, shared by its
+// intervals, spares an allocation per flow and end (and the garbage) and
+// makes the agent's maps keyed by address compare equal strings by
+// pointer.
+type addrNames map[netip.Addr]string
+
+const addrNamesMax = 1 << 16
+
+func (c addrNames) name(a netip.Addr) string {
+	if s, ok := c[a]; ok {
+		return s
+	}
+	if len(c) >= addrNamesMax {
+		clear(c) // bounded memory beats a perfect cache
+	}
+	s := a.String()
+	c[a] = s
+	return s
+}
+
 // procCache remembers the process last seen on each flow, so that a flow
 // whose interval held only softirq events (a connect() completing or
 // failing after the interval in which it started) is still named.
@@ -530,7 +553,7 @@ type procInfo struct {
 
 const procCacheMax = 1 << 16
 
-func keyOf(f Flow) procKey {
+func keyOf(f *Flow) procKey {
 	return procKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
 }
 
@@ -540,7 +563,7 @@ func keyOf(f Flow) procKey {
 // cgroup and no process). Then it remembers f's process: a flow that
 // recurs with the same process hashes its key once.
 func (c procCache) fill(f *Flow) {
-	k := keyOf(*f)
+	k := keyOf(f)
 	p, ok := c[k]
 	if ok {
 		if f.PID == 0 {

@@ -1,9 +1,11 @@
 package tracer
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -19,6 +21,32 @@ func TestConfigValidate(t *testing.T) {
 	c.FlowMapSize = 0
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "flow map size") {
 		t.Errorf("zero map: %v", err)
+	}
+}
+
+// An address's text is made once and shared by the intervals that name
+// it (IPv4-mapped addresses arrive unmapped from the bundler), and the
+// cache stays bounded.
+func TestAddrNamesShareOneStringPerAddress(t *testing.T) {
+	c := addrNames{}
+	for _, text := range []string{"192.0.2.1", "2001:db8::1", "fe80::1%eth0", "::"} {
+		a := netip.MustParseAddr(text)
+		first, again := c.name(a), c.name(netip.MustParseAddr(text))
+		if first != text || again != text {
+			t.Fatalf("%s named %q then %q", text, first, again)
+		}
+		if unsafe.StringData(first) != unsafe.StringData(again) {
+			t.Errorf("%s: two strings for one address", text)
+		}
+	}
+	for i := range addrNamesMax + 10 {
+		c.name(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
+	}
+	if len(c) > addrNamesMax {
+		t.Errorf("%d addresses cached, at most %d", len(c), addrNamesMax)
+	}
+	if got := c.name(netip.MustParseAddr("198.51.100.7")); got != "198.51.100.7" {
+		t.Errorf("after a clear: %q", got)
 	}
 }
 

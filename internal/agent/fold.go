@@ -88,7 +88,9 @@ type foldEdge struct {
 }
 
 type foldEdges struct {
-	seen map[foldEdge]time.Time
+	// seen holds each edge's last interval, by pointer: a held edge's
+	// interval is one map lookup, not a lookup and an assignment.
+	seen map[foldEdge]*time.Time
 	// capped: an edge was folded since the local end last had room;
 	// logged: that was logged (once until it has room again).
 	capped, logged bool
@@ -211,35 +213,58 @@ func (st *foldState) apply(flows []tracer.Flow, max int) ([]tracer.Flow, int) {
 	st.expire(now)
 	fresh := st.fresh[:0]
 	defer func() { st.fresh = fresh[:0] }()
+	var (
+		lastNode  foldNode
+		lastEdges *foldEdges
+		room      bool // a local end with new edges has room for some
+	)
 	for i := range flows {
 		f := &flows[i]
-		n, e := nodeOf(f), edgeOf(f)
-		es := st.nodes[n]
-		if es == nil {
-			es = &foldEdges{seen: map[foldEdge]time.Time{}}
-			st.nodes[n] = es
+		n := nodeOf(f)
+		es := lastEdges
+		if es == nil || n != lastNode { // a drain's flows of one process often come together
+			es = st.nodes[n]
+			if es == nil {
+				es = &foldEdges{seen: map[foldEdge]*time.Time{}}
+				st.nodes[n] = es
+			}
+			lastNode, lastEdges = n, es
 		}
-		if _, ok := es.seen[e]; ok {
-			es.seen[e] = now
+		e := edgeOf(f)
+		if seen, ok := es.seen[e]; ok {
+			*seen = now
 			continue
 		}
+		room = room || len(es.seen) < max
 		fresh = append(fresh, pending{n, e, i})
 	}
 	if len(fresh) == 0 {
 		return flows, 0
 	}
-	slices.SortStableFunc(fresh, func(a, b pending) int {
-		return cmp.Compare(weight(&flows[b.i]), weight(&flows[a.i]))
-	})
+	if room {
+		// Which new edges a local end holds matters only while it has
+		// room: a full one folds every new edge whatever the order.
+		slices.SortStableFunc(fresh, func(a, b pending) int {
+			return cmp.Compare(weight(&flows[b.i]), weight(&flows[a.i]))
+		})
+	}
 	fold := make([]bool, len(flows))
 	n := 0
+	lastEdges = nil
 	for _, p := range fresh {
-		es := st.nodes[p.node]
-		if _, ok := es.seen[p.edge]; ok { // two flows of one edge (never from one drain)
-			continue
+		es := lastEdges
+		if es == nil || p.node != lastNode {
+			es = st.nodes[p.node]
+			lastNode, lastEdges = p.node, es
+		}
+		if room { // else nothing is held below, so nothing is held twice
+			if _, ok := es.seen[p.edge]; ok { // two flows of one edge (never from one drain)
+				continue
+			}
 		}
 		if len(es.seen) < max {
-			es.seen[p.edge] = now
+			at := now
+			es.seen[p.edge] = &at
 			st.held++
 			continue
 		}
@@ -305,7 +330,7 @@ func (st *foldState) expire(now time.Time) {
 	st.lastExpire = now
 	for n, es := range st.nodes {
 		for e, seen := range es.seen {
-			if now.Sub(seen) > EdgeIdle {
+			if now.Sub(*seen) > EdgeIdle {
 				delete(es.seen, e)
 				st.held--
 				es.capped, es.logged = false, false // logged again when it fills again

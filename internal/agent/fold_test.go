@@ -126,6 +126,27 @@ func TestEdgeCapFoldsPastTheCapKeepingTotals(t *testing.T) {
 	}
 }
 
+// An edge that recurs is held from its last interval, not its first: a
+// new peer of a full local end folds while the held edge still carries
+// traffic, however long ago the edge was first held.
+func TestEdgeCapHoldsAnEdgeWhileItRecurs(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newCap(1, &now)
+	held := capFlow("web", "outbound", "198.51.100.1", 5432, 1, 0)
+	iv := tracer.Interval{Flows: []tracer.Flow{held}}
+	c.fold(&iv, slog.New(slog.DiscardHandler), nil)
+	for _, step := range []time.Duration{EdgeIdle - 10*time.Minute, 20 * time.Minute} {
+		now = now.Add(step)
+		// The new peer carries more: with room, it would be held first.
+		iv := tracer.Interval{Flows: []tracer.Flow{held, capFlow("web", "outbound", "198.51.100.2", 5432, 5, 0)}}
+		c.fold(&iv, slog.New(slog.DiscardHandler), nil)
+		want := map[string]uint64{"web outbound 192.0.2.1 198.51.100.1:5432": 1, "web outbound  _other:0": 5}
+		if got := edges(iv.Flows); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%v after the first interval: edges %v, want %v", now.Sub(time.Unix(1000, 0)), got, want)
+		}
+	}
+}
+
 // Inbound flows keep their local service (address and port): a server
 // with many clients folds them per port it serves.
 func TestEdgeCapInboundKeepsTheService(t *testing.T) {

@@ -8,32 +8,39 @@ import (
 	"github.com/deptrace/deptrace/internal/store"
 )
 
-// A flow that recurs within a minute has its key upserted once (the key
+// A flow that recurs within ten minutes has its key upserted once (the key
 // id cache): a reader whose range starts after the key's first write, in
-// the same minute, must still find the flow's later counts, so the key's
-// last_seen must cover the whole minute.
+// the same ten minutes, must still find the flow's later counts, so the
+// key's last_seen must cover the whole ten minutes.
 func TestKeyCacheKeepsLateStartingRangesRight(t *testing.T) {
 	ctx := context.Background()
-	minute := time.Now().Truncate(time.Minute) // recent: the cache keeps only recent keys
+	step := time.Now().Truncate(10 * time.Minute) // recent: the cache keeps only recent keys
 	for name, spec := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			s := open(t, spec)
 			// No key pack: it would name the flow without reading
 			// last_seen. The remote name is read through last_seen always.
 			s.SetAutoCompact(false)
-			for _, sec := range []time.Duration{5, 25} {
-				o := obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", minute.Add(sec*time.Second), 3, 10)
+			for _, at := range []time.Duration{5 * time.Second, 7*time.Minute + 25*time.Second} {
+				o := obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", step.Add(at), 3, 10)
 				o.RemoteName = "db.example"
 				if err := s.Write(ctx, store.Batch{Observations: []store.Observation{o}}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			got, err := s.Observations(ctx, store.Range{Since: minute.Add(20 * time.Second)})
+			got, err := s.Observations(ctx, store.Range{Since: step.Add(7*time.Minute + 20*time.Second)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != 1 || got[0].Connections != 6 || got[0].RemoteName != "db.example" {
-				t.Fatalf("range from 20 s into the minute: %+v; want the flow's minute, 6 connections, to db.example", got)
+			if len(got) != 1 || got[0].Connections != 3 || got[0].RemoteName != "db.example" {
+				t.Fatalf("range from 7 min 20 s into the ten minutes: %+v; want the flow's minute, 3 connections, to db.example", got)
+			}
+			var seen int64
+			if err := s.DB().QueryRowContext(ctx, "SELECT last_seen FROM flow_keys").Scan(&seen); err != nil {
+				t.Fatal(err)
+			}
+			if want := step.Add(10*time.Minute).UnixNano() - 1; seen != want {
+				t.Fatalf("flow key last_seen %d, want %d: the end of its ten minutes", seen, want)
 			}
 		})
 	}

@@ -89,7 +89,7 @@ type usedKey struct {
 // keyIDs sets the id of each of keys (at: the index of each key in
 // keys): from the key cache where the key's row needs no update,
 // otherwise by an upsert that inserts keys not yet known and moves
-// last_seen (to the end of its minute: see keyIDCache). fresh holds the
+// last_seen (to the end of its keySeenStep: see keyIDCache). fresh holds the
 // upserted ones, for the cache once tx commits.
 func (s *Store) keyIDs(ctx context.Context, tx *sql.Tx, keys []usedKey, at map[flowKey]int) (fresh map[flowKey]cachedKeyID, err error) {
 	miss := s.keyCache.lookup(keys, time.Now().UnixNano())
