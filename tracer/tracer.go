@@ -390,6 +390,9 @@ func (t *Tracer) Collect() (Interval, error) {
 		}
 	}
 	for _, e := range entries {
+		if e.Counts == (bundler.Counts{}) {
+			continue // a retained entry whose flow was idle: nothing to name
+		}
 		f := Flow{
 			Kind:       KindFlow,
 			Time:       now,
@@ -405,9 +408,6 @@ func (t *Tracer) Collect() (Interval, error) {
 			Counters:   countersOf(e.Counts),
 			FirstSeen:  time.Unix(0, int64(e.FirstSeenBootNs)+offset),
 			LastSeen:   time.Unix(0, int64(e.LastSeenBootNs)+offset),
-		}
-		if f.Counters.IsZero() {
-			continue // a retained entry whose flow was idle
 		}
 		if e.Proto == bundler.ProtoUnix {
 			f.LocalAddr, f.RemoteAddr = "", e.Path
