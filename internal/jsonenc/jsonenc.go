@@ -39,3 +39,55 @@ func AppendTime(b []byte, t time.Time) ([]byte, error) {
 	b = t.AppendFormat(b, time.RFC3339Nano)
 	return append(b, '"'), nil
 }
+
+// Times appends times as AppendTime does, keeping the date and clock text
+// of the last seconds it wrote: an interval's flows have their times in a
+// few seconds, and formatting each whole time was a twentieth of a jsonl
+// consumer's CPU with 1,000 client hosts. The zero value is ready.
+type Times struct {
+	seconds [8]secondText // by unix second, modulo 8
+}
+
+// secondText is the text of one second in one zone offset.
+type secondText struct {
+	unix   int64
+	offset int    // seconds east of UTC
+	clock  []byte // "2006-01-02T15:04:05"
+	zone   []byte // "Z" or "-07:00"
+}
+
+// Append appends t as AppendTime does, with its error for a time
+// encoding/json refuses.
+func (c *Times) Append(b []byte, t time.Time) ([]byte, error) {
+	_, offset := t.Zone()
+	unix := t.Unix()
+	s := &c.seconds[uint64(unix)%uint64(len(c.seconds))]
+	if s.clock == nil || s.unix != unix || s.offset != offset {
+		if y := t.Year(); y < 0 || y > 9999 || offset <= -24*3600 || offset >= 24*3600 {
+			_, err := t.MarshalJSON()
+			return b, err
+		}
+		s.unix, s.offset = unix, offset
+		s.clock = t.AppendFormat(s.clock[:0], "2006-01-02T15:04:05")
+		s.zone = t.AppendFormat(s.zone[:0], "Z07:00")
+	}
+	b = append(b, '"')
+	b = append(b, s.clock...)
+	if ns := t.Nanosecond(); ns != 0 {
+		// RFC 3339's fraction as time.RFC3339Nano writes it: up to nine
+		// digits, trailing zeros dropped.
+		var d [10]byte
+		d[0] = '.'
+		for i := 9; i > 0; i-- {
+			d[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+		n := len(d)
+		for d[n-1] == '0' {
+			n--
+		}
+		b = append(b, d[:n]...)
+	}
+	b = append(b, s.zone...)
+	return append(b, '"'), nil
+}

@@ -2,6 +2,8 @@ package jsonenc
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -46,6 +48,41 @@ func TestAppendTimeAsEncodingJSON(t *testing.T) {
 		want, _ := json.Marshal(tm)
 		if got, err := AppendTime(nil, tm); err != nil || string(got) != string(want) {
 			t.Errorf("zone %+d s: %s, %v; want %s", off, got, err, want)
+		}
+	}
+}
+
+// Times writes what AppendTime writes, whichever seconds, zones and
+// fractions come one after another (the cached text of a second must not
+// leak into another second, or into another zone's same second), and
+// refuses what it refuses.
+func TestTimesAsAppendTime(t *testing.T) {
+	zones := []*time.Location{time.UTC, time.Local, time.FixedZone("", 5*3600+30*60), time.FixedZone("GMT", 0),
+		time.FixedZone("X", -8*3600), time.FixedZone("", 24*3600-60)}
+	rng := rand.New(rand.NewPCG(3, 4))
+	var c Times
+	base := time.Date(2026, 11, 27, 19, 59, 58, 0, time.UTC).Unix()
+	for i := range 20000 {
+		// Seconds that share a slot (8 apart) and fractions with trailing
+		// zeros, whole seconds and one nanosecond among them.
+		sec := base + rng.Int64N(40)
+		ns := [...]int64{0, 1, 100000000, 120, 999999999, rng.Int64N(1e9)}[rng.IntN(6)]
+		tm := time.Unix(sec, ns).In(zones[rng.IntN(len(zones))])
+		want, werr := AppendTime([]byte("x"), tm)
+		got, err := c.Append([]byte("x"), tm)
+		if string(got) != string(want) || (err == nil) != (werr == nil) {
+			t.Fatalf("time %d (%v): %q, %v; want %q, %v", i, tm, got, err, want, werr)
+		}
+	}
+	for _, tm := range []time.Time{{}, time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.FixedZone("X", -8*3600)),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Unix(1e9, 0).In(time.FixedZone("", 24*3600)), time.Unix(1e9, 0).In(time.FixedZone("", -25*3600))} {
+		for range 2 { // once to fill the cache, once from it
+			want, werr := AppendTime([]byte("x"), tm)
+			got, err := c.Append([]byte("x"), tm)
+			if string(got) != string(want) || fmt.Sprint(err) != fmt.Sprint(werr) {
+				t.Errorf("%v: %q, %v; want %q, %v", tm, got, err, want, werr)
+			}
 		}
 	}
 }

@@ -16,8 +16,9 @@ import (
 // encoding/json (reflection, then compacting each time.Time's output) was
 // the agent's biggest cost.
 type JSONL struct {
-	w   io.Writer
-	buf []byte
+	w     io.Writer
+	buf   []byte
+	times jsonenc.Times
 }
 
 // Write writes the interval's flows, sorted, then its listeners. A record
@@ -36,7 +37,7 @@ func (j *JSONL) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 
 func (j *JSONL) appendInterval(buf []byte, flows []tracer.Flow, listeners []tracer.Listener) ([]byte, error) {
 	for _, f := range Sorted(flows) {
-		line, err := appendFlowJSON(buf, f)
+		line, err := appendFlowJSON(buf, f, &j.times)
 		if err != nil {
 			return buf, fmt.Errorf("jsonl: flow %s %s %s -> %s port %d: %w", f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port, err)
 		}
@@ -54,11 +55,11 @@ func (j *JSONL) appendInterval(buf []byte, flows []tracer.Flow, listeners []trac
 
 // appendFlowJSON appends f as json.Marshal would: tracer.Flow's fields in
 // order, Counters inlined, identity and peer fields omitted when empty.
-func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
+func appendFlowJSON(b []byte, f *tracer.Flow, times *jsonenc.Times) ([]byte, error) {
 	b = append(b, `{"kind":`...)
 	b = jsonenc.AppendString(b, f.Kind)
 	b = append(b, `,"time":`...)
-	b, err := jsonenc.AppendTime(b, f.Time)
+	b, err := times.Append(b, f.Time)
 	if err != nil {
 		return b, err
 	}
@@ -112,11 +113,11 @@ func appendFlowJSON(b []byte, f tracer.Flow) ([]byte, error) {
 	b = appendUint(b, `,"rtt_min_us":`, c.RTTMinUs)
 	b = appendUint(b, `,"rtt_max_us":`, c.RTTMaxUs)
 	b = append(b, `,"first_seen":`...)
-	if b, err = jsonenc.AppendTime(b, f.FirstSeen); err != nil {
+	if b, err = times.Append(b, f.FirstSeen); err != nil {
 		return b, err
 	}
 	b = append(b, `,"last_seen":`...)
-	if b, err = jsonenc.AppendTime(b, f.LastSeen); err != nil {
+	if b, err = times.Append(b, f.LastSeen); err != nil {
 		return b, err
 	}
 	return append(b, '}'), nil

@@ -2,6 +2,7 @@ package output
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -174,8 +175,8 @@ func TestSortedIsStable(t *testing.T) {
 	b := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 80)
 	c := flow(tracer.Inbound, "tcp", "10.0.0.1", "10.0.0.3", 80)
 	got := Sorted([]tracer.Flow{a, c, b})
-	if got[0] != c && got[0] != b || got[2] != a {
-		t.Errorf("order: %v", got)
+	if *got[0] != c && *got[0] != b || *got[2] != a {
+		t.Errorf("order: %v", []tracer.Flow{*got[0], *got[1], *got[2]})
 	}
 	if got[0].Direction != tracer.Inbound { // "inbound" < "outbound"
 		t.Errorf("inbound should sort first at equal port: %v", got)
@@ -199,6 +200,53 @@ func TestSortedComparesAddressesAsNumbers(t *testing.T) {
 	}
 	if in[0].RemoteAddr != "10.0.0.10" || in[3].RemoteAddr != "10.0.0.100" {
 		t.Errorf("Sorted reordered its input: %v", in)
+	}
+}
+
+// Sorted's keys order flows exactly as comparing the flows' own fields
+// does (namespace, protocol, port, direction, addresses as numbers, then
+// as text), over a mix of namespaces, protocols, ports, IPv4, IPv6 with
+// and without zones, and unix paths; a protocol or direction the tracer
+// never writes goes after the known ones.
+func TestSortedOrdersAsTheFlowsFields(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	addrs := []string{"10.0.0.1", "10.0.0.10", "10.0.0.9", "192.0.2.1", "::1", "2001:db8::1", "2001:db8::10", "fe80::1%eth0", "fe80::1%eth1",
+		"fe80::01%eth1", "FE80::1%eth0", "fe80::01", "fe80::1", "::ffff:10.0.0.1", "/run/app.sock", "@abstract", ""}
+	pick := func(vs []string) string { return vs[rng.IntN(len(vs))] }
+	flows := make([]tracer.Flow, 3000)
+	for i := range flows {
+		f := flow(tracer.Direction(pick([]string{"inbound", "outbound"})), tracer.Proto(pick([]string{"tcp", "udp", "unix"})),
+			pick(addrs), pick(addrs), []uint16{0, 80, 443, 8080, 65535}[rng.IntN(5)])
+		f.NetNS = 4026531840 + uint32(rng.IntN(3))
+		flows[i] = f
+	}
+	fields := func(a *tracer.Flow) string {
+		return fmt.Sprint(a.NetNS, a.Proto, a.Port, a.Direction, a.LocalAddr, a.RemoteAddr)
+	}
+	want := make([]*tracer.Flow, len(flows))
+	for i := range flows {
+		want[i] = &flows[i]
+	}
+	slices.SortFunc(want, func(a, b *tracer.Flow) int {
+		return cmp.Or(cmp.Compare(a.NetNS, b.NetNS), cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Direction, b.Direction),
+			a.LocalIP().Compare(b.LocalIP()), a.RemoteIP().Compare(b.RemoteIP()), cmp.Compare(a.LocalAddr, b.LocalAddr), cmp.Compare(a.RemoteAddr, b.RemoteAddr))
+	})
+	got := Sorted(flows)
+	for i := range got {
+		if fields(got[i]) != fields(want[i]) {
+			t.Fatalf("flow %d: %s, want %s", i, fields(got[i]), fields(want[i]))
+		}
+	}
+	odd := []tracer.Flow{flow("sideways", "sctp", "10.0.0.1", "10.0.0.2", 1), flow(tracer.Outbound, "sctp", "10.0.0.1", "10.0.0.2", 1),
+		flow(tracer.Outbound, "dccp", "10.0.0.1", "10.0.0.2", 2), flow(tracer.Outbound, "unix", "", "/run/a", 0), flow("sideways", "tcp", "10.0.0.1", "10.0.0.2", 1),
+		flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 3), flow("aside", "tcp", "10.0.0.1", "10.0.0.2", 1)}
+	var order []string
+	for _, f := range Sorted(odd) {
+		order = append(order, fmt.Sprintf("%s/%d/%s", f.Proto, f.Port, f.Direction))
+	}
+	wantOdd := "tcp/1/aside tcp/1/sideways tcp/3/outbound unix/0/outbound dccp/2/outbound sctp/1/outbound sctp/1/sideways"
+	if got := strings.Join(order, " "); got != wantOdd {
+		t.Errorf("order with unknown protocols and directions: %s, want %s", got, wantOdd)
 	}
 }
 
@@ -236,14 +284,20 @@ func TestUnixRowsNameThePathAndBothProcesses(t *testing.T) {
 //	go test -run '^$' -bench JSONL -benchmem ./internal/output
 func BenchmarkJSONL2000Flows(b *testing.B) {
 	flows := make([]tracer.Flow, 0, 2000)
-	seen := time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.UTC)
+	// As the kernel map gives them: in hash order, each with its own
+	// first and last event within the 1 s interval.
+	end := time.Date(2026, 1, 2, 3, 4, 5, 0, time.Local)
+	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 1000; i++ {
 		client := fmt.Sprintf("127.1.%d.%d", i/250, i%250+1)
 		for _, f := range []tracer.Flow{flow(tracer.Outbound, "tcp", client, "127.0.0.1", 7000), flow(tracer.Inbound, "tcp", "127.0.0.1", client, 7000)} {
-			f.FirstSeen, f.LastSeen = seen, seen.Add(time.Second)
+			f.Time = end
+			f.FirstSeen = end.Add(-time.Second + time.Duration(rng.Int64N(int64(time.Second/2))))
+			f.LastSeen = end.Add(-time.Duration(rng.Int64N(int64(time.Second / 2))))
 			flows = append(flows, f)
 		}
 	}
+	rng.Shuffle(len(flows), func(i, j int) { flows[i], flows[j] = flows[j], flows[i] })
 	w, err := New("jsonl", io.Discard, nil)
 	if err != nil {
 		b.Fatal(err)

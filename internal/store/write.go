@@ -185,11 +185,21 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		at[k] = len(merged)
 		merged = append(merged, r)
 	}
-	slices.SortFunc(merged, func(a, b flowRow) int {
-		if a.bucket != b.bucket {
-			return compareInt(a.bucket, b.bucket)
+	// In (bucket, key) order: PostgreSQL writes them so, so that
+	// concurrent writers take row locks in one order; SQLite groups them
+	// by columns below, keeping the order within a group. Sorted through
+	// indices: moving the rows (200 bytes each) was a twentieth of an
+	// agent's write.
+	order := make([]int, len(merged))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		x, y := &merged[a], &merged[b]
+		if x.bucket != y.bucket {
+			return compareInt(x.bucket, y.bucket)
 		}
-		return compareInt(a.key, b.key)
+		return compareInt(x.key, y.key)
 	})
 	ncol := 6 + len(counterColumns)
 	if s.d.name == postgres.name {
@@ -201,7 +211,7 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 		for i := range colArgs {
 			colArgs[i] = make([]int64, 0, len(merged))
 		}
-		for i := range merged {
+		for _, i := range order {
 			r := &merged[i]
 			vals := append([]int64{r.bucket, r.key, int64(r.pid), int64(r.peer)}, make([]int64, len(counterColumns))...)
 			for i, v := range counterFields(&r.c) {
@@ -232,10 +242,6 @@ func (s *Store) upsertRows(ctx context.Context, tx *sql.Tx, l level, rows []flow
 	masks := make([]colMask, len(merged))
 	for i := range merged {
 		masks[i] = filledColumns(&merged[i].c)
-	}
-	order := make([]int, len(merged))
-	for i := range order {
-		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return compareInt(int64(masks[a]), int64(masks[b])) })
 	args := make([]any, 0, chunkRows(len(merged))*ncol) // reused: database/sql copies them
