@@ -31,13 +31,24 @@ func AppendString(b []byte, s string) []byte {
 // more from UTC) returns its error and b unchanged.
 func AppendTime(b []byte, t time.Time) ([]byte, error) {
 	_, offset := t.Zone()
-	if y := t.Year(); y < 0 || y > 9999 || offset <= -24*3600 || offset >= 24*3600 {
-		_, err := t.MarshalJSON()
+	if err := refused(t, offset); err != nil {
 		return b, err
 	}
 	b = append(b, '"')
 	b = t.AppendFormat(b, time.RFC3339Nano)
 	return append(b, '"'), nil
+}
+
+// refused is time.Time's MarshalJSON error for t, whose zone is offset
+// seconds east of UTC, when it refuses t (a year outside 0-9999, a zone
+// 24 hours or more from UTC); nil otherwise. Only those times are handed
+// to MarshalJSON, which allocates.
+func refused(t time.Time, offset int) error {
+	if y := t.Year(); y < 0 || y > 9999 || offset <= -24*3600 || offset >= 24*3600 {
+		_, err := t.MarshalJSON()
+		return err
+	}
+	return nil
 }
 
 // Times appends times as AppendTime does, keeping the date and clock text
@@ -63,8 +74,7 @@ func (c *Times) Append(b []byte, t time.Time) ([]byte, error) {
 	unix := t.Unix()
 	s := &c.seconds[uint64(unix)%uint64(len(c.seconds))]
 	if s.clock == nil || s.unix != unix || s.offset != offset {
-		if y := t.Year(); y < 0 || y > 9999 || offset <= -24*3600 || offset >= 24*3600 {
-			_, err := t.MarshalJSON()
+		if err := refused(t, offset); err != nil {
 			return b, err
 		}
 		s.unix, s.offset = unix, offset
