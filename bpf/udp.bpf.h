@@ -101,13 +101,19 @@ static __always_inline bool udp_sent_before(struct sock *sk)
 		       sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[2] ^ sk->__sk_common.skc_v6_daddr.in6_u.u6_addr32[3];
 	else
 		tag ^= sk->__sk_common.skc_daddr;
-	__u32 slot = (__u32)((tag * 0x9E3779B97F4A7C15ULL) >> 56) & (SENDERS_SLOTS - 1);
-	__u64 *seen = bpf_map_lookup_elem(&recent_senders, &slot);
-	if (!seen)
+	__u64 h = tag * 0x9E3779B97F4A7C15ULL;
+	/* The slot from the hash's top bits, the stored tag from the 32
+	 * below them: two sockets with one peer never share both, others
+	 * about once in 2^39 (the second then gets storage early). */
+	__u32 slot = (__u32)(h >> 56) & (SENDERS_SLOTS - 1);
+	__u32 want = (__u32)(h >> 24) | 1; /* never 0, an empty slot */
+	__u32 zero = 0;
+	struct recent_senders *rs = bpf_map_lookup_elem(&recent_senders, &zero);
+	if (!rs)
 		return false;
-	if (*seen == tag)
+	if (rs->tag[slot] == want)
 		return true;
-	*seen = tag;
+	rs->tag[slot] = want;
 	return false;
 }
 

@@ -140,6 +140,11 @@ type bundlerRecMarks struct {
 	Slot [4]uint64
 }
 
+type bundlerRecentSenders struct {
+	_   structs.HostLayout
+	Tag [64]uint32
+}
+
 type bundlerSockState struct {
 	_                 structs.HostLayout
 	Key               bundlerFlowKey
