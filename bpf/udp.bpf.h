@@ -103,10 +103,11 @@ static __always_inline bool udp_sent_before(struct sock *sk)
 		tag ^= sk->__sk_common.skc_daddr;
 	__u64 h = tag * 0x9E3779B97F4A7C15ULL;
 	/* The slot from the hash's top bits, the stored tag from the 32 below
-	 * them (bit 26 aside). Sockets with one peer differ in the local
-	 * port alone, tag bits 48-63, so their hashes differ somewhere in
-	 * bits 48-63, which slot and tag cover: they never share both. Other
-	 * pairs do about once in 2^37 (the second gets storage early). */
+	 * them (bit 26 aside). Two sockets with one peer and other local
+	 * ports differ in tag bits 48-63 alone, so their hashes differ
+	 * somewhere in bits 48-63, which slot and tag cover: they never share
+	 * both (sockets with the same ports and peer, in two namespaces say,
+	 * do). Other pairs share both about once in 2^37. */
 	__u32 slot = (__u32)(h >> (64 - SENDERS_SLOT_BITS)) & (SENDERS_SLOTS - 1);
 	__u32 want = (__u32)(h >> (32 - SENDERS_SLOT_BITS)) | 1; /* never 0, an empty slot */
 	__u32 zero = 0;

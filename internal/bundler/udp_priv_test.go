@@ -54,7 +54,9 @@ func TestConnectedUDPStorageOnlyForRepeatSenders(t *testing.T) {
 
 	// Each socket's local port chosen here, through the namespace's
 	// ephemeral range: the second socket's differs from the first's by
-	// 2^14, a difference only a hash's top bits tell apart.
+	// 2^14, a difference only a hash's top bits tell apart. The range is
+	// left at the last port (the namespace goes with the test); a range
+	// of one even port makes the kernel log a parity warning, harmless.
 	dial := func(localPort int) (net.Conn, int) {
 		t.Helper()
 		var c net.Conn
