@@ -21,6 +21,12 @@ func batchUnsupported(err error) bool {
 	return errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, errnoENOTSUPP) || errors.Is(err, unix.EOPNOTSUPP)
 }
 
+// perCPU reports whether m holds a value per CPU: cilium/ebpf then takes
+// a slice of values for one key, even on a host with one CPU.
+func perCPU(m *ebpf.Map) bool {
+	return m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash
+}
+
 // readHalf reads half h of an array map of 2n slots, perSlot values each
 // (the CPUs of a per-CPU array): one batch lookup where a lookup per slot
 // took n system calls, or a lookup per slot where the kernel has no batch
@@ -37,7 +43,7 @@ func readHalf[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error) {
 	for j := range int(n) {
 		i := uint32(h)*n + uint32(j)
 		var err error
-		if perSlot == 1 {
+		if !perCPU(m) {
 			err = m.Lookup(i, &vals[j])
 		} else if err = m.Lookup(i, &cpus); err == nil {
 			copy(vals[j*perSlot:(j+1)*perSlot], cpus)
@@ -74,16 +80,18 @@ func readHalfBatch[V any](m *ebpf.Map, h int, n uint32, perSlot int) ([]V, error
 // no batch for the map's type.
 func writeSlots[V any](m *ebpf.Map, keys []uint32, vals []V, perSlot int) error {
 	var batch any = vals
-	var perCPU []*V
-	if perSlot > 1 {
-		// cilium/ebpf encodes a per-CPU value one element at a time: an
-		// element given by value by reflection (encoding/binary, 1.2 µs
-		// per 288-byte slot), by pointer as a copy of its memory.
-		perCPU = make([]*V, len(vals))
+	var ptrs []*V
+	if perCPU(m) {
+		// cilium/ebpf encodes a per-CPU value one CPU's element at a
+		// time: given by value, through encoding/binary's reflection
+		// (about 1.2 µs per 288-byte element, BenchmarkFreeFullCacheHalf);
+		// by pointer, as a copy of its memory (bpf2go's types have no
+		// hidden padding).
+		ptrs = make([]*V, len(vals))
 		for i := range vals {
-			perCPU[i] = &vals[i]
+			ptrs[i] = &vals[i]
 		}
-		batch = perCPU
+		batch = ptrs
 	}
 	if !testHooks.noArrayBatch {
 		_, err := m.BatchUpdate(keys, batch, nil)
@@ -93,10 +101,10 @@ func writeSlots[V any](m *ebpf.Map, keys []uint32, vals []V, perSlot int) error 
 	}
 	for j, k := range keys {
 		var err error
-		if perSlot == 1 {
-			err = m.Update(k, vals[j], ebpf.UpdateExist)
+		if ptrs == nil {
+			err = m.Update(k, &vals[j], ebpf.UpdateExist)
 		} else {
-			err = m.Update(k, perCPU[j*perSlot:(j+1)*perSlot], ebpf.UpdateExist)
+			err = m.Update(k, ptrs[j*perSlot:(j+1)*perSlot], ebpf.UpdateExist)
 		}
 		if err != nil {
 			return fmt.Errorf("slot %d: %w", k, err)

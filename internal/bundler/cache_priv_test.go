@@ -1,10 +1,10 @@
 package bundler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
-	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/internal/tracertest/poll"
 )
 
@@ -163,33 +163,55 @@ func TestFlowCacheAndMapSummed(t *testing.T) {
 	}
 }
 
-// Freeing a flow cache half whose every slot held a flow that counted (a
-// host with more flows than slots: 1,000 client hosts), as each commit
-// does; the slots keep their flows, zeroed:
-//
-//	go test -run '^$' -bench FreeFullCacheHalf -benchmem ./internal/bundler
-func BenchmarkFreeFullCacheHalf(b *testing.B) {
-	testnet.RequireRoot(b)
-	bu, err := Load(testConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer bu.Close()
-	var sp spillRead
-	for j := range bu.cacheSlots() {
-		cpus := make([]bundlerSpillSlot, bu.ncpu)
-		for c := range cpus {
-			cpus[c].State = uint32(bundlerSpillStateSPILL_READY)
-			cpus[c].Key = bundlerFlowKey{Proto: 6, Direction: 1, Port: uint16(7000 + j)}
-			cpus[c].Value.Connections = 1
+// Freeing a cache half writes back, on every CPU, exactly what cacheReset
+// leaves of each slot: a flow that counted keeps its key and process,
+// zeroed; an idle one's slot is freed. Read back whole, with the batch
+// operations and slot by slot.
+func TestFreedCacheSlotsHoldWhatResetLeaves(t *testing.T) {
+	for _, slotBySlot := range []bool{false, true} {
+		testHooks.noArrayBatch = slotBySlot
+		b := mustLoad(t, testConfig()) // programs count into half 1: half 0 is ours
+		var sp spillRead
+		for j := range b.cacheSlots() {
+			cpus := make([]bundlerSpillSlot, b.ncpu)
+			for c := range cpus {
+				s := &cpus[c]
+				s.State = uint32(bundlerSpillStateSPILL_READY)
+				s.Key = bundlerFlowKey{Netns: 1 + j, Port: uint16(7000 + j), Proto: 6, Direction: 1}
+				s.Value.Gen, s.Value.Pid, s.Value.CgroupId = 5, 100+j, 9000+uint64(c)
+				for i, ch := range fmt.Sprintf("p%d-%d", j, c) {
+					s.Value.Comm[i] = int8(ch)
+				}
+				if (int(j)+c)%3 != 0 { // the others idle: freed
+					s.Value.Connections, s.Value.BytesSent = 1+uint64(j), 64
+				}
+			}
+			sp.cacheSlots = append(sp.cacheSlots, j)
+			sp.cacheCPUs = append(sp.cacheCPUs, cpus)
 		}
-		sp.cacheSlots = append(sp.cacheSlots, j)
-		sp.cacheCPUs = append(sp.cacheCPUs, cpus)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := bu.freeSpill(0, sp); err != nil {
-			b.Fatal(err)
+		if err := b.freeSpill(0, sp); err != nil {
+			t.Fatalf("slot by slot %v: %v", slotBySlot, err)
 		}
+		got, err := readHalf[bundlerSpillSlot](b.objs.FlowCache, 0, b.cacheSlots(), b.ncpu)
+		if err != nil {
+			t.Fatalf("slot by slot %v: read back: %v", slotBySlot, err)
+		}
+		kept := 0
+		for j, cpus := range sp.cacheCPUs {
+			want := cacheReset(cpus)
+			for c := range want {
+				if g := got[j*b.ncpu+c]; g != want[c] {
+					t.Fatalf("slot by slot %v: slot %d CPU %d holds %+v, want %+v", slotBySlot, j, c, g, want[c])
+				}
+				if want[c].State != 0 {
+					kept++
+				}
+			}
+		}
+		if kept == 0 || kept == len(sp.cacheCPUs)*b.ncpu {
+			t.Fatalf("slot by slot %v: %d slots kept: the test needs both kinds", slotBySlot, kept)
+		}
+		b.Close()
 	}
+	testHooks.noArrayBatch = false
 }

@@ -42,3 +42,34 @@ func BenchmarkSpillRead(b *testing.B) {
 		}
 	}
 }
+
+// Freeing a flow cache half whose every slot held a flow that counted (a
+// host with more flows than slots: 1,000 client hosts), as each commit
+// does; the slots keep their flows, zeroed:
+//
+//	go test -run '^$' -bench FreeFullCacheHalf -benchmem ./internal/bundler
+func BenchmarkFreeFullCacheHalf(b *testing.B) {
+	testnet.RequireRoot(b)
+	bu, err := Load(testConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bu.Close()
+	var sp spillRead
+	for j := range bu.cacheSlots() {
+		cpus := make([]bundlerSpillSlot, bu.ncpu)
+		for c := range cpus {
+			cpus[c].State = uint32(bundlerSpillStateSPILL_READY)
+			cpus[c].Key = bundlerFlowKey{Proto: 6, Direction: 1, Port: uint16(7000 + j)}
+			cpus[c].Value.Connections = 1
+		}
+		sp.cacheSlots = append(sp.cacheSlots, j)
+		sp.cacheCPUs = append(sp.cacheCPUs, cpus)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := bu.freeSpill(0, sp); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -22,7 +22,7 @@ func TestSourceAddressSharesPortsAcrossServers(t *testing.T) {
 	})
 	src := netip.MustParseAddr("127.1.0.1")
 	var servers []string
-	for port := range 3 { // below the two: a listener on :0 takes one of them
+	for port := range 3 { // fixed, outside the range: one on :0 would take one of its two
 		ln := h.Listen(t, "tcp", fmt.Sprintf("127.0.0.1:%d", 20001+port))
 		servers = append(servers, ln.Addr().String())
 	}
@@ -33,10 +33,10 @@ func TestSourceAddressSharesPortsAcrossServers(t *testing.T) {
 		}
 	}()
 	h.Do(t, func() error {
-		for _, s := range servers {
+		for i, s := range servers {
 			c, err := dialer("tcp", src).Dial("tcp", s)
 			if err != nil {
-				return err
+				return fmt.Errorf("connection %d of %d from %s: %w", i+1, len(servers), src, err)
 			}
 			conns = append(conns, c)
 		}
