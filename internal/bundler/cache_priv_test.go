@@ -169,49 +169,55 @@ func TestFlowCacheAndMapSummed(t *testing.T) {
 // operations and slot by slot.
 func TestFreedCacheSlotsHoldWhatResetLeaves(t *testing.T) {
 	for _, slotBySlot := range []bool{false, true} {
-		testHooks.noArrayBatch = slotBySlot
-		b := mustLoad(t, testConfig()) // programs count into half 1: half 0 is ours
-		var sp spillRead
-		for j := range b.cacheSlots() {
-			cpus := make([]bundlerSpillSlot, b.ncpu)
-			for c := range cpus {
-				s := &cpus[c]
-				s.State = uint32(bundlerSpillStateSPILL_READY)
-				s.Key = bundlerFlowKey{Netns: 1 + j, Port: uint16(7000 + j), Proto: 6, Direction: 1}
-				s.Value.Gen, s.Value.Pid, s.Value.CgroupId = 5, 100+j, 9000+uint64(c)
-				for i, ch := range fmt.Sprintf("p%d-%d", j, c) {
-					s.Value.Comm[i] = int8(ch)
-				}
-				if (int(j)+c)%3 != 0 { // the others idle: freed
-					s.Value.Connections, s.Value.BytesSent = 1+uint64(j), 64
-				}
-			}
-			sp.cacheSlots = append(sp.cacheSlots, j)
-			sp.cacheCPUs = append(sp.cacheCPUs, cpus)
-		}
-		if err := b.freeSpill(0, sp); err != nil {
-			t.Fatalf("slot by slot %v: %v", slotBySlot, err)
-		}
-		got, err := readHalf[bundlerSpillSlot](b.objs.FlowCache, 0, b.cacheSlots(), b.ncpu)
-		if err != nil {
-			t.Fatalf("slot by slot %v: read back: %v", slotBySlot, err)
-		}
-		kept := 0
-		for j, cpus := range sp.cacheCPUs {
-			want := cacheReset(cpus)
-			for c := range want {
-				if g := got[j*b.ncpu+c]; g != want[c] {
-					t.Fatalf("slot by slot %v: slot %d CPU %d holds %+v, want %+v", slotBySlot, j, c, g, want[c])
-				}
-				if want[c].State != 0 {
-					kept++
-				}
-			}
-		}
-		if kept == 0 || kept == len(sp.cacheCPUs)*b.ncpu {
-			t.Fatalf("slot by slot %v: %d slots kept: the test needs both kinds", slotBySlot, kept)
-		}
-		b.Close()
+		t.Run(fmt.Sprintf("slot by slot %v", slotBySlot), func(t *testing.T) {
+			testHooks.noArrayBatch = slotBySlot
+			t.Cleanup(func() { testHooks.noArrayBatch = false })
+			b := mustLoad(t, testConfig())      // programs count into half 1: half 0 is ours
+			t.Cleanup(func() { _ = b.Close() }) // closing a test's bundler: nothing to report
+			freedCacheSlotsHoldWhatResetLeaves(t, b)
+		})
 	}
-	testHooks.noArrayBatch = false
+}
+
+func freedCacheSlotsHoldWhatResetLeaves(t *testing.T, b *Bundler) {
+	var sp spillRead
+	for j := range b.cacheSlots() {
+		cpus := make([]bundlerSpillSlot, b.ncpu)
+		for c := range cpus {
+			s := &cpus[c]
+			s.State = uint32(bundlerSpillStateSPILL_READY)
+			s.Key = bundlerFlowKey{Netns: 1 + j, Port: uint16(7000 + j), Proto: 6, Direction: 1}
+			s.Value.Gen, s.Value.Pid, s.Value.CgroupId = 5, 100+j, 9000+uint64(c)
+			for i, ch := range fmt.Sprintf("p%d-%d", j, c) {
+				s.Value.Comm[i] = int8(ch)
+			}
+			if (int(j)+c)%3 != 0 { // the others idle: freed
+				s.Value.Connections, s.Value.BytesSent = 1+uint64(j), 64
+			}
+		}
+		sp.cacheSlots = append(sp.cacheSlots, j)
+		sp.cacheCPUs = append(sp.cacheCPUs, cpus)
+	}
+	if err := b.freeSpill(0, sp); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readHalf[bundlerSpillSlot](b.objs.FlowCache, 0, b.cacheSlots(), b.ncpu)
+	if err != nil {
+		t.Fatalf("read back: %v", err)
+	}
+	kept := 0
+	for j, cpus := range sp.cacheCPUs {
+		want := cacheReset(cpus)
+		for c := range want {
+			if g := got[j*b.ncpu+c]; g != want[c] {
+				t.Fatalf("slot %d CPU %d holds %+v, want %+v", j, c, g, want[c])
+			}
+			if want[c].State != 0 {
+				kept++
+			}
+		}
+	}
+	if kept == 0 || kept == len(sp.cacheCPUs)*b.ncpu {
+		t.Fatalf("%d slots kept: the test needs both kinds", kept)
+	}
 }

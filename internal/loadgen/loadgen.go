@@ -411,8 +411,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 // left to connect() (IP_BIND_ADDRESS_NO_PORT), which needs only the
 // 4-tuple to be free: bound to src:0 first, each connection would hold one
 // of src's ports against every server, and the kernel's search of the bind
-// table for a free one took the CPU (untraced, 1,439 connections/s of 5,000 from one
-// source, inet_csk_get_port most of the machine's time).
+// table for a free one took the CPU (untraced, 1,439 connections/s of
+// 5,000 from one source, inet_csk_get_port most of the machine's time).
 func dialer(network string, src netip.Addr) *net.Dialer {
 	d := &net.Dialer{Timeout: 5 * time.Second}
 	if !src.IsValid() {
