@@ -389,43 +389,7 @@ func (t *Tracer) Collect() (Interval, error) {
 			return t.b.CommitOf(side, gen)
 		}
 	}
-	for _, e := range entries {
-		if e.Counts == (bundler.Counts{}) {
-			continue // a retained entry whose flow was idle: nothing to name
-		}
-		f := Flow{
-			Kind:       KindFlow,
-			Time:       now,
-			NetNS:      e.NetNS,
-			Proto:      protoName(e.Proto),
-			Direction:  directionName(e.Direction),
-			LocalAddr:  t.addrs.name(e.Local),
-			RemoteAddr: t.addrs.name(e.Remote),
-			Port:       e.Port,
-			PID:        e.PID,
-			Comm:       e.Comm,
-			CgroupID:   e.CgroupID,
-			Counters:   countersOf(e.Counts),
-			FirstSeen:  time.Unix(0, int64(e.FirstSeenBootNs)+offset),
-			LastSeen:   time.Unix(0, int64(e.LastSeenBootNs)+offset),
-		}
-		if e.Proto == bundler.ProtoUnix {
-			f.LocalAddr, f.RemoteAddr = "", e.Path
-			if f.Direction == Inbound {
-				f.LocalAddr, f.RemoteAddr = e.Path, ""
-			}
-			f.PeerPID, f.PeerComm = e.PeerPID, e.PeerComm
-		}
-		if f.Proto == ProtoUDP && e.Local.IsUnspecified() {
-			// An unconnected socket bound to a wildcard: the kernel picks
-			// the source per datagram by routing; ask the same routing.
-			if src, ok := t.routes.source(e.NetNS, e.Remote); ok {
-				f.LocalAddr = t.addrs.name(src)
-			}
-		}
-		t.procs.fill(&f)
-		iv.Flows = append(iv.Flows, f)
-	}
+	iv.Flows = t.flowsOf(entries, now, offset, iv.Flows)
 	for _, l := range listeners {
 		iv.Listeners = append(iv.Listeners, Listener{Kind: KindListener, Time: now, NetNS: l.NetNS, Proto: ProtoTCP,
 			LocalAddr: l.Local.String(), Port: l.Port, PID: l.PID, Comm: l.Comm,
@@ -441,6 +405,55 @@ func (t *Tracer) Collect() (Interval, error) {
 		return iv, drainErr
 	}
 	return iv, err
+}
+
+// flowsOf appends the flows of a drain's entries to flows, named: the
+// text of their addresses, and the process from procs where the interval
+// saw none. Each flow is built in place: a Flow is over 500 bytes, and a
+// drain of 1,000 client hosts holds 2,000 of them.
+func (t *Tracer) flowsOf(entries []bundler.Entry, now time.Time, offset int64, flows []Flow) []Flow {
+	for i := range entries {
+		e := &entries[i]
+		if e.Counts == (bundler.Counts{}) {
+			continue // a retained entry whose flow was idle: nothing to name
+		}
+		flows = append(flows, Flow{})
+		f := &flows[len(flows)-1]
+		*f = Flow{
+			Kind:       KindFlow,
+			Time:       now,
+			NetNS:      e.NetNS,
+			Proto:      protoName(e.Proto),
+			Direction:  directionName(e.Direction),
+			LocalAddr:  t.addrs.name(e.Local),
+			RemoteAddr: t.addrs.name(e.Remote),
+			Port:       e.Port,
+			PID:        e.PID,
+			Comm:       e.Comm,
+			CgroupID:   e.CgroupID,
+			Counters:   countersOf(e.Counts),
+			FirstSeen:  time.Unix(0, int64(e.FirstSeenBootNs)+offset),
+			LastSeen:   time.Unix(0, int64(e.LastSeenBootNs)+offset),
+		}
+		local := e.Local
+		if e.Proto == bundler.ProtoUnix {
+			f.LocalAddr, f.RemoteAddr = "", e.Path
+			if f.Direction == Inbound {
+				f.LocalAddr, f.RemoteAddr = e.Path, ""
+			}
+			f.PeerPID, f.PeerComm = e.PeerPID, e.PeerComm
+		}
+		if f.Proto == ProtoUDP && e.Local.IsUnspecified() {
+			// An unconnected socket bound to a wildcard: the kernel picks
+			// the source per datagram by routing; ask the same routing.
+			if src, ok := t.routes.source(e.NetNS, e.Remote); ok {
+				local = src
+				f.LocalAddr = t.addrs.name(src)
+			}
+		}
+		t.procs.fill(f, procKey{netns: e.NetNS, proto: e.Proto, dir: e.Direction, port: e.Port, local: local, remote: e.Remote, path: e.Path})
+	}
+	return flows
 }
 
 // queueMax is the deepest accept queue the interval had: the kernel side
@@ -537,12 +550,11 @@ func (c addrNames) name(a netip.Addr) string {
 type procCache map[procKey]procInfo
 
 type procKey struct {
-	netns  uint32
-	proto  Proto
-	dir    Direction
-	local  string
-	remote string
-	port   uint16
+	netns         uint32
+	proto, dir    uint8 // as the kernel map has them
+	port          uint16
+	local, remote netip.Addr
+	path          string // unix flows: the server's socket path
 }
 
 type procInfo struct {
@@ -553,17 +565,14 @@ type procInfo struct {
 
 const procCacheMax = 1 << 16
 
-func keyOf(f *Flow) procKey {
-	return procKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
-}
-
 // fill names f from the cache where its interval did not: the process
 // when it has none, and the cgroup when it has none and the process is
 // the one cached (a listener from before the start can come with its
 // cgroup and no process). Then it remembers f's process: a flow that
-// recurs with the same process hashes its key once.
-func (c procCache) fill(f *Flow) {
-	k := keyOf(f)
+// recurs with the same process hashes its key once. k is f's key in the
+// kernel map's terms, not f's text: hashing four strings per flow made
+// naming a drain about 15 % slower (BenchmarkFlowsOf2000Entries).
+func (c procCache) fill(f *Flow, k procKey) {
 	p, ok := c[k]
 	if ok {
 		if f.PID == 0 {

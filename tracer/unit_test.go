@@ -1,11 +1,16 @@
 package tracer
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/bundler"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -50,23 +55,57 @@ func TestAddrNamesShareOneStringPerAddress(t *testing.T) {
 	}
 }
 
+// tcpKey is the kernel map's key of f, a tcp flow between IP addresses.
+func tcpKey(f Flow) procKey {
+	dir := bundler.DirOutbound
+	if f.Direction == Inbound {
+		dir = bundler.DirInbound
+	}
+	return procKey{netns: f.NetNS, proto: unix.IPPROTO_TCP, dir: dir, port: f.Port,
+		local: netip.MustParseAddr(f.LocalAddr), remote: netip.MustParseAddr(f.RemoteAddr)}
+}
+
 func TestProcCacheNamesSoftirqOnlyFlows(t *testing.T) {
 	c := procCache{}
 	f := Flow{NetNS: 1, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.1",
 		RemoteAddr: "192.0.2.2", Port: 80, PID: 42, Comm: "curl", CgroupID: 9}
 	first := f
-	c.fill(&first)
+	c.fill(&first, tcpKey(f))
 	later := f
 	later.PID, later.Comm, later.CgroupID = 0, "", 0
-	c.fill(&later)
+	c.fill(&later, tcpKey(later))
 	if later.PID != 42 || later.Comm != "curl" || later.CgroupID != 9 {
 		t.Errorf("not filled: %+v", later)
 	}
-	other := later
-	other.PID, other.Comm, other.Port = 0, "", 443
-	c.fill(&other)
-	if other.PID != 0 {
-		t.Errorf("filled from another flow: %+v", other)
+	for _, other := range []Flow{
+		{NetNS: 1, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.1", RemoteAddr: "192.0.2.2", Port: 443},
+		{NetNS: 1, Proto: ProtoTCP, Direction: Inbound, LocalAddr: "192.0.2.1", RemoteAddr: "192.0.2.2", Port: 80},
+		{NetNS: 2, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.1", RemoteAddr: "192.0.2.2", Port: 80},
+		{NetNS: 1, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.3", RemoteAddr: "192.0.2.2", Port: 80},
+		{NetNS: 1, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.1", RemoteAddr: "192.0.2.4", Port: 80},
+	} {
+		c.fill(&other, tcpKey(other))
+		if other.PID != 0 {
+			t.Errorf("filled from another flow: %+v", other)
+		}
+	}
+	udp := tcpKey(f)
+	udp.proto = unix.IPPROTO_UDP
+	u := Flow{}
+	if c.fill(&u, udp); u.PID != 0 {
+		t.Errorf("a udp flow filled from a tcp one: %+v", u)
+	}
+	path := procKey{netns: 1, proto: bundler.ProtoUnix, dir: bundler.DirOutbound, path: "/run/a.sock"}
+	f = Flow{PID: 7, Comm: "app"}
+	c.fill(&f, path)
+	g := Flow{}
+	if c.fill(&g, path); g.PID != 7 {
+		t.Errorf("a unix flow not filled from its path: %+v", g)
+	}
+	path.path = "/run/b.sock"
+	h := Flow{}
+	if c.fill(&h, path); h.PID != 0 {
+		t.Errorf("a unix flow filled from another path: %+v", h)
 	}
 }
 
@@ -77,18 +116,90 @@ func TestProcCacheKeepsACgroupWithoutAProcess(t *testing.T) {
 	c := procCache{}
 	f := Flow{NetNS: 1, Proto: ProtoTCP, Direction: Inbound, LocalAddr: "192.0.2.1",
 		RemoteAddr: "192.0.2.2", Port: 80, CgroupID: 7}
-	c.fill(&f)
+	k := tcpKey(f)
+	c.fill(&f, k)
 	later := f
 	later.CgroupID = 0
-	c.fill(&later)
+	c.fill(&later, k)
 	if later.CgroupID != 7 || later.PID != 0 {
 		t.Errorf("cgroup not kept: %+v", later)
 	}
 	another := f
 	another.PID, another.Comm, another.CgroupID = 99, "other", 0
-	c.fill(&another)
+	c.fill(&another, k)
 	if another.CgroupID != 0 {
 		t.Errorf("a flow of process 99 took the cached cgroup of no process: %+v", another)
+	}
+}
+
+// A drain's entries become named flows: idle retained entries are
+// dropped, unix flows name their path at the server's end, and a flow whose
+// interval saw no process takes the one an earlier interval saw.
+func TestFlowsOfNamesEntries(t *testing.T) {
+	tr := &Tracer{procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
+	now := time.Unix(1_800_000_000, 0)
+	client := bundler.Entry{NetNS: 5, Proto: unix.IPPROTO_TCP, Direction: bundler.DirOutbound, Port: 443,
+		Local: netip.MustParseAddr("192.0.2.1"), Remote: netip.MustParseAddr("2001:db8::2"),
+		Counts: bundler.Counts{Connections: 2, BytesSent: 10}, PID: 42, Comm: "curl", CgroupID: 9,
+		FirstSeenBootNs: 1000, LastSeenBootNs: 2000}
+	idle := client
+	idle.Port, idle.Counts = 80, bundler.Counts{}
+	server := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirInbound, Path: "/run/app.sock",
+		Counts: bundler.Counts{Connections: 1}, PID: 7, Comm: "app", PeerPID: 8, PeerComm: "cli"}
+	flows := tr.flowsOf([]bundler.Entry{client, idle, server}, now, 5000, nil)
+	if len(flows) != 2 {
+		t.Fatalf("%d flows, want 2 (the idle entry dropped): %+v", len(flows), flows)
+	}
+	c := flows[0]
+	if c.Kind != KindFlow || c.Proto != ProtoTCP || c.Direction != Outbound || c.LocalAddr != "192.0.2.1" ||
+		c.RemoteAddr != "2001:db8::2" || c.Port != 443 || c.PID != 42 || c.Comm != "curl" || c.CgroupID != 9 ||
+		c.Connections != 2 || c.BytesSent != 10 || !c.Time.Equal(now) ||
+		c.FirstSeen.UnixNano() != 6000 || c.LastSeen.UnixNano() != 7000 {
+		t.Errorf("client flow %+v", c)
+	}
+	u := flows[1]
+	if u.Proto != ProtoUnix || u.LocalAddr != "/run/app.sock" || u.RemoteAddr != "" || u.PeerPID != 8 || u.PeerComm != "cli" {
+		t.Errorf("unix flow %+v", u)
+	}
+	softirq := client
+	softirq.PID, softirq.Comm, softirq.CgroupID = 0, "", 0
+	later := tr.flowsOf([]bundler.Entry{softirq}, now, 0, nil)
+	if len(later) != 1 || later[0].PID != 42 || later[0].Comm != "curl" || later[0].CgroupID != 9 {
+		t.Errorf("softirq-only flow not named from the earlier interval: %+v", later)
+	}
+	other := softirq
+	other.Remote = netip.MustParseAddr("2001:db8::3")
+	if later := tr.flowsOf([]bundler.Entry{other}, now, 0, nil); later[0].PID != 0 {
+		t.Errorf("a flow to another address named from the cache: %+v", later[0])
+	}
+	otherPath := server
+	otherPath.Path, otherPath.PID, otherPath.Comm = "/run/other.sock", 0, ""
+	if later := tr.flowsOf([]bundler.Entry{otherPath}, now, 0, nil); later[0].PID != 0 {
+		t.Errorf("a unix flow of another path named from the cache: %+v", later[0])
+	}
+}
+
+// Naming one drain of 1,000 client hosts seen from both ends, as trace
+// and the agent do every interval:
+//
+//	go test -run '^$' -bench FlowsOf -benchmem ./tracer
+func BenchmarkFlowsOf2000Entries(b *testing.B) {
+	tr := &Tracer{procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
+	server := netip.MustParseAddr("127.0.0.1")
+	var entries []bundler.Entry
+	for i := 0; i < 1000; i++ {
+		client := netip.MustParseAddr(fmt.Sprintf("127.1.%d.%d", i/250, i%250+1))
+		counts := bundler.Counts{Connections: 5, BytesSent: 320, BytesReceived: 320, LatencyCount: 5, LatencySumUs: 400}
+		entries = append(entries,
+			bundler.Entry{NetNS: 4026531840, Proto: unix.IPPROTO_TCP, Direction: bundler.DirOutbound, Port: 7000,
+				Local: client, Remote: server, Counts: counts, PID: 1234, Comm: "loadgen", CgroupID: 77},
+			bundler.Entry{NetNS: 4026531840, Proto: unix.IPPROTO_TCP, Direction: bundler.DirInbound, Port: 7000,
+				Local: server, Remote: client, Counts: counts, PID: 1234, Comm: "loadgen", CgroupID: 77})
+	}
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.flowsOf(entries, now, 0, make([]Flow, 0, len(entries)))
 	}
 }
 
