@@ -215,17 +215,21 @@ func Sorted(flows []tracer.Flow) []*tracer.Flow {
 	// flows scattered in memory (parsing in the comparison was a tenth of
 	// the agent's CPU), and moving a key needs no write barrier.
 	keys := make([]sortKey, len(flows))
+	order := make([]int32, len(flows))
 	for i := range flows {
 		f := &flows[i]
 		keys[i] = sortKey{
 			head: uint64(f.NetNS)<<32 | rankOf(string(f.Proto), protoOrder)<<24 | uint64(f.Port)<<8 | rankOf(string(f.Direction), dirOrder),
-			i:    int32(i),
 		}
 		keys[i].local.set(f.LocalAddr)
 		keys[i].remote.set(f.RemoteAddr)
+		order[i] = int32(i)
 	}
-	slices.SortFunc(keys, func(x, y sortKey) int {
-		a, b := &flows[x.i], &flows[y.i]
+	// The sort moves indices, not keys: a key is 80 bytes, and pdqsort
+	// swaps and passes by value what it sorts.
+	slices.SortFunc(order, func(i, j int32) int {
+		x, y := &keys[i], &keys[j]
+		a, b := &flows[i], &flows[j]
 		if x.head != y.head {
 			if x.head>>24 == y.head>>24 && x.head>>24&0xff == unknownRank {
 				// One namespace, two protocols the tracer never writes:
@@ -269,19 +273,17 @@ func Sorted(flows []tracer.Flow) []*tracer.Flow {
 		return cmp.Compare(a.RemoteAddr, b.RemoteAddr)
 	})
 	out := make([]*tracer.Flow, len(flows))
-	for i, k := range keys {
-		out[i] = &flows[k.i]
+	for i, k := range order {
+		out[i] = &flows[k]
 	}
 	return out
 }
 
-// sortKey is a flow's place in Sorted's order; i is its index. head
-// holds, from the top: namespace, protocol rank, server port, direction
-// rank.
+// sortKey is a flow's place in Sorted's order. head holds, from the top:
+// namespace, protocol rank, server port, direction rank.
 type sortKey struct {
 	head          uint64
 	local, remote addrKey
-	i             int32
 }
 
 // The protocols and directions the tracer writes, in string order;
