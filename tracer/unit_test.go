@@ -3,6 +3,7 @@ package tracer
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -92,19 +93,22 @@ func TestProcCacheNamesSoftirqOnlyFlows(t *testing.T) {
 	udp := tcpKey(f)
 	udp.proto = unix.IPPROTO_UDP
 	u := Flow{}
-	if c.fill(&u, udp); u.PID != 0 {
+	c.fill(&u, udp)
+	if u.PID != 0 {
 		t.Errorf("a udp flow filled from a tcp one: %+v", u)
 	}
 	path := procKey{netns: 1, proto: bundler.ProtoUnix, dir: bundler.DirOutbound, path: "/run/a.sock"}
 	f = Flow{PID: 7, Comm: "app"}
 	c.fill(&f, path)
 	g := Flow{}
-	if c.fill(&g, path); g.PID != 7 {
+	c.fill(&g, path)
+	if g.PID != 7 {
 		t.Errorf("a unix flow not filled from its path: %+v", g)
 	}
 	path.path = "/run/b.sock"
 	h := Flow{}
-	if c.fill(&h, path); h.PID != 0 {
+	c.fill(&h, path)
+	if h.PID != 0 {
 		t.Errorf("a unix flow filled from another path: %+v", h)
 	}
 }
@@ -133,8 +137,10 @@ func TestProcCacheKeepsACgroupWithoutAProcess(t *testing.T) {
 }
 
 // A drain's entries become named flows: idle retained entries are
-// dropped, unix flows name their path at the server's end, and a flow whose
-// interval saw no process takes the one an earlier interval saw.
+// dropped, unix flows name their path at the server's end, a wildcard-bound
+// udp socket takes its routed source, and a flow whose interval saw no
+// process takes the one an earlier interval saw of the same flow, never
+// of a flow that differs in any part of its key.
 func TestFlowsOfNamesEntries(t *testing.T) {
 	tr := &Tracer{procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
 	now := time.Unix(1_800_000_000, 0)
@@ -146,36 +152,57 @@ func TestFlowsOfNamesEntries(t *testing.T) {
 	idle.Port, idle.Counts = 80, bundler.Counts{}
 	server := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirInbound, Path: "/run/app.sock",
 		Counts: bundler.Counts{Connections: 1}, PID: 7, Comm: "app", PeerPID: 8, PeerComm: "cli"}
-	flows := tr.flowsOf([]bundler.Entry{client, idle, server}, now, 5000, nil)
-	if len(flows) != 2 {
-		t.Fatalf("%d flows, want 2 (the idle entry dropped): %+v", len(flows), flows)
+	// A wildcard-bound udp socket; its route is cached, so no netlink.
+	resolver, routed := netip.MustParseAddr("192.0.2.53"), netip.MustParseAddr("192.0.2.7")
+	tr.routes.entries[sourceKey{5, resolver}] = sourceEntry{routed, true, time.Now().Add(time.Hour)}
+	udp := bundler.Entry{NetNS: 5, Proto: unix.IPPROTO_UDP, Direction: bundler.DirOutbound, Port: 53,
+		Local: netip.IPv4Unspecified(), Remote: resolver, Counts: bundler.Counts{DatagramsSent: 1}, PID: 50, Comm: "dig"}
+
+	flows := tr.flowsOf([]bundler.Entry{client, idle, server, udp}, now, 5000, nil)
+	want := []Flow{
+		{Kind: KindFlow, Time: now, NetNS: 5, Proto: ProtoTCP, Direction: Outbound, LocalAddr: "192.0.2.1",
+			RemoteAddr: "2001:db8::2", Port: 443, PID: 42, Comm: "curl", CgroupID: 9,
+			Counters: Counters{Connections: 2, BytesSent: 10}, FirstSeen: time.Unix(0, 6000), LastSeen: time.Unix(0, 7000)},
+		{Kind: KindFlow, Time: now, NetNS: 5, Proto: ProtoUnix, Direction: Inbound, LocalAddr: "/run/app.sock",
+			PID: 7, Comm: "app", PeerPID: 8, PeerComm: "cli", Counters: Counters{Connections: 1},
+			FirstSeen: time.Unix(0, 5000), LastSeen: time.Unix(0, 5000)},
+		{Kind: KindFlow, Time: now, NetNS: 5, Proto: ProtoUDP, Direction: Outbound, LocalAddr: "192.0.2.7",
+			RemoteAddr: "192.0.2.53", Port: 53, PID: 50, Comm: "dig", Counters: Counters{DatagramsSent: 1},
+			FirstSeen: time.Unix(0, 5000), LastSeen: time.Unix(0, 5000)},
 	}
-	c := flows[0]
-	if c.Kind != KindFlow || c.Proto != ProtoTCP || c.Direction != Outbound || c.LocalAddr != "192.0.2.1" ||
-		c.RemoteAddr != "2001:db8::2" || c.Port != 443 || c.PID != 42 || c.Comm != "curl" || c.CgroupID != 9 ||
-		c.Connections != 2 || c.BytesSent != 10 || !c.Time.Equal(now) ||
-		c.FirstSeen.UnixNano() != 6000 || c.LastSeen.UnixNano() != 7000 {
-		t.Errorf("client flow %+v", c)
+	if !reflect.DeepEqual(flows, want) {
+		t.Fatalf("flows\n%+v\nwant\n%+v", flows, want)
 	}
-	u := flows[1]
-	if u.Proto != ProtoUnix || u.LocalAddr != "/run/app.sock" || u.RemoteAddr != "" || u.PeerPID != 8 || u.PeerComm != "cli" {
-		t.Errorf("unix flow %+v", u)
+
+	// Each entry again with no process: named from the first interval,
+	// as is the same udp flow from a socket bound to the routed source
+	// (one flow to the reader: the same local address).
+	bound := udp
+	bound.Local = routed
+	for _, e := range []bundler.Entry{client, server, udp, bound} {
+		e.PID, e.Comm, e.CgroupID = 0, "", 0
+		got := tr.flowsOf([]bundler.Entry{e}, now, 0, nil)
+		if len(got) != 1 || got[0].PID == 0 {
+			t.Errorf("%s flow with no process not named from the earlier interval: %+v", protoName(e.Proto), got)
+		}
 	}
-	softirq := client
-	softirq.PID, softirq.Comm, softirq.CgroupID = 0, "", 0
-	later := tr.flowsOf([]bundler.Entry{softirq}, now, 0, nil)
-	if len(later) != 1 || later[0].PID != 42 || later[0].Comm != "curl" || later[0].CgroupID != 9 {
-		t.Errorf("softirq-only flow not named from the earlier interval: %+v", later)
-	}
-	other := softirq
-	other.Remote = netip.MustParseAddr("2001:db8::3")
-	if later := tr.flowsOf([]bundler.Entry{other}, now, 0, nil); later[0].PID != 0 {
-		t.Errorf("a flow to another address named from the cache: %+v", later[0])
-	}
-	otherPath := server
-	otherPath.Path, otherPath.PID, otherPath.Comm = "/run/other.sock", 0, ""
-	if later := tr.flowsOf([]bundler.Entry{otherPath}, now, 0, nil); later[0].PID != 0 {
-		t.Errorf("a unix flow of another path named from the cache: %+v", later[0])
+	// A flow that differs in one part of the key is another flow.
+	for name, change := range map[string]func(e *bundler.Entry){
+		"namespace": func(e *bundler.Entry) { e.NetNS = 6 },
+		"protocol":  func(e *bundler.Entry) { e.Proto = unix.IPPROTO_UDP },
+		"direction": func(e *bundler.Entry) { e.Direction = bundler.DirInbound },
+		"port":      func(e *bundler.Entry) { e.Port = 8443 },
+		"local":     func(e *bundler.Entry) { e.Local = netip.MustParseAddr("192.0.2.3") },
+		"remote":    func(e *bundler.Entry) { e.Remote = netip.MustParseAddr("2001:db8::3") },
+		"unix path": func(e *bundler.Entry) { *e = server; e.Path = "/run/other.sock" },
+	} {
+		e := client
+		change(&e)
+		e.PID, e.Comm, e.CgroupID = 0, "", 0
+		got := tr.flowsOf([]bundler.Entry{e}, now, 0, nil)
+		if len(got) != 1 || got[0].PID != 0 {
+			t.Errorf("another %s: named from the cache: %+v", name, got)
+		}
 	}
 }
 

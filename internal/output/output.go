@@ -213,7 +213,7 @@ func Sorted(flows []tracer.Flow) []*tracer.Flow {
 	// Each flow's sort fields go into a key without pointers, addresses
 	// parsed once: a comparison then reads two keys side by side, not two
 	// flows scattered in memory (parsing in the comparison was a tenth of
-	// the agent's CPU), and moving a key needs no write barrier.
+	// the agent's CPU).
 	keys := make([]sortKey, len(flows))
 	order := make([]int32, len(flows))
 	for i := range flows {
@@ -225,7 +225,7 @@ func Sorted(flows []tracer.Flow) []*tracer.Flow {
 		keys[i].remote.set(f.RemoteAddr)
 		order[i] = int32(i)
 	}
-	// The sort moves indices, not keys: a key is 80 bytes, and pdqsort
+	// The sort moves indices, not keys: a key is 72 bytes, and pdqsort
 	// swaps and passes by value what it sorts.
 	slices.SortFunc(order, func(i, j int32) int {
 		x, y := &keys[i], &keys[j]
