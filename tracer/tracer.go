@@ -571,8 +571,8 @@ const procCacheMax = 1 << 16
 // cgroup and no process). Then it remembers f's process: a flow that
 // recurs with the same process hashes its key once. k is f's key in the
 // kernel map's terms, not f's text: hashing four strings per flow made
-// naming a drain of 2,000 flows about 17 % slower
-// (BenchmarkFlowsOf2000Entries).
+// naming a drain of 2,000 flows about 17 % slower (medians of
+// BenchmarkFlowsOf2000Entries).
 func (c procCache) fill(f *Flow, k procKey) {
 	p, ok := c[k]
 	if ok {

@@ -180,10 +180,15 @@ func TestFlowsOfNamesEntries(t *testing.T) {
 	bound := udp
 	bound.Local = routed
 	for _, e := range []bundler.Entry{client, server, udp, bound} {
+		named := e
+		if e == bound {
+			named = udp
+		}
 		e.PID, e.Comm, e.CgroupID = 0, "", 0
 		got := tr.flowsOf([]bundler.Entry{e}, now, 0, nil)
-		if len(got) != 1 || got[0].PID == 0 {
-			t.Errorf("%s flow with no process not named from the earlier interval: %+v", protoName(e.Proto), got)
+		if len(got) != 1 || got[0].PID != named.PID || got[0].Comm != named.Comm || got[0].CgroupID != named.CgroupID {
+			t.Errorf("%s flow with no process not named %d/%s (cgroup %d) from the earlier interval: %+v",
+				protoName(e.Proto), named.PID, named.Comm, named.CgroupID, got)
 		}
 	}
 	// A flow that differs in one part of the key is another flow.
