@@ -102,3 +102,27 @@ func TestLateCommitErrorsEndTheLoop(t *testing.T) {
 		t.Errorf("every other commit failing: %d drains, %v; want the loop to run until its context ends", drains, err)
 	}
 }
+
+// ReuseFlows builds the next interval in the flows emit was given, which
+// an asynchronous consumer still holds: RunWith refuses the pair before
+// it drains anything, and reuseFlows does not keep a burst's flows.
+func TestReuseFlowsNeedsASynchronousEmit(t *testing.T) {
+	tr := &Tracer{}
+	emitted := false
+	err := tr.RunWith(context.Background(), RunOptions{ReuseFlows: true, AsyncCommit: true}, func(Interval) error {
+		emitted = true
+		return nil
+	})
+	if err == nil || emitted {
+		t.Fatalf("RunWith(ReuseFlows, AsyncCommit): error %v, emitted %v; want an error and nothing emitted", err, emitted)
+	}
+
+	tr.reuseFlows(make([]Flow, 10, 2000)) // a burst's: far larger than used
+	if tr.spareFlows != nil {
+		t.Errorf("kept %d spare flows of a burst", cap(tr.spareFlows))
+	}
+	tr.reuseFlows(make([]Flow, 1000, 2000))
+	if cap(tr.spareFlows) != 2000 || len(tr.spareFlows) != 0 {
+		t.Errorf("spare flows: len %d cap %d, want the emitted 2,000, emptied", len(tr.spareFlows), cap(tr.spareFlows))
+	}
+}

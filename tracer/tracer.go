@@ -187,6 +187,9 @@ type Tracer struct {
 	procs    procCache
 	routes   *sourceCache
 	addrs    addrNames
+	// spareFlows: an interval's flows handed back (RunOptions.ReuseFlows),
+	// for the next Collect to build its flows in.
+	spareFlows []Flow
 }
 
 // New loads and attaches the kernel programs, then takes in the sockets
@@ -381,7 +384,12 @@ func (t *Tracer) Collect() (Interval, error) {
 	entries, listeners := d.Entries, d.Listeners
 	now := time.Now()
 	offset := bootToWall(now)
-	iv := Interval{Time: now, Flows: make([]Flow, 0, len(entries)), Drain: now.Sub(start), BatchID: d.BatchID(), Recovered: d.Recovered}
+	flows := t.spareFlows[:0]
+	t.spareFlows = nil
+	if cap(flows) < len(entries) {
+		flows = make([]Flow, 0, len(entries))
+	}
+	iv := Interval{Time: now, Flows: flows, Drain: now.Sub(start), BatchID: d.BatchID(), Recovered: d.Recovered}
 	if side, gen := d.Side, d.Gen; gen != 0 {
 		iv.commit = func() error {
 			t.mu.Lock()
@@ -405,6 +413,18 @@ func (t *Tracer) Collect() (Interval, error) {
 		return iv, drainErr
 	}
 	return iv, err
+}
+
+// reuseFlows takes an emitted interval's flows back for the next Collect
+// (RunOptions.ReuseFlows), unless a burst left them much larger than they
+// are used, so that a hostile interval's size is not kept.
+func (t *Tracer) reuseFlows(flows []Flow) {
+	if cap(flows) > 2*len(flows)+1024 {
+		return
+	}
+	t.mu.Lock()
+	t.spareFlows = flows[:0]
+	t.mu.Unlock()
 }
 
 // flowsOf appends the flows of a drain's entries to flows, named: the

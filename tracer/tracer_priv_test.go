@@ -7,12 +7,15 @@ package tracer_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1067,5 +1070,108 @@ func TestResetsFromAListenerAreNoFlow(t *testing.T) {
 	checkFlow(t, in, "tcp", tracer.Inbound, addr(b.IPv4), addr(a.IPv4), 7400)
 	if !l.Counted(in.Connections, n) {
 		t.Errorf("server: %+v; want %d connections", in.Counters, n)
+	}
+}
+
+// With RunOptions.ReuseFlows each interval's flows are built in the memory
+// of an earlier one, and hold only what that interval counted: the totals
+// stay exact. Without it, flows a consumer keeps from one Collect are not
+// touched by the next.
+func TestReusedFlowsHoldOnlyTheirInterval(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	tr := startTracer(t, func(c *tracer.Config) { c.Interval = 100 * time.Millisecond })
+	serve := func(port string, n int) {
+		t.Helper()
+		ln := b.Listen(t, "tcp4", b.IPv4.String()+":"+port)
+		wait := echoServer(ln, n, 10, 10)
+		connectN(t, a, "tcp4", b.IPv4.String()+":"+port, n, 10, 10)
+		if err := wait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	serve("8091", 2)
+	kept, err := tr.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inNetns(kept.Flows, a.Inode)) == 0 {
+		t.Fatalf("no flow of %s in the first Collect: %+v", a.Name, kept.Flows)
+	}
+	want := slices.Clone(kept.Flows)
+	serve("8092", 2)
+	if _, err := tr.Collect(); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(kept.Flows, want) {
+		t.Fatalf("the flows kept from a Collect changed with the next one:\n got %+v\nwant %+v", kept.Flows, want)
+	}
+
+	var (
+		mu        sync.Mutex
+		l         = tracertest.NewLedger()
+		reused    int
+		intervals int
+		prev      *tracer.Flow
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- tr.RunWith(ctx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if p := unsafe.SliceData(iv.Flows[:cap(iv.Flows)]); p != nil {
+				if p == prev {
+					reused++
+				}
+				prev = p
+			}
+			intervals++
+			l.Add(iv)
+			return nil
+		})
+	}()
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			mu.Lock()
+			seen := ok()
+			mu.Unlock()
+			if seen {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not seen in 10 s; ledger:\n%s", what, l.About([]uint32{a.Inode, b.Inode}))
+			}
+		}
+	}
+	serve("8093", 3)
+	until("3 connections to 8093", func() bool { return l.TCP(a.Inode, tracer.Outbound, 8093).Connections >= 3 })
+	serve("8094", 2)
+	until("2 connections to 8094", func() bool { return l.TCP(a.Inode, tracer.Outbound, 8094).Connections >= 2 })
+	from := intervals
+	until("5 more intervals", func() bool { return intervals >= from+5 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunWith: %v", err)
+	}
+
+	for _, c := range []struct {
+		h    *testnet.Host
+		dir  tracer.Direction
+		port uint16
+		n    uint64
+	}{{a, tracer.Outbound, 8093, 3}, {a, tracer.Outbound, 8094, 2}, {b, tracer.Inbound, 8093, 3}, {b, tracer.Inbound, 8094, 2}} {
+		if f := l.TCP(c.h.Inode, c.dir, c.port); !l.Counted(f.Connections, c.n) || !l.Counted(f.BytesSent, 10*c.n) {
+			t.Errorf("%s %s port %d: %+v; want %d connections, %d bytes sent", c.h.Name, c.dir, c.port, f.Counters, c.n, 10*c.n)
+		}
+	}
+	if l.TCP(a.Inode, tracer.Outbound, 8091).Connections != 0 || l.TCP(a.Inode, tracer.Outbound, 8092).Connections != 0 {
+		t.Errorf("RunWith counted flows collected before it: %s", l.About([]uint32{a.Inode}))
+	}
+	if reused == 0 {
+		t.Errorf("none of %d intervals' flows was built in an earlier one's memory", intervals)
 	}
 }

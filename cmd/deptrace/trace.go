@@ -216,7 +216,8 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	}
 
 	var flows, lost uint64
-	err = t.Run(ctx, func(iv tracer.Interval) error {
+	// The writers keep no flow past Write: the next interval reuses them.
+	err = t.RunWith(ctx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 		if dns != nil {
 			dns.Apply(&iv)
 			if st := dns.Stats(); st.Lost > dnsLost {

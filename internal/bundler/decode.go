@@ -74,7 +74,14 @@ func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spil
 		}
 		spilled[k] = append(spilled[k], sp.vals[i])
 	}
-	out := make([]Entry, 0, len(keys)+len(spillOnly))
+	// Into the last committed interval's entries when they are large
+	// enough: a new slice each interval (half a megabyte with 2,000 flows)
+	// was garbage to collect and pages to fault in again, every drain.
+	out := b.drain.spareEntries[:0]
+	b.drain.spareEntries = nil
+	if n := len(keys) + len(spillOnly); cap(out) < n {
+		out = make([]Entry, 0, n)
+	}
 	for i, k := range keys {
 		kv := vals[i : i+1] // one value per key: the flow maps are not per CPU
 		if s, ok := spilled[k]; ok {

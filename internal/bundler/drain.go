@@ -26,9 +26,10 @@ type drainState struct {
 	lastRead   int // entries the last readAll read
 	// What the last committed interval was read into, for the next read
 	// (dropped after a burst, so that a hostile interval's size is not kept).
-	spareKeys []bundlerFlowKey
-	spareVals []bundlerFlowValue
-	claims    *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
+	spareKeys    []bundlerFlowKey
+	spareVals    []bundlerFlowValue
+	spareEntries []Entry             // the last committed interval's, decoded into again
+	claims       *bundlerSpillClaims // spill_claims of the half read (256 KiB, kept)
 
 	// Generations: every drain starts interval gen+1 of this kernel side.
 	// A pinned side keeps side, gen and whether the map programs left is
@@ -66,6 +67,8 @@ func (d *drainState) init() {
 
 // Interval is one collected interval of a kernel side.
 type Interval struct {
+	// Entries last until the next Collect, which may decode into the
+	// same memory: copy what is kept.
 	Entries   []Entry
 	Listeners []Listener
 	// Side identifies the kernel side and Gen numbers its intervals:
@@ -259,6 +262,9 @@ func (b *Bundler) CommitOf(side [16]byte, gen uint64) error {
 	b.drain.pending = nil
 	if cap(p.keys) <= 2*len(p.keys)+1024 {
 		b.drain.spareKeys, b.drain.spareVals = p.keys[:0], p.vals[:0]
+	}
+	if cap(p.entries) <= 2*len(p.entries)+1024 {
+		b.drain.spareEntries = p.entries[:0]
 	}
 	return nil
 }

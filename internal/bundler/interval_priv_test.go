@@ -3,6 +3,7 @@ package bundler
 import (
 	"runtime"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -175,5 +176,48 @@ func TestUnpinnedFailedCommitComesOnce(t *testing.T) {
 	}
 	if bu.drain.pending != nil {
 		t.Fatalf("interval %d still pending after the drain after it", bu.drain.pending.gen)
+	}
+}
+
+// A committed interval's entries are the memory the next drain decodes
+// into (Commit hands them back), and each drain still returns its own
+// interval's counts.
+func TestCommitHandsTheEntriesBack(t *testing.T) {
+	const port = 7415
+	w := newCommitWorld(t, port)
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+	drain := func(want uint64) []Entry {
+		t.Helper()
+		entries, _, err := bu.Drain()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, e := range entries {
+			if e.Direction == DirOutbound && e.Port == port {
+				n += e.Connections
+			}
+		}
+		if n != want {
+			t.Fatalf("drained %d connections to port %d, want %d: %+v", n, port, want, entries)
+		}
+		return entries
+	}
+	if _, _, err := bu.Drain(); err != nil { // whatever came before the test
+		t.Fatal(err)
+	}
+	w.connect(3)
+	first := drain(3)
+	mem := unsafe.SliceData(first[:cap(first)])
+	w.connect(2)
+	second := drain(2)
+	if len(second) > cap(first) {
+		t.Fatalf("the second drain has %d entries, the first room for %d: the flow appears twice?", len(second), cap(first))
+	}
+	if unsafe.SliceData(second[:cap(second)]) != mem {
+		t.Errorf("the second drain's entries are not in the first's memory (%d entries, room for %d)", len(second), cap(first))
 	}
 }

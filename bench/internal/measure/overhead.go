@@ -115,8 +115,8 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 		var drains, flows int
 		var lost uint64
 		go func() {
-			sink, _ := output.New("jsonl", io.Discard, nil) // format as a real consumer would
-			agentDone <- t.Run(agentCtx, func(iv tracer.Interval) error {
+			sink, _ := output.New("jsonl", io.Discard, nil) // format, and reuse flows, as trace does
+			agentDone <- t.RunWith(agentCtx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 				drains++
 				flows += len(iv.Flows)
 				lost += iv.Lost.Total()
