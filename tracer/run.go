@@ -42,11 +42,11 @@ type RunOptions struct {
 	// RunWith returns.
 	DrainFailed func(error)
 	// ReuseFlows: emit keeps neither Interval.Flows nor pointers into it
-	// once it returns, so the next interval's flows are built in the same
-	// memory (with 2,000 flows an interval, a new slice each time was a
-	// megabyte of garbage and page faults; docs/performance.md). A
-	// synchronous emit only: not with AsyncCommit, whose consumer holds
-	// the interval past emit.
+	// once it returns, error or not, so the next interval's flows are
+	// built in the same memory (with 2,000 flows an interval, a new slice
+	// each time was a megabyte of garbage and page faults;
+	// docs/performance.md). A synchronous emit only: RunWith refuses it
+	// with AsyncCommit, whose consumer holds the interval past emit.
 	ReuseFlows bool
 }
 
@@ -54,7 +54,7 @@ type RunOptions struct {
 func (t *Tracer) RunWith(ctx context.Context, opts RunOptions, emit func(Interval) error) error {
 	if opts.ReuseFlows {
 		if opts.AsyncCommit {
-			return errors.New("tracer: RunOptions.ReuseFlows needs a synchronous emit, not AsyncCommit")
+			return errors.New("RunOptions.ReuseFlows needs a synchronous emit: not allowed with AsyncCommit")
 		}
 		inner := emit
 		emit = func(iv Interval) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // The handover of an interval in AsyncCommit mode: the first Commit or
@@ -105,10 +106,15 @@ func TestLateCommitErrorsEndTheLoop(t *testing.T) {
 
 // ReuseFlows builds the next interval in the flows emit was given, which
 // an asynchronous consumer still holds: RunWith refuses the pair before
-// it drains anything, and reuseFlows does not keep a burst's flows.
+// it drains anything.
 func TestReuseFlowsNeedsASynchronousEmit(t *testing.T) {
 	tr := &Tracer{}
 	emitted := false
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("RunWith(ReuseFlows, AsyncCommit) went on to drain (%v) instead of refusing", r)
+		}
+	}()
 	err := tr.RunWith(context.Background(), RunOptions{ReuseFlows: true, AsyncCommit: true}, func(Interval) error {
 		emitted = true
 		return nil
@@ -116,13 +122,22 @@ func TestReuseFlowsNeedsASynchronousEmit(t *testing.T) {
 	if err == nil || emitted {
 		t.Fatalf("RunWith(ReuseFlows, AsyncCommit): error %v, emitted %v; want an error and nothing emitted", err, emitted)
 	}
+}
 
-	tr.reuseFlows(make([]Flow, 10, 2000)) // a burst's: far larger than used
-	if tr.spareFlows != nil {
-		t.Errorf("kept %d spare flows of a burst", cap(tr.spareFlows))
-	}
-	tr.reuseFlows(make([]Flow, 1000, 2000))
-	if cap(tr.spareFlows) != 2000 || len(tr.spareFlows) != 0 {
-		t.Errorf("spare flows: len %d cap %d, want the emitted 2,000, emptied", len(tr.spareFlows), cap(tr.spareFlows))
+// The next interval's flows go into the spare when it has room, and not
+// into a burst's, kept beyond need.
+func TestFlowsForReusesOnlyAFittingSpare(t *testing.T) {
+	spare := make([]Flow, 3, 3000)
+	for _, c := range []struct {
+		n     int
+		reuse bool
+	}{{0, false}, {1000, true}, {3000, true}, {3001, false}, {900, false}} {
+		got := flowsFor(spare, c.n)
+		if len(got) != 0 || cap(got) < c.n {
+			t.Errorf("%d flows: len %d cap %d, want empty with room for them", c.n, len(got), cap(got))
+		}
+		if reused := cap(got) > 0 && unsafe.SliceData(got[:1]) == &spare[0]; reused != c.reuse {
+			t.Errorf("%d flows into a spare of %d: reused %v, want %v", c.n, cap(spare), reused, c.reuse)
+		}
 	}
 }

@@ -384,11 +384,8 @@ func (t *Tracer) Collect() (Interval, error) {
 	entries, listeners := d.Entries, d.Listeners
 	now := time.Now()
 	offset := bootToWall(now)
-	flows := t.spareFlows[:0]
+	flows := flowsFor(t.spareFlows, len(entries))
 	t.spareFlows = nil
-	if cap(flows) < len(entries) {
-		flows = make([]Flow, 0, len(entries))
-	}
 	iv := Interval{Time: now, Flows: flows, Drain: now.Sub(start), BatchID: d.BatchID(), Recovered: d.Recovered}
 	if side, gen := d.Side, d.Gen; gen != 0 {
 		iv.commit = func() error {
@@ -415,15 +412,21 @@ func (t *Tracer) Collect() (Interval, error) {
 	return iv, err
 }
 
-// reuseFlows takes an emitted interval's flows back for the next Collect
-// (RunOptions.ReuseFlows), unless a burst left them much larger than they
-// are used, so that a hostile interval's size is not kept.
-func (t *Tracer) reuseFlows(flows []Flow) {
-	if cap(flows) > 2*len(flows)+1024 {
-		return
+// flowsFor is an empty slice for n flows: spare, an interval's flows handed
+// back (RunOptions.ReuseFlows), when it is large enough, unless a burst
+// left it much larger than needed (a hostile interval's size is not kept).
+func flowsFor(spare []Flow, n int) []Flow {
+	if cap(spare) < n || cap(spare) > 2*n+1024 {
+		return make([]Flow, 0, n)
 	}
+	return spare[:0]
+}
+
+// reuseFlows takes an emitted interval's flows back for the next Collect
+// (RunOptions.ReuseFlows).
+func (t *Tracer) reuseFlows(flows []Flow) {
 	t.mu.Lock()
-	t.spareFlows = flows[:0]
+	t.spareFlows = flows
 	t.mu.Unlock()
 }
 

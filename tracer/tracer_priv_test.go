@@ -1118,6 +1118,13 @@ func TestReusedFlowsHoldOnlyTheirInterval(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
+	stopped := false
+	t.Cleanup(func() { // before the tracer closes, on a failure too
+		if !stopped {
+			cancel()
+			<-done //nolint:errcheck // the test has failed already; this only waits for RunWith
+		}
+	})
 	go func() {
 		done <- tr.RunWith(ctx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 			mu.Lock()
@@ -1137,13 +1144,16 @@ func TestReusedFlowsHoldOnlyTheirInterval(t *testing.T) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 			mu.Lock()
-			seen := ok()
+			seen, late, about := ok(), time.Now().After(deadline), ""
+			if !seen && late {
+				about = l.About([]uint32{a.Inode, b.Inode})
+			}
 			mu.Unlock()
 			if seen {
 				return
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not seen in 10 s; ledger:\n%s", what, l.About([]uint32{a.Inode, b.Inode}))
+			if late {
+				t.Fatalf("%s: not seen in 10 s; ledger:\n%s", what, about)
 			}
 		}
 	}
@@ -1151,9 +1161,12 @@ func TestReusedFlowsHoldOnlyTheirInterval(t *testing.T) {
 	until("3 connections to 8093", func() bool { return l.TCP(a.Inode, tracer.Outbound, 8093).Connections >= 3 })
 	serve("8094", 2)
 	until("2 connections to 8094", func() bool { return l.TCP(a.Inode, tracer.Outbound, 8094).Connections >= 2 })
+	mu.Lock()
 	from := intervals
+	mu.Unlock()
 	until("5 more intervals", func() bool { return intervals >= from+5 })
 	cancel()
+	stopped = true
 	if err := <-done; err != nil {
 		t.Fatalf("RunWith: %v", err)
 	}

@@ -216,7 +216,8 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	}
 
 	var flows, lost uint64
-	// The writers keep no flow past Write: the next interval reuses them.
+	// Nothing in emit (dns.Apply, the filter, Annotate, the writers)
+	// keeps a flow past it: the next interval reuses them.
 	err = t.RunWith(ctx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 		if dns != nil {
 			dns.Apply(&iv)
