@@ -195,14 +195,8 @@ func TestCommitHandsTheEntriesBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var n uint64
-		for _, e := range entries {
-			if e.Direction == DirOutbound && e.Port == port {
-				n += e.Connections
-			}
-		}
-		if n != want {
-			t.Fatalf("drained %d connections to port %d, want %d: %+v", n, port, want, entries)
+		if n := w.clientConns(Interval{Entries: entries}); n != want {
+			t.Fatalf("drained %d connections of the client, want %d: %+v", n, want, entries)
 		}
 		return entries
 	}
