@@ -299,7 +299,24 @@ func SettleWith(t testing.TB, tr *tracer.Tracer, l *Ledger, done func(*Ledger) b
 		return
 	}
 	st, _ := tr.Stats()
-	t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v", l, st.Lost)
+	t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v\n%s", l, st.Lost, skipped(st))
+}
+
+// skipped says which programs the kernel skipped runs of for recursion
+// and how many of those a later copy did: where a shortfall with no loss
+// reported begins to be explained.
+func skipped(st tracer.Stats) string {
+	var names []string
+	for name, p := range st.Programs {
+		if p.RecursionMisses > 0 {
+			names = append(names, fmt.Sprintf("%s %d", name, p.RecursionMisses))
+		}
+	}
+	if len(names) == 0 {
+		return "no program run was skipped for recursion"
+	}
+	slices.Sort(names)
+	return fmt.Sprintf("runs skipped for recursion: %s; done by a later copy: %d", strings.Join(names, ", "), st.RecursionRecovered)
 }
 
 // Eventually polls cond every 50 ms until it returns nil, and fails the

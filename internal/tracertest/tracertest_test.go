@@ -58,3 +58,18 @@ func TestPoll(t *testing.T) {
 		t.Error("Settle held a condition that never holds")
 	}
 }
+
+func TestSkippedNamesTheSkippedPrograms(t *testing.T) {
+	st := tracer.Stats{RecursionRecovered: 2, Programs: map[string]tracer.ProgramStats{
+		"on_tcp_state_last": {RecursionMisses: 1},
+		"on_tcp_state":      {RecursionMisses: 3},
+		"on_send":           {RunCount: 10},
+	}}
+	want := "runs skipped for recursion: on_tcp_state 3, on_tcp_state_last 1; done by a later copy: 2"
+	if got := skipped(st); got != want {
+		t.Errorf("skipped = %q; want %q", got, want)
+	}
+	if got := skipped(tracer.Stats{}); got != "no program run was skipped for recursion" {
+		t.Errorf("skipped without misses = %q", got)
+	}
+}
