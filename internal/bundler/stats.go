@@ -52,23 +52,22 @@ func (b *Bundler) Stats() (Stats, error) {
 			*c.dst += v
 		}
 	}
-	s.Programs = map[string]ProgramStats{}
-	for name, p := range b.programs {
-		ps, err := p.Stats()
-		if err != nil {
-			return s, fmt.Errorf("read stats of %s: %w", name, err)
-		}
-		s.Programs[name] = ProgramStats{RunCount: ps.RunCount, RunTime: ps.Runtime, RecursionMisses: ps.RecursionMisses}
-	}
+	// The copies' rescues and deferrals before the programs' misses: a
+	// skipped run's miss comes before its rescue, so a run skipped and
+	// rescued between two reads in that order counts as lost until the
+	// next read, never as a rescue without its miss, which would hide a
+	// real loss.
+	type copyCounts struct{ rescued, deferred uint64 }
+	counts := map[string]copyCounts{}
 	for name := range b.programs {
 		if isCopy(name) {
 			continue
 		}
-		var rescued, deferred uint64
+		var cc copyCounts
 		for _, c := range []struct {
 			idx bundlerStatIndex
 			dst *uint64
-		}{{copyRescued[name], &rescued}, {copyDeferred[name], &deferred}} {
+		}{{copyRescued[name], &cc.rescued}, {copyDeferred[name], &cc.deferred}} {
 			if c.idx == 0 {
 				continue // a program without copies
 			}
@@ -79,8 +78,19 @@ func (b *Bundler) Stats() (Stats, error) {
 				*c.dst += v
 			}
 		}
-		s.RecursionRecovered += rescued
-		s.RecursionMisses += b.recursionLost(name, s.Programs, rescued, deferred)
+		counts[name] = cc
+	}
+	s.Programs = map[string]ProgramStats{}
+	for name, p := range b.programs {
+		ps, err := p.Stats()
+		if err != nil {
+			return s, fmt.Errorf("read stats of %s: %w", name, err)
+		}
+		s.Programs[name] = ProgramStats{RunCount: ps.RunCount, RunTime: ps.Runtime, RecursionMisses: ps.RecursionMisses}
+	}
+	for name, cc := range counts {
+		s.RecursionRecovered += cc.rescued
+		s.RecursionMisses += b.recursionLost(name, s.Programs, cc.rescued, cc.deferred)
 	}
 	return s, nil
 }
@@ -91,8 +101,9 @@ func isCopy(name string) bool {
 }
 
 // recursionLost is how many calls of program's tracepoint no copy did.
-// The program's misses are read before the rescues (a rescue follows its
-// miss), so a run read between the two counts once, until the next read.
+// The rescues and deferrals are read before the programs' misses (see
+// Stats), so a run skipped meanwhile may count as lost until the next
+// read, and no loss is ever hidden.
 //   - without copies: the program's misses (and its deferrals, under
 //     task marks);
 //   - per-CPU flag: exactly the first copy's misses less the rescues (the

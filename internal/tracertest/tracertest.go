@@ -299,7 +299,8 @@ func SettleWith(t testing.TB, tr *tracer.Tracer, l *Ledger, done func(*Ledger) b
 		return
 	}
 	st, _ := tr.Stats()
-	t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v\n%s", l, st.Lost, skipped(st))
+	t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v; in this ledger's intervals: %+v\n%s",
+		l, st.Lost, l.Lost, skipped(st))
 }
 
 // skipped says which programs the kernel skipped runs of for recursion
