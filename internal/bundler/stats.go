@@ -52,11 +52,11 @@ func (b *Bundler) Stats() (Stats, error) {
 			*c.dst += v
 		}
 	}
-	// The copies' rescues and deferrals before the programs' misses: a
-	// skipped run's miss comes before its rescue, so a run skipped and
-	// rescued between two reads in that order counts as lost until the
-	// next read, never as a rescue without its miss, which would hide a
-	// real loss.
+	// The copies' rescues first, then their deferrals, then the
+	// programs' misses: a skipped or deferred run's miss or deferral
+	// comes before its rescue, so a run skipped and rescued between two
+	// reads in that order counts as lost until the next read, never as a
+	// rescue without its miss, which would hide a real loss.
 	type copyCounts struct{ rescued, deferred uint64 }
 	counts := map[string]copyCounts{}
 	for name := range b.programs {

@@ -298,9 +298,13 @@ func SettleWith(t testing.TB, tr *tracer.Tracer, l *Ledger, done func(*Ledger) b
 		t.Logf("counts short of the traffic after %s, with %d calls lost for recursion", SettleLimit, l.Lost.RecursionMisses)
 		return
 	}
-	st, _ := tr.Stats()
+	st, err := tr.Stats()
+	why := skipped(st)
+	if err != nil {
+		why = fmt.Sprintf("kernel-side statistics unreadable: %v", err)
+	}
 	t.Fatalf("counts never reached what the traffic did; have %s\nkernel-side losses since start: %+v; in this ledger's intervals: %+v\n%s",
-		l, st.Lost, l.Lost, skipped(st))
+		l, st.Lost, l.Lost, why)
 }
 
 // skipped says which programs the kernel skipped runs of for recursion

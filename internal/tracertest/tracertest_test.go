@@ -62,10 +62,12 @@ func TestPoll(t *testing.T) {
 func TestSkippedNamesTheSkippedPrograms(t *testing.T) {
 	st := tracer.Stats{RecursionRecovered: 2, Programs: map[string]tracer.ProgramStats{
 		"on_tcp_state_last": {RecursionMisses: 1},
+		"on_recv":           {RecursionMisses: 5},
 		"on_tcp_state":      {RecursionMisses: 3},
+		"on_send_mid1":      {RecursionMisses: 2},
 		"on_send":           {RunCount: 10},
 	}}
-	want := "runs skipped for recursion: on_tcp_state 3, on_tcp_state_last 1; done by a later copy: 2"
+	want := "runs skipped for recursion: on_recv 5, on_send_mid1 2, on_tcp_state 3, on_tcp_state_last 1; done by a later copy: 2"
 	if got := skipped(st); got != want {
 		t.Errorf("skipped = %q; want %q", got, want)
 	}
