@@ -45,10 +45,7 @@ func TestFlowCacheCountsEveryConnectionSlotBySlot(t *testing.T) {
 
 func flowCacheCountsEveryConnection(t *testing.T, port int) {
 	w := newCommitWorld(t, port)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 
 	var got, latencies uint64
 	drain := func() {
@@ -99,10 +96,7 @@ func TestFlowCacheOffCountsInTheMap(t *testing.T) {
 	testHooks.noCache = true
 	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, port)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	w.connectConcurrently(4, 10, nil)
 	if claimed, _ := cacheClaimed(t, bu, bu.active, port); claimed != 0 {
 		t.Fatalf("cache_off: %d cache slots claimed", claimed)
@@ -119,10 +113,7 @@ func TestFlowCacheOffCountsInTheMap(t *testing.T) {
 func TestFlowCacheAndMapSummed(t *testing.T) {
 	const port = 7412
 	w := newCommitWorld(t, port)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	w.connect(5)
 	var sp spillRead
 	if err := bu.readCache(bu.active, &sp); err != nil {

@@ -122,6 +122,17 @@ func mustLoad(t *testing.T, cfg Config) *Bundler {
 	return b
 }
 
+// load loads a bundler that watches the world's client namespace (the
+// test's configuration), closed when the test ends.
+func (w *commitWorld) load(t *testing.T) *Bundler {
+	t.Helper()
+	cfg := testConfig()
+	cfg.NetNS = w.client.Inode
+	bu := mustLoad(t, cfg)
+	t.Cleanup(func() { bu.Close() })
+	return bu
+}
+
 // Killed after the drain record says generation g is pending, before
 // programs count g+1: the next process makes them, and collects g whole.
 // Through the flow map: a cache slot carries no interval, so counts put in

@@ -20,10 +20,7 @@ func TestFlowValuesCountOnlyTheirInterval(t *testing.T) {
 	testHooks.noCache = true // the map's path, not the cache's
 	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, port)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 
 	// Locked and never unlocked: the thread, kept on CPU 0, exits with
 	// the test's goroutine instead of serving other goroutines.
@@ -116,10 +113,7 @@ func TestOnlyIntervalKeepsTheProcess(t *testing.T) {
 // else would tell a repeat of an unpinned interval from a new one.
 func TestUnpinnedFailedDrainComesOnce(t *testing.T) {
 	w := newCommitWorld(t, 7414)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	w.connect(3)
 	closed, err := bu.flows.Clone()
 	if err != nil {
@@ -155,10 +149,7 @@ func TestUnpinnedFailedDrainComesOnce(t *testing.T) {
 // new interval.
 func TestUnpinnedFailedCommitComesOnce(t *testing.T) {
 	w := newCommitWorld(t, 7415)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	w.connect(3)
 	testHooks.failCommits = 1
 	defer func() { testHooks.failCommits = 0 }()
@@ -185,10 +176,7 @@ func TestUnpinnedFailedCommitComesOnce(t *testing.T) {
 func TestCommitHandsTheEntriesBack(t *testing.T) {
 	const port = 7415
 	w := newCommitWorld(t, port)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	drain := func(want uint64) []Entry {
 		t.Helper()
 		entries, _, err := bu.Drain()

@@ -22,10 +22,7 @@ func TestFlowMapOneValueForEveryCPU(t *testing.T) {
 	testHooks.noCache = true
 	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, port)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	if typ := bu.inner[bu.active].Type(); typ != ebpf.Hash {
 		t.Fatalf("flow map of type %v, want %v (one value per flow)", typ, ebpf.Hash)
 	}

@@ -53,10 +53,7 @@ func flowMapKeys(t *testing.T, b *Bundler) int {
 func TestSpillCountsEveryConnection(t *testing.T) {
 	forceSpillFor(t)
 	w := newCommitWorld(t, 7400)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 
 	var got, latencies uint64
 	var pid uint32
@@ -146,10 +143,7 @@ func testSpillMerges(t *testing.T, claimed func(base uint32) []uint32) {
 	testHooks.noCache = true // the flow in the map, not the cache in front of it
 	defer func() { testHooks.noCache = false }()
 	w := newCommitWorld(t, 7401)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	w.connect(5)
 
 	// The client's flow, from the map.
@@ -245,10 +239,7 @@ func testSpillMerges(t *testing.T, claimed func(base uint32) []uint32) {
 func TestSpillFullCountsTheLoss(t *testing.T) {
 	forceSpillFor(t)
 	w := newCommitWorld(t, 7403)
-	cfg := testConfig()
-	cfg.NetNS = w.client.Inode
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
+	bu := w.load(t)
 	server, _, _ := net.SplitHostPort(w.server)
 	pc := w.client.ListenPacket(t, "udp4", w.client.IPv4.String()+":0")
 
