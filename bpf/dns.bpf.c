@@ -1,28 +1,46 @@
 //go:build ignore
-/* deptrace's DNS capture: cgroup_skb programs at the cgroup v2 root that
- * copy DNS packets (UDP and TCP, port 53) into a ring buffer for
- * internal/dnswatch, which parses them in user space.
+/* deptrace's DNS capture, in two ways that internal/dnswatch parses alike:
  *
- * Every packet of every socket runs these programs, so the test that
- * leaves for non-DNS traffic comes first and reads only what it must: on
- * egress the socket's remote port (a connected client's resolver as it
- * addressed it, before any NAT rule rewrote the packet: Docker's
- * 127.0.0.11:53 goes to another port), then the packet's destination
- * port; on ingress the packet's source port (replies through such a NAT
- * rule have had their source translated back to :53 by then). A DNS
- * packet is copied with its socket's cookie, cgroup, namespace and, on
- * egress (which runs in the sending process), the process. The programs
- * come in three variants (at the end) by what the kernel lets them call.
+ * Per call (6.3 and later; internal/dnswatch loads it only when asked,
+ * as deptrace-bench does): tp_btf programs on sock_send_length and
+ * sock_recv_length, which run once per send or receive call on any
+ * socket. The test that leaves for non-DNS sockets
+ * comes first: the socket's remote port (53: a connected resolver
+ * socket), or for an unconnected UDP socket the note the sendmsg hooks
+ * left when it sent to port 53. A DNS call's payload is read where the
+ * system call left it, in the caller's memory: the call's registers
+ * (bpf_task_pt_regs) give its buffer, iovec array, msghdr or mmsghdr
+ * array. A call made another way (io_uring, splice) is counted
+ * unreadable. Calls, not packets: a non-DNS connection pays a port test
+ * per call instead of a cgroup_skb dispatch per packet at each end, but
+ * as a second program on tracepoints the tracer's programs already use,
+ * the kernel's dispatch to it costs more than the test saves on
+ * persistent TCP and UDP (docs/performance.md, "DNS watching"): the test
+ * belongs in the tracer's own programs.
+ *
+ * Per packet (what trace and agent load): cgroup_skb programs at the cgroup v2 root
+ * that copy DNS packets (UDP and TCP, port 53). Every packet of every
+ * socket runs them, so the test that leaves for non-DNS traffic comes
+ * first and reads only what it must: on egress the socket's remote port
+ * (a connected client's resolver as it addressed it, before any NAT rule
+ * rewrote the packet: Docker's 127.0.0.11:53 goes to another port), then
+ * the packet's destination port; on ingress the packet's source port
+ * (replies through such a NAT rule have had their source translated back
+ * to :53 by then). A DNS packet is copied with its socket's cookie,
+ * cgroup, namespace and, on egress (which runs in the sending process),
+ * the process. These programs come in three variants (at the end) by
+ * what the kernel lets them call.
  *
  * A query sent with sendto() from an unconnected socket to an address a
  * NAT rule redirects (musl's resolver behind Docker's embedded DNS) has
  * lost its port 53 by egress: the cgroup sendmsg hooks note such sends
- * (dns_dests). IPv6 extension headers before the transport header are
- * not walked.
+ * (dns_dests), for both ways. IPv6 extension headers before the
+ * transport header are not walked.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
 #include <bpf/bpf_endian.h>
 #include "dns.h"
 
@@ -126,7 +144,9 @@ static __always_inline __u32 sk_netns(struct __sk_buff *ctx)
  * before it. */
 struct dns_dest {
 	__u8 addr[16]; /* IPv4 in the first 4 bytes */
-	__u32 pending; /* set by the hook, taken by the egress program */
+	__u32 pending; /* set by the hook, taken by the egress (or send) program */
+	__u32 asked;   /* per call: the socket's last send went to port 53, so
+	                * its receives are answers */
 };
 
 struct {
@@ -146,8 +166,10 @@ static __always_inline struct dns_dest *dest_slot(struct bpf_sock_addr *ctx)
 		return NULL;
 	if (ctx->user_port != bpf_htons(DNS_PORT)) {
 		struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, 0);
-		if (d)
+		if (d) {
 			d->pending = 0;
+			d->asked = 0;
+		}
 		return NULL;
 	}
 	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
@@ -196,6 +218,35 @@ static __always_inline struct dns_dest *sent_to_dns(struct __sk_buff *ctx)
 		return NULL;
 	d->pending = 0;
 	return d;
+}
+
+/* copy_bound returns m (1 to DNS_MAX_PAYLOAD) in a form the verifier can
+ * prove is so: 6.1's loses a bound the compiler's code keeps on another
+ * register; the mask, hidden from the compiler, gives the register passed
+ * to the copy one. */
+static __always_inline __u64 copy_bound(__u64 m)
+{
+	m -= 1;
+	asm volatile("%0 &= %1"
+	             : "+r"(m)
+	             : "i"(DNS_MAX_PAYLOAD - 1));
+	return m + 1;
+}
+
+/* hand_over writes ev with its first m payload bytes to the ring buffer.
+ * The reader is woken only once a quarter of the ring waits: it reads
+ * otherwise when each interval flushes the ring (internal/dnswatch). A
+ * wakeup per record costs the machine tens of microseconds, most of a
+ * lookup's cost. */
+static __always_inline void hand_over(struct dns_event *ev, __u64 m)
+{
+	ev->cap_len = m;
+	__u64 wake = bpf_ringbuf_query(&dns_events, BPF_RB_AVAIL_DATA) >= DNS_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
+	                                                                                 : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&dns_events, ev, offsetof(struct dns_event, payload) + m, wake))
+		dns_stat_inc(DNS_STAT_RINGBUF_FULL);
+	else
+		dns_stat_inc(DNS_STAT_EVENTS);
 }
 
 static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, __u32 off, __u8 family, int variant,
@@ -287,31 +338,14 @@ static __always_inline int capture(struct __sk_buff *ctx, __u8 dir, __u8 proto, 
 		return 1;
 	ev->sport = bpf_ntohs(ports[0]);
 	ev->dport = bpf_ntohs(ports[1]);
-	/* n is 0 to DNS_MAX_PAYLOAD; the copy's size must be proven 1 to
-	 * DNS_MAX_PAYLOAD to the verifier, and 6.1's loses a bound the
-	 * compiler's code keeps on another register: the mask, hidden from
-	 * the compiler, gives it one on the register passed. */
+	/* n is 0 to DNS_MAX_PAYLOAD; the copy's size must be 1 or more */
 	__u64 m = n;
 	if (m > 0) {
-		m -= 1;
-		asm volatile("%0 &= %1"
-		             : "+r"(m)
-		             : "i"(DNS_MAX_PAYLOAD - 1));
-		m += 1;
+		m = copy_bound(m);
 		if (bpf_skb_load_bytes(ctx, poff, ev->payload, m))
 			m = 0;
 	}
-	ev->cap_len = m;
-	/* The reader is woken only once a quarter of the ring waits: it
-	 * reads otherwise when each interval flushes the ring
-	 * (internal/dnswatch). A wakeup per record costs the machine tens of
-	 * microseconds, most of a lookup's cost. */
-	__u64 wake = bpf_ringbuf_query(&dns_events, BPF_RB_AVAIL_DATA) >= DNS_WAKE_BYTES ? BPF_RB_FORCE_WAKEUP
-	                                                                                 : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&dns_events, ev, offsetof(struct dns_event, payload) + m, wake))
-		dns_stat_inc(DNS_STAT_RINGBUF_FULL);
-	else
-		dns_stat_inc(DNS_STAT_EVENTS);
+	hand_over(ev, m);
 	return 1;
 }
 
@@ -409,4 +443,363 @@ SEC("cgroup_skb/ingress")
 int dns_ingress_bare(struct __sk_buff *ctx)
 {
 	return ingress(ctx, DNS_VARIANT_BARE);
+}
+
+/* ---- Per call (6.3 and later) ---- */
+
+#define AF_INET 2
+#define AF_INET6 10
+#define MSG_PEEK 0x2
+#define MSG_ERRQUEUE 0x2000
+
+/* The system calls that reach sock_sendmsg or sock_recvmsg with a buffer
+ * of the caller's: x86-64's numbers, or arm64's (the generic table). A
+ * 32-bit task's calls have numbers of their own, none of which is one of
+ * these for a call that can reach a socket: its payload is not read
+ * (counted unreadable), never misread. */
+#if defined(__TARGET_ARCH_arm64)
+#define NR_read 63
+#define NR_write 64
+#define NR_readv 65
+#define NR_writev 66
+#define NR_sendto 206
+#define NR_recvfrom 207
+#define NR_sendmsg 211
+#define NR_recvmsg 212
+#define NR_recvmmsg 243
+#define NR_sendmmsg 269
+/* The part of arm64's struct pt_regs read here (vmlinux.h is x86-64's;
+ * CO-RE finds the fields in the running kernel's BTF, regs[] inside its
+ * anonymous union). */
+struct pt_regs___dns_arm64 {
+	__u64 regs[31];
+	__s32 syscallno;
+} __attribute__((preserve_access_index));
+#else
+#define NR_read 0
+#define NR_write 1
+#define NR_readv 19
+#define NR_writev 20
+#define NR_sendto 44
+#define NR_recvfrom 45
+#define NR_sendmsg 46
+#define NR_recvmsg 47
+#define NR_recvmmsg 299
+#define NR_sendmmsg 307
+#endif
+
+/* The user-space layouts read from the caller's memory (LP64: the same on
+ * x86-64 and arm64). */
+struct user_iov {
+	__u64 base;
+	__u64 len;
+};
+
+struct user_msg {
+	__u64 name;
+	__u32 namelen;
+	__u32 _pad;
+	__u64 iov;
+	__u64 iovlen;
+	__u64 control;
+	__u64 controllen;
+	__u32 flags;
+	__u32 _pad2;
+};
+
+#define USER_MMSG_SIZE 64 /* struct mmsghdr: a msghdr and its msg_len */
+_Static_assert(sizeof(struct user_msg) == 56, "struct user_msghdr is 56 bytes on LP64");
+
+/* Buffers of one call copied at most: glibc writes a TCP query as two
+ * (its length, then the message); a call with more is cut. */
+#define CALL_IOVS 4
+
+/* Where a thread's sendmmsg() or recvmmsg() is: the tracepoints run once
+ * per message and say nothing of which, so the thread counts them. A
+ * call's messages run in order, and one that fails ends the call; a call
+ * that ends otherwise before its last message (recvmmsg's timeout) leaves
+ * a count the next call on the same array would continue: a misread
+ * message, parsed as unparsed at worst. */
+struct dns_mcall {
+	__u64 vec;  /* the mmsghdr array */
+	__u32 next; /* index of the message the next hit is */
+	__u32 vlen;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct dns_mcall);
+} dns_mcalls SEC(".maps");
+
+/* A per-CPU record to build in: the tracepoints run in process context,
+ * where a preemptible kernel may switch to another task on this CPU
+ * mid-record; busy (taken with a compare-and-swap) keeps the second one
+ * out, counted (DNS_STAT_BUSY). */
+struct call_scratch {
+	__u64 busy;
+	struct dns_event ev;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct call_scratch);
+} dns_call_scratch SEC(".maps");
+
+/* dns_socket says whether a call on sk is a DNS client's: a TCP or UDP
+ * socket connected to port 53, or an unconnected UDP socket whose last
+ * sendto() went to port 53 (*dest: the resolver it named). It is the
+ * test every call on every socket pays, cheapest first. */
+static __always_inline bool dns_socket(struct sock *sk, bool send, struct dns_dest **dest)
+{
+	__u16 dport = sk->__sk_common.skc_dport;
+	if (dport && dport != bpf_htons(DNS_PORT))
+		return false;
+	__u16 family = sk->__sk_common.skc_family;
+	if (family != AF_INET && family != AF_INET6)
+		return false;
+	__u16 proto = sk->sk_protocol;
+	if (dport)
+		return proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+	if (proto != IPPROTO_UDP || !sk->sk_bpf_storage)
+		return false;
+	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, sk, 0, 0);
+	if (!d)
+		return false;
+	if (send) {
+		/* The sendmsg hook ran for this datagram just before. */
+		if (!d->pending)
+			return false;
+		d->pending = 0;
+		d->asked = 1;
+	} else if (!d->asked) {
+		return false;
+	}
+	*dest = d;
+	return true;
+}
+
+/* The call's number and its second and third arguments, from the
+ * registers the system call was entered with. */
+static __always_inline void call_regs(__u64 *nr, __u64 *a1, __u64 *a2)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+#if defined(__TARGET_ARCH_arm64)
+	struct pt_regs___dns_arm64 *regs = (struct pt_regs___dns_arm64 *)bpf_task_pt_regs(t);
+	*nr = (__u64)(__s64)BPF_CORE_READ(regs, syscallno);
+	*a1 = BPF_CORE_READ(regs, regs[1]);
+	*a2 = BPF_CORE_READ(regs, regs[2]);
+#else
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
+	*nr = BPF_CORE_READ(regs, orig_ax);
+	*a1 = BPF_CORE_READ(regs, si);
+	*a2 = BPF_CORE_READ(regs, dx);
+#endif
+}
+
+/* mmsg_slot returns the msghdr of the message this hit of a sendmmsg()
+ * or recvmmsg() on vec is (0 when the thread's count cannot be kept). */
+static __always_inline __u64 mmsg_slot(__u64 vec, __u64 vlen, int ret)
+{
+	struct dns_mcall *m = bpf_task_storage_get(&dns_mcalls, bpf_get_current_task_btf(), 0,
+	        BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!m)
+		return 0;
+	if (m->vec != vec || m->vlen != (__u32)vlen || m->next >= m->vlen) {
+		m->vec = vec;
+		m->vlen = vlen;
+		m->next = 0;
+	}
+	__u32 i = m->next++;
+	if (ret < 0)
+		m->vec = 0; /* a failed message ends the call */
+	return vec + (__u64)(i & 1023) * USER_MMSG_SIZE;
+}
+
+/* call_buffers finds the call's buffers: one (*one) or an iovec array in
+ * the caller's memory (*iov, *cnt). False for a call made otherwise. */
+static __always_inline bool call_buffers(int ret, struct user_iov *one, __u64 *iov, __u64 *cnt)
+{
+	__u64 nr, a1, a2;
+	call_regs(&nr, &a1, &a2);
+	__u64 msg;
+	switch (nr) {
+	case NR_read:
+	case NR_write:
+	case NR_sendto:
+	case NR_recvfrom:
+		one->base = a1;
+		one->len = a2;
+		*iov = 0;
+		*cnt = 1;
+		return true;
+	case NR_readv:
+	case NR_writev:
+		*iov = a1;
+		*cnt = a2;
+		return true;
+	case NR_sendmsg:
+	case NR_recvmsg:
+		msg = a1;
+		break;
+	case NR_sendmmsg:
+	case NR_recvmmsg:
+		msg = mmsg_slot(a1, a2, ret);
+		if (!msg)
+			return false;
+		break;
+	default:
+		return false;
+	}
+	struct user_msg h;
+	if (bpf_probe_read_user(&h, sizeof(h), (const void *)msg))
+		return false;
+	*iov = h.iov;
+	*cnt = h.iovlen;
+	return true;
+}
+
+/* sock_addrs fills the record's addresses from the socket: the local end
+ * and the remote one (dest's resolver for an unconnected socket), source
+ * and destination as a packet of this direction would carry them. */
+static __always_inline void sock_addrs(struct sock *sk, struct dns_event *ev, bool send, const struct dns_dest *dest)
+{
+	__u8 *local = send ? ev->saddr : ev->daddr;
+	__u8 *remote = send ? ev->daddr : ev->saddr;
+	__builtin_memset(ev->saddr, 0, sizeof(ev->saddr));
+	__builtin_memset(ev->daddr, 0, sizeof(ev->daddr));
+	__u16 lport = sk->__sk_common.skc_num;
+	__u16 rport = DNS_PORT;
+	if (ev->family == 4) {
+		*(__u32 *)local = sk->__sk_common.skc_rcv_saddr;
+		*(__u32 *)remote = sk->__sk_common.skc_daddr;
+	} else {
+		BPF_CORE_READ_INTO(local, sk, __sk_common.skc_v6_rcv_saddr);
+		BPF_CORE_READ_INTO(remote, sk, __sk_common.skc_v6_daddr);
+	}
+	if (dest)
+		__builtin_memcpy(remote, dest->addr, sizeof(ev->saddr));
+	ev->sport = send ? lport : rport;
+	ev->dport = send ? rport : lport;
+	__builtin_memcpy(ev->sk_raddr, remote, sizeof(ev->sk_raddr));
+	ev->sk_rport = DNS_PORT;
+}
+
+/* emit hands ev to the ring buffer with up to n bytes read from buf (0:
+ * none) as the payload, at most DNS_MAX_PAYLOAD of them; len is the
+ * payload's length in the call, which a shorter copy leaves cut. */
+static __always_inline void emit(struct dns_event *ev, __u64 buf, __u32 n, __u32 len)
+{
+	ev->payload_len = len;
+	__u64 m = buf ? n : 0;
+	if (m > DNS_MAX_PAYLOAD)
+		m = DNS_MAX_PAYLOAD;
+	if (m < len)
+		dns_stat_inc(DNS_STAT_CUT);
+	if (m > 0) {
+		m = copy_bound(m);
+		if (bpf_probe_read_user(ev->payload, m, (const void *)buf))
+			m = 0;
+	}
+	hand_over(ev, m);
+}
+
+static __always_inline void call(struct sock *sk, int ret, int flags, bool send)
+{
+	struct dns_dest *dest = NULL;
+	if (!dns_socket(sk, send, &dest))
+		return;
+	struct user_iov one = {};
+	__u64 iov = 0, cnt = 0;
+	/* before the test of ret: an mmsg call's failed message counts */
+	bool found = call_buffers(ret, &one, &iov, &cnt);
+	if (ret <= 0 || (!send && (flags & (MSG_PEEK | MSG_ERRQUEUE))))
+		return;
+	if (!found)
+		dns_stat_inc(DNS_STAT_UNREADABLE);
+	__u32 zero = 0;
+	struct call_scratch *s = bpf_map_lookup_elem(&dns_call_scratch, &zero);
+	if (!s)
+		return;
+	if (__sync_val_compare_and_swap(&s->busy, 0, 1) != 0) {
+		dns_stat_inc(DNS_STAT_BUSY);
+		return;
+	}
+	struct dns_event *ev = &s->ev;
+	bool tcp = sk->sk_protocol == IPPROTO_TCP;
+	ev->ts_ns = bpf_ktime_get_ns();
+	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+	ev->cgroup_id = cg ? BPF_CORE_READ(cg, kn, id) : 1;
+	ev->cookie = bpf_get_socket_cookie(sk);
+	ev->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	struct task_struct *task = bpf_get_current_task_btf();
+	ev->pid = task->tgid;
+	/* The process's name (its thread-group leader's), not the thread's. */
+	bpf_probe_read_kernel_str(ev->comm, sizeof(ev->comm), task->group_leader->comm);
+	ev->dir = send ? DNS_EGRESS : DNS_INGRESS;
+	ev->proto = tcp ? IPPROTO_TCP : IPPROTO_UDP;
+	ev->family = sk->__sk_common.skc_family == AF_INET ? 4 : 6;
+	ev->tcp_flags = 0;
+	ev->pad = 0;
+	sock_addrs(sk, ev, send, dest);
+	/* A TCP call's bytes end at the socket's sequence number now (the
+	 * next byte to send or to read), so the stream is reassembled as
+	 * packets' would be. */
+	__u32 seq = 0;
+	if (tcp) {
+		struct tcp_sock *tp = (struct tcp_sock *)sk;
+		seq = (send ? BPF_CORE_READ(tp, write_seq) : BPF_CORE_READ(tp, copied_seq)) - (__u32)ret;
+	}
+	ev->tcp_seq = seq;
+	__u32 left = ret;
+	if (!found) {
+		emit(ev, 0, 0, left); /* counted unparsed in user space */
+		goto out;
+	}
+	for (int i = 0; i < CALL_IOVS && left > 0; i++) {
+		struct user_iov b = one;
+		if (iov) {
+			if (i >= cnt)
+				break;
+			if (bpf_probe_read_user(&b, sizeof(b), (const void *)(iov + i * sizeof(b))))
+				break;
+		} else if (i > 0) {
+			break;
+		}
+		__u32 n = b.len < left ? b.len : left;
+		if (n == 0)
+			continue;
+		if (!tcp) {
+			/* A datagram is one message: what the first buffer holds
+			 * of it (all of it, from every resolver seen). */
+			emit(ev, b.base, n, ret);
+			goto out;
+		}
+		emit(ev, b.base, n, n);
+		ev->tcp_seq += n;
+		left -= n;
+	}
+	if (left > 0) {
+		/* bytes in buffers not copied: a gap the stream notices */
+		emit(ev, 0, 0, left);
+	}
+out:
+	s->busy = 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(dns_send, struct sock *sk, int ret, int flags)
+{
+	call(sk, ret, flags, true);
+	return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(dns_recv, struct sock *sk, int ret, int flags)
+{
+	call(sk, ret, flags, false);
+	return 0;
 }

@@ -1,5 +1,7 @@
 /* dns.h: the record bpf/dns.bpf.c writes into its ring buffer for every
- * DNS packet, shared with internal/dnswatch (bpf2go -type dns_event). */
+ * DNS packet (cgroup_skb programs) or every DNS socket's send and receive
+ * call (the per-call programs), shared with internal/dnswatch (bpf2go
+ * -type dns_event). */
 #ifndef DNS_H
 #define DNS_H
 
@@ -13,8 +15,9 @@ enum dns_dir {
 	DNS_INGRESS = 1,
 };
 
-/* Variants of the programs (bpf/dns.bpf.c), by what the kernel lets
- * cgroup_skb call. */
+/* Variants of the cgroup_skb programs (bpf/dns.bpf.c), by what the kernel
+ * lets cgroup_skb call. The per-call programs (dns_send, dns_recv) are
+ * one variant of their own. */
 enum dns_variant {
 	DNS_VARIANT_KCTX = 0, /* bpf_cast_to_kern_ctx, bpf_get_current_pid_tgid */
 	DNS_VARIANT_TASK = 1, /* bpf_get_current_task; the socket's pointer read */
@@ -26,7 +29,9 @@ enum dns_stat {
 	DNS_STAT_EVENTS = 0,       /* records written */
 	DNS_STAT_RINGBUF_FULL = 1, /* records lost: the ring buffer was full */
 	DNS_STAT_CUT = 2,          /* payloads longer than DNS_MAX_PAYLOAD */
-	DNS_STAT_MAX = 3,
+	DNS_STAT_UNREADABLE = 3,   /* per call: a call whose buffer could not be found (io_uring, splice) */
+	DNS_STAT_BUSY = 4,         /* per call: records lost, this CPU's scratch was in use (preempted) */
+	DNS_STAT_MAX = 5,
 };
 
 struct dns_event {
@@ -34,12 +39,12 @@ struct dns_event {
 	__u64 cgroup_id; /* the socket's cgroup v2 id */
 	__u64 cookie;    /* the socket's cookie */
 	__u32 netns;     /* network namespace inode */
-	__u32 pid;       /* thread-group id on egress (0 on ingress, and in DNS_VARIANT_BARE) */
+	__u32 pid;       /* thread-group id on egress (0 on ingress, and in DNS_VARIANT_BARE; per call: the caller, both ways) */
 	__u8 comm[16];   /* the process's name on egress */
 	__u8 dir;        /* enum dns_dir */
 	__u8 proto;      /* IPPROTO_UDP or IPPROTO_TCP */
 	__u8 family;     /* 4 or 6 */
-	__u8 tcp_flags;  /* TCP header flags (SYN, FIN, RST) */
+	__u8 tcp_flags;  /* TCP header flags (SYN, FIN, RST); 0 per call */
 	__u16 sport;     /* packet's ports, host order */
 	__u16 dport;
 	__u8 saddr[16]; /* packet's addresses (IPv4 in the first 4 bytes) */
@@ -48,7 +53,7 @@ struct dns_event {
 	__u16 sk_rport;    /* socket: what it addressed, before any NAT) */
 	__u16 pad;
 	__u32 tcp_seq;     /* sequence number of the first payload byte */
-	__u32 payload_len; /* L4 payload length in the packet */
+	__u32 payload_len; /* L4 payload length in the packet (per call: the call's bytes, or for TCP this buffer's) */
 	__u32 cap_len;     /* bytes of it that follow this header */
 	__u8 payload[DNS_MAX_PAYLOAD];
 };

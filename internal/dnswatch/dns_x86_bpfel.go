@@ -13,10 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type dnsCallScratch struct {
+	_    structs.HostLayout
+	Busy uint64
+	Ev   dnsDnsEvent
+}
+
 type dnsDnsDest struct {
 	_       structs.HostLayout
 	Addr    [16]uint8
 	Pending uint32
+	Asked   uint32
 }
 
 type dnsDnsDir uint32
@@ -51,13 +58,22 @@ type dnsDnsEvent struct {
 	Payload    [4096]uint8
 }
 
+type dnsDnsMcall struct {
+	_    structs.HostLayout
+	Vec  uint64
+	Next uint32
+	Vlen uint32
+}
+
 type dnsDnsStat uint32
 
 const (
 	dnsDnsStatDNS_STAT_EVENTS       dnsDnsStat = 0
 	dnsDnsStatDNS_STAT_RINGBUF_FULL dnsDnsStat = 1
 	dnsDnsStatDNS_STAT_CUT          dnsDnsStat = 2
-	dnsDnsStatDNS_STAT_MAX          dnsDnsStat = 3
+	dnsDnsStatDNS_STAT_UNREADABLE   dnsDnsStat = 3
+	dnsDnsStatDNS_STAT_BUSY         dnsDnsStat = 4
+	dnsDnsStatDNS_STAT_MAX          dnsDnsStat = 5
 )
 
 type dnsDnsVariant uint32
@@ -72,8 +88,10 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	dnsMapDnsCallScratch  = "dns_call_scratch"
 	dnsMapDnsDests        = "dns_dests"
 	dnsMapDnsEvents       = "dns_events"
+	dnsMapDnsMcalls       = "dns_mcalls"
 	dnsMapDnsScratch      = "dns_scratch"
 	dnsMapDnsStats        = "dns_stats"
 	dnsProgDnsEgress      = "dns_egress"
@@ -82,6 +100,8 @@ const (
 	dnsProgDnsIngress     = "dns_ingress"
 	dnsProgDnsIngressBare = "dns_ingress_bare"
 	dnsProgDnsIngressTask = "dns_ingress_task"
+	dnsProgDnsRecv        = "dns_recv"
+	dnsProgDnsSend        = "dns_send"
 	dnsProgDnsSendmsg4    = "dns_sendmsg4"
 	dnsProgDnsSendmsg6    = "dns_sendmsg6"
 	dnsVarBtfDnsDir       = "_btf_dns_dir"
@@ -138,6 +158,8 @@ type dnsProgramSpecs struct {
 	DnsIngress     *ebpf.ProgramSpec `ebpf:"dns_ingress"`
 	DnsIngressBare *ebpf.ProgramSpec `ebpf:"dns_ingress_bare"`
 	DnsIngressTask *ebpf.ProgramSpec `ebpf:"dns_ingress_task"`
+	DnsRecv        *ebpf.ProgramSpec `ebpf:"dns_recv"`
+	DnsSend        *ebpf.ProgramSpec `ebpf:"dns_send"`
 	DnsSendmsg4    *ebpf.ProgramSpec `ebpf:"dns_sendmsg4"`
 	DnsSendmsg6    *ebpf.ProgramSpec `ebpf:"dns_sendmsg6"`
 }
@@ -146,10 +168,12 @@ type dnsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type dnsMapSpecs struct {
-	DnsDests   *ebpf.MapSpec `ebpf:"dns_dests"`
-	DnsEvents  *ebpf.MapSpec `ebpf:"dns_events"`
-	DnsScratch *ebpf.MapSpec `ebpf:"dns_scratch"`
-	DnsStats   *ebpf.MapSpec `ebpf:"dns_stats"`
+	DnsCallScratch *ebpf.MapSpec `ebpf:"dns_call_scratch"`
+	DnsDests       *ebpf.MapSpec `ebpf:"dns_dests"`
+	DnsEvents      *ebpf.MapSpec `ebpf:"dns_events"`
+	DnsMcalls      *ebpf.MapSpec `ebpf:"dns_mcalls"`
+	DnsScratch     *ebpf.MapSpec `ebpf:"dns_scratch"`
+	DnsStats       *ebpf.MapSpec `ebpf:"dns_stats"`
 }
 
 // dnsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -182,16 +206,20 @@ func (o *dnsObjects) Close() error {
 //
 // It can be passed to loadDnsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type dnsMaps struct {
-	DnsDests   *ebpf.Map `ebpf:"dns_dests"`
-	DnsEvents  *ebpf.Map `ebpf:"dns_events"`
-	DnsScratch *ebpf.Map `ebpf:"dns_scratch"`
-	DnsStats   *ebpf.Map `ebpf:"dns_stats"`
+	DnsCallScratch *ebpf.Map `ebpf:"dns_call_scratch"`
+	DnsDests       *ebpf.Map `ebpf:"dns_dests"`
+	DnsEvents      *ebpf.Map `ebpf:"dns_events"`
+	DnsMcalls      *ebpf.Map `ebpf:"dns_mcalls"`
+	DnsScratch     *ebpf.Map `ebpf:"dns_scratch"`
+	DnsStats       *ebpf.Map `ebpf:"dns_stats"`
 }
 
 func (m *dnsMaps) Close() error {
 	return _DnsClose(
+		m.DnsCallScratch,
 		m.DnsDests,
 		m.DnsEvents,
+		m.DnsMcalls,
 		m.DnsScratch,
 		m.DnsStats,
 	)
@@ -217,6 +245,8 @@ type dnsPrograms struct {
 	DnsIngress     *ebpf.Program `ebpf:"dns_ingress"`
 	DnsIngressBare *ebpf.Program `ebpf:"dns_ingress_bare"`
 	DnsIngressTask *ebpf.Program `ebpf:"dns_ingress_task"`
+	DnsRecv        *ebpf.Program `ebpf:"dns_recv"`
+	DnsSend        *ebpf.Program `ebpf:"dns_send"`
 	DnsSendmsg4    *ebpf.Program `ebpf:"dns_sendmsg4"`
 	DnsSendmsg6    *ebpf.Program `ebpf:"dns_sendmsg6"`
 }
@@ -229,6 +259,8 @@ func (p *dnsPrograms) Close() error {
 		p.DnsIngress,
 		p.DnsIngressBare,
 		p.DnsIngressTask,
+		p.DnsRecv,
+		p.DnsSend,
 		p.DnsSendmsg4,
 		p.DnsSendmsg6,
 	)

@@ -23,7 +23,7 @@ const (
 )
 
 // answerLookup answers lookupName with an A record of h's own address and
-// every other name with NXDOMAIN, on h's port 53.
+// every other name with NXDOMAIN, on h's UDP port 53.
 func answerLookup(t *testing.T, h *testnet.Host) {
 	t.Helper()
 	pc := h.ListenPacket(t, "udp4", net.JoinHostPort(h.IPv4.String(), "53"))
@@ -34,32 +34,43 @@ func answerLookup(t *testing.T, h *testnet.Host) {
 			if err != nil {
 				return
 			}
-			var p dnsmessage.Parser
-			hd, err := p.Start(buf[:n])
-			if err != nil {
-				continue
-			}
-			q, err := p.Question()
-			if err != nil {
-				continue
-			}
-			rcode := dnsmessage.RCodeNameError
-			if q.Name.String() == lookupName {
-				rcode = dnsmessage.RCodeSuccess
-			}
-			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: hd.ID, Response: true, RCode: rcode, RecursionDesired: hd.RecursionDesired})
-			_ = b.StartQuestions()
-			_ = b.Question(q)
-			if rcode == dnsmessage.RCodeSuccess {
-				_ = b.StartAnswers()
-				_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60},
-					dnsmessage.AResource{A: [4]byte(h.IPv4.To4())})
-			}
-			if out, err := b.Finish(); err == nil {
+			if out := answerTo(buf[:n], h); out != nil {
 				_, _ = pc.WriteTo(out, from)
 			}
 		}
 	}()
+}
+
+// answerTo is the answer to query (nil for a message that is not one):
+// lookupName's is an A record of h's address (whatever the type asked),
+// any other name's NXDOMAIN.
+func answerTo(query []byte, h *testnet.Host) []byte {
+	var p dnsmessage.Parser
+	hd, err := p.Start(query)
+	if err != nil {
+		return nil
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	rcode := dnsmessage.RCodeNameError
+	if q.Name.String() == lookupName {
+		rcode = dnsmessage.RCodeSuccess
+	}
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: hd.ID, Response: true, RCode: rcode, RecursionDesired: hd.RecursionDesired})
+	_ = b.StartQuestions()
+	_ = b.Question(q)
+	if rcode == dnsmessage.RCodeSuccess {
+		_ = b.StartAnswers()
+		_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60},
+			dnsmessage.AResource{A: [4]byte(h.IPv4.To4())})
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
 }
 
 // lookup has a client ask lookupName and lookupNX through variant's
@@ -146,8 +157,9 @@ func TestOneLookup(t *testing.T) {
 }
 
 // TestVariants runs the lookup with each variant the kernel loads. Each
-// variant needs less of the kernel than the one before it, so once one
-// loads every later one must load too.
+// per-packet variant needs less of the kernel than the one before it, so
+// once one loads every later one must load too; the per-call one must
+// load wherever the kernel has its tracepoints.
 func TestVariants(t *testing.T) {
 	testnet.RequireRoot(t) // skips here, not in each variant, under make test-unit
 	loaded := ""
@@ -156,9 +168,11 @@ func TestVariants(t *testing.T) {
 			err := lookup(t, v.Name)
 			switch {
 			case err == nil:
-				if loaded == "" {
+				if loaded == "" && !v.PerCall {
 					loaded = v.Name
 				}
+			case v.PerCall:
+				refusedPerCall(t, err)
 			case loaded != "":
 				t.Errorf("variant %s refused where %s loads: %v", v.Name, loaded, err)
 			default:

@@ -11,21 +11,30 @@ import (
 	"github.com/deptrace/deptrace/internal/kernel"
 )
 
-// Variant is one pair of programs of bpf/dns.bpf.c. Kernels differ in
-// what cgroup_skb programs may call; the watcher attaches the first
+// Variant is one pair of programs of bpf/dns.bpf.c: one of the
+// per-packet pairs (cgroup_skb), which differ in what the kernel lets
+// them call, or the per-call pair (tracepoints on every send and receive
+// call). Unless told which, the watcher attaches the first per-packet
 // variant (in Variants' order) that the kernel loads.
 type Variant struct {
 	// Name is what doctor and the warnings call it.
 	Name    string
 	egress  string
 	ingress string
-	// Needs is what the kernel must let cgroup_skb programs call.
+	// PerCall: egress and ingress are tp_btf programs on the send and
+	// receive calls, not cgroup_skb programs on packets. Only a Config
+	// that names it loads it: beside the tracer's own programs on the
+	// same tracepoints it costs more than the per-packet pair on
+	// persistent TCP and UDP (docs/performance.md, "DNS watching").
+	PerCall bool
+	// Needs is what the kernel must offer the programs.
 	Needs string
 	// Lost is what this variant does not see ("" when nothing).
 	Lost string
 }
 
-// Variants are the program pairs, best first.
+// Variants are the program pairs: the per-packet ones best first, then
+// the per-call one.
 var Variants = []Variant{
 	{Name: "kctx", egress: dnsProgDnsEgress, ingress: dnsProgDnsIngress,
 		Needs: "bpf_cast_to_kern_ctx and bpf_get_current_pid_tgid (6.2 and later)"},
@@ -34,10 +43,12 @@ var Variants = []Variant{
 	{Name: "bare", egress: dnsProgDnsEgressBare, ingress: dnsProgDnsIngressBare,
 		Needs: "bpf_probe_read_kernel",
 		Lost:  "the querying process (pid 0, no comm): DNS records name the client by cgroup and namespace only"},
+	{Name: "call", egress: dnsProgDnsSend, ingress: dnsProgDnsRecv, PerCall: true,
+		Needs: "the sock_send_length and sock_recv_length tracepoints (6.3 and later), bpf_task_pt_regs and task storage"},
 }
 
-// variantNames lists the names for error messages.
-func variantNames() string {
+// VariantNames lists the variants' names, for flags and error messages.
+func VariantNames() string {
 	names := make([]string, len(Variants))
 	for i, v := range Variants {
 		names[i] = v.Name
@@ -96,15 +107,28 @@ func loadVariant(v Variant) (*kernelSide, error) {
 		events: coll.Maps[dnsMapDnsEvents], stats: coll.Maps[dnsMapDnsStats]}, nil
 }
 
-// loadPrograms loads the named programs of bpf/dns.bpf.c and its maps.
+// perCallMaps are the maps only the per-call programs use: a kernel
+// without task storage (5.10) could not make them.
+var perCallMaps = []string{dnsMapDnsMcalls, dnsMapDnsCallScratch}
+
+// loadPrograms loads the named programs of bpf/dns.bpf.c and the maps
+// they use.
 func loadPrograms(names ...string) (*ebpf.Collection, error) {
 	spec, err := loadDns()
 	if err != nil {
 		return nil, err
 	}
+	perCall := false
 	for name := range spec.Programs {
 		if !slices.Contains(names, name) {
 			delete(spec.Programs, name)
+		} else if name == dnsProgDnsSend || name == dnsProgDnsRecv {
+			perCall = true
+		}
+	}
+	if !perCall {
+		for _, m := range perCallMaps {
+			delete(spec.Maps, m)
 		}
 	}
 	coll, err := ebpf.NewCollection(spec)
@@ -124,11 +148,12 @@ type VariantResult struct {
 	Err error // nil: it loads
 }
 
-// load loads the named variant, or ("") the first of Variants that loads;
-// tried lists the variants tried and why each refused.
+// load loads the named variant, or ("") the first per-packet one of
+// Variants that loads; tried lists the variants tried and why each
+// refused.
 func load(name string) (k *kernelSide, tried []VariantResult, err error) {
 	for _, v := range Variants {
-		if name != "" && v.Name != name {
+		if name != "" && v.Name != name || name == "" && v.PerCall {
 			continue
 		}
 		k, err := loadVariant(v)
@@ -139,7 +164,7 @@ func load(name string) (k *kernelSide, tried []VariantResult, err error) {
 		tried = append(tried, VariantResult{Variant: v, Err: err})
 	}
 	if name != "" && len(tried) == 0 {
-		return nil, nil, fmt.Errorf("dns: unknown program variant %q: allowed %s", name, variantNames())
+		return nil, nil, fmt.Errorf("dns: unknown program variant %q: allowed %s", name, VariantNames())
 	}
 	errs := make([]string, len(tried))
 	for i, t := range tried {

@@ -59,7 +59,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("invalid DNS name cache size %d: allowed 1 or more", c.MaxNames)
 	}
 	if _, ok := lookupVariant(c.Variant); c.Variant != "" && !ok {
-		return fmt.Errorf("invalid DNS program variant %q: allowed %s", c.Variant, variantNames())
+		return fmt.Errorf("invalid DNS program variant %q: allowed %s", c.Variant, VariantNames())
 	}
 	return nil
 }
@@ -79,8 +79,8 @@ type Watcher struct {
 	done    chan struct{} // the reader stopped
 }
 
-// New loads bpf/dns.bpf.c, attaches its programs at the cgroup v2 root
-// and starts reading.
+// New loads bpf/dns.bpf.c, attaches its programs (the per-call ones to
+// their tracepoints, the rest at the cgroup v2 root) and starts reading.
 func New(cfg Config) (*Watcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -96,6 +96,18 @@ func New(cfg Config) (*Watcher, error) {
 	if w.k, _, err = load(cfg.Variant); err != nil {
 		return nil, err
 	}
+	if w.k.variant.PerCall {
+		// The tracepoints see every socket of the machine; the cgroup
+		// hooks below note the sendto()s to port 53.
+		for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
+			l, err := link.AttachTracing(link.TracingOptions{Program: p})
+			if err != nil {
+				_ = w.close() // the attach error is the one to report
+				return nil, fmt.Errorf("dns: attach %s: %w", p, err)
+			}
+			w.links = append(w.links, l)
+		}
+	}
 	for _, a := range []struct {
 		prog   *ebpf.Program
 		attach ebpf.AttachType
@@ -103,8 +115,8 @@ func New(cfg Config) (*Watcher, error) {
 		{w.k.egress, ebpf.AttachCGroupInetEgress}, {w.k.ingress, ebpf.AttachCGroupInetIngress},
 		{w.k.sendmsg4, ebpf.AttachCGroupUDP4Sendmsg}, {w.k.sendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
 	} {
-		if a.prog == nil {
-			continue // loaded without (Variant.Lost says so)
+		if a.prog == nil || w.k.variant.PerCall && (a.prog == w.k.egress || a.prog == w.k.ingress) {
+			continue // loaded without (Variant.Lost says so), or attached above
 		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
 		if err != nil {
@@ -196,14 +208,27 @@ func (w *Watcher) Stats() Stats {
 	s := w.st.stats
 	w.mu.Unlock()
 	var per []uint64
-	for idx, into := range map[dnsDnsStat]*uint64{dnsDnsStatDNS_STAT_RINGBUF_FULL: &s.Lost} {
+	sum := func(idx dnsDnsStat) uint64 {
+		var n uint64
 		if err := w.k.stats.Lookup(uint32(idx), &per); err == nil {
-			*into = 0
 			for _, v := range per {
-				*into += v
+				n += v
+			}
+		}
+		return n
+	}
+	s.Lost = sum(dnsDnsStatDNS_STAT_RINGBUF_FULL) + sum(dnsDnsStatDNS_STAT_BUSY)
+	if w.k.variant.PerCall {
+		// A tracepoint's program run that the kernel skipped, because
+		// the same program was running on this CPU (a preempted run),
+		// is a call not seen.
+		for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
+			if ps, err := p.Stats(); err == nil {
+				s.Lost += ps.RecursionMisses
 			}
 		}
 	}
+	s.Unreadable = sum(dnsDnsStatDNS_STAT_UNREADABLE)
 	return s
 }
 

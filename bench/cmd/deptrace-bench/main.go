@@ -20,6 +20,7 @@ import (
 
 	"github.com/deptrace/deptrace/bench/internal/measure"
 	"github.com/deptrace/deptrace/internal/cli"
+	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/loadgen"
 )
@@ -164,6 +165,7 @@ func newBenchOverheadCmd() *cobra.Command {
 	var pairs int
 	var pairPhase time.Duration
 	var attribute, hollow, dns bool
+	var dnsVariant string
 	var minReached float64
 	var realtime bool
 	var hollowSet, pairLoads string
@@ -234,6 +236,16 @@ tables for docs/performance.md.`,
 			if dns && (pairs == 0 || hollow) {
 				return fmt.Errorf("--dns adds the DNS watcher to deptrace in the whole-machine pairs: give --pairs 1 or more, without --hollow")
 			}
+			if dnsVariant != "" {
+				dcfg := dnswatch.DefaultConfig()
+				dcfg.Variant = dnsVariant
+				if err := dcfg.Validate(); err != nil {
+					return fmt.Errorf("invalid --dns-variant %q: allowed %s", dnsVariant, dnswatch.VariantNames())
+				}
+				if !dns {
+					return fmt.Errorf("--dns-variant %s chooses the DNS watcher's programs: give --dns too", dnsVariant)
+				}
+			}
 			// Flags first, so a mistyped command says what is wrong with it.
 			if err := kernel.CheckCapabilities(); err != nil {
 				return err
@@ -248,7 +260,7 @@ tables for docs/performance.md.`,
 				}
 			}
 			if pairs > 0 {
-				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime, DNS: dns}
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime, DNS: dns, DNSVariant: dnsVariant}
 				// The loads measured before a failure are printed all
 				// the same: a pair failing late loses no finished load.
 				rs, err := measure.Paired(ctx, cfg.LoadCommand, loads, pc, os.Stderr)
@@ -279,7 +291,8 @@ tables for docs/performance.md.`,
 	cmd.Flags().BoolVar(&attribute, "attribute", false, "also sample every run of the pairs with perf and split deptrace's extra CPU by program, dispatch, helpers and agent (needs perf)")
 	cmd.Flags().StringVar(&hollowSet, "hollow-set", "", "with --hollow, the hook set of the empty programs (deptrace: today's; sockops...: the alternatives for TCP; implies --hollow)")
 	cmd.Flags().StringVar(&pairLoads, "pair-loads", strings.Join(pairedLoadKeys, ","), "comma list of the whole-machine pairs' loads: "+strings.Join(pairedLoadKeys, ", "))
-	cmd.Flags().BoolVar(&dns, "dns", false, "in the pairs, run deptrace's DNS watcher beside the tracer, as trace and agent do unless --no-dns: its two cgroup_skb programs run on every packet")
+	cmd.Flags().BoolVar(&dns, "dns", false, "in the pairs, run deptrace's DNS watcher beside the tracer, as trace and agent do unless --no-dns")
+	cmd.Flags().StringVar(&dnsVariant, "dns-variant", "", "with --dns, the watcher's programs: "+dnswatch.VariantNames()+" (default: the first the kernel loads, as trace and agent do)")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }

@@ -72,6 +72,8 @@ func TestSubcommandsAndBadInput(t *testing.T) {
 		{[]string{"overhead", "--hollow", "--pairs", "0"}, "deptrace-bench: --hollow replaces deptrace in the whole-machine pairs: give --pairs 1 or more"},
 		{[]string{"overhead", "--dns", "--pairs", "0"}, "deptrace-bench: --dns adds the DNS watcher to deptrace in the whole-machine pairs: give --pairs 1 or more, without --hollow"},
 		{[]string{"overhead", "--dns", "--hollow"}, "deptrace-bench: --dns adds the DNS watcher"},
+		{[]string{"overhead", "--dns", "--dns-variant", "fast"}, `deptrace-bench: invalid --dns-variant "fast": allowed kctx, task, bare, call`},
+		{[]string{"overhead", "--dns-variant", "kctx"}, "deptrace-bench: --dns-variant kctx chooses the DNS watcher's programs: give --dns too"},
 		{[]string{"overhead", "--pair-phase", "10ms"}, "deptrace-bench: invalid --pair-phase 10ms: allowed 1s to 1h"},
 		{[]string{"overhead", "--pairs", "-1"}, "deptrace-bench: invalid --pairs -1: allowed 0 (skip the whole-machine measurement) to 1000"},
 		{[]string{"overhead", "--pair-loads", "tcp-short,tcp"}, `deptrace-bench: invalid --pair-loads "tcp-short,tcp": "tcp" is not a load; allowed a comma list of tcp-short, tcp-persistent, udp, tcp-short-1000-hosts`},

@@ -95,9 +95,10 @@ type PairedConfig struct {
 	// empty: the hooks deptrace runs today.
 	HollowSet string
 	// DNS runs deptrace's DNS watcher beside the tracer, as trace and the
-	// agent do by default: two cgroup_skb programs that every packet of
-	// every socket runs (internal/dnswatch).
-	DNS bool
+	// agent do by default (internal/dnswatch): DNSVariant's programs, or
+	// ("") the first variant the kernel loads, as they do.
+	DNS        bool
+	DNSVariant string
 }
 
 // Paired runs each load cfg.Pairs times without and with deptrace (tracer
@@ -166,7 +167,9 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		}
 		var dns *dnswatch.Watcher
 		if cfg.DNS {
-			if dns, err = dnswatch.New(dnswatch.DefaultConfig()); err != nil {
+			dcfg := dnswatch.DefaultConfig()
+			dcfg.Variant = cfg.DNSVariant
+			if dns, err = dnswatch.New(dcfg); err != nil {
 				_ = t.Close() // the watcher's error is the one to report
 				return nil, fmt.Errorf("load the DNS watcher: %w", err)
 			}
@@ -413,6 +416,8 @@ func WritePairedMarkdown(w io.Writer, rs []PairedResult, cfg PairedConfig) {
 	traced := "traced with the tracer draining every second"
 	if cfg.Hollow {
 		traced = "traced by empty programs alone, one on each hook deptrace runs on this kernel: the floor of any program there"
+	} else if cfg.DNS && cfg.DNSVariant != "" {
+		traced += " and the DNS watcher on, its " + cfg.DNSVariant + " programs"
 	} else if cfg.DNS {
 		traced += " and the DNS watcher on, as trace and the agent run by default"
 	}

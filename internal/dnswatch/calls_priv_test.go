@@ -1,0 +1,397 @@
+package dnswatch_test
+
+// Every way a resolver hands a query to the kernel and takes its answer
+// back: the per-call programs find the payload in a different place for
+// each system call (a buffer, an iovec array, a msghdr, one message of an
+// mmsghdr array), and TCP's length prefix comes in its own buffer or not.
+// Each variant the kernel loads must count every one exactly. Needs
+// nothing but the kernel.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf/btf"
+	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/dnswatch"
+	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/tracer"
+)
+
+// answerLookupTCP answers as answerLookup does, over TCP on h's port 53:
+// each message a 2-byte length and the message.
+func answerLookupTCP(t *testing.T, h *testnet.Host) {
+	t.Helper()
+	ln := h.Listen(t, "tcp4", net.JoinHostPort(h.IPv4.String(), "53"))
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				for {
+					var n [2]byte
+					if _, err := io.ReadFull(c, n[:]); err != nil {
+						return
+					}
+					q := make([]byte, binary.BigEndian.Uint16(n[:]))
+					if _, err := io.ReadFull(c, q); err != nil {
+						return
+					}
+					a := answerTo(q, h)
+					if a == nil {
+						return
+					}
+					_, _ = c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(a))), a...))
+				}
+			}()
+		}
+	}()
+}
+
+func queryOf(t *testing.T, id uint16, typ dnsmessage.Type) []byte {
+	t.Helper()
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
+	_ = b.StartQuestions()
+	_ = b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(lookupName), Type: typ, Class: dnsmessage.ClassINET})
+	q, err := b.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// dnsSocket opens a blocking socket of typ (in the namespace Do runs
+// in), connected to server unless connect is false, with a 5 s receive
+// timeout.
+func dnsSocket(typ int, server netip4, connect bool) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, typ, 0)
+	if err != nil {
+		return -1, err
+	}
+	tv := unix.Timeval{Sec: 5}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if connect {
+		if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: server, Port: 53}); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+	}
+	return fd, nil
+}
+
+type netip4 = [4]byte
+
+// mmsghdr is struct mmsghdr on 64-bit Linux.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	len uint32
+	_   [4]byte
+}
+
+// way is one way of sending a query and reading its answer.
+type way struct {
+	name string
+	send func(fd int, q []byte) error
+	recv func(fd int) error
+}
+
+// lookupEach makes one lookup per way, each on a new socket of typ
+// connected to server, with the queries next makes.
+func lookupEach(typ int, server netip4, ways []way, next func() []byte) error {
+	for _, w := range ways {
+		fd, err := dnsSocket(typ, server, true)
+		if err != nil {
+			return err
+		}
+		err = w.send(fd, next())
+		if err == nil {
+			err = w.recv(fd)
+		}
+		unix.Close(fd)
+		if err != nil {
+			return &callError{w.name, err}
+		}
+	}
+	return nil
+}
+
+// udpCalls makes one lookup per way of calling, over UDP; it returns how
+// many queries it sent.
+func udpCalls(t *testing.T, server netip4) (queries int, err error) {
+	buf := make([]byte, 1500)
+	id := uint16(0x100)
+	next := func() []byte { id++; queries++; return queryOf(t, id, dnsmessage.TypeA) }
+	ways := []way{
+		{"write/read",
+			func(fd int, q []byte) error { _, err := unix.Write(fd, q); return err },
+			func(fd int) error { _, err := unix.Read(fd, buf); return err }},
+		{"send/recv (sendto/recvfrom)",
+			func(fd int, q []byte) error { return unix.Sendto(fd, q, 0, nil) },
+			func(fd int) error { _, _, err := unix.Recvfrom(fd, buf, 0); return err }},
+		{"sendmsg/recvmsg",
+			func(fd int, q []byte) error { _, err := unix.SendmsgN(fd, q, nil, nil, 0); return err },
+			func(fd int) error { _, _, _, _, err := unix.Recvmsg(fd, buf, nil, 0); return err }},
+		{"writev/readv",
+			func(fd int, q []byte) error { _, err := unix.Writev(fd, [][]byte{q}); return err },
+			func(fd int) error { _, err := unix.Readv(fd, [][]byte{buf}); return err }},
+	}
+	if err := lookupEach(unix.SOCK_DGRAM, server, ways, next); err != nil {
+		return queries, err
+	}
+	// sendmmsg/recvmmsg: A and AAAA in one call, as glibc asks, and both
+	// answers in one call.
+	fd, err := dnsSocket(unix.SOCK_DGRAM, server, true)
+	if err != nil {
+		return queries, err
+	}
+	defer unix.Close(fd)
+	qs := [][]byte{next(), next()}
+	var msgs [2]mmsghdr
+	var iovs [2]unix.Iovec
+	bufs := [2][]byte{make([]byte, 1500), make([]byte, 1500)}
+	for i := range msgs {
+		iovs[i].Base, iovs[i].Len = &qs[i][0], uint64(len(qs[i]))
+		msgs[i].hdr.Iov, msgs[i].hdr.Iovlen = &iovs[i], 1
+	}
+	if n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), 2, 0, 0, 0); e != 0 || n != 2 {
+		return queries, &callError{"sendmmsg", errOf(e, n)}
+	}
+	for i := range msgs {
+		iovs[i].Base, iovs[i].Len = &bufs[i][0], uint64(len(bufs[i]))
+	}
+	// Blocking, no flags: the call waits for both.
+	if n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), 2, 0, 0, 0); e != 0 || n != 2 {
+		return queries, &callError{"recvmmsg", errOf(e, n)}
+	}
+	// An unconnected socket, sendto()/recvfrom() with addresses (musl).
+	ufd, err := dnsSocket(unix.SOCK_DGRAM, server, false)
+	if err != nil {
+		return queries, err
+	}
+	defer unix.Close(ufd)
+	if err := unix.Sendto(ufd, next(), 0, &unix.SockaddrInet4{Addr: server, Port: 53}); err != nil {
+		return queries, &callError{"unconnected sendto", err}
+	}
+	if _, _, err := unix.Recvfrom(ufd, buf, 0); err != nil {
+		return queries, &callError{"unconnected recvfrom", err}
+	}
+	return queries, nil
+}
+
+// tcpCalls makes one lookup per way of framing over TCP: length and
+// message in one buffer; in two buffers of one call (glibc's writev);
+// in two calls each way.
+func tcpCalls(t *testing.T, server netip4) (queries int, err error) {
+	id := uint16(0x200)
+	next := func() []byte { id++; queries++; return queryOf(t, id, dnsmessage.TypeA) }
+	prefix := func(m []byte) []byte { return binary.BigEndian.AppendUint16(nil, uint16(len(m))) }
+	// The answer's length, then the answer: two reads, or one readv of
+	// two buffers.
+	readSplit := func(fd int) error {
+		var n [2]byte
+		if _, err := unix.Read(fd, n[:]); err != nil {
+			return err
+		}
+		_, err := unix.Read(fd, make([]byte, binary.BigEndian.Uint16(n[:])))
+		return err
+	}
+	readv := func(fd int) error {
+		_, err := unix.Readv(fd, [][]byte{make([]byte, 2), make([]byte, 1500)})
+		return err
+	}
+	ways := []way{
+		{"tcp: one write, length and message", func(fd int, q []byte) error { _, err := unix.Write(fd, append(prefix(q), q...)); return err }, readv},
+		{"tcp: writev of length and message", func(fd int, q []byte) error { _, err := unix.Writev(fd, [][]byte{prefix(q), q}); return err }, readSplit},
+		{"tcp: two writes", func(fd int, q []byte) error {
+			if _, err := unix.Write(fd, prefix(q)); err != nil {
+				return err
+			}
+			_, err := unix.Write(fd, q)
+			return err
+		}, readv},
+	}
+	if err := lookupEach(unix.SOCK_STREAM, server, ways, next); err != nil {
+		return queries, err
+	}
+	return queries, nil
+}
+
+type callError struct {
+	call string
+	err  error
+}
+
+func (e *callError) Error() string { return e.call + ": " + e.err.Error() }
+
+func errOf(e unix.Errno, n uintptr) error {
+	if e != 0 {
+		return e
+	}
+	return fmt.Errorf("moved %d of 2 messages", n)
+}
+
+// refusedPerCall fails the test when the kernel has the tracepoints the
+// per-call variant needs but refused it (err), and logs the refusal
+// otherwise (a kernel before 6.3).
+func refusedPerCall(t *testing.T, err error) {
+	t.Helper()
+	kspec, kerr := btf.LoadKernelSpec()
+	if kerr != nil {
+		t.Fatalf("kernel BTF: %v", kerr)
+	}
+	if _, noTP := kspec.AnyTypeByName("btf_trace_sock_send_length"); noTP == nil {
+		t.Fatalf("the kernel has sock_send_length, but the per-call variant does not load: %v", err)
+	}
+	t.Logf("the per-call variant refused here (a kernel without sock_send_length): %v", err)
+}
+
+// TestEveryCallPath: each variant the kernel loads counts a lookup made
+// through each system call exactly, with the calling process, and the
+// per-call variant loads wherever the kernel has its tracepoints.
+func TestEveryCallPath(t *testing.T) {
+	testnet.RequireRoot(t)
+	for _, v := range dnswatch.Variants {
+		t.Run(v.Name, func(t *testing.T) {
+			nw := testnet.New(t, 2)
+			client, srv := nw.Hosts[0], nw.Hosts[1]
+			answerLookup(t, srv)
+			answerLookupTCP(t, srv)
+			cfg := dnswatch.DefaultConfig()
+			cfg.Variant = v.Name
+			w, err := dnswatch.New(cfg)
+			if err != nil {
+				if v.PerCall {
+					refusedPerCall(t, err)
+				} else {
+					t.Logf("variant %s refused here (needs %s): %v", v.Name, v.Needs, err)
+				}
+				return
+			}
+			defer w.Close()
+			server := [4]byte(srv.IPv4.To4())
+			var udpQ, tcpQ int
+			client.Do(t, func() (err error) {
+				if udpQ, err = udpCalls(t, server); err != nil {
+					return err
+				}
+				tcpQ, err = tcpCalls(t, server)
+				return err
+			})
+			resolver := srv.IPv4.String() + ":53"
+			pid := uint32(os.Getpid())
+			if w.Variant().Lost != "" {
+				pid = 0 // a variant that cannot see the process
+			}
+			got := map[tracer.Proto]tracer.DNSCounters{}
+			var other []tracer.DNS
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				iv := tracer.Interval{Time: time.Now()}
+				w.Apply(&iv)
+				for _, d := range iv.DNS {
+					if d.NetNS != client.Inode || d.Resolver != resolver || d.PID != pid {
+						other = append(other, d)
+						continue
+					}
+					c := got[d.Proto]
+					c.Add(d.DNSCounters)
+					got[d.Proto] = c
+				}
+				if got[tracer.ProtoUDP].Answers >= uint64(udpQ) && got[tracer.ProtoTCP].Answers >= uint64(tcpQ) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			for proto, n := range map[tracer.Proto]int{tracer.ProtoUDP: udpQ, tracer.ProtoTCP: tcpQ} {
+				c := got[proto]
+				c.LatencySumUs, c.LatencyMaxUs = 0, 0
+				want := tracer.DNSCounters{Queries: uint64(n), Answers: uint64(n), NoError: uint64(n), LatencyCount: uint64(n)}
+				if c != want {
+					t.Errorf("%s lookups of this process through %s: %+v; want %+v", proto, resolver, c, want)
+				}
+			}
+			if len(other) > 0 {
+				t.Errorf("records of another client, resolver or process: %+v", other)
+			}
+			if st := w.Stats(); st.Lost != 0 || st.Unparsed != 0 || st.Unreadable != 0 {
+				t.Errorf("watcher stats %+v; want nothing lost, unparsed or unreadable", st)
+			}
+		})
+	}
+}
+
+// TestUnreadableCallIsCounted: a query the per-call programs cannot read
+// (sent by sendfile() from a file: no buffer of the caller's to read, as
+// with io_uring) is counted unreadable and unparsed for its client, not
+// lost without a trace; its answer, read with recv(), counts as an answer
+// whose query was not seen.
+func TestUnreadableCallIsCounted(t *testing.T) {
+	testnet.RequireRoot(t)
+	nw := testnet.New(t, 2)
+	client, srv := nw.Hosts[0], nw.Hosts[1]
+	answerLookup(t, srv)
+	cfg := dnswatch.DefaultConfig()
+	cfg.Variant = "call"
+	w, err := dnswatch.New(cfg)
+	if err != nil {
+		refusedPerCall(t, err)
+		return
+	}
+	defer w.Close()
+	file := filepath.Join(t.TempDir(), "query")
+	if err := os.WriteFile(file, queryOf(t, 0x300, dnsmessage.TypeA), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	client.Do(t, func() error {
+		fd, err := dnsSocket(unix.SOCK_DGRAM, [4]byte(srv.IPv4.To4()), true)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		f, err := os.Open(file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, err := unix.Sendfile(fd, int(f.Fd()), nil, 1500); err != nil {
+			return &callError{"sendfile", err}
+		}
+		_, _, err = unix.Recvfrom(fd, make([]byte, 1500), 0)
+		return err
+	})
+	var got tracer.DNSCounters
+	deadline := time.Now().Add(10 * time.Second)
+	for got.Answers == 0 && time.Now().Before(deadline) {
+		iv := tracer.Interval{Time: time.Now()}
+		w.Apply(&iv)
+		for _, d := range iv.DNS {
+			if d.NetNS == client.Inode {
+				got.Add(d.DNSCounters)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got.LatencySumUs, got.LatencyMaxUs = 0, 0
+	if want := (tracer.DNSCounters{Answers: 1, NoError: 1, Unparsed: 1}); got != want {
+		t.Errorf("the client's lookups: %+v; want %+v", got, want)
+	}
+	if st := w.Stats(); st.Unreadable != 1 || st.Unparsed != 1 {
+		t.Errorf("watcher stats %+v; want 1 unreadable, 1 unparsed", st)
+	}
+}
