@@ -146,13 +146,10 @@ killed agent left.`,
 			}
 			if dns := startDNS(dnsCfg, log); dns != nil {
 				defer func() { _ = dns.Close() }() // detaches; nothing to report at exit
-				var lost uint64
+				var losses dnsLosses
 				cfg.DNS = func(iv *tracer.Interval) {
 					dns.Apply(iv)
-					if st := dns.Stats(); st.Lost > lost {
-						log.Warn("DNS packets lost: the ring buffer was full", "lost", st.Lost-lost)
-						lost = st.Lost
-					}
+					losses.warn(dns.Stats(), log)
 					if names != nil { // identity on: name the DNS clients too
 						for i := range iv.DNS {
 							iv.DNS[i].Identity = names.Resolve(iv.DNS[i].CgroupID)

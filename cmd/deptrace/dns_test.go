@@ -6,8 +6,10 @@ package main
 // records in jsonl and in the store.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
@@ -373,6 +376,28 @@ func TestBadDNSHealthFlags(t *testing.T) {
 		stdout, stderr, code := run(t, c.env, append(c.args, "--store", db)...)
 		if code != 1 || stdout != "" || !strings.Contains(stderr, c.want) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
 			t.Errorf("%v %v: exit %d, stderr %q; want one line with %q", c.env, c.args, code, stderr, c.want)
+		}
+	}
+}
+
+// TestDNSLossesWarnOncePerRise: trace and the agent warn when the DNS
+// watcher loses records or meets calls it cannot read, once per interval
+// that adds some, with how many it added.
+func TestDNSLossesWarnOncePerRise(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	var d dnsLosses
+	for _, st := range []dnswatch.Stats{{}, {Lost: 3}, {Lost: 3}, {Lost: 5, Unreadable: 2}, {Lost: 5, Unreadable: 2}} {
+		d.warn(st, log)
+	}
+	got := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	want := []string{"lost=3", "lost=2", "calls=2"}
+	if len(got) != len(want) {
+		t.Fatalf("warnings:\n%s\nwant %d", buf.String(), len(want))
+	}
+	for i, w := range want {
+		if !strings.Contains(got[i], w) || !strings.Contains(got[i], "level=WARN") {
+			t.Errorf("warning %d: %q; want one with %s", i, got[i], w)
 		}
 	}
 }

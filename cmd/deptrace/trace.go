@@ -123,6 +123,21 @@ func (f *dnsFlags) config(netns uint32) (*dnswatch.Config, error) {
 	return &cfg, nil
 }
 
+// dnsLosses remembers what the DNS watcher had lost when last asked, to
+// warn once per interval that loses more.
+type dnsLosses struct{ lost, unreadable uint64 }
+
+func (d *dnsLosses) warn(st dnswatch.Stats, log *slog.Logger) {
+	if st.Lost > d.lost {
+		log.Warn("DNS records lost: the ring buffer was full, or a record was preempted", "lost", st.Lost-d.lost)
+		d.lost = st.Lost
+	}
+	if st.Unreadable > d.unreadable {
+		log.Warn("DNS calls not read (made through io_uring, sendfile or splice): counted as unparsed lookups of their clients", "calls", st.Unreadable-d.unreadable)
+		d.unreadable = st.Unreadable
+	}
+}
+
 // startDNS starts the DNS watcher; on failure tracing goes on without it
 // (a warning says why).
 func startDNS(cfg *dnswatch.Config, log *slog.Logger) *dnswatch.Watcher {
@@ -201,7 +216,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	if dns != nil {
 		defer func() { _ = dns.Close() }() // detaches; nothing to report at exit
 	}
-	var dnsLost uint64
+	var dnsLost dnsLosses
 	hooks.LogUncovered(log, t.Hooks())
 	if nsCount, ports, err := t.Seeded(); err != nil {
 		log.Warn("seeding listening ports failed; older connections may show the wrong direction", "err", err)
@@ -221,10 +236,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	err = t.RunWith(ctx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 		if dns != nil {
 			dns.Apply(&iv)
-			if st := dns.Stats(); st.Lost > dnsLost {
-				log.Warn("DNS packets lost: the ring buffer was full", "lost", st.Lost-dnsLost)
-				dnsLost = st.Lost
-			}
+			dnsLost.warn(dns.Stats(), log)
 		}
 		shown := filter.Apply(iv.Flows)
 		flows += uint64(len(shown))
