@@ -147,6 +147,8 @@ struct dns_dest {
 	__u32 pending; /* set by the hook, taken by the egress (or send) program */
 	__u32 asked;   /* per call: the socket's last send went to port 53, so
 	                * its receives are answers */
+	__u32 family;  /* 4: addr is IPv4 (sendmsg4, also a v6 socket's
+	                * v4-mapped destination); 6: IPv6 */
 };
 
 struct {
@@ -185,6 +187,7 @@ int dns_sendmsg4(struct bpf_sock_addr *ctx)
 	if (d) {
 		__builtin_memset(d->addr, 0, sizeof(d->addr));
 		*(__u32 *)d->addr = ctx->user_ip4;
+		d->family = 4;
 	}
 	return 1;
 }
@@ -199,6 +202,7 @@ int dns_sendmsg6(struct bpf_sock_addr *ctx)
 		a[1] = ctx->user_ip6[1];
 		a[2] = ctx->user_ip6[2];
 		a[3] = ctx->user_ip6[3];
+		d->family = 6;
 	}
 	return 1;
 }
@@ -515,11 +519,15 @@ _Static_assert(sizeof(struct user_msg) == 56, "struct user_msghdr is 56 bytes on
 #define CALL_IOVS 4
 
 /* Where a thread's sendmmsg() or recvmmsg() is: the tracepoints run once
- * per message and say nothing of which, so the thread counts them. A
- * call's messages run in order, and one that fails ends the call; a call
- * that ends otherwise before its last message (recvmmsg's timeout) leaves
- * a count the next call on the same array would continue: a misread
- * message, parsed as unparsed at worst. */
+ * per message and say nothing of which, so the thread counts them (on
+ * DNS sockets only). A call's messages run in order, and one that fails
+ * ends the call. A count can still go wrong: an unconnected socket's
+ * sendmmsg() to port 53 and other ports at once, a message that fails
+ * before the socket sees it, recvmmsg()'s timeout between messages; the
+ * next call on the same array then reads another slot. A datagram sent
+ * is checked against its slot's length (a mismatch is counted
+ * unreadable); a stale slot of a receive can hold an older answer, read
+ * again (counted as an answer whose query was not seen). */
 struct dns_mcall {
 	__u64 vec;  /* the mmsghdr array */
 	__u32 next; /* index of the message the next hit is */
@@ -608,6 +616,8 @@ static __always_inline __u64 mmsg_slot(__u64 vec, __u64 vlen, int ret)
 	        BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!m)
 		return 0;
+	if (vlen > 1024)
+		vlen = 1024; /* UIO_MAXIOV: the kernel sends or receives no more */
 	if (m->vec != vec || m->vlen != (__u32)vlen || m->next >= m->vlen) {
 		m->vec = vec;
 		m->vlen = vlen;
@@ -619,10 +629,19 @@ static __always_inline __u64 mmsg_slot(__u64 vec, __u64 vlen, int ret)
 	return vec + (__u64)(i & 1023) * USER_MMSG_SIZE;
 }
 
+#define PF_IO_WORKER 0x00000010
+#define PF_KTHREAD 0x00200000
+
 /* call_buffers finds the call's buffers: one (*one) or an iovec array in
- * the caller's memory (*iov, *cnt). False for a call made otherwise. */
+ * the caller's memory (*iov, *cnt). False for a call made otherwise: a
+ * kernel thread's or an io_uring worker's (registers that are not the
+ * call's: zeroed, or copied from the task that made the worker), or a
+ * system call not listed above. */
 static __always_inline bool call_buffers(int ret, struct user_iov *one, __u64 *iov, __u64 *cnt)
 {
+	struct task_struct *t = bpf_get_current_task_btf();
+	if (t->flags & (PF_KTHREAD | PF_IO_WORKER))
+		return false;
 	__u64 nr, a1, a2;
 	call_regs(&nr, &a1, &a2);
 	__u64 msg;
@@ -654,6 +673,8 @@ static __always_inline bool call_buffers(int ret, struct user_iov *one, __u64 *i
 	default:
 		return false;
 	}
+	if (ret <= 0)
+		return false; /* nothing to read (the count above moved on) */
 	struct user_msg h;
 	if (bpf_probe_read_user(&h, sizeof(h), (const void *)msg))
 		return false;
@@ -680,8 +701,15 @@ static __always_inline void sock_addrs(struct sock *sk, struct dns_event *ev, bo
 		BPF_CORE_READ_INTO(local, sk, __sk_common.skc_v6_rcv_saddr);
 		BPF_CORE_READ_INTO(remote, sk, __sk_common.skc_v6_daddr);
 	}
-	if (dest)
+	if (dest && dest->family == 4 && ev->family == 6) {
+		/* a v6 socket's sendto() to a v4-mapped address ran sendmsg4 */
+		__builtin_memset(remote, 0, 10);
+		remote[10] = 0xff;
+		remote[11] = 0xff;
+		__builtin_memcpy(remote + 12, dest->addr, 4);
+	} else if (dest) {
 		__builtin_memcpy(remote, dest->addr, sizeof(ev->saddr));
+	}
 	ev->sport = send ? lport : rport;
 	ev->dport = send ? rport : lport;
 	__builtin_memcpy(ev->sk_raddr, remote, sizeof(ev->sk_raddr));
@@ -774,8 +802,16 @@ static __always_inline void call(struct sock *sk, int ret, int flags, bool send)
 			continue;
 		if (!tcp) {
 			/* A datagram is one message: what the first buffer holds
-			 * of it (all of it, from every resolver seen). */
-			emit(ev, b.base, n, ret);
+			 * of it (all of it, from every resolver seen). A datagram
+			 * sent from one buffer is that buffer: another length
+			 * means the buffer found is not the call's (a miscounted
+			 * sendmmsg slot). */
+			if (send && b.len != (__u32)ret && (!iov || cnt == 1)) {
+				dns_stat_inc(DNS_STAT_UNREADABLE);
+				emit(ev, 0, 0, ret);
+			} else {
+				emit(ev, b.base, n, ret);
+			}
 			goto out;
 		}
 		emit(ev, b.base, n, n);

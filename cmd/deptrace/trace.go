@@ -125,16 +125,12 @@ func (f *dnsFlags) config(netns uint32) (*dnswatch.Config, error) {
 
 // dnsLosses remembers what the DNS watcher had lost when last asked, to
 // warn once per interval that loses more.
-type dnsLosses struct{ lost, unreadable uint64 }
+type dnsLosses struct{ lost uint64 }
 
 func (d *dnsLosses) warn(st dnswatch.Stats, log *slog.Logger) {
 	if st.Lost > d.lost {
-		log.Warn("DNS records lost: the ring buffer was full, or a record was preempted", "lost", st.Lost-d.lost)
+		log.Warn("DNS packets lost: the ring buffer was full", "lost", st.Lost-d.lost)
 		d.lost = st.Lost
-	}
-	if st.Unreadable > d.unreadable {
-		log.Warn("DNS calls not read (made through io_uring, sendfile or splice): counted as unparsed lookups of their clients", "calls", st.Unreadable-d.unreadable)
-		d.unreadable = st.Unreadable
 	}
 }
 

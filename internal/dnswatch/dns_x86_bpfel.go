@@ -24,6 +24,7 @@ type dnsDnsDest struct {
 	Addr    [16]uint8
 	Pending uint32
 	Asked   uint32
+	Family  uint32
 }
 
 type dnsDnsDir uint32

@@ -32,9 +32,10 @@ type state struct {
 // Stats are the watcher's own counters since it started.
 type Stats struct {
 	Events       uint64 // DNS packets read from the kernel side
-	Lost         uint64 // packets or calls the kernel side could not hand over (ring buffer full; per call also a record preempted by another, or a run the kernel skipped)
+	Lost         uint64 // packets or calls the kernel side could not hand over (ring buffer full; per call also a record preempted by another)
 	Cut          uint64 // packets or calls longer than the kernel side copies (per call, an unreadable call too)
 	Unreadable   uint64 // per call: DNS calls whose buffer the kernel side could not find (io_uring, splice), each counted unparsed
+	Skipped      uint64 // per call: program runs the kernel skipped (a preempted run on the same CPU): an upper bound of DNS calls not seen
 	Unparsed     uint64 // DNS messages that could not be parsed
 	NamesDropped uint64 // answers not kept: the name cache was full
 	Names        int    // addresses named now

@@ -90,6 +90,11 @@ func (k *kernelSide) Close() error {
 // kernel that refuses socket storage in them) does not see.
 const noSendto = "queries sent with sendto() to an address a NAT rule redirects (musl's resolver behind Docker's 127.0.0.11): their answers count without queries or latency"
 
+// noSendtoPerCall is what the per-call variant loaded without them does
+// not see: it takes an unconnected socket for a resolver's only by their
+// notes.
+const noSendtoPerCall = "lookups on unconnected UDP sockets (sendto() to port 53, as musl's resolver sends): neither queries nor answers are seen"
+
 // loadVariant loads v's two programs, the sendmsg programs and the maps;
 // where the kernel refuses the sendmsg programs, the rest without them
 // (v.Lost says what that misses).
@@ -99,7 +104,11 @@ func loadVariant(v Variant) (*kernelSide, error) {
 		if coll, _ = loadPrograms(v.egress, v.ingress); coll == nil {
 			return nil, err // the first error says most
 		}
-		v.Lost = strings.TrimPrefix(v.Lost+"; "+noSendto, "; ")
+		lost := noSendto
+		if v.PerCall {
+			lost = noSendtoPerCall
+		}
+		v.Lost = strings.TrimPrefix(v.Lost+"; "+lost, "; ")
 	}
 	return &kernelSide{variant: v, coll: coll,
 		egress: coll.Programs[v.egress], ingress: coll.Programs[v.ingress],

@@ -219,12 +219,12 @@ func (w *Watcher) Stats() Stats {
 	}
 	s.Lost = sum(dnsDnsStatDNS_STAT_RINGBUF_FULL) + sum(dnsDnsStatDNS_STAT_BUSY)
 	if w.k.variant.PerCall {
-		// A tracepoint's program run that the kernel skipped, because
-		// the same program was running on this CPU (a preempted run),
-		// is a call not seen.
+		// Runs the kernel skipped because the same program was running
+		// on this CPU (preempted, from 6.19): calls of any socket, so
+		// at most this many DNS calls were not seen.
 		for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
 			if ps, err := p.Stats(); err == nil {
-				s.Lost += ps.RecursionMisses
+				s.Skipped += ps.RecursionMisses
 			}
 		}
 	}
