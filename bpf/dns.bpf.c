@@ -477,6 +477,7 @@ int dns_ingress_bare(struct __sk_buff *ctx)
  * anonymous union). */
 struct pt_regs___dns_arm64 {
 	__u64 regs[31];
+	__u64 orig_x0;
 	__s32 syscallno;
 } __attribute__((preserve_access_index));
 #else
@@ -526,8 +527,9 @@ _Static_assert(sizeof(struct user_msg) == 56, "struct user_msghdr is 56 bytes on
  * before the socket sees it, recvmmsg()'s timeout between messages; the
  * next call on the same array then reads another slot. A datagram sent
  * is checked against its slot's length (a mismatch is counted
- * unreadable); a stale slot of a receive can hold an older answer, read
- * again (counted as an answer whose query was not seen). */
+ * unreadable; glibc's A and AAAA queries have one length, and a swap of
+ * the two loses neither); a stale slot of a receive can hold an older
+ * answer, read again (counted as an answer whose query was not seen). */
 struct dns_mcall {
 	__u64 vec;  /* the mmsghdr array */
 	__u32 next; /* index of the message the next hit is */
@@ -590,34 +592,53 @@ static __always_inline bool dns_socket(struct sock *sk, bool send, struct dns_de
 	return true;
 }
 
-/* The call's number and its second and third arguments, from the
- * registers the system call was entered with. */
-static __always_inline void call_regs(__u64 *nr, __u64 *a1, __u64 *a2)
+/* The call's number and its first three arguments, from the registers
+ * the system call was entered with. */
+static __always_inline void call_regs(struct task_struct *t, __u64 *nr, __u64 *a0, __u64 *a1, __u64 *a2)
 {
-	struct task_struct *t = bpf_get_current_task_btf();
 #if defined(__TARGET_ARCH_arm64)
 	struct pt_regs___dns_arm64 *regs = (struct pt_regs___dns_arm64 *)bpf_task_pt_regs(t);
 	*nr = (__u64)(__s64)BPF_CORE_READ(regs, syscallno);
+	*a0 = BPF_CORE_READ(regs, orig_x0); /* x0 may hold a return value */
 	*a1 = BPF_CORE_READ(regs, regs[1]);
 	*a2 = BPF_CORE_READ(regs, regs[2]);
 #else
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
 	*nr = BPF_CORE_READ(regs, orig_ax);
+	*a0 = BPF_CORE_READ(regs, di);
 	*a1 = BPF_CORE_READ(regs, si);
 	*a2 = BPF_CORE_READ(regs, dx);
 #endif
 }
 
+/* fd_is reports whether the task's descriptor fd is sk's socket: the
+ * registers are this call's only if the call's descriptor is (io_uring
+ * runs a retried send or receive in task work, on the task's way back
+ * from whatever system call it was in). */
+static __always_inline bool fd_is(struct task_struct *t, __u64 fd, struct sock *sk)
+{
+	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return false;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+		return false;
+	struct socket *so = BPF_CORE_READ(f, private_data);
+	return so && BPF_CORE_READ(so, sk) == sk;
+}
+
 /* mmsg_slot returns the msghdr of the message this hit of a sendmmsg()
  * or recvmmsg() on vec is (0 when the thread's count cannot be kept). */
-static __always_inline __u64 mmsg_slot(__u64 vec, __u64 vlen, int ret)
+static __always_inline __u64 mmsg_slot(__u64 nr, __u64 vec, __u64 vlen, int ret)
 {
 	struct dns_mcall *m = bpf_task_storage_get(&dns_mcalls, bpf_get_current_task_btf(), 0,
 	        BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!m)
 		return 0;
-	if (vlen > 1024)
-		vlen = 1024; /* UIO_MAXIOV: the kernel sends or receives no more */
+	vlen = (__u32)vlen; /* an unsigned int argument */
+	if (nr == NR_sendmmsg && vlen > 1024)
+		vlen = 1024; /* UIO_MAXIOV: sendmmsg() sends no more */
 	if (m->vec != vec || m->vlen != (__u32)vlen || m->next >= m->vlen) {
 		m->vec = vec;
 		m->vlen = vlen;
@@ -632,18 +653,36 @@ static __always_inline __u64 mmsg_slot(__u64 vec, __u64 vlen, int ret)
 #define PF_IO_WORKER 0x00000010
 #define PF_KTHREAD 0x00200000
 
-/* call_buffers finds the call's buffers: one (*one) or an iovec array in
- * the caller's memory (*iov, *cnt). False for a call made otherwise: a
- * kernel thread's or an io_uring worker's (registers that are not the
- * call's: zeroed, or copied from the task that made the worker), or a
- * system call not listed above. */
-static __always_inline bool call_buffers(int ret, struct user_iov *one, __u64 *iov, __u64 *cnt)
+/* call_buffers finds the call's buffers on sk: one (*one) or an iovec
+ * array in the caller's memory (*iov, *cnt). False for a call made
+ * otherwise: a kernel thread's or an io_uring worker's (registers that
+ * are not the call's: zeroed, or copied from the task that made the
+ * worker), a system call not listed above, or registers of a call on
+ * another descriptor (io_uring's task work). */
+static __always_inline bool call_buffers(struct sock *sk, int ret, struct user_iov *one, __u64 *iov, __u64 *cnt)
 {
 	struct task_struct *t = bpf_get_current_task_btf();
 	if (t->flags & (PF_KTHREAD | PF_IO_WORKER))
 		return false;
-	__u64 nr, a1, a2;
-	call_regs(&nr, &a1, &a2);
+	__u64 nr, a0, a1, a2;
+	call_regs(t, &nr, &a0, &a1, &a2);
+	switch (nr) {
+	case NR_read:
+	case NR_write:
+	case NR_sendto:
+	case NR_recvfrom:
+	case NR_readv:
+	case NR_writev:
+	case NR_sendmsg:
+	case NR_recvmsg:
+	case NR_sendmmsg:
+	case NR_recvmmsg:
+		if (!fd_is(t, a0, sk)) /* every one of them takes the descriptor first */
+			return false;
+		break;
+	default:
+		return false;
+	}
 	__u64 msg;
 	switch (nr) {
 	case NR_read:
@@ -666,7 +705,7 @@ static __always_inline bool call_buffers(int ret, struct user_iov *one, __u64 *i
 		break;
 	case NR_sendmmsg:
 	case NR_recvmmsg:
-		msg = mmsg_slot(a1, a2, ret);
+		msg = mmsg_slot(nr, a1, a2, ret);
 		if (!msg)
 			return false;
 		break;
@@ -743,7 +782,7 @@ static __always_inline void call(struct sock *sk, int ret, int flags, bool send)
 	struct user_iov one = {};
 	__u64 iov = 0, cnt = 0;
 	/* before the test of ret: an mmsg call's failed message counts */
-	bool found = call_buffers(ret, &one, &iov, &cnt);
+	bool found = call_buffers(sk, ret, &one, &iov, &cnt);
 	if (ret <= 0 || (!send && (flags & (MSG_PEEK | MSG_ERRQUEUE))))
 		return;
 	if (!found)
