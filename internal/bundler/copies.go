@@ -7,7 +7,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
+
+	"github.com/deptrace/deptrace/internal/kernel"
 )
 
 // Copies of the hot tracepoint programs recover the runs the kernel skips
@@ -51,7 +52,7 @@ const recMidCopies = 1
 // by the first copy's per-CPU flag, exact where a tracepoint call runs its
 // programs with preemption off.
 func recTaskMarks() bool {
-	return testHooks.recMarks || kernelAtLeast(6, 19)
+	return testHooks.recMarks || kernel.ReleaseAtLeast(6, 19)
 }
 
 // TaskMarks reports whether the kernel side decides by task marks on this
@@ -59,34 +60,6 @@ func recTaskMarks() bool {
 // lost, and counted in Stats().RecursionMisses; with the per-CPU flag no
 // call of a process can be lost that way.
 func TaskMarks() bool { return recTaskMarks() }
-
-// kernelAtLeast compares the running kernel's release with major.minor;
-// a release it cannot read counts as new (marks are right on any kernel,
-// the flag only on older ones).
-func kernelAtLeast(major, minor int) bool {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return true
-	}
-	maj, mnr, ok := parseRelease(unix.ByteSliceToString(u.Release[:]))
-	return !ok || maj > major || (maj == major && mnr >= minor)
-}
-
-// parseRelease reads "7.3.4+deb13-cloud-amd64" as 7, 3.
-func parseRelease(release string) (major, minor int, ok bool) {
-	a, rest, found := strings.Cut(release, ".")
-	if !found {
-		return 0, 0, false
-	}
-	b := rest
-	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		b = rest[:i]
-	}
-	var err1, err2 error
-	major, err1 = strconv.Atoi(a)
-	minor, err2 = strconv.Atoi(b)
-	return major, minor, err1 == nil && err2 == nil
-}
 
 func boolU32(b bool) uint32 {
 	if b {

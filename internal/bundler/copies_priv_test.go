@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/deptrace/deptrace/internal/kernel"
 )
 
 // Both ways the copies decide (the per-CPU flag of kernels before 6.19,
@@ -15,10 +17,10 @@ func TestCopiesCountEachStateChangeOnce(t *testing.T) {
 	// From 6.19 the kernel's own mode is the marks: forcing them would
 	// load and count the same configuration twice (30 s under TCG).
 	for _, force := range []bool{false, true} {
-		if force && kernelAtLeast(6, 19) {
+		if force && kernel.ReleaseAtLeast(6, 19) {
 			continue
 		}
-		marks := force || kernelAtLeast(6, 19)
+		marks := force || kernel.ReleaseAtLeast(6, 19)
 		name := "own"
 		if force {
 			name = "marks"

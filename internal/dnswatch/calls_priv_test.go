@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/dnswatch"
+	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -414,7 +415,7 @@ func TestUnreadableCallIsCounted(t *testing.T) {
 	// Before 6.5 sendfile() reaches a UDP socket through sendpage, which
 	// does not run sock_send_length: the query is not seen at all.
 	want, unreadable := tracer.DNSCounters{Answers: 1, NoError: 1, Unparsed: 1}, uint64(1)
-	if !kernelAtLeast(t, 6, 5) {
+	if !kernel.ReleaseAtLeast(6, 5) {
 		want, unreadable = tracer.DNSCounters{Answers: 1, NoError: 1}, 0
 	}
 	if got != want {
@@ -423,19 +424,4 @@ func TestUnreadableCallIsCounted(t *testing.T) {
 	if st := w.Stats(); st.Unreadable != unreadable || st.Unparsed != want.Unparsed {
 		t.Errorf("watcher stats %+v; want %d unreadable, %d unparsed", st, unreadable, want.Unparsed)
 	}
-}
-
-// kernelAtLeast reports whether the running kernel is major.minor or
-// later.
-func kernelAtLeast(t *testing.T, major, minor int) bool {
-	t.Helper()
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		t.Fatal(err)
-	}
-	var maj, min int
-	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &maj, &min); err != nil {
-		t.Fatalf("kernel release %q: %v", u.Release[:], err)
-	}
-	return maj > major || maj == major && min >= minor
 }
