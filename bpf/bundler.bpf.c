@@ -393,6 +393,27 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* The DNS watcher's per-call programs (bpf/dns.bpf.c: dns_send,
+ * dns_recv), which internal/dnswatch puts here when it runs: a send or
+ * receive on a socket that may be a resolver's goes on in them by a tail
+ * call, so every other call pays a port test, not a second program's
+ * dispatch on the tracepoint (docs/performance.md, "DNS watching"). One
+ * array per tracepoint: from 6.13 a tail call may only go to a program
+ * of the same hook. Empty (the watcher is off): the call falls through. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} dns_send_calls SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} dns_recv_calls SEC(".maps");
+
 /* Runs the kernel skips. The kernel skips a run of a tracing program that
  * would nest in a run of the same program on the same CPU (a softirq's
  * state change inside a process's; from 6.19, where tracepoint programs are
@@ -531,51 +552,77 @@ int connect_error(struct bpf_sockopt *ctx)
 /* Sends and receives run in process context only: before 6.19 nothing
  * nests in them and they have no copies; from 6.19 they are preemptible
  * and the loader attaches copies (recmarks.h). */
+
+#define DNS_PORT 53
+
+/* dns_hand_off ends the program in the DNS watcher's per-call program
+ * (dns_send_calls above) when sk may be a resolver's socket: connected
+ * to port 53, or an unconnected UDP socket with storage, where the
+ * watcher notes a sendto() to port 53. It must come last: a tail call
+ * does not return. */
+#define dns_hand_off(ctx, sk, calls) \
+	do { \
+		__u16 dport = (sk)->__sk_common.skc_dport; \
+		if (dport == bpf_htons(DNS_PORT) || (!dport && (sk)->sk_protocol == IPPROTO_UDP && (sk)->sk_bpf_storage)) \
+			bpf_tail_call(ctx, calls, 0); \
+	} while (0)
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
-	if (rec_first_copy(ctx, STAT_REC_DEFERRED_SEND))
+	if (rec_first_copy(ctx, STAT_REC_DEFERRED_SEND)) {
 		udp_datagram(sk, ret, flags, true);
+		dns_hand_off(ctx, sk, &dns_send_calls);
+	}
 	return 0;
 }
 
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_mid, struct sock *sk, int ret, int flags)
 {
-	if (rec_mid_copy(ctx, STAT_REC_RESCUED_SEND))
+	if (rec_mid_copy(ctx, STAT_REC_RESCUED_SEND)) {
 		udp_datagram(sk, ret, flags, true);
+		dns_hand_off(ctx, sk, &dns_send_calls);
+	}
 	return 0;
 }
 
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_last, struct sock *sk, int ret, int flags)
 {
-	if (rec_last_copy(ctx, REC_SEND, STAT_REC_RESCUED_SEND))
+	if (rec_last_copy(ctx, REC_SEND, STAT_REC_RESCUED_SEND)) {
 		udp_datagram(sk, ret, flags, true);
+		dns_hand_off(ctx, sk, &dns_send_calls);
+	}
 	return 0;
 }
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 {
-	if (rec_first_copy(ctx, STAT_REC_DEFERRED_RECV))
+	if (rec_first_copy(ctx, STAT_REC_DEFERRED_RECV)) {
 		udp_datagram(sk, ret, flags, false);
+		dns_hand_off(ctx, sk, &dns_recv_calls);
+	}
 	return 0;
 }
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv_mid, struct sock *sk, int ret, int flags)
 {
-	if (rec_mid_copy(ctx, STAT_REC_RESCUED_RECV))
+	if (rec_mid_copy(ctx, STAT_REC_RESCUED_RECV)) {
 		udp_datagram(sk, ret, flags, false);
+		dns_hand_off(ctx, sk, &dns_recv_calls);
+	}
 	return 0;
 }
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv_last, struct sock *sk, int ret, int flags)
 {
-	if (rec_last_copy(ctx, REC_RECV, STAT_REC_RESCUED_RECV))
+	if (rec_last_copy(ctx, REC_RECV, STAT_REC_RESCUED_RECV)) {
 		udp_datagram(sk, ret, flags, false);
+		dns_hand_off(ctx, sk, &dns_recv_calls);
+	}
 	return 0;
 }
 

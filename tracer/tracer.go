@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/bundler"
@@ -263,6 +264,13 @@ func Cleanup(pinPath string) (found bool, err error) { return bundler.Cleanup(pi
 
 // Config returns the configuration in force.
 func (t *Tracer) Config() Config { return t.cfg }
+
+// DNSCallHooks returns where the DNS watcher puts its per-call programs:
+// the program arrays the tracer's send and receive programs hand a call on
+// a possible resolver's socket to (internal/dnswatch, Config.Calls). ok is
+// false on kernels before 6.3, whose sends and receives are counted at
+// function exits. The maps stay the tracer's: they close with it.
+func (t *Tracer) DNSCallHooks() (send, recv *ebpf.Map, ok bool) { return t.b.DNSCallHooks() }
 
 // Hook is one kernel hook and whether it is active on this kernel.
 type Hook struct {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/cli"
+	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/metrics"
 	"github.com/deptrace/deptrace/internal/store"
@@ -144,10 +145,21 @@ killed agent left.`,
 					cfg.Annotate = names.Annotate
 				}
 			}
-			if dns := startDNS(dnsCfg, log); dns != nil {
-				defer func() { _ = dns.Close() }() // detaches; nothing to report at exit
+			if dnsCfg != nil {
+				// The watcher starts once the tracer is loaded, whose send
+				// and receive programs hand it DNS calls.
+				var dns *dnswatch.Watcher
 				var losses dnsLosses
+				cfg.Loaded = func(t *tracer.Tracer) (stop func()) {
+					if dns = startDNS(dnsCfg, t, log); dns == nil {
+						return nil
+					}
+					return func() { _ = dns.Close() } // detaches; nothing to report at exit
+				}
 				cfg.DNS = func(iv *tracer.Interval) {
+					if dns == nil {
+						return
+					}
 					dns.Apply(iv)
 					losses.warn(dns.Stats(), log)
 					if names != nil { // identity on: name the DNS clients too

@@ -22,6 +22,7 @@ import (
 
 	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/pgtest"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/internal/testnet"
@@ -129,10 +130,25 @@ func TestTraceNamesFlowsAndCountsLookups(t *testing.T) {
 	if named != 2 || unnamed != 0 {
 		t.Errorf("curl's connections to web.test.example: %d named, %d unnamed; want 2 named\n%s", named, unnamed, p.stdout.String())
 	}
+	checkDNSWay(t, p)
 	// Two lookups of web (A and AAAA: the AAAA answer is empty, NOERROR)
 	// and one of nosuch (NXDOMAIN for both).
 	if dns.Queries != 6 || dns.Answers != 6 || dns.NoError != 4 || dns.NXDomain != 2 || dns.Timeouts != 0 || dns.LatencyCount != 6 {
 		t.Errorf("curl's lookups through %s: %+v\n%s", ns.IPv4, dns, p.stdout.String())
+	}
+}
+
+// checkDNSWay checks that p's DNS watcher takes the tracer's calls from
+// 6.3, where its send and receive programs hand them over, and watches
+// packets before.
+func checkDNSWay(t *testing.T, p *proc) {
+	t.Helper()
+	want := "variant=call in_tracer_calls=true"
+	if !kernel.Has("btf_trace_sock_send_length") {
+		want = "in_tracer_calls=false"
+	}
+	if !strings.Contains(p.errText(), want) {
+		t.Errorf("the log lacks %q:\n%s", want, p.errText())
 	}
 }
 
@@ -149,6 +165,7 @@ func TestAgentStoresNamesAndLookups(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.wait(t)
+	checkDNSWay(t, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := store.Open(ctx, db)
@@ -387,11 +404,11 @@ func TestDNSLossesWarnOncePerRise(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	var d dnsLosses
-	for _, st := range []dnswatch.Stats{{}, {Lost: 3}, {Lost: 3}, {Lost: 5}, {Lost: 5}} {
+	for _, st := range []dnswatch.Stats{{}, {Lost: 3}, {Lost: 3}, {Lost: 5}, {Lost: 5, Unreadable: 4}, {Lost: 5, Unreadable: 4}} {
 		d.warn(st, log)
 	}
 	got := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	want := []string{"lost=3", "lost=2"}
+	want := []string{"lost=3", "lost=2", "unreadable=4"}
 	if len(got) != len(want) {
 		t.Fatalf("warnings:\n%s\nwant %d", buf.String(), len(want))
 	}

@@ -260,5 +260,9 @@ func doctorDNS(out io.Writer, probe func() ([]dnswatch.VariantResult, error)) {
 	if v.Lost != "" {
 		lost = "lost: " + v.Lost
 	}
-	fmt.Fprintf(out, "dns watcher   loads: variant %s (%s); %s\n", v.Name, v.Needs, lost)
+	how := ""
+	if v.PerCall {
+		how = ", run by the tracer's send and receive programs on DNS clients' calls"
+	}
+	fmt.Fprintf(out, "dns watcher   loads: variant %s (%s)%s; %s\n", v.Name, v.Needs, how, lost)
 }

@@ -43,6 +43,10 @@ func TestDoctorDNS(t *testing.T) {
 	}{
 		{"first", []dnswatch.VariantResult{{Variant: v[0]}}, nil,
 			[]string{"dns watcher   loads: variant " + v[0].Name, "nothing lost"}},
+		{"per call", []dnswatch.VariantResult{{Variant: v[3]}}, nil,
+			[]string{"dns watcher   loads: variant call", "run by the tracer's send and receive programs", "nothing lost"}},
+		{"per call refused", []dnswatch.VariantResult{{Variant: v[3], Err: refused}, {Variant: v[0]}}, nil,
+			[]string{"variant call refused", "loads: variant " + v[0].Name}},
 		{"fallback", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2]}}, nil,
 			[]string{"variant " + v[0].Name + " refused", "bpf_get_current_pid_tgid", "variant " + v[1].Name + " refused", "loads: variant " + v[2].Name, "lost: " + v[2].Lost}},
 		{"none", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2], Err: refused}}, errors.New("dns: all refused"),

@@ -123,29 +123,39 @@ func (f *dnsFlags) config(netns uint32) (*dnswatch.Config, error) {
 	return &cfg, nil
 }
 
-// dnsLosses remembers what the DNS watcher had lost when last asked, to
-// warn once per interval that loses more.
-type dnsLosses struct{ lost uint64 }
+// dnsLosses remembers what the DNS watcher had lost or could not read
+// when last asked, to warn once per interval that adds to either.
+type dnsLosses struct{ lost, unreadable uint64 }
 
 func (d *dnsLosses) warn(st dnswatch.Stats, log *slog.Logger) {
 	if st.Lost > d.lost {
-		log.Warn("DNS packets lost: the ring buffer was full", "lost", st.Lost-d.lost)
+		log.Warn("DNS records lost: the ring buffer was full, or a preempted record was in the way", "lost", st.Lost-d.lost)
 		d.lost = st.Lost
+	}
+	if st.Unreadable > d.unreadable {
+		// io_uring, sendfile() or splice() resolvers: their lookups
+		// count as unparsed, without names.
+		log.Warn("DNS calls whose message could not be read, counted unparsed", "unreadable", st.Unreadable-d.unreadable)
+		d.unreadable = st.Unreadable
 	}
 }
 
 // startDNS starts the DNS watcher; on failure tracing goes on without it
 // (a warning says why).
-func startDNS(cfg *dnswatch.Config, log *slog.Logger) *dnswatch.Watcher {
+func startDNS(cfg *dnswatch.Config, t *tracer.Tracer, log *slog.Logger) *dnswatch.Watcher {
 	if cfg == nil {
 		return nil
 	}
-	w, err := dnswatch.New(*cfg)
+	c := *cfg
+	c.Calls = t // its send and receive programs hand DNS calls over (6.3 and later)
+	w, err := dnswatch.New(c)
 	if err != nil {
 		log.Warn("DNS names and per-client DNS records are off", "err", err)
 		return nil
 	}
-	if v := w.Variant(); v.Lost != "" {
+	v := w.Variant()
+	log.Info("watching DNS", "variant", v.Name, "in_tracer_calls", w.HandedOff())
+	if v.Lost != "" {
 		log.Warn("DNS watcher: this kernel's programs miss some lookups", "variant", v.Name, "lost", v.Lost)
 	}
 	return w
@@ -208,7 +218,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 		return err
 	}
 	defer func() { _ = t.Close() }() // unloads the kernel side at exit; the trace is written
-	dns := startDNS(dnsCfg, log)
+	dns := startDNS(dnsCfg, t, log)
 	if dns != nil {
 		defer func() { _ = dns.Close() }() // detaches; nothing to report at exit
 	}

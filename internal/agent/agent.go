@@ -56,7 +56,12 @@ type Config struct {
 	// DNS, when set, names each interval's outbound flows (RemoteName)
 	// and fills its DNS records (with their Identity) before they are
 	// counted and stored: the DNS watcher's Apply.
-	DNS     func(*tracer.Interval)
+	DNS func(*tracer.Interval)
+	// Loaded, when set, runs once the tracer is loaded and before the
+	// first drain (the DNS watcher starts there, to take the tracer's
+	// calls); the stop it returns, if any, runs before the tracer is
+	// closed or released.
+	Loaded  func(*tracer.Tracer) (stop func())
 	EdgeCap // MaxEdgesPerNode: folds a local end's flows past it (fold.go)
 	// MaxProcs is Go's GOMAXPROCS for the agent unless the environment
 	// sets it; 0 leaves Go's default (one per CPU, or the container's
@@ -134,6 +139,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			log.Warn("removing the pinned kernel side", "pin_path", cfg.Tracer.PinPath, "err", err)
 		}
 	}()
+	if cfg.Loaded != nil {
+		if stop := cfg.Loaded(t); stop != nil {
+			defer stop() // before the tracer's own deferred close, above
+		}
+	}
 	if ad := t.Adoption(); ad.MountedBPFFS {
 		log.Info("mounted bpffs for the pinned kernel side", "path", cfg.Tracer.PinPath)
 	}

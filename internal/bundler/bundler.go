@@ -444,6 +444,13 @@ func Load(cfg Config) (*Bundler, error) {
 	if old != nil {
 		old.close()
 		b.adopt.Adopted, b.pinned = true, true
+		// A DNS watcher whose agent died left its programs in the
+		// arrays, writing to a ring buffer no one reads: this agent's
+		// watcher, if any, puts its own.
+		if err := b.clearDNSCalls(); err != nil {
+			b.Release() // the pins stay, with what the side counted
+			return nil, err
+		}
 		// Its drain record now: a side that cannot be resumed is
 		// refused at start, not after three failed drains.
 		if err := b.loadDrainState(); err != nil {
@@ -634,6 +641,28 @@ func (b *Bundler) loadProgram(spec *ebpf.CollectionSpec, program string, kind ho
 	prog = coll.DetachProgram(program)
 	coll.Close()
 	return prog, "", ""
+}
+
+// DNSCallHooks returns the program arrays the tracer's send and receive
+// tracepoint programs tail-call into for a call on a possible resolver's
+// socket (bpf/bundler.bpf.c, dns_hand_off): where the DNS watcher puts its
+// per-call programs. ok is false when those programs are not attached
+// (kernels before 6.3 count sends and receives at function exits).
+func (b *Bundler) DNSCallHooks() (send, recv *ebpf.Map, ok bool) {
+	if !b.HookActive("on_send") || !b.HookActive("on_recv") {
+		return nil, nil, false
+	}
+	return b.objs.DnsSendCalls, b.objs.DnsRecvCalls, true
+}
+
+// clearDNSCalls empties the DNS watcher's program arrays.
+func (b *Bundler) clearDNSCalls() error {
+	for _, m := range []*ebpf.Map{b.objs.DnsSendCalls, b.objs.DnsRecvCalls} {
+		if err := m.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("clear the adopted side's DNS program array %s: %w", m, err)
+		}
+	}
+	return nil
 }
 
 // Hooks lists every hook with its state on this kernel.

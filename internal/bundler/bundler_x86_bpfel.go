@@ -266,6 +266,8 @@ type bundlerUnixPath struct {
 const (
 	bundlerMapConnectSlots             = "connect_slots"
 	bundlerMapConnecting               = "connecting"
+	bundlerMapDnsRecvCalls             = "dns_recv_calls"
+	bundlerMapDnsSendCalls             = "dns_send_calls"
 	bundlerMapFlowCache                = "flow_cache"
 	bundlerMapFlows                    = "flows"
 	bundlerMapIntervalNow              = "interval_now"
@@ -422,6 +424,8 @@ type bundlerProgramSpecs struct {
 type bundlerMapSpecs struct {
 	ConnectSlots  *ebpf.MapSpec `ebpf:"connect_slots"`
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
+	DnsRecvCalls  *ebpf.MapSpec `ebpf:"dns_recv_calls"`
+	DnsSendCalls  *ebpf.MapSpec `ebpf:"dns_send_calls"`
 	FlowCache     *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows         *ebpf.MapSpec `ebpf:"flows"`
 	IntervalNow   *ebpf.MapSpec `ebpf:"interval_now"`
@@ -488,6 +492,8 @@ func (o *bundlerObjects) Close() error {
 type bundlerMaps struct {
 	ConnectSlots  *ebpf.Map `ebpf:"connect_slots"`
 	Connecting    *ebpf.Map `ebpf:"connecting"`
+	DnsRecvCalls  *ebpf.Map `ebpf:"dns_recv_calls"`
+	DnsSendCalls  *ebpf.Map `ebpf:"dns_send_calls"`
 	FlowCache     *ebpf.Map `ebpf:"flow_cache"`
 	Flows         *ebpf.Map `ebpf:"flows"`
 	IntervalNow   *ebpf.Map `ebpf:"interval_now"`
@@ -507,6 +513,8 @@ func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
 		m.ConnectSlots,
 		m.Connecting,
+		m.DnsRecvCalls,
+		m.DnsSendCalls,
 		m.FlowCache,
 		m.Flows,
 		m.IntervalNow,

@@ -34,7 +34,9 @@ import (
 // pinned maps.
 
 // pinnedMaps are the maps whose contents must survive a restart.
-var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "interval_now", "spill_used", "spill_claims", "flow_cache"}
+// The DNS watcher's program arrays are among them: an adopted side's
+// send and receive programs tail-call through its own arrays.
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "interval_now", "spill_used", "spill_claims", "flow_cache", "dns_send_calls", "dns_recv_calls"}
 
 // AdoptReport says what Load found under the pin path.
 type AdoptReport struct {

@@ -9,6 +9,7 @@ package dnswatch_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
@@ -25,6 +27,7 @@ import (
 	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/testnet"
+	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -282,24 +285,50 @@ func refusedPerCall(t *testing.T, err error) {
 
 // TestEveryCallPath: each variant the kernel loads counts a lookup made
 // through each system call exactly, with the calling process, and the
-// per-call variant loads wherever the kernel has its tracepoints.
+// per-call variant loads wherever the kernel has its tracepoints: on its
+// own, and (the default, "tracer") handed the calls by the tracer's send
+// and receive programs.
 func TestEveryCallPath(t *testing.T) {
 	testnet.RequireRoot(t)
+	type way struct {
+		name    string
+		variant string // "" with the tracer: what trace and agent load
+		tracer  bool
+		perCall bool
+	}
+	ways := []way{{name: "tracer", tracer: true, perCall: true}}
 	for _, v := range dnswatch.Variants {
-		t.Run(v.Name, func(t *testing.T) {
+		ways = append(ways, way{name: v.Name, variant: v.Name, perCall: v.PerCall})
+	}
+	for _, v := range ways {
+		t.Run(v.name, func(t *testing.T) {
 			nw := testnet.New(t, 2)
 			client, srv := nw.Hosts[0], nw.Hosts[1]
 			answerLookup(t, srv)
 			answerLookupTCP(t, srv)
 			cfg := dnswatch.DefaultConfig()
-			cfg.Variant = v.Name
+			cfg.Variant = v.variant
 			cfg.NetNS = client.Inode // the machine's own lookups are not this test's
+			if v.tracer {
+				tr, err := tracer.New(tracertest.Config(func(c *tracer.Config) { c.NetNS = client.Inode }))
+				if err != nil {
+					tracerRefused(t, err)
+					return
+				}
+				defer tr.Close()
+				cfg.Calls = tr
+			}
 			w, err := dnswatch.New(cfg)
+			if err == nil && v.tracer && !w.HandedOff() {
+				// What trace loads where the tracer has no send and
+				// receive tracepoints: a per-packet variant, tested too.
+				refusedPerCall(t, fmt.Errorf("loaded %s, not the per-call programs in the tracer's calls", w.Variant().Name))
+			}
 			if err != nil {
-				if v.PerCall {
+				if v.perCall {
 					refusedPerCall(t, err)
 				} else {
-					t.Logf("variant %s refused here (needs %s): %v", v.Name, v.Needs, err)
+					t.Logf("variant %s refused here: %v", v.name, err)
 				}
 				return
 			}
@@ -313,50 +342,145 @@ func TestEveryCallPath(t *testing.T) {
 				tcpQ, err = tcpCalls(t, server)
 				return err
 			})
-			resolver := srv.IPv4.String() + ":53"
-			pid := uint32(os.Getpid())
-			if w.Variant().Lost != "" {
-				pid = 0 // a variant that cannot see the process
-			}
-			got := map[tracer.Proto]tracer.DNSCounters{}
-			var other []tracer.DNS
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				iv := tracer.Interval{Time: time.Now()}
-				w.Apply(&iv)
-				for _, d := range iv.DNS {
-					if d.NetNS != client.Inode || d.Resolver != resolver || d.PID != pid {
-						other = append(other, d)
-						continue
-					}
-					c := got[d.Proto]
-					c.Add(d.DNSCounters)
-					got[d.Proto] = c
-				}
-				if got[tracer.ProtoUDP].Answers >= uint64(udpQ) && got[tracer.ProtoTCP].Answers >= uint64(tcpQ) || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			for proto, n := range map[tracer.Proto]int{tracer.ProtoUDP: udpQ, tracer.ProtoTCP: tcpQ} {
-				c := got[proto]
-				c.LatencySumUs, c.LatencyMaxUs = 0, 0
-				want := tracer.DNSCounters{Queries: uint64(n), Answers: uint64(n), NoError: uint64(n), LatencyCount: uint64(n)}
-				if c != want {
-					t.Errorf("%s lookups of this process through %s: %+v; want %+v", proto, resolver, c, want)
-				}
-			}
-			if len(other) > 0 {
-				t.Errorf("records of another client, resolver or process: %+v", other)
-			}
-			// Lost and Unreadable are the kernel side's, of every
-			// namespace: the test's lookups are the only DNS of a quiet
-			// machine.
-			if st := w.Stats(); st.Lost != 0 || st.Unparsed != 0 || st.Unreadable != 0 {
-				t.Errorf("watcher stats %+v; want nothing lost, unparsed or unreadable", st)
-			}
+			expectLookups(t, w, client, srv, udpQ, tcpQ)
 		})
 	}
+}
+
+// expectLookups waits (at most 10 s) for w to count udpQ lookups over UDP
+// and tcpQ over TCP that this process made from client through srv's
+// resolver, then checks those counts exactly, and that nothing else was
+// counted, lost, unparsed or unreadable.
+func expectLookups(t *testing.T, w *dnswatch.Watcher, client, srv *testnet.Host, udpQ, tcpQ int) {
+	t.Helper()
+	resolver := srv.IPv4.String() + ":53"
+	pid := uint32(os.Getpid())
+	if w.Variant().Lost != "" {
+		pid = 0 // a variant that cannot see the process
+	}
+	got := map[tracer.Proto]tracer.DNSCounters{}
+	var other []tracer.DNS
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		iv := tracer.Interval{Time: time.Now()}
+		w.Apply(&iv)
+		for _, d := range iv.DNS {
+			if d.NetNS != client.Inode || d.Resolver != resolver || d.PID != pid {
+				other = append(other, d)
+				continue
+			}
+			c := got[d.Proto]
+			c.Add(d.DNSCounters)
+			got[d.Proto] = c
+		}
+		if got[tracer.ProtoUDP].Answers >= uint64(udpQ) && got[tracer.ProtoTCP].Answers >= uint64(tcpQ) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for proto, n := range map[tracer.Proto]int{tracer.ProtoUDP: udpQ, tracer.ProtoTCP: tcpQ} {
+		c := got[proto]
+		c.LatencySumUs, c.LatencyMaxUs = 0, 0
+		want := tracer.DNSCounters{Queries: uint64(n), Answers: uint64(n), NoError: uint64(n), LatencyCount: uint64(n)}
+		if c != want {
+			t.Errorf("%s lookups of this process through %s: %+v; want %+v", proto, resolver, c, want)
+		}
+	}
+	if len(other) > 0 {
+		t.Errorf("records of another client, resolver or process: %+v", other)
+	}
+	// Lost and Unreadable are the kernel side's, of every namespace: the
+	// test's lookups are the only DNS of a quiet machine.
+	if st := w.Stats(); st.Lost != 0 || st.Unparsed != 0 || st.Unreadable != 0 {
+		t.Errorf("watcher stats %+v; want nothing lost, unparsed or unreadable", st)
+	}
+}
+
+// tracerRefused fails the test unless the kernel predates what the tracer
+// needs (5.12; the DNS watcher alone loads on 5.10).
+func tracerRefused(t *testing.T, err error) {
+	t.Helper()
+	if kernel.ReleaseAtLeast(5, 12) {
+		t.Fatalf("load tracer: %v", err)
+	}
+	t.Logf("the tracer refused here (a kernel before 5.12): %v", err)
+}
+
+// TestHandOffAcrossAdoption: a pinned kernel side keeps the DNS program
+// arrays its send and receive programs tail-call through; the next
+// process's tracer adopts them and empties what its predecessor's watcher
+// left there (no one reads that watcher's records any more), its own
+// watcher is handed the calls, and the old watcher's late close leaves
+// the new one's programs in place.
+func TestHandOffAcrossAdoption(t *testing.T) {
+	testnet.RequireRoot(t)
+	nw := testnet.New(t, 2)
+	client, srv := nw.Hosts[0], nw.Hosts[1]
+	answerLookup(t, srv)
+	answerLookupTCP(t, srv)
+	pin := filepath.Join(filepath.Dir(tracer.DefaultPinPath), fmt.Sprintf("deptrace-test-%d-dns", os.Getpid()))
+	t.Cleanup(func() { _, _ = tracer.Cleanup(pin) })
+	tcfg := tracertest.Config(func(c *tracer.Config) { c.NetNS, c.PinPath = client.Inode, pin })
+	first, err := tracer.New(tcfg)
+	if err != nil {
+		tracerRefused(t, err)
+		return
+	}
+	if _, _, ok := first.DNSCallHooks(); !ok {
+		first.Close()
+		refusedPerCall(t, errors.New("the tracer has no send and receive tracepoint programs"))
+		return
+	}
+	cfg := dnswatch.DefaultConfig()
+	cfg.NetNS, cfg.Calls = client.Inode, first
+	old, err := dnswatch.New(cfg)
+	if err != nil {
+		t.Fatalf("first watcher: %v", err)
+	}
+	first.Release() // its process ends; the side stays counting, old's programs in its arrays
+
+	second, err := tracer.New(tcfg)
+	if err != nil {
+		old.Close()
+		t.Fatalf("adopt the pinned side: %v", err)
+	}
+	defer second.Close()
+	if !second.Adoption().Adopted {
+		t.Fatalf("the pinned side was not adopted: %+v", second.Adoption())
+	}
+	send, recv, ok := second.DNSCallHooks()
+	if !ok {
+		t.Fatal("the adopted side has no DNS call hooks")
+	}
+	for _, m := range []*ebpf.Map{send, recv} {
+		var id uint32
+		if err := m.Lookup(uint32(0), &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("adopted program array %s still holds program %d (%v); want it empty", m, id, err)
+		}
+	}
+	cfg.Calls = second
+	w, err := dnswatch.New(cfg)
+	if err != nil {
+		old.Close()
+		t.Fatalf("second watcher: %v", err)
+	}
+	defer w.Close()
+	if !w.HandedOff() {
+		t.Fatalf("second watcher loaded %s, not the per-call programs in the tracer's calls", w.Variant().Name)
+	}
+	if err := old.Close(); err != nil {
+		t.Errorf("close the first watcher: %v", err)
+	}
+	server := [4]byte(srv.IPv4.To4())
+	var udpQ, tcpQ int
+	client.Do(t, func() (err error) {
+		if udpQ, err = udpCalls(t, server); err != nil {
+			return err
+		}
+		tcpQ, err = tcpCalls(t, server)
+		return err
+	})
+	expectLookups(t, w, client, srv, udpQ, tcpQ)
 }
 
 // TestUnreadableCallIsCounted: a query the per-call programs cannot read

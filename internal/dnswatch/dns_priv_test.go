@@ -50,6 +50,7 @@ func startWatch(t *testing.T, timeout time.Duration) *acc {
 	tr := tracertest.Start(t, nil)
 	cfg := dnswatch.DefaultConfig()
 	cfg.Timeout = timeout
+	cfg.Calls = tr // as trace and agent do
 	w, err := dnswatch.New(cfg)
 	if err != nil {
 		t.Fatalf("dns watcher: %v", err)

@@ -13,19 +13,22 @@ import (
 
 // Variant is one pair of programs of bpf/dns.bpf.c: one of the
 // per-packet pairs (cgroup_skb), which differ in what the kernel lets
-// them call, or the per-call pair (tracepoints on every send and receive
-// call). Unless told which, the watcher attaches the first per-packet
-// variant (in Variants' order) that the kernel loads.
+// them call, or the per-call pair (run on send and receive calls). Unless
+// told which, the watcher loads the per-call pair where the tracer hands
+// it calls (Config.Calls), and otherwise the first per-packet variant (in
+// Variants' order) that the kernel loads.
 type Variant struct {
 	// Name is what doctor and the warnings call it.
 	Name    string
 	egress  string
 	ingress string
 	// PerCall: egress and ingress are tp_btf programs on the send and
-	// receive calls, not cgroup_skb programs on packets. Only a Config
-	// that names it loads it: beside the tracer's own programs on the
-	// same tracepoints it costs more than the per-packet pair on
-	// persistent TCP and UDP (docs/performance.md, "DNS watching").
+	// receive calls, not cgroup_skb programs on packets. The default
+	// where the tracer hands them its calls (a tail call from its own
+	// programs on the same tracepoints); attached on their own, beside
+	// the tracer's, they cost more than the per-packet pair on
+	// persistent TCP and UDP (docs/performance.md, "DNS watching"), so
+	// only a Config that names the variant attaches them so.
 	PerCall bool
 	// Needs is what the kernel must offer the programs.
 	Needs string
@@ -43,9 +46,12 @@ var Variants = []Variant{
 	{Name: "bare", egress: dnsProgDnsEgressBare, ingress: dnsProgDnsIngressBare,
 		Needs: "bpf_probe_read_kernel",
 		Lost:  "the querying process (pid 0, no comm): DNS records name the client by cgroup and namespace only"},
-	{Name: "call", egress: dnsProgDnsSend, ingress: dnsProgDnsRecv, PerCall: true,
+	{Name: perCallName, egress: dnsProgDnsSend, ingress: dnsProgDnsRecv, PerCall: true,
 		Needs: "the sock_send_length and sock_recv_length tracepoints (6.3 and later), bpf_task_pt_regs and task storage"},
 }
+
+// perCallName is the per-call variant's name.
+const perCallName = "call"
 
 // VariantNames lists the variants' names, for flags and error messages.
 func VariantNames() string {
@@ -182,13 +188,28 @@ func load(name string) (k *kernelSide, tried []VariantResult, err error) {
 	return nil, tried, fmt.Errorf("dns: load the kernel side: %s", strings.Join(errs, "; "))
 }
 
-// Probe loads each variant in turn (without attaching) until one loads,
-// and says how each one tried fared: what doctor reports.
+// Probe loads the variants trace and agent would, in their order,
+// without attaching them, until one loads, and says how each one tried
+// fared: what doctor reports. On a kernel with the byte tracepoints (6.3
+// and later), where the tracer hands its calls to the per-call programs,
+// that one first.
 func Probe() ([]VariantResult, error) {
 	if err := kernel.Prepare(); err != nil {
 		return nil, err
 	}
-	k, tried, err := load("")
+	var (
+		k     *kernelSide
+		tried []VariantResult
+		err   error
+	)
+	if kernel.Has("btf_trace_sock_send_length") && kernel.Has("btf_trace_sock_recv_length") {
+		k, tried, err = load(perCallName)
+	}
+	if k == nil {
+		var more []VariantResult
+		k, more, err = load("")
+		tried = append(tried, more...)
+	}
 	if k != nil {
 		_ = k.Close() // a probe only
 	}

@@ -29,8 +29,22 @@ type Config struct {
 	// MaxNames bounds the addresses named at once, over every namespace.
 	MaxNames int
 	// Variant names the programs to load (one of Variants); "" loads the
-	// first that the kernel accepts.
+	// per-call variant where Calls offers its hooks, and otherwise the
+	// first per-packet variant that the kernel accepts.
 	Variant string
+	// Calls, when set, is the tracer whose send and receive programs
+	// hand each call on a possible resolver's socket to the per-call
+	// programs (tracer.Tracer.DNSCallHooks). Without it the per-call
+	// programs, when named, are attached to the tracepoints on their own,
+	// which costs more (docs/performance.md, "DNS watching").
+	Calls CallHooks
+}
+
+// CallHooks gives the program arrays the per-call programs go in: the
+// send and receive ones; ok is false when the tracer has none on this
+// kernel. *tracer.Tracer is one.
+type CallHooks interface {
+	DNSCallHooks() (send, recv *ebpf.Map, ok bool)
 }
 
 // Defaults and bounds of Config.
@@ -69,7 +83,11 @@ func (c Config) Validate() error {
 type Watcher struct {
 	k     *kernelSide
 	links []link.Link
-	rd    *ringbuf.Reader
+	// handOff are the tracer's program arrays (this watcher's own
+	// handles) that hold the per-call programs; empty when they are
+	// attached on their own or the variant is a per-packet one.
+	handOff []*ebpf.Map
+	rd      *ringbuf.Reader
 
 	mu sync.Mutex // guards st
 	st *state
@@ -79,8 +97,9 @@ type Watcher struct {
 	done    chan struct{} // the reader stopped
 }
 
-// New loads bpf/dns.bpf.c, attaches its programs (the per-call ones to
-// their tracepoints, the rest at the cgroup v2 root) and starts reading.
+// New loads bpf/dns.bpf.c, attaches its programs (the per-call ones in
+// the tracer's program arrays or to their tracepoints, the rest at the
+// cgroup v2 root) and starts reading.
 func New(cfg Config) (*Watcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -93,10 +112,42 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, fmt.Errorf("dns: %w", err)
 	}
 	w := &Watcher{st: newState(cfg), flushed: make(chan struct{}, 1), done: make(chan struct{})}
-	if w.k, _, err = load(cfg.Variant); err != nil {
+	var send, recv *ebpf.Map
+	handOff := false
+	if cfg.Calls != nil && (cfg.Variant == "" || cfg.Variant == perCallName) {
+		send, recv, handOff = cfg.Calls.DNSCallHooks()
+	}
+	name := cfg.Variant
+	if name == "" && handOff {
+		name = perCallName
+	}
+	if w.k, _, err = load(name); err != nil && cfg.Variant == "" && name != "" {
+		// The per-call programs refused (no task storage, say): the
+		// per-packet ones see the same lookups.
+		w.k, _, err = load("")
+	}
+	if err != nil {
 		return nil, err
 	}
-	if w.k.variant.PerCall {
+	if w.k.variant.PerCall && handOff {
+		for _, a := range []struct {
+			calls *ebpf.Map
+			prog  *ebpf.Program
+		}{{send, w.k.egress}, {recv, w.k.ingress}} {
+			// A handle of its own: the tracer may release its maps
+			// (a pinned side left counting) before this watcher
+			// takes its programs out.
+			m, err := a.calls.Clone()
+			if err == nil {
+				w.handOff = append(w.handOff, m)
+				err = m.Put(uint32(0), a.prog)
+			}
+			if err != nil {
+				_ = w.close() // the hand-over's error is the one to report
+				return nil, fmt.Errorf("dns: hand %s to the tracer's calls: %w", a.prog, err)
+			}
+		}
+	} else if w.k.variant.PerCall {
 		// The tracepoints see every socket of the machine; the cgroup
 		// hooks below note the sendto()s to port 53.
 		for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
@@ -218,10 +269,12 @@ func (w *Watcher) Stats() Stats {
 		return n
 	}
 	s.Lost = sum(dnsDnsStatDNS_STAT_RINGBUF_FULL) + sum(dnsDnsStatDNS_STAT_BUSY)
-	if w.k.variant.PerCall {
+	if w.k.variant.PerCall && len(w.handOff) == 0 {
 		// Runs the kernel skipped because the same program was running
 		// on this CPU (preempted, from 6.19): calls of any socket, so
-		// at most this many DNS calls were not seen.
+		// at most this many DNS calls were not seen. (Handed a call by
+		// the tracer, the programs run inside the tracer's, whose
+		// copies against recursion cover them.)
 		for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
 			if ps, err := p.Stats(); err == nil {
 				s.Skipped += ps.RecursionMisses
@@ -234,6 +287,10 @@ func (w *Watcher) Stats() Stats {
 
 // Variant is the pair of programs the kernel loaded.
 func (w *Watcher) Variant() Variant { return w.k.variant }
+
+// HandedOff reports whether the per-call programs run inside the tracer's
+// send and receive programs (Config.Calls), not attached on their own.
+func (w *Watcher) HandedOff() bool { return len(w.handOff) > 0 }
 
 // Close detaches the programs and stops reading.
 func (w *Watcher) Close() error {
@@ -252,13 +309,40 @@ func (w *Watcher) close() error {
 	for _, l := range w.links {
 		errs = append(errs, l.Close())
 	}
+	for i, m := range w.handOff {
+		// Out of the tracer's arrays, so its calls fall through again;
+		// unless another watcher has put its own there since (a pinned
+		// side adopted by the next agent while this one was ending).
+		if mine(m, []*ebpf.Program{w.k.egress, w.k.ingress}[i]) {
+			if err := m.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("dns: take the per-call program out of %s: %w", m, err))
+			}
+		}
+		errs = append(errs, m.Close())
+	}
 	errs = append(errs, w.k.Close())
 	return errors.Join(errs...)
 }
 
+// mine reports whether the program array's slot holds prog (a program
+// array's slot reads as the program's ID).
+func mine(calls *ebpf.Map, prog *ebpf.Program) bool {
+	var id uint32
+	if err := calls.Lookup(uint32(0), &id); err != nil {
+		return false
+	}
+	info, err := prog.Info()
+	if err != nil {
+		return false
+	}
+	own, ok := info.ID()
+	return ok && uint32(own) == id
+}
+
 // ProgramStats are the kernel's run count and run time of the watcher's
 // two programs (egress and ingress, summed): the run time only counts
-// while kernel.bpf_stats_enabled is on.
+// while kernel.bpf_stats_enabled is on. Programs handed calls by the
+// tracer (HandedOff) count none: their runs are the tracer's.
 func (w *Watcher) ProgramStats() (runs uint64, runtime time.Duration, err error) {
 	for _, p := range []*ebpf.Program{w.k.egress, w.k.ingress} {
 		s, err := p.Stats()

@@ -169,6 +169,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		if cfg.DNS {
 			dcfg := dnswatch.DefaultConfig()
 			dcfg.Variant = cfg.DNSVariant
+			dcfg.Calls = t // as trace and agent do
 			if dns, err = dnswatch.New(dcfg); err != nil {
 				_ = t.Close() // the watcher's error is the one to report
 				return nil, fmt.Errorf("load the DNS watcher: %w", err)
