@@ -1,24 +1,26 @@
 //go:build ignore
 /* deptrace's DNS capture, in two ways that internal/dnswatch parses alike:
  *
- * Per call (6.3 and later; internal/dnswatch loads it only when asked,
- * as deptrace-bench does): tp_btf programs on sock_send_length and
- * sock_recv_length, which run once per send or receive call on any
- * socket. The test that leaves for non-DNS sockets
- * comes first: the socket's remote port (53: a connected resolver
- * socket), or for an unconnected UDP socket the note the sendmsg hooks
- * left when it sent to port 53. A DNS call's payload is read where the
+ * Per call (6.3 and later; what trace and agent load there): tp_btf
+ * programs for sock_send_length and sock_recv_length, which the tracer's
+ * own programs on those tracepoints tail-call (bpf/bundler.bpf.c,
+ * dns_hand_off) for a socket connected to port 53 or an unconnected UDP
+ * socket with storage; without a tracer, attached on their own, they run
+ * once per send or receive call on any socket. The test that leaves for
+ * non-DNS sockets comes first: the socket's remote port (53: a connected
+ * resolver socket), or for an unconnected UDP socket the note the sendmsg
+ * hooks left when it sent to port 53. A DNS call's payload is read where the
  * system call left it, in the caller's memory: the call's registers
  * (bpf_task_pt_regs) give its buffer, iovec array, msghdr or mmsghdr
  * array. A call made another way (io_uring, splice) is counted
- * unreadable. Calls, not packets: a non-DNS connection pays a port test
- * per call instead of a cgroup_skb dispatch per packet at each end, but
- * as a second program on tracepoints the tracer's programs already use,
- * the kernel's dispatch to it costs more than the test saves on
- * persistent TCP and UDP (docs/performance.md, "DNS watching"): the test
- * belongs in the tracer's own programs.
+ * unreadable. Calls, not packets: a non-DNS connection pays the tracer's
+ * port test per call instead of a cgroup_skb dispatch per packet at each
+ * end (attached on their own, as a second program on tracepoints the
+ * tracer's programs already use, the kernel's dispatch to them costs more
+ * than the test saves on persistent TCP and UDP: docs/performance.md,
+ * "DNS watching").
  *
- * Per packet (what trace and agent load): cgroup_skb programs at the cgroup v2 root
+ * Per packet (before 6.3): cgroup_skb programs at the cgroup v2 root
  * that copy DNS packets (UDP and TCP, port 53). Every packet of every
  * socket runs them, so the test that leaves for non-DNS traffic comes
  * first and reads only what it must: on egress the socket's remote port

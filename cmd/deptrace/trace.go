@@ -154,6 +154,9 @@ func startDNS(cfg *dnswatch.Config, t *tracer.Tracer, log *slog.Logger) *dnswatc
 		return nil
 	}
 	v := w.Variant()
+	if err := w.HandOffRefused(); err != nil {
+		log.Warn("DNS watcher: the kernel refused its per-call programs in the tracer's calls; watching every packet instead, which costs more", "err", err)
+	}
 	log.Info("watching DNS", "variant", v.Name, "in_tracer_calls", w.HandedOff())
 	if v.Lost != "" {
 		log.Warn("DNS watcher: this kernel's programs miss some lookups", "variant", v.Name, "lost", v.Lost)

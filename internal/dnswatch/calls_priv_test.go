@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
@@ -309,9 +310,10 @@ func TestEveryCallPath(t *testing.T) {
 			cfg := dnswatch.DefaultConfig()
 			cfg.Variant = v.variant
 			cfg.NetNS = client.Inode // the machine's own lookups are not this test's
+			var tr *tracer.Tracer
 			if v.tracer {
-				tr, err := tracer.New(tracertest.Config(func(c *tracer.Config) { c.NetNS = client.Inode }))
-				if err != nil {
+				var err error
+				if tr, err = tracer.New(tracertest.Config(func(c *tracer.Config) { c.NetNS = client.Inode })); err != nil {
 					tracerRefused(t, err)
 					return
 				}
@@ -319,11 +321,6 @@ func TestEveryCallPath(t *testing.T) {
 				cfg.Calls = tr
 			}
 			w, err := dnswatch.New(cfg)
-			if err == nil && v.tracer && !w.HandedOff() {
-				// What trace loads where the tracer has no send and
-				// receive tracepoints: a per-packet variant, tested too.
-				refusedPerCall(t, fmt.Errorf("loaded %s, not the per-call programs in the tracer's calls", w.Variant().Name))
-			}
 			if err != nil {
 				if v.perCall {
 					refusedPerCall(t, err)
@@ -333,6 +330,11 @@ func TestEveryCallPath(t *testing.T) {
 				return
 			}
 			defer w.Close()
+			if v.tracer && !w.HandedOff() {
+				// What trace loads where the tracer has no send and
+				// receive tracepoints: a per-packet variant, tested too.
+				refusedPerCall(t, fmt.Errorf("loaded %s, not the per-call programs in the tracer's calls (%v)", w.Variant().Name, w.HandOffRefused()))
+			}
 			server := [4]byte(srv.IPv4.To4())
 			var udpQ, tcpQ int
 			client.Do(t, func() (err error) {
@@ -343,8 +345,99 @@ func TestEveryCallPath(t *testing.T) {
 				return err
 			})
 			expectLookups(t, w, client, srv, udpQ, tcpQ)
+			if tr != nil && w.HandedOff() {
+				// Closed, the watcher takes its programs back out.
+				if err := w.Close(); err != nil {
+					t.Errorf("close the watcher: %v", err)
+				}
+				send, recv, _ := tr.DNSCallHooks()
+				emptyCalls(t, send, recv)
+			}
 		})
 	}
+}
+
+// emptyCalls fails the test unless the tracer's program arrays are empty.
+func emptyCalls(t *testing.T, calls ...*ebpf.Map) {
+	t.Helper()
+	for _, m := range calls {
+		var id uint32
+		if err := m.Lookup(uint32(0), &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("program array %s holds program %d (%v); want it empty", m, id, err)
+		}
+	}
+}
+
+// refusingCalls offers program arrays the kernel will not take the
+// per-call programs into: their owner is a socket filter's (a kernel's
+// rule on tail calls refusing them looks the same to the watcher).
+type refusingCalls struct{ send, recv *ebpf.Map }
+
+func (r refusingCalls) DNSCallHooks() (send, recv *ebpf.Map, ok bool) { return r.send, r.recv, true }
+
+func newRefusingCalls(t *testing.T) refusingCalls {
+	t.Helper()
+	filter, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatalf("socket filter: %v", err)
+	}
+	defer filter.Close()
+	var arrays [2]*ebpf.Map
+	for i := range arrays {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.ProgramArray, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		if err != nil {
+			t.Fatalf("program array: %v", err)
+		}
+		t.Cleanup(func() { m.Close() })
+		// The first program put in an array makes its owner's type.
+		if err := m.Put(uint32(0), filter); err != nil {
+			t.Fatalf("put the socket filter: %v", err)
+		}
+		if err := m.Delete(uint32(0)); err != nil {
+			t.Fatalf("take the socket filter out: %v", err)
+		}
+		arrays[i] = m
+	}
+	return refusingCalls{arrays[0], arrays[1]}
+}
+
+// TestHandOffRefusedFallsBack: when the kernel will not take the per-call
+// programs into the tracer's arrays, the watcher says why and watches
+// packets instead, counting the same lookups exactly.
+func TestHandOffRefusedFallsBack(t *testing.T) {
+	testnet.RequireRoot(t)
+	nw := testnet.New(t, 2)
+	client, srv := nw.Hosts[0], nw.Hosts[1]
+	answerLookup(t, srv)
+	answerLookupTCP(t, srv)
+	calls := newRefusingCalls(t)
+	cfg := dnswatch.DefaultConfig()
+	cfg.NetNS, cfg.Calls = client.Inode, calls
+	w, err := dnswatch.New(cfg)
+	if err != nil {
+		t.Fatalf("the watcher did not fall back to a per-packet variant: %v", err)
+	}
+	defer w.Close()
+	if w.HandedOff() || w.Variant().PerCall {
+		t.Fatalf("variant %s, handed off %t; want a per-packet variant", w.Variant().Name, w.HandedOff())
+	}
+	if w.HandOffRefused() == nil {
+		refusedPerCall(t, errors.New("no hand-over refusal: the per-call variant did not load"))
+	} else {
+		t.Logf("refused, as wanted: %v", w.HandOffRefused())
+	}
+	emptyCalls(t, calls.send, calls.recv)
+	server := [4]byte(srv.IPv4.To4())
+	var udpQ, tcpQ int
+	client.Do(t, func() (err error) {
+		if udpQ, err = udpCalls(t, server); err != nil {
+			return err
+		}
+		tcpQ, err = tcpCalls(t, server)
+		return err
+	})
+	expectLookups(t, w, client, srv, udpQ, tcpQ)
 }
 
 // expectLookups waits (at most 10 s) for w to count udpQ lookups over UDP
@@ -426,8 +519,13 @@ func TestHandOffAcrossAdoption(t *testing.T) {
 		tracerRefused(t, err)
 		return
 	}
+	released := false
+	defer func() {
+		if !released {
+			first.Close() // unpins: the cleanup above cannot while it holds the lock
+		}
+	}()
 	if _, _, ok := first.DNSCallHooks(); !ok {
-		first.Close()
 		refusedPerCall(t, errors.New("the tracer has no send and receive tracepoint programs"))
 		return
 	}
@@ -437,11 +535,17 @@ func TestHandOffAcrossAdoption(t *testing.T) {
 	if err != nil {
 		t.Fatalf("first watcher: %v", err)
 	}
+	oldOpen := true
+	defer func() {
+		if oldOpen {
+			old.Close()
+		}
+	}()
 	first.Release() // its process ends; the side stays counting, old's programs in its arrays
+	released = true
 
 	second, err := tracer.New(tcfg)
 	if err != nil {
-		old.Close()
 		t.Fatalf("adopt the pinned side: %v", err)
 	}
 	defer second.Close()
@@ -452,22 +556,17 @@ func TestHandOffAcrossAdoption(t *testing.T) {
 	if !ok {
 		t.Fatal("the adopted side has no DNS call hooks")
 	}
-	for _, m := range []*ebpf.Map{send, recv} {
-		var id uint32
-		if err := m.Lookup(uint32(0), &id); !errors.Is(err, ebpf.ErrKeyNotExist) {
-			t.Errorf("adopted program array %s still holds program %d (%v); want it empty", m, id, err)
-		}
-	}
+	emptyCalls(t, send, recv) // the dead watcher's programs are out
 	cfg.Calls = second
 	w, err := dnswatch.New(cfg)
 	if err != nil {
-		old.Close()
 		t.Fatalf("second watcher: %v", err)
 	}
 	defer w.Close()
 	if !w.HandedOff() {
 		t.Fatalf("second watcher loaded %s, not the per-call programs in the tracer's calls", w.Variant().Name)
 	}
+	oldOpen = false
 	if err := old.Close(); err != nil {
 		t.Errorf("close the first watcher: %v", err)
 	}

@@ -1,8 +1,10 @@
 // Package dnswatch names the remote ends of flows after the DNS answers
 // their namespace received, and counts every client's lookups per
-// resolver. It loads bpf/dns.bpf.c (cgroup_skb programs at the cgroup v2
-// root that copy DNS packets into a ring buffer) and parses the packets
-// in user space with golang.org/x/net/dns/dnsmessage.
+// resolver. It loads bpf/dns.bpf.c (from 6.3 programs the tracer's send
+// and receive programs hand DNS clients' calls to; before, cgroup_skb
+// programs at the cgroup v2 root that see every packet), which copy DNS
+// messages into a ring buffer, and parses them in user space with
+// golang.org/x/net/dns/dnsmessage.
 package dnswatch
 
 // The generated dns_x86_bpfel.go/.o (amd64) and dns_arm64_bpfel.go/.o

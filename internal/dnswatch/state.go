@@ -35,7 +35,7 @@ type Stats struct {
 	Lost         uint64 // packets or calls the kernel side could not hand over (ring buffer full; per call also a record preempted by another)
 	Cut          uint64 // packets or calls longer than the kernel side copies (per call, an unreadable call too)
 	Unreadable   uint64 // per call: DNS calls whose buffer the kernel side could not find or trust (io_uring, sendfile, splice, a kernel thread's, a sent datagram longer or shorter than the buffer found), each counted unparsed for its client
-	Skipped      uint64 // per call: program runs the kernel skipped (a preempted run on the same CPU): an upper bound of DNS calls not seen
+	Skipped      uint64 // per call, attached on their own (not in the tracer's calls, whose copies against recursion cover them): program runs the kernel skipped (a preempted run on the same CPU), an upper bound of DNS calls not seen
 	Unparsed     uint64 // DNS messages that could not be parsed
 	NamesDropped uint64 // answers not kept: the name cache was full
 	Names        int    // addresses named now

@@ -25,10 +25,11 @@ type Variant struct {
 	// PerCall: egress and ingress are tp_btf programs on the send and
 	// receive calls, not cgroup_skb programs on packets. The default
 	// where the tracer hands them its calls (a tail call from its own
-	// programs on the same tracepoints); attached on their own, beside
-	// the tracer's, they cost more than the per-packet pair on
-	// persistent TCP and UDP (docs/performance.md, "DNS watching"), so
-	// only a Config that names the variant attaches them so.
+	// programs on the same tracepoints: Config.Calls); without such a
+	// tracer they are attached on their own, beside the tracer's, where
+	// they cost more than the per-packet pair on persistent TCP and UDP
+	// (docs/performance.md, "DNS watching"): only when Config names the
+	// variant.
 	PerCall bool
 	// Needs is what the kernel must offer the programs.
 	Needs string

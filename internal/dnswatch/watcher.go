@@ -87,6 +87,9 @@ type Watcher struct {
 	// handles) that hold the per-call programs; empty when they are
 	// attached on their own or the variant is a per-packet one.
 	handOff []*ebpf.Map
+	// refused says why the per-call programs are not in the tracer's
+	// calls though it offered them (nil: they are, or it did not).
+	refused error
 	rd      *ringbuf.Reader
 
 	mu sync.Mutex // guards st
@@ -130,21 +133,18 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, err
 	}
 	if w.k.variant.PerCall && handOff {
-		for _, a := range []struct {
-			calls *ebpf.Map
-			prog  *ebpf.Program
-		}{{send, w.k.egress}, {recv, w.k.ingress}} {
-			// A handle of its own: the tracer may release its maps
-			// (a pinned side left counting) before this watcher
-			// takes its programs out.
-			m, err := a.calls.Clone()
-			if err == nil {
-				w.handOff = append(w.handOff, m)
-				err = m.Put(uint32(0), a.prog)
+		if err := w.handOver(send, recv); err != nil {
+			if cfg.Variant != "" {
+				_ = w.k.Close() // the hand-over's error is the one to report
+				return nil, err
 			}
-			if err != nil {
-				_ = w.close() // the hand-over's error is the one to report
-				return nil, fmt.Errorf("dns: hand %s to the tracer's calls: %w", a.prog, err)
+			// The kernel refused the programs in the tracer's arrays
+			// (its rules on tail calls, say): the per-packet ones see
+			// the same lookups.
+			w.refused = err
+			_ = w.k.Close() // replaced; nothing of it runs
+			if w.k, _, err = load(""); err != nil {
+				return nil, errors.Join(w.refused, err)
 			}
 		}
 	} else if w.k.variant.PerCall {
@@ -182,6 +182,47 @@ func New(cfg Config) (*Watcher, error) {
 	}
 	go w.read()
 	return w, nil
+}
+
+// handOver puts the per-call programs in the tracer's program arrays,
+// through handles of the watcher's own (the tracer may release its maps,
+// a pinned side left counting, before this watcher takes its programs
+// out); on failure it takes out what it put, and w.handOff is empty.
+func (w *Watcher) handOver(send, recv *ebpf.Map) error {
+	for _, a := range []struct {
+		calls *ebpf.Map
+		prog  *ebpf.Program
+	}{{send, w.k.egress}, {recv, w.k.ingress}} {
+		m, err := a.calls.Clone()
+		if err == nil {
+			w.handOff = append(w.handOff, m)
+			err = m.Put(uint32(0), a.prog)
+		}
+		if err != nil {
+			_ = w.takeBack() // the hand-over's error is the one to report
+			return fmt.Errorf("dns: hand %s to the tracer's calls: %w", a.prog, err)
+		}
+	}
+	return nil
+}
+
+// takeBack takes the per-call programs out of the tracer's arrays, so its
+// calls fall through again, unless another watcher has put its own there
+// since (a pinned side adopted by the next agent while this one was
+// ending: the agents' lock keeps two from running at once, so the check
+// and the delete need not be one step), and closes the handles.
+func (w *Watcher) takeBack() error {
+	var errs []error
+	for i, m := range w.handOff {
+		if mine(m, []*ebpf.Program{w.k.egress, w.k.ingress}[i]) {
+			if err := m.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("dns: take the per-call program out of %s: %w", m, err))
+			}
+		}
+		errs = append(errs, m.Close())
+	}
+	w.handOff = nil
+	return errors.Join(errs...)
 }
 
 // read takes records as the kernel side hands them over. The kernel side
@@ -288,6 +329,11 @@ func (w *Watcher) Stats() Stats {
 // Variant is the pair of programs the kernel loaded.
 func (w *Watcher) Variant() Variant { return w.k.variant }
 
+// HandOffRefused says why the per-call programs were not put in the
+// tracer's calls though it offered them (a per-packet variant runs
+// instead); nil when they were, or when it did not offer them.
+func (w *Watcher) HandOffRefused() error { return w.refused }
+
 // HandedOff reports whether the per-call programs run inside the tracer's
 // send and receive programs (Config.Calls), not attached on their own.
 func (w *Watcher) HandedOff() bool { return len(w.handOff) > 0 }
@@ -309,17 +355,7 @@ func (w *Watcher) close() error {
 	for _, l := range w.links {
 		errs = append(errs, l.Close())
 	}
-	for i, m := range w.handOff {
-		// Out of the tracer's arrays, so its calls fall through again;
-		// unless another watcher has put its own there since (a pinned
-		// side adopted by the next agent while this one was ending).
-		if mine(m, []*ebpf.Program{w.k.egress, w.k.ingress}[i]) {
-			if err := m.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("dns: take the per-call program out of %s: %w", m, err))
-			}
-		}
-		errs = append(errs, m.Close())
-	}
+	errs = append(errs, w.takeBack())
 	errs = append(errs, w.k.Close())
 	return errors.Join(errs...)
 }

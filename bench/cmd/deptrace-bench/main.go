@@ -292,7 +292,7 @@ tables for docs/performance.md.`,
 	cmd.Flags().StringVar(&hollowSet, "hollow-set", "", "with --hollow, the hook set of the empty programs (deptrace: today's; sockops...: the alternatives for TCP; implies --hollow)")
 	cmd.Flags().StringVar(&pairLoads, "pair-loads", strings.Join(pairedLoadKeys, ","), "comma list of the whole-machine pairs' loads: "+strings.Join(pairedLoadKeys, ", "))
 	cmd.Flags().BoolVar(&dns, "dns", false, "in the pairs, run deptrace's DNS watcher beside the tracer, as trace and agent do unless --no-dns")
-	cmd.Flags().StringVar(&dnsVariant, "dns-variant", "", "with --dns, the watcher's programs: "+dnswatch.VariantNames()+" (default: the first per-packet variant the kernel loads, as trace and agent do)")
+	cmd.Flags().StringVar(&dnsVariant, "dns-variant", "", "with --dns, the watcher's programs: "+dnswatch.VariantNames()+" (call: in the tracer's send and receive calls; default: as trace and agent do, call from 6.3, else the first per-packet variant the kernel loads)")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }

@@ -95,8 +95,10 @@ type PairedConfig struct {
 	// empty: the hooks deptrace runs today.
 	HollowSet string
 	// DNS runs deptrace's DNS watcher beside the tracer, as trace and the
-	// agent do by default (internal/dnswatch): DNSVariant's programs, or
-	// ("") the first variant the kernel loads, as they do.
+	// agent do by default (internal/dnswatch), handed the tracer's calls
+	// as they do: DNSVariant's programs (the per-call ones in the
+	// tracer's calls), or ("") what they load: the per-call programs in
+	// the tracer's calls from 6.3, else the first per-packet variant.
 	DNS        bool
 	DNSVariant string
 }
@@ -188,11 +190,11 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		}()
 		return func() {
 			cancel()
-			<-done        //nolint:errcheck // a stop on purpose: Run's error is the cancellation
-			_ = t.Close() // closing after the run: nothing left to report
+			<-done //nolint:errcheck // a stop on purpose: Run's error is the cancellation
 			if dns != nil {
-				_ = dns.Close() // likewise
+				_ = dns.Close() // out of the tracer's calls first, as trace does; nothing left to report
 			}
+			_ = t.Close() // likewise
 		}, nil
 	}
 	for _, l := range loads {
@@ -419,6 +421,9 @@ func WritePairedMarkdown(w io.Writer, rs []PairedResult, cfg PairedConfig) {
 		traced = "traced by empty programs alone, one on each hook deptrace runs on this kernel: the floor of any program there"
 	} else if cfg.DNS && cfg.DNSVariant != "" {
 		traced += " and the DNS watcher on, its " + cfg.DNSVariant + " programs"
+		if cfg.DNSVariant == "call" {
+			traced += " in the tracer's send and receive calls"
+		}
 	} else if cfg.DNS {
 		traced += " and the DNS watcher on, as trace and the agent run by default"
 	}
