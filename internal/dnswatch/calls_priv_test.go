@@ -335,16 +335,7 @@ func TestEveryCallPath(t *testing.T) {
 				// receive tracepoints: a per-packet variant, tested too.
 				refusedPerCall(t, fmt.Errorf("loaded %s, not the per-call programs in the tracer's calls (%v)", w.Variant().Name, w.HandOffRefused()))
 			}
-			server := [4]byte(srv.IPv4.To4())
-			var udpQ, tcpQ int
-			client.Do(t, func() (err error) {
-				if udpQ, err = udpCalls(t, server); err != nil {
-					return err
-				}
-				tcpQ, err = tcpCalls(t, server)
-				return err
-			})
-			expectLookups(t, w, client, srv, udpQ, tcpQ)
+			lookupEveryWay(t, w, client, srv)
 			if tr != nil && w.HandedOff() {
 				// Closed, the watcher takes its programs back out.
 				if err := w.Close(); err != nil {
@@ -428,6 +419,14 @@ func TestHandOffRefusedFallsBack(t *testing.T) {
 		t.Logf("refused, as wanted: %v", w.HandOffRefused())
 	}
 	emptyCalls(t, calls.send, calls.recv)
+	lookupEveryWay(t, w, client, srv)
+}
+
+// lookupEveryWay makes a lookup from client through srv's resolver by
+// each way of udpCalls and tcpCalls, then checks w counted each exactly
+// (expectLookups).
+func lookupEveryWay(t *testing.T, w *dnswatch.Watcher, client, srv *testnet.Host) {
+	t.Helper()
 	server := [4]byte(srv.IPv4.To4())
 	var udpQ, tcpQ int
 	client.Do(t, func() (err error) {
@@ -570,16 +569,7 @@ func TestHandOffAcrossAdoption(t *testing.T) {
 	if err := old.Close(); err != nil {
 		t.Errorf("close the first watcher: %v", err)
 	}
-	server := [4]byte(srv.IPv4.To4())
-	var udpQ, tcpQ int
-	client.Do(t, func() (err error) {
-		if udpQ, err = udpCalls(t, server); err != nil {
-			return err
-		}
-		tcpQ, err = tcpCalls(t, server)
-		return err
-	})
-	expectLookups(t, w, client, srv, udpQ, tcpQ)
+	lookupEveryWay(t, w, client, srv)
 }
 
 // TestUnreadableCallIsCounted: a query the per-call programs cannot read
