@@ -303,10 +303,7 @@ func TestEveryCallPath(t *testing.T) {
 	}
 	for _, v := range ways {
 		t.Run(v.name, func(t *testing.T) {
-			nw := testnet.New(t, 2)
-			client, srv := nw.Hosts[0], nw.Hosts[1]
-			answerLookup(t, srv)
-			answerLookupTCP(t, srv)
+			client, srv := resolverPair(t)
 			cfg := dnswatch.DefaultConfig()
 			cfg.Variant = v.variant
 			cfg.NetNS = client.Inode // the machine's own lookups are not this test's
@@ -398,10 +395,7 @@ func newRefusingCalls(t *testing.T) refusingCalls {
 // packets instead, counting the same lookups exactly.
 func TestHandOffRefusedFallsBack(t *testing.T) {
 	testnet.RequireRoot(t)
-	nw := testnet.New(t, 2)
-	client, srv := nw.Hosts[0], nw.Hosts[1]
-	answerLookup(t, srv)
-	answerLookupTCP(t, srv)
+	client, srv := resolverPair(t)
 	calls := newRefusingCalls(t)
 	cfg := dnswatch.DefaultConfig()
 	cfg.NetNS, cfg.Calls = client.Inode, calls
@@ -420,6 +414,17 @@ func TestHandOffRefusedFallsBack(t *testing.T) {
 	}
 	emptyCalls(t, calls.send, calls.recv)
 	lookupEveryWay(t, w, client, srv)
+}
+
+// resolverPair makes a client and a resolver (srv, answering over UDP and
+// TCP on port 53) in two test namespaces.
+func resolverPair(t *testing.T) (client, srv *testnet.Host) {
+	t.Helper()
+	nw := testnet.New(t, 2)
+	client, srv = nw.Hosts[0], nw.Hosts[1]
+	answerLookup(t, srv)
+	answerLookupTCP(t, srv)
+	return client, srv
 }
 
 // lookupEveryWay makes a lookup from client through srv's resolver by
@@ -506,10 +511,7 @@ func tracerRefused(t *testing.T, err error) {
 // the new one's programs in place.
 func TestHandOffAcrossAdoption(t *testing.T) {
 	testnet.RequireRoot(t)
-	nw := testnet.New(t, 2)
-	client, srv := nw.Hosts[0], nw.Hosts[1]
-	answerLookup(t, srv)
-	answerLookupTCP(t, srv)
+	client, srv := resolverPair(t)
 	pin := filepath.Join(filepath.Dir(tracer.DefaultPinPath), fmt.Sprintf("deptrace-test-%d-dns", os.Getpid()))
 	t.Cleanup(func() { _, _ = tracer.Cleanup(pin) })
 	tcfg := tracertest.Config(func(c *tracer.Config) { c.NetNS, c.PinPath = client.Inode, pin })
