@@ -106,7 +106,7 @@ type dnsFlags struct {
 }
 
 func (f *dnsFlags) register(cmd *cobra.Command) {
-	cmd.Flags().BoolVar(&f.off, "no-dns", false, "do not watch DNS packets: no names of remote ends (remote_name), no per-client DNS records")
+	cmd.Flags().BoolVar(&f.off, "no-dns", false, "do not watch DNS: no names of remote ends (remote_name), no per-client DNS records")
 	cmd.Flags().DurationVar(&f.timeout, "dns-timeout", dnswatch.DefaultTimeout, fmt.Sprintf("a DNS query without an answer for this long counts as a timeout (%s to %s)", dnswatch.MinTimeout, dnswatch.MaxTimeout))
 }
 
@@ -155,7 +155,7 @@ func startDNS(cfg *dnswatch.Config, t *tracer.Tracer, log *slog.Logger) *dnswatc
 	}
 	v := w.Variant()
 	if err := w.HandOffRefused(); err != nil {
-		log.Warn("DNS watcher: the kernel refused its per-call programs in the tracer's calls; watching every packet instead, which costs more", "err", err)
+		log.Warn("DNS watcher: its per-call programs did not load or the kernel refused them in the tracer's calls; watching every packet instead, which costs more", "err", err)
 	}
 	log.Info("watching DNS", "variant", v.Name, "in_tracer_calls", w.HandedOff())
 	if v.Lost != "" {

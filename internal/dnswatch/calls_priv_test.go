@@ -356,9 +356,10 @@ func emptyCalls(t *testing.T, calls ...*ebpf.Map) {
 	}
 }
 
-// refusingCalls offers program arrays the kernel will not take the
-// per-call programs into: their owner is a socket filter's (a kernel's
-// rule on tail calls refusing them looks the same to the watcher).
+// refusingCalls offers program arrays of which the kernel takes the
+// per-call send program and refuses the receive one: the receive array's
+// owner is a socket filter's (a kernel's rule on tail calls refusing a
+// program looks the same to the watcher).
 type refusingCalls struct{ send, recv *ebpf.Map }
 
 func (r refusingCalls) DNSCallHooks() (send, recv *ebpf.Map, ok bool) { return r.send, r.recv, true }
@@ -378,6 +379,10 @@ func newRefusingCalls(t *testing.T) refusingCalls {
 			t.Fatalf("program array: %v", err)
 		}
 		t.Cleanup(func() { m.Close() })
+		arrays[i] = m
+		if i == 0 {
+			continue // the send array takes any first program
+		}
 		// The first program put in an array makes its owner's type.
 		if err := m.Put(uint32(0), filter); err != nil {
 			t.Fatalf("put the socket filter: %v", err)
@@ -385,14 +390,14 @@ func newRefusingCalls(t *testing.T) refusingCalls {
 		if err := m.Delete(uint32(0)); err != nil {
 			t.Fatalf("take the socket filter out: %v", err)
 		}
-		arrays[i] = m
 	}
 	return refusingCalls{arrays[0], arrays[1]}
 }
 
 // TestHandOffRefusedFallsBack: when the kernel will not take the per-call
-// programs into the tracer's arrays, the watcher says why and watches
-// packets instead, counting the same lookups exactly.
+// programs into the tracer's arrays (here the second of the two), the
+// watcher takes out what it put, says why and watches packets instead,
+// counting the same lookups exactly.
 func TestHandOffRefusedFallsBack(t *testing.T) {
 	testnet.RequireRoot(t)
 	client, srv := resolverPair(t)
@@ -412,7 +417,7 @@ func TestHandOffRefusedFallsBack(t *testing.T) {
 	} else {
 		t.Logf("refused, as wanted: %v", w.HandOffRefused())
 	}
-	emptyCalls(t, calls.send, calls.recv)
+	emptyCalls(t, calls.send, calls.recv) // the send program taken back out
 	lookupEveryWay(t, w, client, srv)
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// state is everything the watcher learns from DNS packets: the names of
+// state is everything the watcher learns from DNS messages: the names of
 // addresses per namespace, the queries waiting for an answer, TCP streams
 // being reassembled and each client's counters since the last interval.
 // It has no lock: the Watcher serialises its use.
@@ -31,7 +31,7 @@ type state struct {
 
 // Stats are the watcher's own counters since it started.
 type Stats struct {
-	Events       uint64 // DNS packets read from the kernel side
+	Events       uint64 // DNS packets or calls read from the kernel side
 	Lost         uint64 // packets or calls the kernel side could not hand over (ring buffer full; per call also a record preempted by another)
 	Cut          uint64 // packets or calls longer than the kernel side copies (per call, an unreadable call too)
 	Unreadable   uint64 // per call: DNS calls whose buffer the kernel side could not find or trust (io_uring, sendfile, splice, a kernel thread's, a sent datagram longer or shorter than the buffer found), each counted unparsed for its client

@@ -18,7 +18,7 @@ import (
 
 // Config configures a Watcher.
 type Config struct {
-	// NetNS, when not 0, keeps only the DNS packets of that namespace.
+	// NetNS, when not 0, keeps only the DNS messages of that namespace.
 	NetNS uint32
 	// Timeout is how long a query waits for its answer before it is
 	// counted as timed out.
@@ -78,7 +78,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Watcher captures DNS packets and keeps what they say. Apply hands its
+// Watcher captures DNS messages and keeps what they say. Apply hands its
 // findings to each interval.
 type Watcher struct {
 	k     *kernelSide
@@ -87,10 +87,15 @@ type Watcher struct {
 	// handles) that hold the per-call programs; empty when they are
 	// attached on their own or the variant is a per-packet one.
 	handOff []*ebpf.Map
+	// handOffIDs are the kernel's IDs of the programs in handOff's
+	// arrays, in order: takeBack takes out only its own.
+	handOffIDs []ebpf.ProgramID
 	// refused says why the per-call programs are not in the tracer's
 	// calls though it offered them (nil: they are, or it did not).
-	refused error
-	rd      *ringbuf.Reader
+	refused  error
+	closed   sync.Once
+	closeErr error
+	rd       *ringbuf.Reader
 
 	mu sync.Mutex // guards st
 	st *state
@@ -127,6 +132,7 @@ func New(cfg Config) (*Watcher, error) {
 	if w.k, _, err = load(name); err != nil && cfg.Variant == "" && name != "" {
 		// The per-call programs refused (no task storage, say): the
 		// per-packet ones see the same lookups.
+		w.refused = err
 		w.k, _, err = load("")
 	}
 	if err != nil {
@@ -193,9 +199,21 @@ func (w *Watcher) handOver(send, recv *ebpf.Map) error {
 		calls *ebpf.Map
 		prog  *ebpf.Program
 	}{{send, w.k.egress}, {recv, w.k.ingress}} {
-		m, err := a.calls.Clone()
+		var id ebpf.ProgramID
+		info, err := a.prog.Info()
+		if err == nil {
+			var ok bool
+			if id, ok = info.ID(); !ok {
+				err = errors.New("the kernel gives no program IDs")
+			}
+		}
+		var m *ebpf.Map
+		if err == nil {
+			m, err = a.calls.Clone()
+		}
 		if err == nil {
 			w.handOff = append(w.handOff, m)
+			w.handOffIDs = append(w.handOffIDs, id)
 			err = m.Put(uint32(0), a.prog)
 		}
 		if err != nil {
@@ -214,14 +232,16 @@ func (w *Watcher) handOver(send, recv *ebpf.Map) error {
 func (w *Watcher) takeBack() error {
 	var errs []error
 	for i, m := range w.handOff {
-		if mine(m, []*ebpf.Program{w.k.egress, w.k.ingress}[i]) {
+		// A program array's slot reads as the program's ID.
+		var id uint32
+		if m.Lookup(uint32(0), &id) == nil && ebpf.ProgramID(id) == w.handOffIDs[i] {
 			if err := m.Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				errs = append(errs, fmt.Errorf("dns: take the per-call program out of %s: %w", m, err))
 			}
 		}
 		errs = append(errs, m.Close())
 	}
-	w.handOff = nil
+	w.handOff, w.handOffIDs = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -329,9 +349,10 @@ func (w *Watcher) Stats() Stats {
 // Variant is the pair of programs the kernel loaded.
 func (w *Watcher) Variant() Variant { return w.k.variant }
 
-// HandOffRefused says why the per-call programs were not put in the
-// tracer's calls though it offered them (a per-packet variant runs
-// instead); nil when they were, or when it did not offer them.
+// HandOffRefused says why the per-call programs are not in the tracer's
+// calls though it offered them: they did not load, or the kernel refused
+// them in its arrays (a per-packet variant runs instead); nil when they
+// are, or when it did not offer them.
 func (w *Watcher) HandOffRefused() error { return w.refused }
 
 // HandedOff reports whether the per-call programs run inside the tracer's
@@ -340,9 +361,11 @@ func (w *Watcher) HandedOff() bool { return len(w.handOff) > 0 }
 
 // Close detaches the programs and stops reading.
 func (w *Watcher) Close() error {
-	err := w.close()
-	<-w.done
-	return err
+	w.closed.Do(func() {
+		w.closeErr = w.close()
+		<-w.done
+	})
+	return w.closeErr
 }
 
 func (w *Watcher) close() error {
@@ -358,21 +381,6 @@ func (w *Watcher) close() error {
 	errs = append(errs, w.takeBack())
 	errs = append(errs, w.k.Close())
 	return errors.Join(errs...)
-}
-
-// mine reports whether the program array's slot holds prog (a program
-// array's slot reads as the program's ID).
-func mine(calls *ebpf.Map, prog *ebpf.Program) bool {
-	var id uint32
-	if err := calls.Lookup(uint32(0), &id); err != nil {
-		return false
-	}
-	info, err := prog.Info()
-	if err != nil {
-		return false
-	}
-	own, ok := info.ID()
-	return ok && uint32(own) == id
 }
 
 // ProgramStats are the kernel's run count and run time of the watcher's

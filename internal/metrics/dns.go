@@ -49,7 +49,7 @@ func newDNSCollector(o Options) *dnsCollector {
 		queries:  prometheus.NewDesc("deptrace_dns_queries_total", "DNS queries a client sent to a resolver.", l, nil),
 		answers:  prometheus.NewDesc("deptrace_dns_answers_total", "DNS answers a client received, by response code: noerror, nxdomain, servfail, other.", append(l, "rcode"), nil),
 		timeouts: prometheus.NewDesc("deptrace_dns_timeouts_total", "DNS queries that got no answer within the DNS watcher's timeout.", l, nil),
-		unparsed: prometheus.NewDesc("deptrace_dns_unparsed_total", "DNS packets of a client the watcher could not parse.", l, nil),
+		unparsed: prometheus.NewDesc("deptrace_dns_unparsed_total", "DNS messages of a client the watcher could not parse or read.", l, nil),
 		latency: prometheus.NewDesc("deptrace_dns_latency_seconds",
 			"Time from a DNS query to its answer: _sum and _count over the answered queries, no quantiles.", l, nil),
 		latencyMax: prometheus.NewDesc("deptrace_dns_latency_max_seconds", "Slowest DNS answer of the last interval that had answers.", l, nil),

@@ -95,10 +95,11 @@ type PairedConfig struct {
 	// empty: the hooks deptrace runs today.
 	HollowSet string
 	// DNS runs deptrace's DNS watcher beside the tracer, as trace and the
-	// agent do by default (internal/dnswatch), handed the tracer's calls
-	// as they do: DNSVariant's programs (the per-call ones in the
-	// tracer's calls), or ("") what they load: the per-call programs in
-	// the tracer's calls from 6.3, else the first per-packet variant.
+	// agent do by default (internal/dnswatch), offered the tracer's calls
+	// as they do: DNSVariant's programs (one of the per-packet variants,
+	// or call, whose programs go in the tracer's calls), or ("") what they
+	// load: the per-call programs in the tracer's calls from 6.3, else the
+	// first per-packet variant.
 	DNS        bool
 	DNSVariant string
 }
