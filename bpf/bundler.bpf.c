@@ -37,6 +37,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_endian.h>
 #include "bundler.h"
+#include "dns.h"
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
@@ -299,6 +300,8 @@ struct sock_state {
 	__u32 rep_drops;
 	/* unconnected UDP bound to a port the kernel chose: enum udp_role */
 	__u32 udp_role;
+	/* unconnected UDP: its last sendto() went to port 53 (note_dns) */
+	__u32 dns_asked;
 };
 
 /* Which end an unconnected UDP socket bound to a port the kernel chose is
@@ -413,6 +416,17 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } dns_recv_calls SEC(".maps");
+
+/* The resolver notes of unconnected UDP sockets (struct dns_dest,
+ * bpf/dns.h), which udp_sendmsg4/6 write (note_dns) and the watcher's
+ * per-call programs, loaded with this map in place of their own, read:
+ * with the tracer the watcher needs no sendmsg programs of its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct dns_dest);
+} dns_dests SEC(".maps");
 
 /* Runs the kernel skips. The kernel skips a run of a tracing program that
  * would nest in a run of the same program on the same CPU (a softirq's
@@ -553,19 +567,29 @@ int connect_error(struct bpf_sockopt *ctx)
  * nests in them and they have no copies; from 6.19 they are preemptible
  * and the loader attaches copies (recmarks.h). */
 
-#define DNS_PORT 53
+/* dns_candidate says whether sk may be a resolver's socket: connected to
+ * port 53, or an unconnected UDP socket whose last sendto() went to port
+ * 53 (note_dns). */
+static __always_inline bool dns_candidate(struct sock *sk)
+{
+	__u16 dport = sk->__sk_common.skc_dport;
+	if (dport)
+		return dport == bpf_htons(DNS_PORT);
+	if (sk->sk_protocol != IPPROTO_UDP || !sk->sk_bpf_storage)
+		return false;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	return st && st->dns_asked;
+}
 
 /* dns_hand_off ends the program in the DNS watcher's per-call program
- * (dns_send_calls above) when sk may be a resolver's socket: connected
- * to port 53, or an unconnected UDP socket with storage, where the
- * watcher notes a sendto() to port 53. It must come last: a tail call
- * does not return. */
+ * (dns_send_calls above) when sk may be a resolver's socket. It must come
+ * last: a tail call does not return. */
 #define dns_hand_off(ctx, sk, calls) \
 	do { \
-		__u16 dport = (sk)->__sk_common.skc_dport; \
-		if (dport == bpf_htons(DNS_PORT) || (!dport && (sk)->sk_protocol == IPPROTO_UDP && (sk)->sk_bpf_storage)) \
+		if (dns_candidate(sk)) \
 			bpf_tail_call(ctx, calls, 0); \
 	} while (0)
+
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {

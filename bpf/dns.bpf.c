@@ -5,8 +5,8 @@
  * programs for sock_send_length and sock_recv_length, which the tracer's
  * own programs on those tracepoints tail-call (bpf/bundler.bpf.c,
  * dns_hand_off) for a socket connected to port 53 or an unconnected UDP
- * socket with storage; without a tracer, attached on their own, they run
- * once per send or receive call on any socket. The test that leaves for
+ * socket whose last sendto() went to port 53; without a tracer, attached
+ * on their own, they run once per send or receive call on any socket. The test that leaves for
  * non-DNS sockets comes first: the socket's remote port (53: a connected
  * resolver socket), or for an unconnected UDP socket the note the sendmsg
  * hooks left when it sent to port 53. A DNS call's payload is read where the
@@ -36,7 +36,8 @@
  * A query sent with sendto() from an unconnected socket to an address a
  * NAT rule redirects (musl's resolver behind Docker's embedded DNS) has
  * lost its port 53 by egress: the cgroup sendmsg hooks note such sends
- * (dns_dests), for both ways. IPv6 extension headers before the
+ * (dns_dests), for both ways: the tracer's (bpf/udp.bpf.h) when these
+ * programs run in its calls, else the two below. IPv6 extension headers before the
  * transport header are not walked.
  */
 #include "vmlinux.h"
@@ -57,7 +58,6 @@ const enum dns_variant *_btf_dns_variant __attribute__((unused));
 #define ETH_P_IPV6 0x86DD
 #define IPPROTO_TCP 6
 #define IPPROTO_UDP 17
-#define DNS_PORT 53
 #define TCP_FIN 0x01
 #define TCP_SYN 0x02
 #define TCP_RST 0x04
@@ -139,20 +139,10 @@ static __always_inline __u32 sk_netns(struct __sk_buff *ctx)
 	return BPF_CORE_READ(skc, skc_net.net, ns.inum);
 }
 
-/* The resolver of a datagram sent with sendto() to port 53 from an
- * unconnected socket, for the egress program of the same datagram: that
- * one sees the packet after NAT (musl's resolver sends to 127.0.0.11:53
- * this way, and Docker's rule changes the port), the socket-address hook
- * before it. */
-struct dns_dest {
-	__u8 addr[16]; /* IPv4 in the first 4 bytes */
-	__u32 pending; /* set by the hook, taken by the egress (or send) program */
-	__u32 asked;   /* per call: the socket's last send went to port 53, so
-	                * its receives are answers */
-	__u32 family;  /* 4: addr is IPv4 (sendmsg4, also a v6 socket's
-	                * v4-mapped destination); 6: IPv6 */
-};
-
+/* The resolver notes (struct dns_dest, dns.h). Handed the tracer's calls,
+ * the per-call programs are loaded with the tracer's map in its place,
+ * which the tracer's own sendmsg programs write (bpf/udp.bpf.h,
+ * note_dns), and the two below are not loaded. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

@@ -1,9 +1,28 @@
 /* dns.h: the record bpf/dns.bpf.c writes into its ring buffer for every
  * DNS packet (cgroup_skb programs) or every DNS socket's send and receive
  * call (the per-call programs), shared with internal/dnswatch (bpf2go
- * -type dns_event). */
+ * -type dns_event); and the resolver note (struct dns_dest) the tracer's
+ * sendmsg programs write for the watcher's per-call programs. */
 #ifndef DNS_H
 #define DNS_H
+
+#define DNS_PORT 53
+
+/* The resolver of a datagram sent with sendto() to port 53 from an
+ * unconnected socket, noted by a cgroup sendmsg program (the tracer's,
+ * bpf/udp.bpf.h, when the watcher runs in its calls; else the watcher's
+ * own) in the dns_dests socket storage, for the programs that see the
+ * datagram afterwards: the egress program sees the packet after NAT
+ * (musl's resolver sends to 127.0.0.11:53 this way, and Docker's rule
+ * changes the port), the socket-address hook before it. */
+struct dns_dest {
+	__u8 addr[16]; /* IPv4 in the first 4 bytes */
+	__u32 pending; /* set by the hook, taken by the egress (or send) program */
+	__u32 asked;   /* per call: the socket's last send went to port 53, so
+	                * its receives are answers */
+	__u32 family;  /* 4: addr is IPv4 (sendmsg4, also a v6 socket's
+	                * v4-mapped destination); 6: IPv6 */
+};
 
 /* Most payload bytes copied per packet: a UDP answer up to an EDNS buffer
  * of 4096 fits whole; a TCP segment longer than this is cut, and the

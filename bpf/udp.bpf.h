@@ -310,8 +310,8 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
  * (from a call that never reached the tracepoint: a failed send, a peek),
  * so that a thread never holds two and peer_take never finds a stale one;
  * else the one its thread id picks, or the other if that one is another
- * thread's and the other is free. */
-static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, bool send)
+ * thread's and the other is free. *stp: the socket's storage. */
+static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, bool send, struct sock_state **stp)
 {
 	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
 		return NULL;
@@ -320,6 +320,7 @@ static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, boo
 		stat_inc(STAT_SOCK_STORAGE_FAILED);
 		return NULL;
 	}
+	*stp = st;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct udp_peer *slots = st->inflight[send];
 	__u32 i;
@@ -338,16 +339,56 @@ static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, boo
 	return p;
 }
 
+/* note_dns is the tracer's part of DNS watching: it notes a sendto() to
+ * port 53 for the DNS watcher's per-call programs (dns_dests, read when
+ * dns_hand_off hands them the socket's calls), and forgets the note when
+ * the socket sends elsewhere. st->dns_asked, which dns_hand_off tests,
+ * keeps every other unconnected socket's calls out of the watcher, and
+ * spares their sends a second storage lookup here. */
+static __always_inline struct dns_dest *note_dns(struct bpf_sock_addr *ctx, struct sock_state *st)
+{
+	if (ctx->user_port != bpf_htons(DNS_PORT)) {
+		if (st->dns_asked) {
+			st->dns_asked = 0;
+			struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, 0);
+			if (d) {
+				d->pending = 0;
+				d->asked = 0;
+			}
+		}
+		return NULL;
+	}
+	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!d) {
+		stat_inc(STAT_SOCK_STORAGE_FAILED);
+		return NULL;
+	}
+	st->dns_asked = 1;
+	d->pending = 1;
+	return d;
+}
+
+/* remember_peer4 and 6 keep the datagram's peer for the byte tracepoint
+ * of the same system call; a send's also notes a resolver (note_dns). */
 static __always_inline void remember_peer4(struct bpf_sock_addr *ctx, bool send)
 {
-	struct udp_peer *p = peer_slot(ctx, send);
-	if (p)
-		set_v4mapped(p->addr, ctx->user_ip4);
+	struct sock_state *st = NULL;
+	struct udp_peer *p = peer_slot(ctx, send, &st);
+	if (!p)
+		return;
+	set_v4mapped(p->addr, ctx->user_ip4);
+	struct dns_dest *d = send && st ? note_dns(ctx, st) : NULL;
+	if (d) {
+		__builtin_memset(d->addr, 0, sizeof(d->addr));
+		*(__u32 *)d->addr = ctx->user_ip4;
+		d->family = 4;
+	}
 }
 
 static __always_inline void remember_peer6(struct bpf_sock_addr *ctx, bool send)
 {
-	struct udp_peer *p = peer_slot(ctx, send);
+	struct sock_state *st = NULL;
+	struct udp_peer *p = peer_slot(ctx, send, &st);
 	if (!p)
 		return;
 	__u32 *a = (__u32 *)p->addr;
@@ -355,6 +396,11 @@ static __always_inline void remember_peer6(struct bpf_sock_addr *ctx, bool send)
 	a[1] = ctx->user_ip6[1];
 	a[2] = ctx->user_ip6[2];
 	a[3] = ctx->user_ip6[3];
+	struct dns_dest *d = send && st ? note_dns(ctx, st) : NULL;
+	if (d) {
+		__builtin_memcpy(d->addr, p->addr, sizeof(d->addr));
+		d->family = 6;
+	}
 }
 
 #endif /* UDP_BPF_H */

@@ -646,13 +646,18 @@ func (b *Bundler) loadProgram(spec *ebpf.CollectionSpec, program string, kind ho
 // DNSCallHooks returns the program arrays the tracer's send and receive
 // tracepoint programs tail-call into for a call on a possible resolver's
 // socket (bpf/bundler.bpf.c, dns_hand_off): where the DNS watcher puts its
-// per-call programs. ok is false when those programs are not attached
-// (kernels before 6.3 count sends and receives at function exits).
-func (b *Bundler) DNSCallHooks() (send, recv *ebpf.Map, ok bool) {
-	if !b.HookActive("on_send") || !b.HookActive("on_recv") {
-		return nil, nil, false
+// per-call programs; and dests, the socket storage where the tracer's
+// sendmsg programs note a sendto() to port 53 (bpf/udp.bpf.h, note_dns),
+// which those programs read. ok is false when any of these programs is
+// not attached (kernels before 6.3 count sends and receives at function
+// exits).
+func (b *Bundler) DNSCallHooks() (send, recv, dests *ebpf.Map, ok bool) {
+	for _, p := range []string{"on_send", "on_recv", "udp_sendmsg4", "udp_sendmsg6"} {
+		if !b.HookActive(p) {
+			return nil, nil, nil, false
+		}
 	}
-	return b.objs.DnsSendCalls, b.objs.DnsRecvCalls, true
+	return b.objs.DnsSendCalls, b.objs.DnsRecvCalls, b.objs.DnsDests, true
 }
 
 // clearDNSCalls empties the DNS watcher's program arrays.

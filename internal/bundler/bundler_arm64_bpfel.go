@@ -35,6 +35,14 @@ const (
 	bundlerDirectionDIR_INBOUND  bundlerDirection = 2
 )
 
+type bundlerDnsDest struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Pending uint32
+	Asked   uint32
+	Family  uint32
+}
+
 type bundlerFlowKey struct {
 	_          structs.HostLayout
 	Netns      uint32
@@ -183,6 +191,8 @@ type bundlerSockState struct {
 	UnixDest uint64
 	RepDrops uint32
 	UdpRole  uint32
+	DnsAsked uint32
+	_        [4]byte
 }
 
 type bundlerSpillClaims struct {
@@ -266,6 +276,7 @@ type bundlerUnixPath struct {
 const (
 	bundlerMapConnectSlots             = "connect_slots"
 	bundlerMapConnecting               = "connecting"
+	bundlerMapDnsDests                 = "dns_dests"
 	bundlerMapDnsRecvCalls             = "dns_recv_calls"
 	bundlerMapDnsSendCalls             = "dns_send_calls"
 	bundlerMapFlowCache                = "flow_cache"
@@ -424,6 +435,7 @@ type bundlerProgramSpecs struct {
 type bundlerMapSpecs struct {
 	ConnectSlots  *ebpf.MapSpec `ebpf:"connect_slots"`
 	Connecting    *ebpf.MapSpec `ebpf:"connecting"`
+	DnsDests      *ebpf.MapSpec `ebpf:"dns_dests"`
 	DnsRecvCalls  *ebpf.MapSpec `ebpf:"dns_recv_calls"`
 	DnsSendCalls  *ebpf.MapSpec `ebpf:"dns_send_calls"`
 	FlowCache     *ebpf.MapSpec `ebpf:"flow_cache"`
@@ -492,6 +504,7 @@ func (o *bundlerObjects) Close() error {
 type bundlerMaps struct {
 	ConnectSlots  *ebpf.Map `ebpf:"connect_slots"`
 	Connecting    *ebpf.Map `ebpf:"connecting"`
+	DnsDests      *ebpf.Map `ebpf:"dns_dests"`
 	DnsRecvCalls  *ebpf.Map `ebpf:"dns_recv_calls"`
 	DnsSendCalls  *ebpf.Map `ebpf:"dns_send_calls"`
 	FlowCache     *ebpf.Map `ebpf:"flow_cache"`
@@ -513,6 +526,7 @@ func (m *bundlerMaps) Close() error {
 	return _BundlerClose(
 		m.ConnectSlots,
 		m.Connecting,
+		m.DnsDests,
 		m.DnsRecvCalls,
 		m.DnsSendCalls,
 		m.FlowCache,

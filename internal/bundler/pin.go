@@ -34,9 +34,10 @@ import (
 // pinned maps.
 
 // pinnedMaps are the maps whose contents must survive a restart.
-// The DNS watcher's program arrays are among them: an adopted side's
-// send and receive programs tail-call through its own arrays.
-var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "interval_now", "spill_used", "spill_claims", "flow_cache", "dns_send_calls", "dns_recv_calls"}
+// The DNS watcher's program arrays and resolver notes are among them: an
+// adopted side's send and receive programs tail-call through its own
+// arrays, and its sendmsg programs note resolvers in its own storage.
+var pinnedMaps = []string{"flows", "ports", "socks", "stats", "unix_paths", "spill", "interval_now", "spill_used", "spill_claims", "flow_cache", "dns_send_calls", "dns_recv_calls", "dns_dests"}
 
 // AdoptReport says what Load found under the pin path.
 type AdoptReport struct {

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -332,13 +333,19 @@ func TestEveryCallPath(t *testing.T) {
 				// receive tracepoints: a per-packet variant, tested too.
 				refusedPerCall(t, fmt.Errorf("loaded %s, not the per-call programs in the tracer's calls (%v)", w.Variant().Name, w.HandOffRefused()))
 			}
+			// Handed the calls, the watcher reads the notes of the
+			// tracer's sendmsg programs: no second program on those
+			// hooks. On its own it notes resolvers itself.
+			if want := !w.HandedOff() && !strings.Contains(w.Variant().Lost, "sendto()"); w.OwnNotes() != want {
+				t.Errorf("the watcher's own sendmsg programs loaded: %v; want %v (handed the tracer's calls: %v)", w.OwnNotes(), want, w.HandedOff())
+			}
 			lookupEveryWay(t, w, client, srv)
 			if tr != nil && w.HandedOff() {
 				// Closed, the watcher takes its programs back out.
 				if err := w.Close(); err != nil {
 					t.Errorf("close the watcher: %v", err)
 				}
-				send, recv, _ := tr.DNSCallHooks()
+				send, recv, _, _ := tr.DNSCallHooks()
 				emptyCalls(t, send, recv)
 			}
 		})
@@ -362,7 +369,10 @@ func emptyCalls(t *testing.T, calls ...*ebpf.Map) {
 // program looks the same to the watcher).
 type refusingCalls struct{ send, recv *ebpf.Map }
 
-func (r refusingCalls) DNSCallHooks() (send, recv *ebpf.Map, ok bool) { return r.send, r.recv, true }
+// The watcher notes resolvers itself (dests nil).
+func (r refusingCalls) DNSCallHooks() (send, recv, dests *ebpf.Map, ok bool) {
+	return r.send, r.recv, nil, true
+}
 
 func newRefusingCalls(t *testing.T) refusingCalls {
 	t.Helper()
@@ -531,7 +541,7 @@ func TestHandOffAcrossAdoption(t *testing.T) {
 			first.Close() // unpins: the cleanup above cannot while it holds the lock
 		}
 	}()
-	if _, _, ok := first.DNSCallHooks(); !ok {
+	if _, _, _, ok := first.DNSCallHooks(); !ok {
 		refusedPerCall(t, errors.New("the tracer has no send and receive tracepoint programs"))
 		return
 	}
@@ -558,7 +568,7 @@ func TestHandOffAcrossAdoption(t *testing.T) {
 	if !second.Adoption().Adopted {
 		t.Fatalf("the pinned side was not adopted: %+v", second.Adoption())
 	}
-	send, recv, ok := second.DNSCallHooks()
+	send, recv, _, ok := second.DNSCallHooks()
 	if !ok {
 		t.Fatal("the adopted side has no DNS call hooks")
 	}

@@ -104,11 +104,22 @@ const noSendtoPerCall = "lookups on unconnected UDP sockets (sendto() to port 53
 
 // loadVariant loads v's two programs, the sendmsg programs and the maps;
 // where the kernel refuses the sendmsg programs, the rest without them
-// (v.Lost says what that misses).
-func loadVariant(v Variant) (*kernelSide, error) {
-	coll, err := loadPrograms(v.egress, v.ingress, dnsProgDnsSendmsg4, dnsProgDnsSendmsg6)
+// (v.Lost says what that misses). With dests (the tracer's resolver
+// notes, which its own sendmsg programs write) the programs read those,
+// and the watcher's sendmsg programs are not loaded.
+func loadVariant(v Variant, dests *ebpf.Map) (*kernelSide, error) {
+	if dests != nil {
+		coll, err := loadPrograms(dests, v.egress, v.ingress)
+		if err != nil {
+			return nil, err
+		}
+		return &kernelSide{variant: v, coll: coll,
+			egress: coll.Programs[v.egress], ingress: coll.Programs[v.ingress],
+			events: coll.Maps[dnsMapDnsEvents], stats: coll.Maps[dnsMapDnsStats]}, nil
+	}
+	coll, err := loadPrograms(nil, v.egress, v.ingress, dnsProgDnsSendmsg4, dnsProgDnsSendmsg6)
 	if err != nil {
-		if coll, _ = loadPrograms(v.egress, v.ingress); coll == nil {
+		if coll, _ = loadPrograms(nil, v.egress, v.ingress); coll == nil {
 			return nil, err // the first error says most
 		}
 		lost := noSendto
@@ -128,8 +139,8 @@ func loadVariant(v Variant) (*kernelSide, error) {
 var perCallMaps = []string{dnsMapDnsMcalls, dnsMapDnsCallScratch}
 
 // loadPrograms loads the named programs of bpf/dns.bpf.c and the maps
-// they use.
-func loadPrograms(names ...string) (*ebpf.Collection, error) {
+// they use; dests, when not nil, in place of their own resolver notes.
+func loadPrograms(dests *ebpf.Map, names ...string) (*ebpf.Collection, error) {
 	spec, err := loadDns()
 	if err != nil {
 		return nil, err
@@ -147,7 +158,11 @@ func loadPrograms(names ...string) (*ebpf.Collection, error) {
 			delete(spec.Maps, m)
 		}
 	}
-	coll, err := ebpf.NewCollection(spec)
+	var opts ebpf.CollectionOptions
+	if dests != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{dnsMapDnsDests: dests}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, opts)
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -165,14 +180,14 @@ type VariantResult struct {
 }
 
 // load loads the named variant, or ("") the first per-packet one of
-// Variants that loads; tried lists the variants tried and why each
-// refused.
-func load(name string) (k *kernelSide, tried []VariantResult, err error) {
+// Variants that loads, with dests as loadVariant's; tried lists the
+// variants tried and why each refused.
+func load(name string, dests *ebpf.Map) (k *kernelSide, tried []VariantResult, err error) {
 	for _, v := range Variants {
 		if name != "" && v.Name != name || name == "" && v.PerCall {
 			continue
 		}
-		k, err := loadVariant(v)
+		k, err := loadVariant(v, dests)
 		if err == nil {
 			// Its Lost may say more: loaded without the sendmsg programs.
 			return k, append(tried, VariantResult{Variant: k.variant}), nil
@@ -204,11 +219,11 @@ func Probe() ([]VariantResult, error) {
 		err   error
 	)
 	if kernel.Has("btf_trace_sock_send_length") && kernel.Has("btf_trace_sock_recv_length") {
-		k, tried, err = load(perCallName)
+		k, tried, err = load(perCallName, nil)
 	}
 	if k == nil {
 		var more []VariantResult
-		k, more, err = load("")
+		k, more, err = load("", nil)
 		tried = append(tried, more...)
 	}
 	if k != nil {

@@ -40,11 +40,14 @@ type Config struct {
 	Calls CallHooks
 }
 
-// CallHooks gives the program arrays the per-call programs go in: the
-// send and receive ones; ok is false when the tracer has none on this
-// kernel. *tracer.Tracer is one.
+// CallHooks gives the program arrays the per-call programs go in (the
+// send and receive ones) and the resolver notes the tracer's sendmsg
+// programs write for them (dests: the per-call programs are loaded with
+// it in place of their own, and the watcher's sendmsg programs are not
+// loaded; nil: the watcher notes resolvers itself); ok is false when the
+// tracer has none on this kernel. *tracer.Tracer is one.
 type CallHooks interface {
-	DNSCallHooks() (send, recv *ebpf.Map, ok bool)
+	DNSCallHooks() (send, recv, dests *ebpf.Map, ok bool)
 }
 
 // Defaults and bounds of Config.
@@ -120,20 +123,23 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, fmt.Errorf("dns: %w", err)
 	}
 	w := &Watcher{st: newState(cfg), flushed: make(chan struct{}, 1), done: make(chan struct{})}
-	var send, recv *ebpf.Map
+	var send, recv, dests *ebpf.Map
 	handOff := false
 	if cfg.Calls != nil && (cfg.Variant == "" || cfg.Variant == perCallName) {
-		send, recv, handOff = cfg.Calls.DNSCallHooks()
+		send, recv, dests, handOff = cfg.Calls.DNSCallHooks()
 	}
 	name := cfg.Variant
 	if name == "" && handOff {
 		name = perCallName
 	}
-	if w.k, _, err = load(name); err != nil && cfg.Variant == "" && name != "" {
+	if !handOff {
+		dests = nil // the watcher notes resolvers itself
+	}
+	if w.k, _, err = load(name, dests); err != nil && cfg.Variant == "" && name != "" {
 		// The per-call programs refused (no task storage, say): the
 		// per-packet ones see the same lookups.
 		w.refused = err
-		w.k, _, err = load("")
+		w.k, _, err = load("", nil)
 	}
 	if err != nil {
 		return nil, err
@@ -149,7 +155,7 @@ func New(cfg Config) (*Watcher, error) {
 			// the same lookups.
 			w.refused = err
 			_ = w.k.Close() // replaced; nothing of it runs
-			if w.k, _, err = load(""); err != nil {
+			if w.k, _, err = load("", nil); err != nil {
 				return nil, errors.Join(w.refused, err)
 			}
 		}
@@ -173,7 +179,7 @@ func New(cfg Config) (*Watcher, error) {
 		{w.k.sendmsg4, ebpf.AttachCGroupUDP4Sendmsg}, {w.k.sendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
 	} {
 		if a.prog == nil || w.k.variant.PerCall && (a.prog == w.k.egress || a.prog == w.k.ingress) {
-			continue // loaded without (Variant.Lost says so), or attached above
+			continue // not loaded (the tracer's note resolvers; or Variant.Lost says so), or attached above
 		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: a.attach, Program: a.prog})
 		if err != nil {
