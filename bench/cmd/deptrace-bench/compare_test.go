@@ -44,6 +44,12 @@ func TestCompareSmoke(t *testing.T) {
 			if r.KernelNsPerRT <= 0 {
 				t.Errorf("%s %s: no kernel time measured", r.Workload, r.Method)
 			}
+			// bpf_stats' floor measured in the same run: the net
+			// figures are below the measured ones by runs × floor.
+			if !r.NetMeasured() || r.NetKernelNsPerRT() >= r.KernelNsPerRT {
+				t.Errorf("%s %s: no net kernel time (%.1f runs per round trip, floor %.1f ns, net %.0f of %.0f ns)",
+					r.Workload, r.Method, r.KernelRunsPerRT, r.FloorNs, r.NetKernelNsPerRT(), r.KernelNsPerRT)
+			}
 		}
 	}
 	for _, f := range []string{"results.csv", "cpu-total-tcp-short.png", "recall-tcp-short.png", "peers-cpu.png"} {

@@ -2,6 +2,7 @@ package measure
 
 import (
 	"errors"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -128,6 +129,42 @@ func TestCheckRowCatchesKernelCPUThatDisagreesWithNsTimesRate(t *testing.T) {
 	near.KernelCPU *= 1.08
 	if err := CheckRow(near, 0.10); err != nil {
 		t.Errorf("8 %% off with a 10 %% tolerance: %v", err)
+	}
+}
+
+// The net figures take bpf_stats' clock reads (runs × the floor) away,
+// the CPU in the same proportion; a row without a measured floor keeps
+// the measured figures, and CheckRow refuses a floor that is missing
+// where runs were counted, or not below the method's own run time.
+func TestNetFiguresTakeTheFloorAway(t *testing.T) {
+	r := Row{Method: Bundling, Rate: 10000, KernelRate: 10000, TracerCPU: 0.10,
+		KernelNsPerRT: 2885, KernelCPU: 2.885, KernelRunsPerRT: 30, FloorNs: 57}
+	if got, want := r.NetKernelNsPerRT(), 2885-30*57.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("net ns per round trip %v, want %v", got, want)
+	}
+	if got, want := r.NetKernelCPU(), 2.885*(2885-30*57.0)/2885; math.Abs(got-want) > 1e-9 {
+		t.Errorf("net kernel CPU %v, want %v", got, want)
+	}
+	if got, want := r.NetTotalCPU(), 0.10+r.NetKernelCPU(); got != want {
+		t.Errorf("net total %v, want %v", got, want)
+	}
+	if err := CheckRow(r, 0.10); err != nil {
+		t.Errorf("consistent row refused: %v", err)
+	}
+	old := r
+	old.KernelRunsPerRT, old.FloorNs = 0, 0
+	if old.NetKernelNsPerRT() != 2885 || old.NetTotalCPU() != old.TotalCPU() || CheckRow(old, 0.10) != nil {
+		t.Errorf("an older sweep's row: net %v, total %v / %v, check %v", old.NetKernelNsPerRT(), old.NetTotalCPU(), old.TotalCPU(), CheckRow(old, 0.10))
+	}
+	noFloor := r
+	noFloor.FloorNs = 0
+	if err := CheckRow(noFloor, 0.10); err == nil || !strings.Contains(err.Error(), "floor was not measured") {
+		t.Errorf("runs counted, no floor: %v", err)
+	}
+	disturbed := r
+	disturbed.FloorNs = 200 // above 2,885 / 30
+	if err := CheckRow(disturbed, 0.10); err == nil || !strings.Contains(err.Error(), "not below the method's own 96.2 ns per run") {
+		t.Errorf("a floor above the method's runs: %v", err)
 	}
 }
 
