@@ -417,16 +417,11 @@ struct {
 	__type(value, __u32);
 } dns_recv_calls SEC(".maps");
 
-/* The resolver notes of unconnected UDP sockets (struct dns_dest,
- * bpf/dns.h), which udp_sendmsg4/6 write (note_dns) and the watcher's
+/* The resolver notes of unconnected UDP sockets (dns_dests, struct
+ * dns_dest), which udp_sendmsg4/6 write (note_dns) and the watcher's
  * per-call programs, loaded with this map in place of their own, read:
  * with the tracer the watcher needs no sendmsg programs of its own. */
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct dns_dest);
-} dns_dests SEC(".maps");
+#include "dnsnote.bpf.h"
 
 /* Runs the kernel skips. The kernel skips a run of a tracing program that
  * would nest in a run of the same program on the same CPU (a softirq's
@@ -567,26 +562,13 @@ int connect_error(struct bpf_sockopt *ctx)
  * nests in them and they have no copies; from 6.19 they are preemptible
  * and the loader attaches copies (recmarks.h). */
 
-/* dns_candidate says whether sk may be a resolver's socket: connected to
- * port 53, or an unconnected UDP socket whose last sendto() went to port
- * 53 (note_dns). */
-static __always_inline bool dns_candidate(struct sock *sk)
-{
-	__u16 dport = sk->__sk_common.skc_dport;
-	if (dport)
-		return dport == bpf_htons(DNS_PORT);
-	if (sk->sk_protocol != IPPROTO_UDP || !sk->sk_bpf_storage)
-		return false;
-	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
-	return st && st->dns_asked;
-}
-
 /* dns_hand_off ends the program in the DNS watcher's per-call program
- * (dns_send_calls above) when sk may be a resolver's socket. It must come
- * last: a tail call does not return. */
-#define dns_hand_off(ctx, sk, calls) \
+ * (dns_send_calls above) when the call may be a resolver's (candidate:
+ * udp_datagram's answer). It must come last: a tail call does not
+ * return. */
+#define dns_hand_off(ctx, candidate, calls) \
 	do { \
-		if (dns_candidate(sk)) \
+		if (candidate) \
 			bpf_tail_call(ctx, calls, 0); \
 	} while (0)
 
@@ -594,8 +576,8 @@ SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send, struct sock *sk, int ret, int flags)
 {
 	if (rec_first_copy(ctx, STAT_REC_DEFERRED_SEND)) {
-		udp_datagram(sk, ret, flags, true);
-		dns_hand_off(ctx, sk, &dns_send_calls);
+		bool dns = udp_datagram(sk, ret, flags, true, true);
+		dns_hand_off(ctx, dns, &dns_send_calls);
 	}
 	return 0;
 }
@@ -604,8 +586,8 @@ SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_mid, struct sock *sk, int ret, int flags)
 {
 	if (rec_mid_copy(ctx, STAT_REC_RESCUED_SEND)) {
-		udp_datagram(sk, ret, flags, true);
-		dns_hand_off(ctx, sk, &dns_send_calls);
+		bool dns = udp_datagram(sk, ret, flags, true, true);
+		dns_hand_off(ctx, dns, &dns_send_calls);
 	}
 	return 0;
 }
@@ -614,8 +596,8 @@ SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_last, struct sock *sk, int ret, int flags)
 {
 	if (rec_last_copy(ctx, REC_SEND, STAT_REC_RESCUED_SEND)) {
-		udp_datagram(sk, ret, flags, true);
-		dns_hand_off(ctx, sk, &dns_send_calls);
+		bool dns = udp_datagram(sk, ret, flags, true, true);
+		dns_hand_off(ctx, dns, &dns_send_calls);
 	}
 	return 0;
 }
@@ -624,8 +606,8 @@ SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv, struct sock *sk, int ret, int flags)
 {
 	if (rec_first_copy(ctx, STAT_REC_DEFERRED_RECV)) {
-		udp_datagram(sk, ret, flags, false);
-		dns_hand_off(ctx, sk, &dns_recv_calls);
+		bool dns = udp_datagram(sk, ret, flags, false, true);
+		dns_hand_off(ctx, dns, &dns_recv_calls);
 	}
 	return 0;
 }
@@ -634,8 +616,8 @@ SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv_mid, struct sock *sk, int ret, int flags)
 {
 	if (rec_mid_copy(ctx, STAT_REC_RESCUED_RECV)) {
-		udp_datagram(sk, ret, flags, false);
-		dns_hand_off(ctx, sk, &dns_recv_calls);
+		bool dns = udp_datagram(sk, ret, flags, false, true);
+		dns_hand_off(ctx, dns, &dns_recv_calls);
 	}
 	return 0;
 }
@@ -644,8 +626,8 @@ SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_recv_last, struct sock *sk, int ret, int flags)
 {
 	if (rec_last_copy(ctx, REC_RECV, STAT_REC_RESCUED_RECV)) {
-		udp_datagram(sk, ret, flags, false);
-		dns_hand_off(ctx, sk, &dns_recv_calls);
+		bool dns = udp_datagram(sk, ret, flags, false, true);
+		dns_hand_off(ctx, dns, &dns_recv_calls);
 	}
 	return 0;
 }
@@ -656,7 +638,7 @@ static __always_inline int socket_io(struct socket *sock, int ret, int flags, bo
 {
 	struct sock *sk = sock->sk;
 	if (sk)
-		udp_datagram(sk, ret, flags, send);
+		udp_datagram(sk, ret, flags, send, false);
 	return 0;
 }
 
@@ -704,7 +686,7 @@ int BPF_PROG(on_unix_dgram_send_fexit, struct socket *sock, struct msghdr *msg, 
 		return 0;
 	}
 	if (!send_tracepoint_on)
-		udp_datagram(sk, ret, 0, true);
+		udp_datagram(sk, ret, 0, true, false);
 	return 0;
 }
 

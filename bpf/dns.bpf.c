@@ -6,11 +6,12 @@
  * own programs on those tracepoints tail-call (bpf/bundler.bpf.c,
  * dns_hand_off) for a socket connected to port 53 or an unconnected UDP
  * socket whose last sendto() went to port 53; without a tracer, attached
- * on their own, they run once per send or receive call on any socket. The test that leaves for
- * non-DNS sockets comes first: the socket's remote port (53: a connected
- * resolver socket), or for an unconnected UDP socket the note the sendmsg
- * hooks left when it sent to port 53. A DNS call's payload is read where the
- * system call left it, in the caller's memory: the call's registers
+ * on their own, they run once per send or receive call on any socket.
+ * The test that leaves for non-DNS sockets comes first: the socket's
+ * remote port (53: a connected resolver socket), or for an unconnected
+ * UDP socket the note the sendmsg hooks left when it sent to port 53. A
+ * DNS call's payload is read where the system call left it, in the
+ * caller's memory: the call's registers
  * (bpf_task_pt_regs) give its buffer, iovec array, msghdr or mmsghdr
  * array. A call made another way (io_uring, splice) is counted
  * unreadable. Calls, not packets: a non-DNS connection pays the tracer's
@@ -36,9 +37,10 @@
  * A query sent with sendto() from an unconnected socket to an address a
  * NAT rule redirects (musl's resolver behind Docker's embedded DNS) has
  * lost its port 53 by egress: the cgroup sendmsg hooks note such sends
- * (dns_dests), for both ways: the tracer's (bpf/udp.bpf.h) when these
- * programs run in its calls, else the two below. IPv6 extension headers before the
- * transport header are not walked.
+ * (dns_dests, bpf/dnsnote.bpf.h), for both ways: the tracer's
+ * (bpf/udp.bpf.h) when these programs run in its calls, else the two
+ * below. IPv6 extension headers before the transport header are not
+ * walked.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -139,63 +141,27 @@ static __always_inline __u32 sk_netns(struct __sk_buff *ctx)
 	return BPF_CORE_READ(skc, skc_net.net, ns.inum);
 }
 
-/* The resolver notes (struct dns_dest, dns.h). Handed the tracer's calls,
- * the per-call programs are loaded with the tracer's map in its place,
- * which the tracer's own sendmsg programs write (bpf/udp.bpf.h,
- * note_dns), and the two below are not loaded. */
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct dns_dest);
-} dns_dests SEC(".maps");
-
-/* dest_slot returns where to note a sendto()'s resolver: a socket's
- * storage when the datagram goes to port 53, NULL (and any earlier note
- * forgotten) when it goes elsewhere. Only datagrams sent with an address
- * run this hook; a connected socket's remote port tells egress itself. */
-static __always_inline struct dns_dest *dest_slot(struct bpf_sock_addr *ctx)
-{
-	if (ctx->protocol != IPPROTO_UDP || !ctx->sk)
-		return NULL;
-	if (ctx->user_port != bpf_htons(DNS_PORT)) {
-		struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, 0);
-		if (d) {
-			d->pending = 0;
-			d->asked = 0;
-		}
-		return NULL;
-	}
-	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (d)
-		d->pending = 1;
-	return d;
-}
+/* The resolver notes (dns_dests, struct dns_dest). Handed the tracer's
+ * calls, the per-call programs are loaded with the tracer's map in its
+ * place, which the tracer's own sendmsg programs write (bpf/udp.bpf.h,
+ * note_dns), and the two below are not loaded. Only datagrams sent with
+ * an address run these hooks; a connected socket's remote port tells the
+ * others itself. */
+#include "dnsnote.bpf.h"
 
 SEC("cgroup/sendmsg4")
 int dns_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	struct dns_dest *d = dest_slot(ctx);
-	if (d) {
-		__builtin_memset(d->addr, 0, sizeof(d->addr));
-		*(__u32 *)d->addr = ctx->user_ip4;
-		d->family = 4;
-	}
+	if (ctx->protocol == IPPROTO_UDP && ctx->sk)
+		dns_note(ctx, false, true);
 	return 1;
 }
 
 SEC("cgroup/sendmsg6")
 int dns_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	struct dns_dest *d = dest_slot(ctx);
-	if (d) {
-		__u32 *a = (__u32 *)d->addr;
-		a[0] = ctx->user_ip6[0];
-		a[1] = ctx->user_ip6[1];
-		a[2] = ctx->user_ip6[2];
-		a[3] = ctx->user_ip6[3];
-		d->family = 6;
-	}
+	if (ctx->protocol == IPPROTO_UDP && ctx->sk)
+		dns_note(ctx, true, true);
 	return 1;
 }
 
@@ -553,8 +519,10 @@ struct {
 
 /* dns_socket says whether a call on sk is a DNS client's: a TCP or UDP
  * socket connected to port 53, or an unconnected UDP socket whose last
- * sendto() went to port 53 (*dest: the resolver it named). It is the
- * test every call on every socket pays, cheapest first. */
+ * sendto() went to port 53 (*dest: the resolver it named). Attached on
+ * their own, every call on every socket pays it, so cheapest first;
+ * tail-called by the tracer, only calls that passed its own test
+ * (dns_candidate) do. */
 static __always_inline bool dns_socket(struct sock *sk, bool send, struct dns_dest **dest)
 {
 	__u16 dport = sk->__sk_common.skc_dport;

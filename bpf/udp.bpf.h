@@ -273,7 +273,27 @@ static __always_inline void udp_count_unconnected(struct sock *sk, struct sock_s
 	add_datagram(v, bytes, send);
 }
 
-static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bool send)
+/* dns_candidate says whether sk may be a resolver's socket: connected to
+ * port 53, or an unconnected UDP socket whose last sendto() went to port
+ * 53 (note_dns). */
+static __always_inline bool dns_candidate(struct sock *sk)
+{
+	__u16 dport = sk->__sk_common.skc_dport;
+	if (dport)
+		return dport == bpf_htons(DNS_PORT);
+	if (sk->sk_protocol != IPPROTO_UDP || !sk->sk_bpf_storage)
+		return false;
+	struct sock_state *st = bpf_sk_storage_get(&socks, sk, 0, 0);
+	return st && st->dns_asked;
+}
+
+/* udp_datagram counts one send or receive call's datagram, and says
+ * whether the call may be a resolver's (dns_candidate) for the hand-off
+ * to the DNS watcher. dns: the caller hands off (a constant: the callers
+ * that do not pay nothing for the answer). A counted UDP call answers
+ * from the storage it has just looked up, so a socket's call looks its
+ * storage up once. */
+static __always_inline bool udp_datagram(struct sock *sk, int ret, int flags, bool send, bool dns)
 {
 	/* TCP calls fire these tracepoints too: the socket counts its bytes
 	 * itself; only a connection that lives on is tagged. */
@@ -284,26 +304,30 @@ static __always_inline void udp_datagram(struct sock *sk, int ret, int flags, bo
 		 * per call costs several times more). */
 		if (ret > 0 && (!sk->sk_bpf_storage || (bpf_jiffies64() & 31) == 0))
 			tcp_tag_late(sk);
-		return;
+		return dns && sk->__sk_common.skc_dport == bpf_htons(DNS_PORT);
 	}
 	/* A peek is read again later; an error-queue read returns a sent
 	 * datagram an ICMP error came back for (IP_RECVERR), not a new one. */
 	if (ret < 0 || (flags & (MSG_PEEK | MSG_ERRQUEUE)))
-		return;
+		return dns && dns_candidate(sk);
 	if (sk->__sk_common.skc_family == AF_UNIX) {
 		if (netns_wanted(sk_netns(sk)))
 			unix_count(sk, ret, send);
-		return;
+		return false;
 	}
-	if (sk->sk_protocol != IPPROTO_UDP || !inet_family(sk))
-		return;
-	if (!netns_wanted(sk_netns(sk)))
-		return;
+	if (sk->sk_protocol != IPPROTO_UDP || !inet_family(sk) || !netns_wanted(sk_netns(sk)))
+		return dns && dns_candidate(sk);
 	struct sock_state *st = sk->sk_bpf_storage ? bpf_sk_storage_get(&socks, sk, 0, 0) : NULL;
-	if (sk->__sk_common.skc_dport)
+	__u16 dport = sk->__sk_common.skc_dport;
+	if (dport)
 		udp_count_connected(sk, st, ret, send);
 	else
 		udp_count_unconnected(sk, st, ret, send);
+	if (!dns)
+		return false;
+	if (dport)
+		return dport == bpf_htons(DNS_PORT);
+	return st && st->dns_asked;
 }
 
 /* A slot for this thread's datagram in flight: the one it already holds
@@ -339,33 +363,18 @@ static __always_inline struct udp_peer *peer_slot(struct bpf_sock_addr *ctx, boo
 	return p;
 }
 
-/* note_dns is the tracer's part of DNS watching: it notes a sendto() to
- * port 53 for the DNS watcher's per-call programs (dns_dests, read when
- * dns_hand_off hands them the socket's calls), and forgets the note when
- * the socket sends elsewhere. st->dns_asked, which dns_hand_off tests,
- * keeps every other unconnected socket's calls out of the watcher, and
- * spares their sends a second storage lookup here. */
-static __always_inline struct dns_dest *note_dns(struct bpf_sock_addr *ctx, struct sock_state *st)
+/* note_dns is the tracer's part of DNS watching (dns_note): it notes a
+ * sendto() to port 53 for the DNS watcher's per-call programs (dns_dests,
+ * read when dns_hand_off hands them the socket's calls), and forgets the
+ * note when the socket sends elsewhere. st->dns_asked, which the hand-off
+ * tests, keeps every other unconnected socket's calls out of the watcher,
+ * and spares their sends a second storage lookup here. */
+static __always_inline void note_dns(struct bpf_sock_addr *ctx, struct sock_state *st, bool v6)
 {
-	if (ctx->user_port != bpf_htons(DNS_PORT)) {
-		if (st->dns_asked) {
-			st->dns_asked = 0;
-			struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, 0);
-			if (d) {
-				d->pending = 0;
-				d->asked = 0;
-			}
-		}
-		return NULL;
-	}
-	struct dns_dest *d = bpf_sk_storage_get(&dns_dests, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!d) {
+	enum dns_noted n = dns_note(ctx, v6, st->dns_asked);
+	if (n == DNS_NOTE_FAILED)
 		stat_inc(STAT_SOCK_STORAGE_FAILED);
-		return NULL;
-	}
-	st->dns_asked = 1;
-	d->pending = 1;
-	return d;
+	st->dns_asked = n == DNS_NOTE_TAKEN;
 }
 
 /* remember_peer4 and 6 keep the datagram's peer for the byte tracepoint
@@ -377,12 +386,8 @@ static __always_inline void remember_peer4(struct bpf_sock_addr *ctx, bool send)
 	if (!p)
 		return;
 	set_v4mapped(p->addr, ctx->user_ip4);
-	struct dns_dest *d = send && st ? note_dns(ctx, st) : NULL;
-	if (d) {
-		__builtin_memset(d->addr, 0, sizeof(d->addr));
-		*(__u32 *)d->addr = ctx->user_ip4;
-		d->family = 4;
-	}
+	if (send)
+		note_dns(ctx, st, false);
 }
 
 static __always_inline void remember_peer6(struct bpf_sock_addr *ctx, bool send)
@@ -396,11 +401,8 @@ static __always_inline void remember_peer6(struct bpf_sock_addr *ctx, bool send)
 	a[1] = ctx->user_ip6[1];
 	a[2] = ctx->user_ip6[2];
 	a[3] = ctx->user_ip6[3];
-	struct dns_dest *d = send && st ? note_dns(ctx, st) : NULL;
-	if (d) {
-		__builtin_memcpy(d->addr, p->addr, sizeof(d->addr));
-		d->family = 6;
-	}
+	if (send)
+		note_dns(ctx, st, true);
 }
 
 #endif /* UDP_BPF_H */

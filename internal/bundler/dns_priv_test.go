@@ -58,7 +58,7 @@ func countingCall(t *testing.T, tracepoint string, counts *ebpf.Map, key int32) 
 // TestDNSHandOffOnlyResolverSockets: the send and receive programs hand
 // the DNS watcher the calls of a socket connected to port 53 and of an
 // unconnected UDP socket whose last sendto() went to port 53, whose
-// resolver the tracer's sendmsg program notes (dns_dests), and no other
+// resolver the tracer's sendmsg programs note (dns_dests, both families), and no other
 // socket's calls: not an unconnected socket that sends elsewhere (a
 // syslog or statsd client, a DNS server answering), nor one that asked a
 // resolver once and then sent elsewhere, whose note is forgotten.
@@ -201,5 +201,48 @@ func TestDNSHandOffOnlyResolverSockets(t *testing.T) {
 		}
 		conn.Close()
 		expect("a socket connected to port "+strconv.Itoa(c.port), c.wantSend, 1)
+	}
+
+	// IPv6 (udp_sendmsg6): the note holds the whole address, family 6.
+	resolver6 := b.ListenPacket(t, "udp6", net.JoinHostPort(b.IPv6.String(), "53"))
+	var fd6 int
+	a.Do(t, func() (err error) {
+		fd6, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, 0)
+		return err
+	})
+	defer unix.Close(fd6)
+	if err := unix.SetsockoptTimeval(fd6, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5}); err != nil {
+		t.Fatal(err)
+	}
+	var bAddr6 [16]byte
+	copy(bAddr6[:], b.IPv6.To16())
+	if err := unix.Sendto(fd6, []byte("query"), 0, &unix.SockaddrInet6{Port: 53, Addr: bAddr6}); err != nil {
+		t.Fatalf("sendto [%v]:53: %v", b.IPv6, err)
+	}
+	var d6 dnsDest
+	if err := dests.Lookup(int32(fd6), &d6); err != nil || d6.Pending != 1 || d6.Family != 6 || d6.Addr != bAddr6 {
+		t.Errorf("after an IPv6 sendto to port 53 the note is %+v (%v); want pending, family 6, address %v", d6, err, b.IPv6)
+	}
+	expect("IPv6 sendto port 53", 3, 1)
+	sa, err := unix.Getsockname(fd6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resolver6.SetWriteDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := resolver6.WriteTo([]byte("answer"), &net.UDPAddr{IP: a.IPv6, Port: sa.(*unix.SockaddrInet6).Port}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := unix.Recvfrom(fd6, make([]byte, 64), 0); err != nil {
+		t.Fatalf("recvfrom on the IPv6 socket: %v", err)
+	}
+	expect("the IPv6 answer", 3, 2)
+	if err := unix.Sendto(fd6, []byte("datagram"), 0, &unix.SockaddrInet6{Port: 5354, Addr: bAddr6}); err != nil {
+		t.Fatalf("sendto [%v]:5354: %v", b.IPv6, err)
+	}
+	expect("IPv6 sendto port 5354 after a query", 3, 2)
+	if err := dests.Lookup(int32(fd6), &d6); err != nil || d6.Pending != 0 {
+		t.Errorf("after an IPv6 sendto elsewhere the note is %+v (%v); want it forgotten", d6, err)
 	}
 }
