@@ -76,9 +76,10 @@ type Row struct {
 	KernelNsPerRT float64       `json:"kernel_ns_per_rt"` // summed program time per round trip
 	KernelRate    float64       `json:"kernel_rate"`      // achieved rate of the bpf_stats run
 	// KernelRunsPerRT is the method's program runs per round trip, and
-	// FloorNs what bpf_stats itself adds to each run (its two clock reads,
-	// measured on an empty program in the same run): the net figures take
-	// runs × floor away. 0: not measured (results of an older sweep).
+	// FloorNs what bpf_stats itself adds to each run (its two clock reads
+	// and the call, measured on an empty program in the same run:
+	// floorProbe): the net figures take runs × floor away. 0: not
+	// measured (results of an older sweep).
 	KernelRunsPerRT float64 `json:"kernel_runs_per_rt"`
 	FloorNs         float64 `json:"floor_ns_per_run"`
 	TrueEdges       int     `json:"true_edges"`
@@ -284,7 +285,7 @@ func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row
 	defer func() { _ = m.Close() }() // the measurement is taken; nothing to report
 	// An empty program on a tracepoint every load's round trips fire,
 	// measured the same way: bpf_stats' own cost per run, the floor.
-	floor, err := attachFloorProbe("sock_recv_length")
+	floor, err := attachFloorProbe()
 	if err != nil {
 		return loadgen.Result{}, err
 	}
@@ -300,14 +301,13 @@ func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row
 		stop()
 		return loadgen.Result{}, err
 	}
-	f0runs, f0ns, err := floor.stats()
-	if err != nil {
+	if err := floor.start(); err != nil {
 		stop()
-		return loadgen.Result{}, fmt.Errorf("read the floor probe's stats: %w", err)
+		return loadgen.Result{}, err
 	}
 	res, err := runLoadArgs(ctx, c.LoadCommand[0], c.loadArgs(p))
 	r1, t1, err2 := m.KernelTime()
-	f1runs, f1ns, err3 := floor.stats()
+	floorNs, err3 := floor.nsPerRun()
 	stop()
 	if err != nil {
 		return res, err
@@ -316,18 +316,15 @@ func (c CompareConfig) kernelTime(ctx context.Context, p point, name string, row
 		return res, err2
 	}
 	if err3 != nil {
-		return res, fmt.Errorf("read the floor probe's stats: %w", err3)
+		return res, err3
 	}
 	kt := t1 - t0
 	row.KernelCPU = kt.Seconds() / res.Elapsed.Seconds() * 100
 	row.KernelRate = res.Rate
-	row.KernelNsPerRT, row.KernelRunsPerRT, row.FloorNs = 0, 0, 0
+	row.KernelNsPerRT, row.KernelRunsPerRT, row.FloorNs = 0, 0, floorNs
 	if res.RoundTrips > 0 {
 		row.KernelNsPerRT = float64(kt.Nanoseconds()) / float64(res.RoundTrips)
 		row.KernelRunsPerRT = float64(r1-r0) / float64(res.RoundTrips)
-	}
-	if f1runs > f0runs {
-		row.FloorNs = float64(f1ns-f0ns) / float64(f1runs-f0runs)
 	}
 	return res, nil
 }

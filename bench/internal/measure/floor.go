@@ -1,6 +1,7 @@
 package measure
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,22 +12,61 @@ import (
 	"github.com/cilium/ebpf/link"
 )
 
-// floorProbe is an empty program ("return 0") attached beside deptrace's
-// own on the busiest tracepoint. With bpf_stats on, its average run time is
-// what the measurement itself costs per run (two clock reads; about 50 ns
-// on this project's VMs, where rdtsc is slow), so deptrace's programs can be
-// reported both as measured and net of that floor.
+// floorProbe is an empty program ("return 0") attached beside the measured
+// programs where every load's round trips run it. With bpf_stats on, its
+// average run time is what the measurement itself costs per run: two clock
+// reads (about 50 ns on this project's VMs, where rdtsc is slow) and the
+// call into the program, which runs with bpf_stats off too, so the net
+// figures understate by that call (a few ns per run). The measured
+// programs are reported both as measured and net of that floor.
 type floorProbe struct {
-	prog *ebpf.Program
-	link link.Link
+	hook     floorHook
+	prog     *ebpf.Program
+	link     link.Link
+	runs, ns uint64 // the counters at start
 }
 
-func attachFloorProbe(tracepoint string) (*floorProbe, error) {
+// floorHook is where a floor probe can go.
+type floorHook struct {
+	attach ebpf.AttachType
+	fn     string // the tracepoint or kernel function
+}
+
+func (h floorHook) String() string {
+	if h.attach == ebpf.AttachTraceFExit {
+		return "fexit/" + h.fn
+	}
+	return "tp_btf/" + h.fn
+}
+
+// floorHooks are tried in order: the receive tracepoint (6.3 and later),
+// then the exit of sock_recvmsg, where deptrace's own fallback counts
+// receives before 6.3. Every load's round trips receive.
+var floorHooks = []floorHook{
+	{ebpf.AttachTraceRawTp, "sock_recv_length"},
+	{ebpf.AttachTraceFExit, "sock_recvmsg"},
+}
+
+// attachFloorProbe attaches the probe at the first of floorHooks this
+// kernel allows, and starts counting.
+func attachFloorProbe() (*floorProbe, error) {
+	var errs []error
+	for _, h := range floorHooks {
+		f, err := attachFloorProbeAt(h)
+		if err == nil {
+			return f, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func attachFloorProbeAt(h floorHook) (*floorProbe, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:       "floor_probe",
 		Type:       ebpf.Tracing,
-		AttachType: ebpf.AttachTraceRawTp,
-		AttachTo:   tracepoint,
+		AttachType: h.attach,
+		AttachTo:   h.fn,
 		License:    "GPL",
 		Instructions: asm.Instructions{
 			asm.Mov.Imm(asm.R0, 0),
@@ -34,22 +74,43 @@ func attachFloorProbe(tracepoint string) (*floorProbe, error) {
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("load floor probe: %w", err)
+		return nil, fmt.Errorf("load floor probe for %s: %w", h, err)
 	}
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: ebpf.AttachTraceRawTp})
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: h.attach})
 	if err != nil {
 		prog.Close()
-		return nil, fmt.Errorf("attach floor probe to %s: %w", tracepoint, err)
+		return nil, fmt.Errorf("attach floor probe to %s: %w", h, err)
 	}
-	return &floorProbe{prog: prog, link: l}, nil
+	f := &floorProbe{hook: h, prog: prog, link: l}
+	if err := f.start(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
-func (f *floorProbe) stats() (runs uint64, ns uint64, err error) {
+// start takes the probe's counters as the base of nsPerRun.
+func (f *floorProbe) start() error {
 	s, err := f.prog.Stats()
 	if err != nil {
-		return 0, 0, err
+		return fmt.Errorf("read the floor probe's stats: %w", err)
 	}
-	return s.RunCount, uint64(s.Runtime), nil
+	f.runs, f.ns = s.RunCount, uint64(s.Runtime)
+	return nil
+}
+
+// nsPerRun is the probe's average run time since start, 0 if it has not
+// run since (or bpf_stats was off).
+func (f *floorProbe) nsPerRun() (float64, error) {
+	s, err := f.prog.Stats()
+	if err != nil {
+		return 0, fmt.Errorf("read the floor probe's stats: %w", err)
+	}
+	runs, ns := s.RunCount-f.runs, uint64(s.Runtime)-f.ns
+	if runs == 0 {
+		return 0, nil
+	}
+	return float64(ns) / float64(runs), nil
 }
 
 func (f *floorProbe) Close() {

@@ -134,7 +134,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 		m.AgentCPU = (processCPU() - before).Seconds() / m.Traced.Elapsed.Seconds() * 100
 
 		step("tracer attached, bpf_stats on, program run time")
-		floor, err := attachFloorProbe("sock_recv_length")
+		floor, err := attachFloorProbe()
 		if err != nil {
 			close()
 			return out, err
@@ -146,15 +146,14 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 			return out, fmt.Errorf("enable bpf_stats: %w", err)
 		}
 		s0, err0 := t.Stats()
-		f0runs, f0ns, _ := floor.stats()
+		errFloor := floor.start()
 		m.StatsRun, err = runLoad(ctx, cfg, w)
 		s1, err1 := t.Stats()
-		f1runs, f1ns, _ := floor.stats()
+		if errFloor == nil {
+			m.FloorNs, errFloor = floor.nsPerRun()
+		}
 		_ = stats.Close() // turning bpf_stats off: nothing to report
 		floor.Close()
-		if f1runs > f0runs {
-			m.FloorNs = float64(f1ns-f0ns) / float64(f1runs-f0runs)
-		}
 		m.FlowsPerDrain = float64(flows) / float64(max(drains, 1))
 		m.EventsLost = lost
 		close()
@@ -163,6 +162,9 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 		}
 		if err0 != nil || err1 != nil {
 			return out, fmt.Errorf("read program stats: %v %v", err0, err1)
+		}
+		if errFloor != nil {
+			return out, errFloor
 		}
 		var totalNs, totalRuns uint64
 		for name, p1 := range s1.Programs {
