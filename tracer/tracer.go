@@ -267,10 +267,12 @@ func (t *Tracer) Config() Config { return t.cfg }
 
 // DNSCallHooks returns where the DNS watcher puts its per-call programs:
 // the program arrays the tracer's send and receive programs hand a call on
-// a possible resolver's socket to, and the resolver notes its sendmsg
-// programs write for them (dests: internal/dnswatch, Config.Calls). ok is
-// false on kernels before 6.3, whose sends and receives are counted at
-// function exits. The maps stay the tracer's: they close with it.
+// a possible resolver's socket to (ok is false on kernels before 6.3,
+// whose sends and receives are counted at function exits); and the
+// resolver notes its sendmsg programs write (dests, nil where they are
+// not attached), which any of the watcher's variants reads in place of
+// notes of its own (internal/dnswatch, Config.Calls). The maps stay the
+// tracer's: they close with it.
 func (t *Tracer) DNSCallHooks() (send, recv, dests *ebpf.Map, ok bool) { return t.b.DNSCallHooks() }
 
 // Hook is one kernel hook and whether it is active on this kernel.

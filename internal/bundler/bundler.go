@@ -648,14 +648,17 @@ func (b *Bundler) loadProgram(spec *ebpf.CollectionSpec, program string, kind ho
 // socket (bpf/bundler.bpf.c, dns_hand_off): where the DNS watcher puts its
 // per-call programs; and dests, the socket storage where the tracer's
 // sendmsg programs note a sendto() to port 53 (bpf/udp.bpf.h, note_dns),
-// which those programs read. ok is false when any of these programs is
-// not attached (kernels before 6.3 count sends and receives at function
-// exits).
+// which the watcher's programs read. ok is false when any of these
+// programs is not attached (kernels before 6.3 count sends and receives
+// at function exits); dests is nil only when the sendmsg programs are
+// not, and is given without ok too: the watcher's per-packet programs
+// read the notes as well.
 func (b *Bundler) DNSCallHooks() (send, recv, dests *ebpf.Map, ok bool) {
-	for _, p := range []string{"on_send", "on_recv", "udp_sendmsg4", "udp_sendmsg6"} {
-		if !b.HookActive(p) {
-			return nil, nil, nil, false
-		}
+	if !b.HookActive("udp_sendmsg4") || !b.HookActive("udp_sendmsg6") {
+		return nil, nil, nil, false
+	}
+	if !b.HookActive("on_send") || !b.HookActive("on_recv") {
+		return nil, nil, b.objs.DnsDests, false
 	}
 	return b.objs.DnsSendCalls, b.objs.DnsRecvCalls, b.objs.DnsDests, true
 }

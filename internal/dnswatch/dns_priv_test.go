@@ -45,18 +45,30 @@ type dnsKey struct {
 	resolver string
 }
 
-func startWatch(t *testing.T, timeout time.Duration) *acc {
+func startWatch(t *testing.T, timeout time.Duration, variant string) *acc {
+	t.Helper()
+	a, err := watch(t, timeout, variant)
+	if err != nil {
+		t.Fatalf("dns watcher: %v", err)
+	}
+	return a
+}
+
+// watch starts a tracer and the watcher's variant (""; the default) in
+// its calls, as trace and agent do; the error is the watcher's.
+func watch(t *testing.T, timeout time.Duration, variant string) (*acc, error) {
 	t.Helper()
 	tr := tracertest.Start(t, nil)
 	cfg := dnswatch.DefaultConfig()
 	cfg.Timeout = timeout
-	cfg.Calls = tr // as trace and agent do
+	cfg.Variant = variant
+	cfg.Calls = tr
 	w, err := dnswatch.New(cfg)
 	if err != nil {
-		t.Fatalf("dns watcher: %v", err)
+		return nil, err
 	}
 	t.Cleanup(func() { _ = w.Close() })
-	return &acc{t: t, tr: tr, w: w, names: map[string]string{}, flows: map[string]tracer.Flow{}, dns: map[dnsKey]*tracer.DNSCounters{}}
+	return &acc{t: t, tr: tr, w: w, names: map[string]string{}, flows: map[string]tracer.Flow{}, dns: map[dnsKey]*tracer.DNSCounters{}}, nil
 }
 
 func (a *acc) collect() {
@@ -302,7 +314,7 @@ func TestNamesAndHealth(t *testing.T) {
 	})
 
 	const timeout = time.Second
-	a := startWatch(t, timeout)
+	a := startWatch(t, timeout, "")
 
 	// getaddrinfo (curl), both families asked; dig with a CNAME chain; dig AAAA.
 	mustRun(t, client, "curl", "-sS", "--max-time", "10", "http://api.test.example:8080/")
@@ -506,7 +518,7 @@ func TestNATForwarder(t *testing.T) {
 		}
 		return nil
 	})
-	a := startWatch(t, time.Second)
+	a := startWatch(t, time.Second, "")
 	mustRun(t, client, "curl", "-sS", "--max-time", "10", "-4", "http://fwd.test.example:8080/")
 	for range 3 {
 		mustRun(t, client, "dig", "+short", "+tries=1", "@"+dockerDNS.String(), "-t", "AAAA", "fwd6.test.example")
@@ -548,6 +560,41 @@ func TestNATForwarder(t *testing.T) {
 	m.LatencySumUs, m.LatencyMaxUs = 0, 0
 	if want := (tracer.DNSCounters{Queries: sendtoLookups, Answers: sendtoLookups, NoError: sendtoLookups, LatencyCount: sendtoLookups}); m != want {
 		t.Errorf("sendto() client through %s:\n got  %+v\n want %+v\n%s", resolver, m, want, a.dnsList())
+	}
+
+	// The per-packet variants (what trace loads before 6.3) with the
+	// tracer: they read its resolver notes, their own sendmsg programs
+	// not loaded, and still pair the sendto() queries NAT sent to another
+	// port with their answers.
+	for _, v := range dnswatch.Variants {
+		if v.PerCall {
+			continue
+		}
+		t.Run(v.Name, func(t *testing.T) {
+			a, err := watch(t, time.Second, v.Name)
+			if err != nil {
+				t.Logf("variant %s refused here: %v", v.Name, err)
+				return
+			}
+			if a.w.OwnNotes() {
+				t.Errorf("variant %s with the tracer loaded its own sendmsg programs", v.Name)
+			}
+			comm := self
+			if strings.Contains(v.Lost, "no comm") {
+				comm = ""
+			}
+			lookupWithSendto(t, client, netip.AddrPortFrom(dockerDNS, 53), "fwd.test.example", sendtoLookups)
+			a.settle("the sendto() lookups", func() bool {
+				return a.counters(client, comm, tracer.ProtoUDP, resolver).Answers >= sendtoLookups
+			})
+			time.Sleep(time.Second)
+			a.collect()
+			m := a.counters(client, comm, tracer.ProtoUDP, resolver)
+			m.LatencySumUs, m.LatencyMaxUs = 0, 0
+			if want := (tracer.DNSCounters{Queries: sendtoLookups, Answers: sendtoLookups, NoError: sendtoLookups, LatencyCount: sendtoLookups}); m != want {
+				t.Errorf("%s: sendto() client through %s:\n got  %+v\n want %+v\n%s", v.Name, resolver, m, want, a.dnsList())
+			}
+		})
 	}
 }
 

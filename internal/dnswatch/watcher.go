@@ -41,11 +41,11 @@ type Config struct {
 }
 
 // CallHooks gives the program arrays the per-call programs go in (the
-// send and receive ones) and the resolver notes the tracer's sendmsg
-// programs write for them (dests: the per-call programs are loaded with
-// it in place of their own, and the watcher's sendmsg programs are not
-// loaded; nil: the watcher notes resolvers itself); ok is false when the
-// tracer has none on this kernel. *tracer.Tracer is one.
+// send and receive ones; ok is false when the tracer has none on this
+// kernel) and the resolver notes the tracer's sendmsg programs write
+// (dests: whichever variant loads reads them in place of its own, and the
+// watcher's sendmsg programs are not loaded; nil: the watcher notes
+// resolvers itself). *tracer.Tracer is one.
 type CallHooks interface {
 	DNSCallHooks() (send, recv, dests *ebpf.Map, ok bool)
 }
@@ -123,23 +123,24 @@ func New(cfg Config) (*Watcher, error) {
 		return nil, fmt.Errorf("dns: %w", err)
 	}
 	w := &Watcher{st: newState(cfg), flushed: make(chan struct{}, 1), done: make(chan struct{})}
+	// dests: the tracer's resolver notes, which every variant reads in
+	// place of its own (nil: the watcher notes resolvers itself), so no
+	// second program runs on the tracer's sendmsg hooks.
 	var send, recv, dests *ebpf.Map
 	handOff := false
-	if cfg.Calls != nil && (cfg.Variant == "" || cfg.Variant == perCallName) {
+	if cfg.Calls != nil {
 		send, recv, dests, handOff = cfg.Calls.DNSCallHooks()
+		handOff = handOff && (cfg.Variant == "" || cfg.Variant == perCallName)
 	}
 	name := cfg.Variant
 	if name == "" && handOff {
 		name = perCallName
 	}
-	if !handOff {
-		dests = nil // the watcher notes resolvers itself
-	}
 	if w.k, _, err = load(name, dests); err != nil && cfg.Variant == "" && name != "" {
 		// The per-call programs refused (no task storage, say): the
 		// per-packet ones see the same lookups.
 		w.refused = err
-		w.k, _, err = load("", nil)
+		w.k, _, err = load("", dests)
 	}
 	if err != nil {
 		return nil, err
@@ -155,7 +156,7 @@ func New(cfg Config) (*Watcher, error) {
 			// the same lookups.
 			w.refused = err
 			_ = w.k.Close() // replaced; nothing of it runs
-			if w.k, _, err = load("", nil); err != nil {
+			if w.k, _, err = load("", dests); err != nil {
 				return nil, errors.Join(w.refused, err)
 			}
 		}
