@@ -167,6 +167,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 
 	fmt.Fprintln(out)
 	doctorDNS(out, dnswatch.Probe)
+	doctorDNSWithTracer(out, t)
 
 	nsCount, ports, seedErr := t.Seeded()
 	fmt.Fprintln(out)
@@ -235,6 +236,38 @@ func explainMissing(h tracer.Hook, goarch string) string {
 		return "this kernel cannot attach fentry/fexit programs (BPF trampolines unsupported in its build); a kernel of 6.3 or later has the tracepoints these fexits stand in for"
 	}
 	return ""
+}
+
+// doctorDNSWithTracer starts the DNS watcher as trace and agent do, with
+// this tracer, and says where its programs ended up: in the tracer's
+// calls, or per packet and why; and who notes resolvers. Only this shows
+// whether the kernel takes the per-call programs in the tracer's arrays.
+func doctorDNSWithTracer(out io.Writer, t *tracer.Tracer) {
+	cfg := dnswatch.DefaultConfig()
+	cfg.Calls = t
+	w, err := dnswatch.New(cfg)
+	if err != nil {
+		fmt.Fprintf(out, "dns watcher   with the tracer: CANNOT START: %v\n", err)
+		return
+	}
+	defer func() { _ = w.Close() }() // doctor only starts and stops it
+	v := w.Variant()
+	where := fmt.Sprintf("variant %s, in the tracer's send and receive calls", v.Name)
+	switch {
+	case w.HandedOff():
+	case w.HandOffRefused() != nil:
+		where = fmt.Sprintf("variant %s, per packet: the per-call programs were refused in the tracer's calls: %v", v.Name, w.HandOffRefused())
+	default:
+		where = fmt.Sprintf("variant %s, per packet (the tracer has no send and receive tracepoints here)", v.Name)
+	}
+	notes := "the tracer's sendmsg programs"
+	switch {
+	case w.OwnNotes():
+		notes = "the watcher's own sendmsg programs (the tracer's are not attached)"
+	case strings.Contains(v.Lost, "sendto()"):
+		notes = "none (" + v.Lost + ")"
+	}
+	fmt.Fprintf(out, "dns watcher   with the tracer (as trace runs it): %s; resolver notes: %s\n", where, notes)
 }
 
 // doctorDNS says whether the DNS watcher (names of remote ends, DNS

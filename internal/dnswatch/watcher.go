@@ -362,6 +362,13 @@ func (w *Watcher) Variant() Variant { return w.k.variant }
 // are, or when it did not offer them.
 func (w *Watcher) HandOffRefused() error { return w.refused }
 
+// OwnNotes says whether the watcher loaded (and so attached) its own
+// sendmsg programs, which note resolvers; with a tracer whose sendmsg
+// programs are attached it reads the tracer's notes instead.
+func (w *Watcher) OwnNotes() bool {
+	return w.k.sendmsg4 != nil || w.k.sendmsg6 != nil
+}
+
 // HandedOff reports whether the per-call programs run inside the tracer's
 // send and receive programs (Config.Calls), not attached on their own.
 func (w *Watcher) HandedOff() bool { return len(w.handOff) > 0 }
