@@ -44,8 +44,7 @@ func TooOldForMaps(err error) string {
 		return ""
 	}
 	release := unix.ByteSliceToString(u.Release[:])
-	var major, minor int
-	if n, _ := fmt.Sscanf(release, "%d.%d", &major, &minor); n != 2 || major > 5 || (major == 5 && minor >= 12) {
+	if major, minor, ok := ParseRelease(release); !ok || major > 5 || (major == 5 && minor >= 12) {
 		return ""
 	}
 	return fmt.Sprintf("this kernel (%s) refused one of deptrace's maps (%v): it predates Linux 5.12, which deptrace needs (atomic compare-and-exchange in BPF programs, 5.12; 6.1 and newer are tested, see docs/install.md)", release, err)
