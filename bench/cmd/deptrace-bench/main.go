@@ -168,7 +168,7 @@ func newBenchOverheadCmd() *cobra.Command {
 	var dnsVariant string
 	var minReached float64
 	var realtime bool
-	var hollowSet, pairLoads string
+	var hollowSet, pairLoads, pairMethod string
 	cmd := &cobra.Command{
 		Use:   "overhead",
 		Short: "Measure deptrace's own cost under a loopback load (root)",
@@ -182,8 +182,11 @@ each CPU); with --attribute, perf samples every
 run and the extra CPU is split by what deptrace runs (its programs, the
 kernel's dispatch to them, helpers, the agent). With --hollow, the pairs'
 traced runs have one empty program on each hook deptrace runs on this kernel
-in place of deptrace: the floor any program there costs. It prints Markdown
-tables for docs/performance.md.`,
+in place of deptrace: the floor any program there costs. With --pair-method,
+they run one of bench compare's methods instead (bundling is deptrace's
+tracer without its output; streaming the per-event baseline): each method's
+cost to the whole machine, with the kernel's dispatch to its programs that
+bpf_stats leaves out. It prints Markdown tables for docs/performance.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the runs stop and clean up: the load, the
@@ -236,6 +239,12 @@ tables for docs/performance.md.`,
 			if dns && (pairs == 0 || hollow) {
 				return fmt.Errorf("--dns adds the DNS watcher to deptrace in the whole-machine pairs: give --pairs 1 or more, without --hollow")
 			}
+			if pairMethod != "" && !slices.Contains(measure.Methods, pairMethod) {
+				return fmt.Errorf("invalid --pair-method %q: allowed %s", pairMethod, strings.Join(measure.Methods, ", "))
+			}
+			if pairMethod != "" && (pairs == 0 || hollow || dns) {
+				return fmt.Errorf("--pair-method runs a bench compare method in place of deptrace in the whole-machine pairs: give --pairs 1 or more, without --hollow or --dns")
+			}
 			if dnsVariant != "" {
 				dcfg := dnswatch.DefaultConfig()
 				dcfg.Variant = dnsVariant
@@ -260,7 +269,7 @@ tables for docs/performance.md.`,
 				}
 			}
 			if pairs > 0 {
-				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime, DNS: dns, DNSVariant: dnsVariant}
+				pc := measure.PairedConfig{Pairs: pairs, Phase: pairPhase, Attribute: attribute, Hollow: hollow, HollowSet: hollowSet, MinReached: minReached, Realtime: realtime, DNS: dns, DNSVariant: dnsVariant, Method: pairMethod}
 				// The loads measured before a failure are printed all
 				// the same: a pair failing late loses no finished load.
 				rs, err := measure.Paired(ctx, cfg.LoadCommand, loads, pc, os.Stderr)
@@ -269,7 +278,7 @@ tables for docs/performance.md.`,
 					measure.WritePairedMarkdown(os.Stdout, rs, pc)
 					if attribute {
 						fmt.Println()
-						measure.WriteAttributionMarkdown(os.Stdout, rs)
+						measure.WriteAttributionMarkdown(os.Stdout, rs, pc)
 					}
 				}
 				if err != nil {
@@ -293,6 +302,7 @@ tables for docs/performance.md.`,
 	cmd.Flags().StringVar(&pairLoads, "pair-loads", strings.Join(pairedLoadKeys, ","), "comma list of the whole-machine pairs' loads: "+strings.Join(pairedLoadKeys, ", "))
 	cmd.Flags().BoolVar(&dns, "dns", false, "in the pairs, run deptrace's DNS watcher beside the tracer, as trace and agent do unless --no-dns")
 	cmd.Flags().StringVar(&dnsVariant, "dns-variant", "", "with --dns, the watcher's programs: "+dnswatch.VariantNames()+" (call: in the tracer's send and receive calls; default: as trace and agent do, call from 6.3, else the first per-packet variant the kernel loads)")
+	cmd.Flags().StringVar(&pairMethod, "pair-method", "", "in the pairs, run one of bench compare's methods ("+strings.Join(measure.Methods, ", ")+") in place of deptrace, collected every second: each method's cost to the whole machine, dispatch included")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
 	return cmd
 }

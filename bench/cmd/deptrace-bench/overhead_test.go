@@ -83,6 +83,51 @@ func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	}
 }
 
+// The whole-machine pairs with a bench compare method in place of
+// deptrace: its programs, not deptrace's, run during the traced run, and
+// the table says which method it measured.
+func TestOverheadPairsWithAMethod(t *testing.T) {
+	testnet.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "overhead", "--workloads", "", "--pairs", "1", "--pair-phase", "1s",
+		"--pair-loads", "tcp-short", "--pair-method", "streaming", "--min-reached", "0")
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var stderr []string
+	looked := false
+	sc := bufio.NewScanner(errPipe)
+	for sc.Scan() {
+		stderr = append(stderr, sc.Text())
+		if !looked && strings.Contains(sc.Text(), "pair 1: traced run") {
+			// The streaming baseline's bind hook; deptrace's getsockopt
+			// program, which the baseline lacks.
+			names := programsOf(t, cmd.Process.Pid)
+			if !slices.Contains(names, "udp_prebind4") || slices.Contains(names, "connect_error") {
+				t.Errorf("--pair-method streaming: the traced run holds %v; want the streaming baseline's udp_prebind4, not deptrace's connect_error", names)
+			}
+			looked = true
+		}
+	}
+	err = cmd.Wait()
+	all := strings.Join(stderr, "\n")
+	if err != nil || !looked {
+		t.Fatalf("overhead --pair-method streaming: %v (traced run seen: %v)\n%s", err, looked, all)
+	}
+	for _, want := range []string{"traced by bench compare's streaming method, collected every second", "| short-lived TCP | 5000 |"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, stdout.String(), all)
+		}
+	}
+}
+
 // programsOf names the BPF programs process pid holds, from the prog_id
 // lines of its file descriptors' fdinfo: this run's own programs, not
 // another process's of the same name.

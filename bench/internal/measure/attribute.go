@@ -296,8 +296,9 @@ func (a Attribution) Total() []float64 {
 	return t
 }
 
-// WriteAttributionMarkdown renders the attribution of every load.
-func WriteAttributionMarkdown(w io.Writer, rs []PairedResult) {
+// WriteAttributionMarkdown renders the attribution of every load; cfg
+// says what the traced runs ran.
+func WriteAttributionMarkdown(w io.Writer, rs []PairedResult, cfg PairedConfig) {
 	fmt.Fprintf(w, "Where the extra CPU goes: perf samples of the whole machine at %d Hz per CPU during each run; per category, the traced run's samples less the untraced run's, as ns of CPU per round trip (median over pairs, and the lowest and highest pair). Symbols outside these categories (the load generator, the TCP stack) are left out: their run-to-run variance is larger than deptrace's cost.\n", perfFreq)
 	for _, r := range rs {
 		if r.Attribution.PerPair == nil {
@@ -320,7 +321,7 @@ func WriteAttributionMarkdown(w io.Writer, rs []PairedResult) {
 			fmt.Fprintf(w, "| %s | %.0f | %.0f to %.0f |\n", k, med(k), slices.Min(v), slices.Max(v))
 		}
 		t := r.Attribution.Total()
-		fmt.Fprintf(w, "| **all of deptrace** | **%.0f** | %.0f to %.0f |\n", quantile(t, 0.5), slices.Min(t), slices.Max(t))
+		fmt.Fprintf(w, "| **all of %s** | **%.0f** | %.0f to %.0f |\n", cfg.tracedSide(), quantile(t, 0.5), slices.Min(t), slices.Max(t))
 	}
 }
 

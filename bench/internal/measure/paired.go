@@ -102,6 +102,20 @@ type PairedConfig struct {
 	// first per-packet variant.
 	DNS        bool
 	DNSVariant string
+	// Method runs one of bench compare's methods (Methods) in place of
+	// deptrace, collected every second as compare runs it: the whole
+	// machine's cost of each method, the kernel's dispatch to its
+	// programs included, which bpf_stats does not see. "": deptrace as
+	// trace runs it.
+	Method string
+}
+
+// tracedSide names what the pairs' traced runs run, for tables.
+func (c PairedConfig) tracedSide() string {
+	if c.Method != "" {
+		return "bench compare's " + c.Method + " method"
+	}
+	return "deptrace"
 }
 
 // Paired runs each load cfg.Pairs times without and with deptrace (tracer
@@ -163,6 +177,17 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 				return nil, err
 			}
 			return h.Close, nil
+		}
+		if cfg.Method != "" {
+			m, err := NewMethod(cfg.Method)
+			if err != nil {
+				return nil, fmt.Errorf("load the %s method: %w", cfg.Method, err)
+			}
+			stopCollect := every(time.Second, func() { _, _ = m.Collect() }) // as compare drains it
+			return func() {
+				stopCollect()
+				_ = m.Close() // the run is measured; nothing left to report
+			}, nil
 		}
 		t, err := tracer.New(tracer.DefaultConfig())
 		if err != nil {
@@ -418,7 +443,9 @@ func busyDuring(ctx context.Context, loadCmd []string, l PairedLoad, phase time.
 // WritePairedMarkdown renders the paired measurement.
 func WritePairedMarkdown(w io.Writer, rs []PairedResult, cfg PairedConfig) {
 	traced := "traced with the tracer draining every second"
-	if cfg.Hollow {
+	if cfg.Method != "" {
+		traced = "traced by " + cfg.tracedSide() + ", collected every second"
+	} else if cfg.Hollow {
 		traced = "traced by empty programs alone, one on each hook deptrace runs on this kernel: the floor of any program there"
 	} else if cfg.DNS && cfg.DNSVariant != "" {
 		traced += " and the DNS watcher on, its " + cfg.DNSVariant + " programs"
