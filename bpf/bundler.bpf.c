@@ -419,8 +419,8 @@ struct {
 
 /* The resolver notes of unconnected UDP sockets (dns_dests, struct
  * dns_dest), which udp_sendmsg4/6 write (note_dns) and the watcher's
- * per-call programs, loaded with this map in place of their own, read:
- * with the tracer the watcher needs no sendmsg programs of its own. */
+ * programs, any variant, loaded with this map in place of their own,
+ * read: with the tracer the watcher needs no sendmsg programs of its own. */
 #include "dnsnote.bpf.h"
 
 /* Runs the kernel skips. The kernel skips a run of a tracing program that

@@ -38,7 +38,7 @@
  * NAT rule redirects (musl's resolver behind Docker's embedded DNS) has
  * lost its port 53 by egress: the cgroup sendmsg hooks note such sends
  * (dns_dests, bpf/dnsnote.bpf.h), for both ways: the tracer's
- * (bpf/udp.bpf.h) when these programs run in its calls, else the two
+ * (bpf/udp.bpf.h) when the watcher runs with a tracer, else the two
  * below. IPv6 extension headers before the transport header are not
  * walked.
  */
@@ -141,12 +141,11 @@ static __always_inline __u32 sk_netns(struct __sk_buff *ctx)
 	return BPF_CORE_READ(skc, skc_net.net, ns.inum);
 }
 
-/* The resolver notes (dns_dests, struct dns_dest). Handed the tracer's
- * calls, the per-call programs are loaded with the tracer's map in its
- * place, which the tracer's own sendmsg programs write (bpf/udp.bpf.h,
- * note_dns), and the two below are not loaded. Only datagrams sent with
- * an address run these hooks; a connected socket's remote port tells the
- * others itself. */
+/* The resolver notes (dns_dests, struct dns_dest). With a tracer whose
+ * sendmsg programs run, every variant is loaded with the tracer's map in
+ * its place, which those programs write (bpf/udp.bpf.h, note_dns), and
+ * the two below are not loaded. Only datagrams sent with an address run
+ * these hooks; a connected socket's remote port tells the others itself. */
 #include "dnsnote.bpf.h"
 
 SEC("cgroup/sendmsg4")
@@ -522,7 +521,7 @@ struct {
  * sendto() went to port 53 (*dest: the resolver it named). Attached on
  * their own, every call on every socket pays it, so cheapest first;
  * tail-called by the tracer, only calls that passed its own test
- * (dns_candidate) do. */
+ * (udp_datagram's answer) do. */
 static __always_inline bool dns_socket(struct sock *sk, bool send, struct dns_dest **dest)
 {
 	__u16 dport = sk->__sk_common.skc_dport;

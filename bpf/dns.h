@@ -1,8 +1,8 @@
 /* dns.h: the record bpf/dns.bpf.c writes into its ring buffer for every
  * DNS packet (cgroup_skb programs) or every DNS socket's send and receive
  * call (the per-call programs), shared with internal/dnswatch (bpf2go
- * -type dns_event); and the resolver note (struct dns_dest) the tracer's
- * sendmsg programs write for the watcher's per-call programs. */
+ * -type dns_event); and the resolver note (struct dns_dest) that a cgroup
+ * sendmsg program writes for the watcher's programs (bpf/dnsnote.bpf.h). */
 #ifndef DNS_H
 #define DNS_H
 
@@ -10,8 +10,9 @@
 
 /* The resolver of a datagram sent with sendto() to port 53 from an
  * unconnected socket, noted by a cgroup sendmsg program (the tracer's,
- * bpf/udp.bpf.h, when the watcher runs in its calls; else the watcher's
- * own) in the dns_dests socket storage, for the programs that see the
+ * bpf/udp.bpf.h, when the watcher runs with a tracer, whichever its
+ * variant; else the watcher's own) in the dns_dests socket storage, for
+ * the programs that see the
  * datagram afterwards: the egress program sees the packet after NAT
  * (musl's resolver sends to 127.0.0.11:53 this way, and Docker's rule
  * changes the port), the socket-address hook before it. */

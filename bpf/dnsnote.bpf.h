@@ -1,9 +1,9 @@
 /* dnsnote.bpf.h: the resolver note (struct dns_dest, dns.h) of a UDP
  * datagram sent with sendto(), shared by the two objects that take it in
  * a cgroup sendmsg4/6 program: the tracer's (bpf/udp.bpf.h, note_dns),
- * whose map the watcher's per-call programs are loaded with when they run
- * in the tracer's calls; and the watcher's own (bpf/dns.bpf.c), without a
- * tracer and for the per-packet variants. Included after the helpers. */
+ * whose map the watcher's programs, any variant, are loaded with when the
+ * watcher runs with a tracer; and the watcher's own (bpf/dns.bpf.c),
+ * without one. Included after the helpers. */
 #ifndef DNSNOTE_BPF_H
 #define DNSNOTE_BPF_H
 
@@ -17,7 +17,7 @@ struct {
 } dns_dests SEC(".maps");
 
 enum dns_noted {
-	DNS_NOTE_FAILED = -1, /* to port 53, but the storage could not be made */
+	DNS_NOTE_FAILED = -1,   /* to port 53, but the storage could not be made */
 	DNS_NOTE_ELSEWHERE = 0, /* not to port 53: any earlier note forgotten */
 	DNS_NOTE_TAKEN = 1,
 };

@@ -289,10 +289,11 @@ static __always_inline bool dns_candidate(struct sock *sk)
 
 /* udp_datagram counts one send or receive call's datagram, and says
  * whether the call may be a resolver's (dns_candidate) for the hand-off
- * to the DNS watcher. dns: the caller hands off (a constant: the callers
- * that do not pay nothing for the answer). A counted UDP call answers
- * from the storage it has just looked up, so a socket's call looks its
- * storage up once. */
+ * to the DNS watcher. dns: the caller hands off (a constant, so that the
+ * fexit callers, which do not, pay nothing for the answer). A counted UDP
+ * call answers from the storage it has just looked up, so it looks that
+ * storage up once; the calls that leave before counting (errors, peeks,
+ * other protocols, namespaces outside --netns) pay dns_candidate's. */
 static __always_inline bool udp_datagram(struct sock *sk, int ret, int flags, bool send, bool dns)
 {
 	/* TCP calls fire these tracepoints too: the socket counts its bytes

@@ -256,9 +256,13 @@ func doctorDNSWithTracer(out io.Writer, t *tracer.Tracer) {
 	switch {
 	case w.HandedOff():
 	case w.HandOffRefused() != nil:
-		where = fmt.Sprintf("variant %s, per packet: the per-call programs were refused in the tracer's calls: %v", v.Name, w.HandOffRefused())
+		where = fmt.Sprintf("variant %s, per packet: the per-call programs did not load or the kernel refused them in the tracer's calls: %v", v.Name, w.HandOffRefused())
 	default:
-		where = fmt.Sprintf("variant %s, per packet (the tracer has no send and receive tracepoints here)", v.Name)
+		why := "the tracer has no send and receive tracepoints here"
+		if _, _, dests, _ := t.DNSCallHooks(); dests == nil {
+			why = "the tracer's sendmsg programs, which note resolvers for the hand-off, are not attached"
+		}
+		where = fmt.Sprintf("variant %s, per packet (%s)", v.Name, why)
 	}
 	notes := "the tracer's sendmsg programs"
 	switch {

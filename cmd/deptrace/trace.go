@@ -147,7 +147,7 @@ func startDNS(cfg *dnswatch.Config, t *tracer.Tracer, log *slog.Logger) *dnswatc
 		return nil
 	}
 	c := *cfg
-	c.Calls = t // its send and receive programs hand DNS calls over (6.3 and later)
+	c.Calls = t // its send and receive programs hand DNS calls over (6.3 and later); its sendmsg programs note resolvers
 	w, err := dnswatch.New(c)
 	if err != nil {
 		log.Warn("DNS names and per-client DNS records are off", "err", err)

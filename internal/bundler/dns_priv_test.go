@@ -238,11 +238,15 @@ func TestDNSHandOffOnlyResolverSockets(t *testing.T) {
 		t.Fatalf("recvfrom on the IPv6 socket: %v", err)
 	}
 	expect("the IPv6 answer", 3, 2)
+	d6.Pending, d6.Asked = 0, 1 // taken, as the watcher's send program would
+	if err := dests.Update(int32(fd6), d6, ebpf.UpdateExist); err != nil {
+		t.Fatalf("take the IPv6 note as the watcher does: %v", err)
+	}
 	if err := unix.Sendto(fd6, []byte("datagram"), 0, &unix.SockaddrInet6{Port: 5354, Addr: bAddr6}); err != nil {
 		t.Fatalf("sendto [%v]:5354: %v", b.IPv6, err)
 	}
 	expect("IPv6 sendto port 5354 after a query", 3, 2)
-	if err := dests.Lookup(int32(fd6), &d6); err != nil || d6.Pending != 0 {
+	if err := dests.Lookup(int32(fd6), &d6); err != nil || d6.Pending != 0 || d6.Asked != 0 {
 		t.Errorf("after an IPv6 sendto elsewhere the note is %+v (%v); want it forgotten", d6, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -306,6 +307,7 @@ func TestEveryCallPath(t *testing.T) {
 			ways = append(ways, way{name: v.Name + "+tracer", variant: v.Name, tracer: true})
 		}
 	}
+	loadsAlone := map[string]bool{} // variants that loaded without a tracer
 	for _, v := range ways {
 		t.Run(v.name, func(t *testing.T) {
 			client, srv := resolverPair(t)
@@ -324,14 +326,21 @@ func TestEveryCallPath(t *testing.T) {
 			}
 			w, err := dnswatch.New(cfg)
 			if err != nil {
-				if v.perCall {
+				switch {
+				case v.perCall:
 					refusedPerCall(t, err)
-				} else {
+				case v.tracer && loadsAlone[v.variant]:
+					// Only the tracer's notes differ: they must load.
+					t.Errorf("variant %s loads alone but not with the tracer's resolver notes: %v", v.variant, err)
+				default:
 					t.Logf("variant %s refused here: %v", v.name, err)
 				}
 				return
 			}
 			defer w.Close()
+			if !v.tracer {
+				loadsAlone[v.variant] = true
+			}
 			if v.tracer && v.variant == "" && !w.HandedOff() {
 				// What trace loads where the tracer has no send and
 				// receive tracepoints: a per-packet variant, tested too.
@@ -344,8 +353,8 @@ func TestEveryCallPath(t *testing.T) {
 			if tr != nil {
 				_, _, dests, _ := tr.DNSCallHooks()
 				tracerNotes = dests != nil
-				if !tracerNotes && kernel.Has("btf_trace_sock_send_length") {
-					t.Errorf("the tracer offers no resolver notes on a kernel with sock_send_length")
+				if sendmsg := hooksActive(tr, "udp_sendmsg4", "udp_sendmsg6"); tracerNotes != sendmsg {
+					t.Errorf("the tracer offers resolver notes: %v; want %v, whether its sendmsg programs are attached", tracerNotes, sendmsg)
 				}
 			}
 			if want := !tracerNotes && !strings.Contains(w.Variant().Lost, "sendto()"); w.OwnNotes() != want {
@@ -362,6 +371,17 @@ func TestEveryCallPath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hooksActive says whether every one of the tracer's programs named is
+// attached.
+func hooksActive(tr *tracer.Tracer, programs ...string) bool {
+	for _, p := range programs {
+		if !slices.ContainsFunc(tr.Hooks(), func(h tracer.Hook) bool { return h.Program == p && h.Active }) {
+			return false
+		}
+	}
+	return true
 }
 
 // emptyCalls fails the test unless the tracer's program arrays are empty.

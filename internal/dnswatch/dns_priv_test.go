@@ -573,6 +573,14 @@ func TestNATForwarder(t *testing.T) {
 		t.Run(v.Name, func(t *testing.T) {
 			a, err := watch(t, time.Second, v.Name)
 			if err != nil {
+				// Refused with the tracer's notes: only right if it is
+				// refused alone too.
+				cfg := dnswatch.DefaultConfig()
+				cfg.Variant = v.Name
+				if alone, aerr := dnswatch.New(cfg); aerr == nil {
+					_ = alone.Close() // a probe only
+					t.Fatalf("variant %s loads alone but not with the tracer's resolver notes: %v", v.Name, err)
+				}
 				t.Logf("variant %s refused here: %v", v.Name, err)
 				return
 			}

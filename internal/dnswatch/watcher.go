@@ -34,9 +34,11 @@ type Config struct {
 	Variant string
 	// Calls, when set, is the tracer whose send and receive programs
 	// hand each call on a possible resolver's socket to the per-call
-	// programs (tracer.Tracer.DNSCallHooks). Without it the per-call
+	// programs, and whose sendmsg programs note resolvers for whichever
+	// variant loads (tracer.Tracer.DNSCallHooks). Without it the per-call
 	// programs, when named, are attached to the tracepoints on their own,
-	// which costs more (docs/performance.md, "DNS watching").
+	// which costs more (docs/performance.md, "DNS watching"), and the
+	// watcher notes resolvers with sendmsg programs of its own.
 	Calls CallHooks
 }
 
@@ -140,7 +142,9 @@ func New(cfg Config) (*Watcher, error) {
 		// The per-call programs refused (no task storage, say): the
 		// per-packet ones see the same lookups.
 		w.refused = err
-		w.k, _, err = load("", dests)
+		if w.k, _, err = load("", dests); err != nil {
+			return nil, errors.Join(w.refused, err)
+		}
 	}
 	if err != nil {
 		return nil, err

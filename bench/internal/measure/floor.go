@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 )
 
@@ -20,35 +19,19 @@ import (
 // figures understate by that call (a few ns per run). The measured
 // programs are reported both as measured and net of that floor.
 type floorProbe struct {
-	hook     floorHook
+	hook     string // as hollowSpec names it
 	prog     *ebpf.Program
 	link     link.Link
 	runs, ns uint64 // the counters at start
 }
 
-// floorHook is where a floor probe can go.
-type floorHook struct {
-	attach ebpf.AttachType
-	fn     string // the tracepoint or kernel function
-}
-
-func (h floorHook) String() string {
-	if h.attach == ebpf.AttachTraceFExit {
-		return "fexit/" + h.fn
-	}
-	return "tp_btf/" + h.fn
-}
-
 // floorHooks are tried in order: the receive tracepoint (6.3 and later),
 // then the exit of sock_recvmsg, where deptrace's own fallback counts
 // receives before 6.3. Every load's round trips receive.
-var floorHooks = []floorHook{
-	{ebpf.AttachTraceRawTp, "sock_recv_length"},
-	{ebpf.AttachTraceFExit, "sock_recvmsg"},
-}
+var floorHooks = []string{"tp_btf/sock_recv_length", "fexit/sock_recvmsg"}
 
 // attachFloorProbe attaches the probe at the first of floorHooks this
-// kernel allows, and starts counting.
+// kernel allows.
 func attachFloorProbe() (*floorProbe, error) {
 	var errs []error
 	for _, h := range floorHooks {
@@ -61,32 +44,24 @@ func attachFloorProbe() (*floorProbe, error) {
 	return nil, errors.Join(errs...)
 }
 
-func attachFloorProbeAt(h floorHook) (*floorProbe, error) {
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:       "floor_probe",
-		Type:       ebpf.Tracing,
-		AttachType: h.attach,
-		AttachTo:   h.fn,
-		License:    "GPL",
-		Instructions: asm.Instructions{
-			asm.Mov.Imm(asm.R0, 0),
-			asm.Return(),
-		},
-	})
+// attachFloorProbeAt attaches the probe, the hollow side's empty tracing
+// program (hollowSpec), at hook.
+func attachFloorProbeAt(hook string) (*floorProbe, error) {
+	spec, err := hollowSpec(hook)
 	if err != nil {
-		return nil, fmt.Errorf("load floor probe for %s: %w", h, err)
-	}
-	l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: h.attach})
-	if err != nil {
-		prog.Close()
-		return nil, fmt.Errorf("attach floor probe to %s: %w", h, err)
-	}
-	f := &floorProbe{hook: h, prog: prog, link: l}
-	if err := f.start(); err != nil {
-		f.Close()
 		return nil, err
 	}
-	return f, nil
+	spec.Name = "floor_probe"
+	prog, err := ebpf.NewProgram(spec)
+	if err != nil {
+		return nil, fmt.Errorf("load floor probe for %s: %w", hook, err)
+	}
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog, AttachType: spec.AttachType})
+	if err != nil {
+		prog.Close()
+		return nil, fmt.Errorf("attach floor probe to %s: %w", hook, err)
+	}
+	return &floorProbe{hook: hook, prog: prog, link: l}, nil
 }
 
 // start takes the probe's counters as the base of nsPerRun.
