@@ -28,40 +28,26 @@ func TestOverheadPairsWithDNSKeepFinishedLoads(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "overhead", "--workloads", "", "--pairs", "1", "--pair-phase", "1s",
-		"--pair-loads", "tcp-short,tcp-persistent", "--dns", "--min-reached", "0")
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	errPipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var stderr []string
 	interrupted := false
-	sc := bufio.NewScanner(errPipe)
-	for sc.Scan() {
-		stderr = append(stderr, sc.Text())
-		if !interrupted && strings.Contains(sc.Text(), "paired persistent TCP, pair 1: traced run") {
-			names := programsOf(t, cmd.Process.Pid)
-			// As trace loads them: from 6.3 the per-call pair, in the
-			// tracer's calls; before, the per-packet pair.
-			want := []string{"dns_send", "dns_recv"}
-			if !kernel.Has("btf_trace_sock_send_length") {
-				want = []string{"dns_egress", "dns_ingress"}
-			}
-			if !hasPrefix(names, want[0]) || !hasPrefix(names, want[1]) {
-				t.Errorf("--dns: the DNS watcher's programs %v are not among the run's during its traced run: %v", want, names)
-			}
-			if err := cmd.Process.Signal(os.Interrupt); err != nil {
-				t.Fatal(err)
-			}
-			interrupted = true
+	stdout, stderr, err := runOverhead(t, ctx, func(cmd *exec.Cmd, line string) {
+		if interrupted || !strings.Contains(line, "paired persistent TCP, pair 1: traced run") {
+			return
 		}
-	}
-	err = cmd.Wait()
+		names := programsOf(t, cmd.Process.Pid)
+		// As trace loads them: from 6.3 the per-call pair, in the
+		// tracer's calls; before, the per-packet pair.
+		want := []string{"dns_send", "dns_recv"}
+		if !kernel.Has("btf_trace_sock_send_length") {
+			want = []string{"dns_egress", "dns_ingress"}
+		}
+		if !hasPrefix(names, want[0]) || !hasPrefix(names, want[1]) {
+			t.Errorf("--dns: the DNS watcher's programs %v are not among the run's during its traced run: %v", want, names)
+		}
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		interrupted = true
+	}, "--pair-loads", "tcp-short,tcp-persistent", "--dns")
 	all := strings.Join(stderr, "\n")
 	if !interrupted {
 		t.Fatalf("the second load never started (exit %v):\n%s", err, all)
@@ -90,33 +76,19 @@ func TestOverheadPairsWithAMethod(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "overhead", "--workloads", "", "--pairs", "1", "--pair-phase", "1s",
-		"--pair-loads", "tcp-short", "--pair-method", "streaming", "--min-reached", "0")
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	errPipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var stderr []string
 	looked := false
-	sc := bufio.NewScanner(errPipe)
-	for sc.Scan() {
-		stderr = append(stderr, sc.Text())
-		if !looked && strings.Contains(sc.Text(), "pair 1: traced run") {
-			// The streaming baseline's bind hook; deptrace's getsockopt
-			// program, which the baseline lacks.
-			names := programsOf(t, cmd.Process.Pid)
-			if !slices.Contains(names, "udp_prebind4") || slices.Contains(names, "connect_error") {
-				t.Errorf("--pair-method streaming: the traced run holds %v; want the streaming baseline's udp_prebind4, not deptrace's connect_error", names)
-			}
-			looked = true
+	stdout, stderr, err := runOverhead(t, ctx, func(cmd *exec.Cmd, line string) {
+		if looked || !strings.Contains(line, "pair 1: traced run") {
+			return
 		}
-	}
-	err = cmd.Wait()
+		// The streaming baseline's bind hook; deptrace's getsockopt
+		// program, which the baseline lacks.
+		names := programsOf(t, cmd.Process.Pid)
+		if !slices.Contains(names, "udp_prebind4") || slices.Contains(names, "connect_error") {
+			t.Errorf("--pair-method streaming: the traced run holds %v; want the streaming baseline's udp_prebind4, not deptrace's connect_error", names)
+		}
+		looked = true
+	}, "--pair-loads", "tcp-short", "--pair-method", "streaming")
 	all := strings.Join(stderr, "\n")
 	if err != nil || !looked {
 		t.Fatalf("overhead --pair-method streaming: %v (traced run seen: %v)\n%s", err, looked, all)
@@ -126,6 +98,29 @@ func TestOverheadPairsWithAMethod(t *testing.T) {
 			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, stdout.String(), all)
 		}
 	}
+}
+
+// runOverhead runs overhead's whole-machine pairs, one pair of 1 s runs
+// with args, calling onLine with each line of its stderr as it comes, and
+// returns its stdout, its stderr's lines and how it ended.
+func runOverhead(t *testing.T, ctx context.Context, onLine func(cmd *exec.Cmd, line string), args ...string) (stdout *bytes.Buffer, stderr []string, err error) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, binary, append([]string{"overhead", "--workloads", "", "--pairs", "1", "--pair-phase", "1s", "--min-reached", "0"}, args...)...)
+	stdout = &bytes.Buffer{}
+	cmd.Stdout = stdout
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(errPipe)
+	for sc.Scan() {
+		stderr = append(stderr, sc.Text())
+		onLine(cmd, sc.Text())
+	}
+	return stdout, stderr, cmd.Wait()
 }
 
 // programsOf names the BPF programs process pid holds, from the prog_id
