@@ -12,10 +12,9 @@
  * unconnected socket, noted by a cgroup sendmsg program (the tracer's,
  * bpf/udp.bpf.h, when the watcher runs with a tracer, whichever its
  * variant; else the watcher's own) in the dns_dests socket storage, for
- * the programs that see the
- * datagram afterwards: the egress program sees the packet after NAT
- * (musl's resolver sends to 127.0.0.11:53 this way, and Docker's rule
- * changes the port), the socket-address hook before it. */
+ * the programs that see the datagram afterwards: the egress program sees
+ * the packet after NAT (musl's resolver sends to 127.0.0.11:53 this way,
+ * and Docker's rule changes the port), the socket-address hook before it. */
 struct dns_dest {
 	__u8 addr[16]; /* IPv4 in the first 4 bytes */
 	__u32 pending; /* set by the hook, taken by the egress (or send) program */
