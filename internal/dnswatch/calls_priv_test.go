@@ -307,6 +307,15 @@ func TestEveryCallPath(t *testing.T) {
 			ways = append(ways, way{name: v.Name + "+tracer", variant: v.Name, tracer: true})
 		}
 	}
+	// One tracer for every way that runs with one: loading it costs a
+	// minute under emulation. It traces every namespace, as the hand-off
+	// and the resolver notes do anyway; each watcher keeps to its own
+	// client's namespace, and each handed-off watcher must leave the
+	// arrays empty for the next.
+	tr, trErr := tracer.New(tracertest.Config(nil))
+	if trErr == nil {
+		defer tr.Close()
+	}
 	loadsAlone := map[string]bool{} // variants that loaded without a tracer
 	for _, v := range ways {
 		t.Run(v.name, func(t *testing.T) {
@@ -314,14 +323,11 @@ func TestEveryCallPath(t *testing.T) {
 			cfg := dnswatch.DefaultConfig()
 			cfg.Variant = v.variant
 			cfg.NetNS = client.Inode // the machine's own lookups are not this test's
-			var tr *tracer.Tracer
 			if v.tracer {
-				var err error
-				if tr, err = tracer.New(tracertest.Config(func(c *tracer.Config) { c.NetNS = client.Inode })); err != nil {
-					tracerRefused(t, err)
+				if trErr != nil {
+					tracerRefused(t, trErr)
 					return
 				}
-				defer tr.Close()
 				cfg.Calls = tr
 			}
 			w, err := dnswatch.New(cfg)
@@ -350,7 +356,7 @@ func TestEveryCallPath(t *testing.T) {
 			// tracer's sendmsg programs: no second program on those
 			// hooks. On its own it notes resolvers itself.
 			var tracerNotes bool
-			if tr != nil {
+			if v.tracer {
 				_, _, dests, _ := tr.DNSCallHooks()
 				tracerNotes = dests != nil
 				if sendmsg := hooksActive(tr, "udp_sendmsg4", "udp_sendmsg6"); tracerNotes != sendmsg {
@@ -361,7 +367,7 @@ func TestEveryCallPath(t *testing.T) {
 				t.Errorf("the watcher's own sendmsg programs loaded: %v; want %v (the tracer's notes: %v, handed its calls: %v)", w.OwnNotes(), want, tracerNotes, w.HandedOff())
 			}
 			lookupEveryWay(t, w, client, srv)
-			if tr != nil && w.HandedOff() {
+			if v.tracer && w.HandedOff() {
 				// Closed, the watcher takes its programs back out.
 				if err := w.Close(); err != nil {
 					t.Errorf("close the watcher: %v", err)
