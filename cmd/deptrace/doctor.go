@@ -268,7 +268,7 @@ func doctorDNSWithTracer(out io.Writer, t *tracer.Tracer) {
 	switch {
 	case w.OwnNotes():
 		notes = "the watcher's own sendmsg programs (the tracer's are not attached)"
-	case strings.Contains(v.Lost, "sendto()"):
+	case v.OwnNotesRefused:
 		notes = "none (" + v.Lost + ")"
 	}
 	fmt.Fprintf(out, "dns watcher   with the tracer (as trace runs it): %s; resolver notes: %s\n", where, notes)
@@ -296,6 +296,11 @@ func doctorDNS(out io.Writer, probe func() ([]dnswatch.VariantResult, error)) {
 	lost := "nothing lost"
 	if v.Lost != "" {
 		lost = "lost: " + v.Lost
+	}
+	if v.OwnNotesRefused {
+		// trace and agent read the tracer's notes where its sendmsg
+		// programs are attached: the next line says which holds.
+		lost = "lost on its own (its sendmsg programs refused; the next line says whether the tracer's resolver notes stand in): " + v.Lost
 	}
 	how := ""
 	if v.PerCall {

@@ -35,6 +35,8 @@ func TestExplainMissing(t *testing.T) {
 func TestDoctorDNS(t *testing.T) {
 	v := dnswatch.Variants
 	refused := errors.New("load program: permission denied: unknown func bpf_get_current_pid_tgid#14")
+	ownNotesRefused := v[0]
+	ownNotesRefused.Lost, ownNotesRefused.OwnNotesRefused = "queries sent with sendto()", true
 	cases := []struct {
 		name  string
 		tried []dnswatch.VariantResult
@@ -49,6 +51,8 @@ func TestDoctorDNS(t *testing.T) {
 			[]string{"variant call refused", "loads: variant " + v[0].Name}},
 		{"fallback", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2]}}, nil,
 			[]string{"variant " + v[0].Name + " refused", "bpf_get_current_pid_tgid", "variant " + v[1].Name + " refused", "loads: variant " + v[2].Name, "lost: " + v[2].Lost}},
+		{"own notes refused", []dnswatch.VariantResult{{Variant: ownNotesRefused}}, nil,
+			[]string{"loads: variant " + v[0].Name, "lost on its own (its sendmsg programs refused; the next line says whether the tracer's resolver notes stand in): " + ownNotesRefused.Lost}},
 		{"none", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2], Err: refused}}, errors.New("dns: all refused"),
 			[]string{"CANNOT LOAD (no variant loads)", "without remote names"}},
 		{"before loading", nil, errors.New("raise memlock: operation not permitted"),
