@@ -102,6 +102,21 @@ func Names() map[uint32]string {
 	return names
 }
 
+// HostName is what the tables call the host's own network namespace.
+const HostName = "host"
+
+// DisplayNames is Names plus the host's own namespace as HostName,
+// unless `ip netns` names it: what an operator reads in a table column,
+// where an inode says nothing. The host's is deptrace's own, as the agent
+// takes it (deptrace runs in the host's network namespace).
+func DisplayNames() map[uint32]string {
+	names := Names()
+	if ino, err := Self(); err == nil && names[ino] == "" {
+		names[ino] = HostName
+	}
+	return names
+}
+
 // Resolve turns a --netns value into an inode: "all" (0), "self", a
 // number, an `ip netns` name, or a path to an nsfs file.
 func Resolve(value string) (uint32, error) {
