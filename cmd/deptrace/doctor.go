@@ -268,8 +268,8 @@ func doctorDNSWithTracer(out io.Writer, t *tracer.Tracer) {
 	switch {
 	case w.OwnNotes():
 		notes = "the watcher's own sendmsg programs (the tracer's are not attached)"
-	case v.OwnNotesRefused:
-		notes = "none (" + v.Lost + ")"
+	case v.NotesLost != "":
+		notes = "none (" + v.NotesLost + ")"
 	}
 	fmt.Fprintf(out, "dns watcher   with the tracer (as trace runs it): %s; resolver notes: %s\n", where, notes)
 }
@@ -297,10 +297,14 @@ func doctorDNS(out io.Writer, probe func() ([]dnswatch.VariantResult, error)) {
 	if v.Lost != "" {
 		lost = "lost: " + v.Lost
 	}
-	if v.OwnNotesRefused {
+	if v.NotesLost != "" {
 		// trace and agent read the tracer's notes where its sendmsg
-		// programs are attached: the next line says which holds.
-		lost = "lost on its own (its sendmsg programs refused; the next line says whether the tracer's resolver notes stand in): " + v.Lost
+		// programs are attached: the next line says which holds. The
+		// rest of Lost is lost either way.
+		lost = "lost on its own (its sendmsg programs refused; the next line says whether the tracer's resolver notes stand in): " + v.NotesLost
+		if rest := strings.TrimSuffix(strings.TrimSuffix(v.Lost, v.NotesLost), "; "); rest != "" {
+			lost = "lost: " + rest + "; " + lost
+		}
 	}
 	how := ""
 	if v.PerCall {

@@ -35,8 +35,9 @@ func TestExplainMissing(t *testing.T) {
 func TestDoctorDNS(t *testing.T) {
 	v := dnswatch.Variants
 	refused := errors.New("load program: permission denied: unknown func bpf_get_current_pid_tgid#14")
-	ownNotesRefused := v[0]
-	ownNotesRefused.Lost, ownNotesRefused.OwnNotesRefused = "queries sent with sendto()", true
+	ownNotesRefused := v[2] // bare: loses the querying process whatever notes it reads
+	ownNotesRefused.NotesLost = "queries sent with sendto()"
+	ownNotesRefused.Lost += "; " + ownNotesRefused.NotesLost
 	cases := []struct {
 		name  string
 		tried []dnswatch.VariantResult
@@ -52,7 +53,7 @@ func TestDoctorDNS(t *testing.T) {
 		{"fallback", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2]}}, nil,
 			[]string{"variant " + v[0].Name + " refused", "bpf_get_current_pid_tgid", "variant " + v[1].Name + " refused", "loads: variant " + v[2].Name, "lost: " + v[2].Lost}},
 		{"own notes refused", []dnswatch.VariantResult{{Variant: ownNotesRefused}}, nil,
-			[]string{"loads: variant " + v[0].Name, "lost on its own (its sendmsg programs refused; the next line says whether the tracer's resolver notes stand in): " + ownNotesRefused.Lost}},
+			[]string{"loads: variant " + v[2].Name, "; lost: " + v[2].Lost + "; lost on its own (its sendmsg programs refused; the next line says whether the tracer's resolver notes stand in): queries sent with sendto()\n"}},
 		{"none", []dnswatch.VariantResult{{Variant: v[0], Err: refused}, {Variant: v[1], Err: refused}, {Variant: v[2], Err: refused}}, errors.New("dns: all refused"),
 			[]string{"CANNOT LOAD (no variant loads)", "without remote names"}},
 		{"before loading", nil, errors.New("raise memlock: operation not permitted"),

@@ -362,7 +362,7 @@ func TestEveryCallPath(t *testing.T) {
 					t.Errorf("the tracer offers resolver notes: %v; want %v, whether its sendmsg programs are attached", tracerNotes, sendmsg)
 				}
 			}
-			if want := !tracerNotes && !w.Variant().OwnNotesRefused; w.OwnNotes() != want {
+			if want := !tracerNotes && w.Variant().NotesLost == ""; w.OwnNotes() != want {
 				t.Errorf("the watcher's own sendmsg programs loaded: %v; want %v (the tracer's notes: %v, handed its calls: %v)", w.OwnNotes(), want, tracerNotes, w.HandedOff())
 			}
 			lookupEveryWay(t, w, client, srv)

@@ -35,11 +35,12 @@ type Variant struct {
 	Needs string
 	// Lost is what this variant does not see ("" when nothing).
 	Lost string
-	// OwnNotesRefused: loaded on its own, the kernel refused its sendmsg
-	// programs, and Lost says what that misses. With a tracer whose
-	// sendmsg programs are attached it reads the tracer's notes instead
-	// and misses none of it (Watcher.OwnNotes).
-	OwnNotesRefused bool
+	// NotesLost is the part of Lost that comes of the kernel refusing the
+	// variant's own sendmsg programs ("" when they loaded, or a tracer's
+	// notes were used). With a tracer whose sendmsg programs are attached
+	// the variant reads the tracer's notes instead and does not lose it
+	// (Watcher.OwnNotes).
+	NotesLost string
 }
 
 // Variants are the program pairs: the per-packet ones best first, then
@@ -132,7 +133,7 @@ func loadVariant(v Variant, dests *ebpf.Map) (*kernelSide, error) {
 			lost = noSendtoPerCall
 		}
 		v.Lost = strings.TrimPrefix(v.Lost+"; "+lost, "; ")
-		v.OwnNotesRefused = true
+		v.NotesLost = lost
 	}
 	return &kernelSide{variant: v, coll: coll,
 		egress: coll.Programs[v.egress], ingress: coll.Programs[v.ingress],

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/deptrace/deptrace/internal/netns"
@@ -20,6 +21,12 @@ func TestDisplayNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := testnet.New(t, 1).Hosts[0]
+	// A run killed before its cleanup left its name on the host's
+	// namespace: remove it (an unmount; nothing is killed).
+	stale, _ := filepath.Glob(filepath.Join(netns.NamedDir, "deptrace-test-host-*"))
+	for _, path := range stale {
+		_ = exec.Command("ip", "netns", "delete", filepath.Base(path)).Run()
+	}
 	names := netns.DisplayNames()
 	if got := names[host]; got != netns.HostName {
 		t.Errorf("the host's namespace %d reads %q; want %q", host, got, netns.HostName)
