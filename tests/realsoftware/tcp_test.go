@@ -119,6 +119,10 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 `)
 	tr := startTracer(t)
 	startNginx(t, b, fmt.Sprintf(`	server { listen %s:7003; location / { return 204; } }`, b.IPv4))
+	// The retransmitted SYN goes out from a timer, so both ends open in
+	// softirq, in whatever task the CPU was running: on the CI's kernel a
+	// thread of PID 1 hides them from every BPF program (initwitness.go).
+	witness := tracertest.WatchInit(t, 7003)
 	const n = 2
 	for i := 0; i < n; i++ {
 		code, out, errOut := realtest.Run(t, a, 30*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{time_connect}",
@@ -132,24 +136,27 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 	if dropped != n {
 		t.Fatalf("the rule dropped %d SYNs; want %d (one per connect)", dropped, n)
 	}
+	// Opens the kernel hid may be missing, none other; on a kernel that
+	// hides nothing (mainline) they are counted like the rest.
+	hiddenClient, hiddenServer := witness.HiddenOpens(t)
 	l := tracertest.NewLedger()
 	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
-		return l.TCP(a.Inode, tracer.Outbound, 7003).Connections >= n && l.TCP(b.Inode, tracer.Inbound, 7003).Connections >= n
+		return l.TCP(a.Inode, tracer.Outbound, 7003).Connections >= uint64(n-hiddenClient) && l.TCP(b.Inode, tracer.Inbound, 7003).Connections >= uint64(n-hiddenServer)
 	})
 	t.Logf("ledger:%s", l.About([]uint32{a.Inode, b.Inode}))
 	o := l.TCP(a.Inode, tracer.Outbound, 7003)
-	if o.Connections != n || o.FailedConnections != 0 || o.ConnectLatencyCount != n {
-		t.Errorf("client edge: %+v; want %d connections with latency", o.Counters, n)
+	if o.Connections < uint64(n-hiddenClient) || o.Connections > n || o.FailedConnections != 0 || o.ConnectLatencyCount != o.Connections {
+		t.Errorf("client edge: %+v; want %d connections with latency (%d of them may be missing: opened where the kernel hides them)", o.Counters, n, hiddenClient)
 	}
-	if o.ConnectLatencyMaxUs < 900_000 || o.ConnectLatencySumUs < n*900_000 {
+	if o.ConnectLatencyCount > 0 && (o.ConnectLatencyMaxUs < 900_000 || o.ConnectLatencySumUs < o.ConnectLatencyCount*900_000) {
 		t.Errorf("client edge latency: max %d us, sum %d us over %d; every connect waited for a SYN retransmission (about 1 s)",
 			o.ConnectLatencyMaxUs, o.ConnectLatencySumUs, o.ConnectLatencyCount)
 	}
 	if o.Retransmits != dropped {
 		t.Errorf("client edge: %d retransmits; want %d (the dropped SYNs, sent again)", o.Retransmits, dropped)
 	}
-	if i := l.TCP(b.Inode, tracer.Inbound, 7003); i.Connections != n {
-		t.Errorf("server edge: %+v; want %d connections", i.Counters, n)
+	if i := l.TCP(b.Inode, tracer.Inbound, 7003); i.Connections < uint64(n-hiddenServer) || i.Connections > n {
+		t.Errorf("server edge: %+v; want %d connections (%d of them may be missing: opened where the kernel hides them)", i.Counters, n, hiddenServer)
 	}
 }
 
@@ -191,6 +198,9 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 		return nil
 	})
 
+	// Connects retried from the SYN timer open in softirq (see
+	// TestSYNDroppedOnceGivesOneSecondConnect).
+	witness := tracertest.WatchInit(t, 7002)
 	const clients = 10
 	var (
 		wg        sync.WaitGroup
@@ -221,19 +231,20 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 
 	addr := b.IPv4.String() + ":7002"
 	before := listenerDrops(t, b, addr)
+	hidden, _ := witness.HiddenOpens(t)
 	l := tracertest.NewLedger()
 	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		o := l.TCP(a.Inode, tracer.Outbound, 7002)
-		return o.Connections+o.FailedConnections >= clients && l.Listener(b.Inode, 7002).Drops >= before
+		return o.Connections+o.FailedConnections >= uint64(clients-hidden) && l.Listener(b.Inode, 7002).Drops >= before
 	})
 	after := listenerDrops(t, b, addr)
 	t.Logf("ledger:%s", l.About([]uint32{a.Inode, b.Inode}))
 	t.Logf("listener sk_drops from ss: %d before settling, %d after", before, after)
 
 	o := l.TCP(a.Inode, tracer.Outbound, 7002)
-	if o.Connections != uint64(connected) || o.FailedConnections != uint64(clients-connected) || o.FailedTimeout != o.FailedConnections || o.Comm != "curl" {
-		t.Errorf("client edge: %+v named %q; want %d connections (curl connected) and %d failed, all timeouts",
-			o.Counters, o.Comm, connected, clients-connected)
+	if o.Connections < uint64(connected-hidden) || o.Connections > uint64(connected) || o.FailedConnections != uint64(clients-connected) || o.FailedTimeout != o.FailedConnections || o.Comm != "curl" {
+		t.Errorf("client edge: %+v named %q; want %d connections (curl connected; %d of them may be missing, opened where the kernel hides them) and %d failed, all timeouts",
+			o.Counters, o.Comm, connected, hidden, clients-connected)
 	}
 	li := l.Listener(b.Inode, 7002)
 	if li.BacklogLimit != 1 || li.QueueMax < 1 || li.LocalAddr != b.IPv4.String() {
