@@ -122,7 +122,7 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 	// The retransmitted SYN goes out from a timer, so both ends open in
 	// softirq, in whatever task the CPU was running: on the CI's kernel a
 	// thread of PID 1 hides them from every BPF program (initwitness.go).
-	witness := tracertest.WatchInit(t, 7003)
+	witness := tracertest.WatchOpens(t, b.IPv4, 7003)
 	const n = 2
 	for i := 0; i < n; i++ {
 		code, out, errOut := realtest.Run(t, a, 30*time.Second, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{time_connect}",
@@ -139,6 +139,9 @@ func TestSYNDroppedOnceGivesOneSecondConnect(t *testing.T) {
 	// Opens the kernel hid may be missing, none other; on a kernel that
 	// hides nothing (mainline) they are counted like the rest.
 	hiddenClient, hiddenServer := witness.HiddenOpens(t)
+	if hiddenClient > n || hiddenServer > n {
+		t.Fatalf("the witness saw %d client and %d server opens hidden, of %d connections", hiddenClient, hiddenServer, n)
+	}
 	l := tracertest.NewLedger()
 	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		return l.TCP(a.Inode, tracer.Outbound, 7003).Connections >= uint64(n-hiddenClient) && l.TCP(b.Inode, tracer.Inbound, 7003).Connections >= uint64(n-hiddenServer)
@@ -200,7 +203,7 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 
 	// Connects retried from the SYN timer open in softirq (see
 	// TestSYNDroppedOnceGivesOneSecondConnect).
-	witness := tracertest.WatchInit(t, 7002)
+	witness := tracertest.WatchOpens(t, b.IPv4, 7002)
 	const clients = 10
 	var (
 		wg        sync.WaitGroup
@@ -232,6 +235,9 @@ func TestNginxListenerBacklogOverflow(t *testing.T) {
 	addr := b.IPv4.String() + ":7002"
 	before := listenerDrops(t, b, addr)
 	hidden, _ := witness.HiddenOpens(t)
+	if hidden > connected {
+		t.Fatalf("the witness saw %d client opens hidden; %d curls connected", hidden, connected)
+	}
 	l := tracertest.NewLedger()
 	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
 		o := l.TCP(a.Inode, tracer.Outbound, 7002)

@@ -175,6 +175,11 @@ func TestServiceMapRealStack(t *testing.T) {
 	})
 	s := startStack(t, nw)
 	t.Logf("stack up %s after start", time.Since(start).Round(time.Millisecond))
+	// The connect whose SYN is dropped opens from the retransmission
+	// timer, in softirq: on the CI's kernel a thread of PID 1 may be the
+	// task then, which hides it from every BPF program (tracertest's
+	// initwitness.go).
+	pgWitness := tracertest.WatchOpens(t, s.postgres.IPv4, 5432)
 
 	url := fmt.Sprintf("http://%s/", s.nginx.IPv4)
 	for i := 0; i < ok; i++ {
@@ -202,6 +207,11 @@ func TestServiceMapRealStack(t *testing.T) {
 		return nil
 	})
 	t.Logf("traffic done %s after start", time.Since(start).Round(time.Millisecond))
+	pgClient, pgServer := pgWitness.HiddenOpens(t)
+	pgShort := uint64(max(pgClient, pgServer)) // whichever end the edge counts
+	if pgShort > ok {
+		t.Fatalf("the witness saw %d client and %d server opens to PostgreSQL hidden, of %d", pgClient, pgServer, ok)
+	}
 
 	host := func(h *testnet.Host) string { return "servicemap/" + h.Name }
 	id := func(h *testnet.Host, comm string) string { return "workload:" + host(h) + "/" + comm }
@@ -218,10 +228,11 @@ func TestServiceMapRealStack(t *testing.T) {
 		from, to, proto string
 		port            uint16
 		conns           uint64 // connections, or datagrams sent for UDP
+		short           uint64 // of which the CI kernel hid the opens (tracertest.WatchOpens)
 	}
 	chain := []want{
-		{curl, nginx, "tcp", 80, ok + down}, {nginx, app, "tcp", 8000, ok + down},
-		{app, redis, "tcp", 6379, ok}, {app, memcached, "tcp", 11211, ok}, {app, postgres, "tcp", 5432, ok}, {app, collector, "udp", 8125, ok},
+		{curl, nginx, "tcp", 80, ok + down, 0}, {nginx, app, "tcp", 8000, ok + down, 0},
+		{app, redis, "tcp", 6379, ok, 0}, {app, memcached, "tcp", 11211, ok, 0}, {app, postgres, "tcp", 5432, ok, pgShort}, {app, collector, "udp", 8125, ok, 0},
 	}
 	ours := map[string]bool{}
 	for _, h := range nw.Hosts {
@@ -238,7 +249,7 @@ func TestServiceMapRealStack(t *testing.T) {
 			if w.proto == "udp" {
 				n = e.DatagramsSent
 			}
-			if !found || n < w.conns {
+			if !found || n < w.conns-w.short {
 				return fmt.Errorf("edge %s -> %s %s/%d: %d of %d (found %v); the store's graph:%s", w.from, w.to, w.proto, w.port, n, w.conns, found, g.about(ours))
 			}
 		}
@@ -267,8 +278,8 @@ func TestServiceMapRealStack(t *testing.T) {
 		if w.proto == "udp" {
 			n = e.DatagramsSent
 		}
-		if n != w.conns || e.FailedConnections != 0 || e.ResetsSent+e.ResetsReceived != 0 {
-			t.Errorf("edge %s: want %d and no failures or resets", e, w.conns)
+		if n < w.conns-w.short || n > w.conns || e.FailedConnections != 0 || e.ResetsSent+e.ResetsReceived != 0 {
+			t.Errorf("edge %s: want %d (%d of them may be missing: opened where the kernel hides them) and no failures or resets", e, w.conns, w.short)
 		}
 	}
 	perHost := map[string][]string{}
@@ -337,7 +348,7 @@ func TestServiceMapRealStack(t *testing.T) {
 				t.Errorf("deptrace look, the dropped-SYN edge: %q lacks %q or its reason", line, w)
 			}
 		case strings.Contains(line, "-> tcp/5432 postgres"):
-			if bad || !strings.Contains(line, fmt.Sprintf("conns=%d failed=0", ok)) || !strings.Contains(line, "retrans=1 ") {
+			if bad || !strings.Contains(line, fmt.Sprintf("conns=%d failed=0", pgEdge.Connections)) || !strings.Contains(line, "retrans=1 ") {
 				t.Errorf("deptrace look, app -> postgres (one retransmit in %d connections): %q, want it unmarked, with retrans=1", ok, line)
 			}
 		}
@@ -454,8 +465,8 @@ func TestServiceMapRealStack(t *testing.T) {
 		switch {
 		case strings.Contains(r, s.postgres.IPv4.String()+":5432"):
 			found["postgres"] = true
-			if strings.Contains(r, "unhealthy") || strings.Contains(r, "degraded") || !strings.Contains(r, fmt.Sprintf(" tcp %d 0 ", ok)) || !strings.Contains(r, " ok ") {
-				t.Errorf("table row of app -> postgres (one retransmit) %q, want %d connections, 0 failed, ok", r, ok)
+			if strings.Contains(r, "unhealthy") || strings.Contains(r, "degraded") || !strings.Contains(r, fmt.Sprintf(" tcp %d 0 ", pgEdge.Connections)) || !strings.Contains(r, " ok ") {
+				t.Errorf("table row of app -> postgres (one retransmit) %q, want %d connections, 0 failed, ok", r, pgEdge.Connections)
 			}
 		case strings.Contains(r, s.down.IPv4.String()+":7001"):
 			found["refused"] = true
