@@ -127,7 +127,7 @@ func lookupEach(typ int, server netip4, ways []way, next func() []byte) error {
 		}
 		err = w.send(fd, next())
 		if err == nil {
-			err = w.recv(fd)
+			err = retryEINTR(func() error { return w.recv(fd) })
 		}
 		unix.Close(fd)
 		if err != nil {
@@ -182,7 +182,15 @@ func udpCalls(t *testing.T, server netip4) (queries int, err error) {
 		iovs[i].Base, iovs[i].Len = &bufs[i][0], uint64(len(bufs[i]))
 	}
 	// Blocking, no flags: the call waits for both.
-	if n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), 2, 0, 0, 0); e != 0 || n != 2 {
+	var n uintptr
+	var e unix.Errno
+	if err := retryEINTR(func() error {
+		n, _, e = unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(&msgs[0])), 2, 0, 0, 0)
+		if e != 0 {
+			return e
+		}
+		return nil
+	}); err != nil || n != 2 {
 		return queries, &callError{"recvmmsg", errOf(e, n)}
 	}
 	// An unconnected socket, sendto()/recvfrom() with addresses (musl).
@@ -194,7 +202,7 @@ func udpCalls(t *testing.T, server netip4) (queries int, err error) {
 	if err := unix.Sendto(ufd, next(), 0, &unix.SockaddrInet4{Addr: server, Port: 53}); err != nil {
 		return queries, &callError{"unconnected sendto", err}
 	}
-	if _, _, err := unix.Recvfrom(ufd, buf, 0); err != nil {
+	if err := retryEINTR(func() error { _, _, err := unix.Recvfrom(ufd, buf, 0); return err }); err != nil {
 		return queries, &callError{"unconnected recvfrom", err}
 	}
 	// The same from a dual-stack IPv6 socket to the v4-mapped address
@@ -212,7 +220,7 @@ func udpCalls(t *testing.T, server netip4) (queries int, err error) {
 	if err := unix.Sendto(fd6, next(), 0, &unix.SockaddrInet6{Addr: mapped, Port: 53}); err != nil {
 		return queries, &callError{"dual-stack sendto", err}
 	}
-	if _, _, err := unix.Recvfrom(fd6, buf, 0); err != nil {
+	if err := retryEINTR(func() error { _, _, err := unix.Recvfrom(fd6, buf, 0); return err }); err != nil {
 		return queries, &callError{"dual-stack recvfrom", err}
 	}
 	return queries, nil
@@ -228,12 +236,13 @@ func tcpCalls(t *testing.T, server netip4) (queries int, err error) {
 	// The answer's length, then the answer: two reads, or one readv of
 	// two buffers.
 	readSplit := func(fd int) error {
+		// Each read retried on its own: the stream must not be read
+		// again from the length.
 		var n [2]byte
-		if _, err := unix.Read(fd, n[:]); err != nil {
+		if err := retryEINTR(func() error { _, err := unix.Read(fd, n[:]); return err }); err != nil {
 			return err
 		}
-		_, err := unix.Read(fd, make([]byte, binary.BigEndian.Uint16(n[:])))
-		return err
+		return retryEINTR(func() error { _, err := unix.Read(fd, make([]byte, binary.BigEndian.Uint16(n[:]))); return err })
 	}
 	readv := func(fd int) error {
 		_, err := unix.Readv(fd, [][]byte{make([]byte, 2), make([]byte, 1500)})
@@ -663,8 +672,7 @@ func TestUnreadableCallIsCounted(t *testing.T) {
 		if _, err := unix.Sendfile(fd, int(f.Fd()), nil, 1500); err != nil {
 			return &callError{"sendfile", err}
 		}
-		_, _, err = unix.Recvfrom(fd, make([]byte, 1500), 0)
-		return err
+		return retryEINTR(func() error { _, _, err := unix.Recvfrom(fd, make([]byte, 1500), 0); return err })
 	})
 	var got tracer.DNSCounters
 	deadline := time.Now().Add(10 * time.Second)
@@ -690,5 +698,19 @@ func TestUnreadableCallIsCounted(t *testing.T) {
 	}
 	if st := w.Stats(); st.Unreadable != unreadable || st.Unparsed != want.Unparsed {
 		t.Errorf("watcher stats %+v; want %d unreadable, %d unparsed", st, unreadable, want.Unparsed)
+	}
+}
+
+// retryEINTR repeats a blocking receive that a signal interrupted before
+// anything arrived: the test's sockets carry SO_RCVTIMEO, so the kernel
+// does not restart such a call after the Go runtime's preemption signal
+// (SIGURG), and returns EINTR instead. Bounded: a receive that keeps
+// being interrupted fails.
+func retryEINTR(recv func() error) error {
+	for i := 0; ; i++ {
+		err := recv()
+		if !errors.Is(err, unix.EINTR) || i == 100 {
+			return err
+		}
 	}
 }
