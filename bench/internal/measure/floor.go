@@ -119,9 +119,22 @@ var hollowSets = map[string]func(today []string) []string{
 	},
 	// sockops with the state callback on for the socket's whole life.
 	"sockops+state": func(today []string) []string { return swapStateHook(today, "cgroup/sockops+state") },
+	// sockops with the state callback while connecting, and the final
+	// counters from tcp_destroy_sock, which runs once per full socket when
+	// it is freed, after every byte and retransmission: the close that
+	// cgroup/sock_release cannot give. Two programs there, as deptrace
+	// would need: the tracepoint can run in process context with softirqs
+	// on (a dead socket's backlog processed by release_sock), where the
+	// first program's recursion guard would hide a nested destroy.
+	"sockops+state-connecting+destroy": func(today []string) []string {
+		return append(swapStateHook(today, "cgroup/sockops+state-connecting"), tcpDestroyHook, tcpDestroyHook)
+	},
 }
 
-const tcpStateHook = "tp_btf/inet_sock_set_state"
+const (
+	tcpStateHook   = "tp_btf/inet_sock_set_state"
+	tcpDestroyHook = "tp_btf/tcp_destroy_sock"
+)
 
 // swapStateHook replaces the TCP state tracepoint by hook; the final
 // counters of a connection then come from cgroup/sock_release, which
