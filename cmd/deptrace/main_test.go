@@ -253,6 +253,28 @@ func TestSigtermFlushesTheLastInterval(t *testing.T) {
 	}
 }
 
+// A namespace created after trace started shows in the table by its
+// `ip netns` name, not its inode: the table reads the names at each
+// interval.
+func TestTableNamesNamespacesCreatedAfterStart(t *testing.T) {
+	p := start(t, "trace", "--interval", "1h")
+	nw := testnet.New(t, 2)
+	tcpTraffic(t, nw, 9001, 2)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t)
+	out := p.stdout.String()
+	server := fmt.Sprintf("%s:9001  <--  %s:many", nw.Hosts[1].IPv4, nw.Hosts[0].IPv4)
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, server) {
+			if fields := strings.Fields(line); fields[len(fields)-1] != nw.Hosts[1].Name {
+				t.Errorf("NETNS of the server's row is %q, want %q:\n%s", fields[len(fields)-1], nw.Hosts[1].Name, out)
+			}
+			return
+		}
+	}
+	t.Errorf("table lacks %q:\n%s", server, out)
+}
+
 func TestTinyMapLossIsReported(t *testing.T) {
 	nw := testnet.New(t, 2)
 	p := start(t, "trace", "--flow-map-size", "64", "--duration", "2s", "--output", "jsonl")

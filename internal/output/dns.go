@@ -19,7 +19,7 @@ type DNSWriter interface {
 }
 
 // NewDNS returns the DNS writer for format (as New accepts it).
-func NewDNS(format string, w io.Writer, netnsNames map[uint32]string) (DNSWriter, error) {
+func NewDNS(format string, w io.Writer, netnsNames NetnsNames) (DNSWriter, error) {
 	switch format {
 	case "table":
 		return &DNSTable{w: w, names: netnsNames}, nil
@@ -46,7 +46,7 @@ func NamedPeer(f tracer.Flow, peer string) string {
 //	12:00:01  udp  curl/812  127.0.0.53:53   4        4        0         0         0      0         310us    1ms   ok      host
 type DNSTable struct {
 	w      io.Writer
-	names  map[uint32]string
+	names  NetnsNames
 	header bool
 	widths []int
 }
@@ -64,8 +64,9 @@ func (t *DNSTable) WriteDNS(recs []tracer.DNS) error {
 		rows = append(rows, DNSHeader)
 		t.header = true
 	}
+	names := t.names.read()
 	for _, d := range SortedDNS(recs) {
-		rows = append(rows, DNSRow(d, t.names))
+		rows = append(rows, DNSRow(d, names))
 	}
 	for _, r := range rows {
 		for i, c := range r {

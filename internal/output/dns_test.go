@@ -20,7 +20,7 @@ func dnsRecord() tracer.DNS {
 
 func TestDNSTable(t *testing.T) {
 	var b bytes.Buffer
-	w, err := NewDNS("table", &b, map[uint32]string{4026531840: "host"})
+	w, err := NewDNS("table", &b, func() map[uint32]string { return map[uint32]string{4026531840: "host"} })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,8 +23,22 @@ type Writer interface {
 	Write(flows []tracer.Flow, listeners []tracer.Listener) error
 }
 
+// NetnsNames gives the names the NETNS column shows, by namespace inode
+// (netns.DisplayNames). A table calls it once per interval, so that a
+// namespace named after deptrace started shows by its name, and one
+// deleted since no longer lends its name to an inode the kernel reused.
+// nil: inodes only.
+type NetnsNames func() map[uint32]string
+
+func (n NetnsNames) read() map[uint32]string {
+	if n == nil {
+		return nil
+	}
+	return n()
+}
+
 // New returns the writer for format, or an error naming the allowed ones.
-func New(format string, w io.Writer, netnsNames map[uint32]string) (Writer, error) {
+func New(format string, w io.Writer, netnsNames NetnsNames) (Writer, error) {
 	switch format {
 	case "table":
 		return &Table{w: w, names: netnsNames}, nil
@@ -42,7 +56,7 @@ func New(format string, w io.Writer, netnsNames map[uint32]string) (Writer, erro
 //	12:00:01  tcp    10.0.1.9:many  -->  10.0.1.10:3306  php/812   22     0       1840  96000  310us    ok      host
 type Table struct {
 	w      io.Writer
-	names  map[uint32]string
+	names  NetnsNames
 	header bool
 	widths []int
 }
@@ -51,17 +65,18 @@ type Table struct {
 var TableHeader = []string{"TIME", "PROTO", "LOCAL", "DIR", "PEER", "PROCESS", "CONNS", "FAILED", "SENT", "RECV", "LATENCY", "HEALTH", "NETNS"}
 
 func (t *Table) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
+	if len(flows) == 0 && !slices.ContainsFunc(listeners, troubled) {
+		return nil
+	}
+	names := t.names.read()
 	var rows [][]string
 	for _, f := range Sorted(flows) {
-		rows = append(rows, TableRow(*f, t.names))
+		rows = append(rows, TableRow(*f, names))
 	}
 	for _, l := range listeners {
-		if l.Drops > 0 { // a listener shows up only when it is in trouble
-			rows = append(rows, ListenerRow(l, t.names))
+		if troubled(l) {
+			rows = append(rows, ListenerRow(l, names))
 		}
-	}
-	if len(rows) == 0 {
-		return nil
 	}
 	if !t.header {
 		rows = append([][]string{TableHeader}, rows...)
@@ -89,6 +104,10 @@ func (t *Table) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 	_, err := io.WriteString(t.w, b.String())
 	return err
 }
+
+// troubled: a listener shows up in the table only when it dropped
+// connections.
+func troubled(l tracer.Listener) bool { return l.Drops > 0 }
 
 // TableRow renders one flow as table cells.
 func TableRow(f tracer.Flow, names map[uint32]string) []string {

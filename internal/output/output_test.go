@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,35 @@ func TestTablePrintsHeaderOnceAndSkipsEmptyIntervals(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 3 || !strings.HasPrefix(lines[0], "TIME") || strings.HasPrefix(lines[2], "TIME") {
 		t.Errorf("table output:\n%s", buf.String())
+	}
+}
+
+// The NETNS column takes the names as they are at each interval: a
+// namespace named after the table started shows by its name, and a name
+// removed since is no longer shown. An interval that prints nothing reads
+// no names.
+func TestTableReadsNamespaceNamesEachInterval(t *testing.T) {
+	f := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)
+	named := []map[uint32]string{{}, {f.NetNS: "web"}, {}}
+	reads := 0
+	var buf bytes.Buffer
+	w, err := New("table", &buf, func() map[uint32]string { reads++; return named[min(reads, len(named))-1] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range named {
+		mustWrite(t, w, []tracer.Flow{f}, nil)
+		mustWrite(t, w, nil, nil)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 4 || reads != 3 {
+		t.Fatalf("%d name reads, table:\n%s", reads, buf.String())
+	}
+	ino := strconv.FormatUint(uint64(f.NetNS), 10)
+	for i, want := range []string{ino, "web", ino} {
+		if fields := strings.Fields(lines[i+1]); fields[len(fields)-1] != want {
+			t.Errorf("interval %d: NETNS %q, want %q:\n%s", i+1, fields[len(fields)-1], want, buf.String())
+		}
 	}
 }
 
