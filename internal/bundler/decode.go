@@ -95,7 +95,54 @@ func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spil
 			out = append(out, b.entry(k, s))
 		}
 	}
+	b.nameServers(out)
 	return out
+}
+
+// protoTCP is Entry.Proto of TCP flows (IPPROTO_TCP).
+const protoTCP = 6
+
+// nameServers names, from the listening-port table, the TCP server flows
+// no program named: the rule the programs follow (name_from_port, the
+// listening process), applied where they could not, because the flow's
+// connections opened and closed before its listener was in the table (a
+// listener from before the start, in the moment between the programs'
+// attach and the seeding that reads /proc for its process). One table
+// lookup per port, not per flow.
+func (b *Bundler) nameServers(entries []Entry) {
+	type port struct {
+		netns uint32
+		port  uint16
+	}
+	if b.objs.Ports == nil {
+		return // no kernel side (tests of decoding alone)
+	}
+	var seen map[port]*bundlerPortValue
+	for i := range entries {
+		e := &entries[i]
+		if e.Proto != protoTCP || e.Direction != DirInbound || e.PID != 0 || e.Counts == (Counts{}) {
+			continue
+		}
+		if seen == nil {
+			seen = map[port]*bundlerPortValue{}
+		}
+		k := port{e.NetNS, e.Port}
+		v, ok := seen[k]
+		if !ok {
+			var pv bundlerPortValue
+			if err := b.objs.Ports.Lookup(&bundlerPortKey{Netns: e.NetNS, Port: e.Port, Proto: protoTCP}, &pv); err == nil && pv.Pid != 0 {
+				v = &pv
+			}
+			seen[k] = v
+		}
+		if v == nil {
+			continue
+		}
+		e.PID, e.Comm = v.Pid, commString(v.Comm)
+		if v.CgroupId != 0 {
+			e.CgroupID = v.CgroupId
+		}
+	}
 }
 
 // entry is one flow's Entry from its values (map value, spill and cache
