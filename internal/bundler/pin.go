@@ -645,20 +645,47 @@ func removePinned(path string, p *pinnedSide) error {
 		p.close() // the last reference: programs detach
 	}
 	entries, _ := os.ReadDir(path)
+	var others []string
 	for _, e := range entries {
+		if !isPinName(e.Name()) {
+			others = append(others, e.Name())
+			continue
+		}
 		if err := os.Remove(filepath.Join(path, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if len(others) > 0 {
+		errs = append(errs, fmt.Errorf("left %s in place: it also holds what deptrace did not pin there (%s)", path, strings.Join(others, ", ")))
+	} else if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
+// isPinName: the names deptrace pins under its pin path (pinSide), the
+// only entries there it ever removes.
+func isPinName(name string) bool {
+	return name == "meta" || name == drainPin || strings.HasPrefix(name, "map_") || strings.HasPrefix(name, "link_")
+}
+
 // Cleanup removes a kernel side left pinned at path by an agent that was
 // killed or stopped with --keep-tracing. It refuses while an agent owns it.
+//
+// Only a directory on bpffs that deptrace pinned is touched, and in it only
+// the names deptrace pins: a --pin-path given by mistake (a home
+// directory, /etc, bpffs's root with other tools' pins) loses nothing.
 func Cleanup(path string) (found bool, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, nil
+		}
+		return false, fmt.Errorf("statfs: %w", err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return false, errors.New("not on bpffs, so no kernel side can be pinned there: nothing removed (want the agent's --pin-path, a directory under a bpffs mount such as /sys/fs/bpf)")
+	}
 	lock, err := lockAgent(path)
 	if err != nil {
 		return false, err
@@ -666,10 +693,15 @@ func Cleanup(path string) (found bool, err error) {
 	defer func() { _ = lock.Close() }() // releasing the flock: nothing is written
 	p, ok, err := loadPinned(path)
 	if !ok {
-		if _, statErr := os.Stat(path); statErr == nil {
-			return true, removePinned(path, nil)
+		if err != nil {
+			return false, err
 		}
-		return false, err
+		// No meta pin, deptrace's first: an empty directory left by a
+		// start that stopped before pinning, or someone else's.
+		if entries, readErr := os.ReadDir(path); readErr != nil || len(entries) > 0 {
+			return false, errors.New("no deptrace kernel side is pinned there (no meta pin): nothing removed")
+		}
+		return true, removePinned(path, nil)
 	}
 	return true, errors.Join(err, removePinned(path, p))
 }
