@@ -86,6 +86,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "--flow-map-size", "1"}, nil, "invalid --flow-map-size 1: allowed 64 to 4194304"},
 		{[]string{"trace", "--duration", "-1s"}, nil, "invalid --duration -1s"},
 		{[]string{"trace", "--netns", "no-such-ns-xyz"}, nil, `invalid --netns "no-such-ns-xyz"`},
+		{[]string{"trace", "--netns", "/proc/self/ns/mnt"}, nil, `invalid --netns "/proc/self/ns/mnt": want all, self, an inode number, an ip-netns name or an nsfs path: /proc/self/ns/mnt is a namespace of another kind`},
 		{[]string{"trace"}, []string{"DEPTRACE_INTERVAL=soon"}, `invalid DEPTRACE_INTERVAL="soon" for --interval`},
 		{[]string{"trace", "--bogus"}, nil, "unknown flag: --bogus"},
 		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h0m0s: allowed 0 to 1m"},

@@ -129,18 +129,56 @@ func Resolve(value string) (uint32, error) {
 		return Resolve(strings.TrimSuffix(strings.TrimPrefix(v, "net:["), "]"))
 	default:
 		if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+			// A number no namespace has is a typo that would trace
+			// nothing, silently.
+			if !exists(uint32(n)) {
+				return 0, fmt.Errorf("invalid --netns %q: no network namespace on this host has that inode (lsns -t net lists them)", value)
+			}
 			return uint32(n), nil
 		}
 		path := v
 		if !strings.Contains(v, "/") {
 			path = filepath.Join(NamedDir, v)
 		}
-		ino, err := Inode(path)
+		ino, err := netInode(path)
 		if err != nil {
 			return 0, fmt.Errorf("invalid --netns %q: want all, self, an inode number, an ip-netns name or an nsfs path: %w", value, err)
 		}
 		return ino, nil
 	}
+}
+
+// netInode is the inode of the network namespace at path, or an error
+// when path is no namespace (a plain file, a namespace of another kind).
+func netInode(path string) (uint32, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = f.Close() }() // opened to ask its type only
+	kind, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil {
+		return 0, fmt.Errorf("%s is not a namespace file", path)
+	}
+	if kind != unix.CLONE_NEWNET {
+		return 0, fmt.Errorf("%s is a namespace of another kind, not a network namespace", path)
+	}
+	return Inode(path)
+}
+
+// exists reports whether a network namespace with inode ino is reachable
+// (List: a process's or an ip-netns bind mount's).
+func exists(ino uint32) bool {
+	list, err := List()
+	if err != nil {
+		return true // cannot tell: let tracing start
+	}
+	for _, ns := range list {
+		if ns.Inode == ino {
+			return true
+		}
+	}
+	return false
 }
 
 // Do runs fn with the calling goroutine's thread inside the namespace at

@@ -1,6 +1,9 @@
 package netns
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -19,11 +22,12 @@ func TestResolve(t *testing.T) {
 	if ino, err := Resolve("self"); err != nil || ino != self {
 		t.Errorf("self: %d %v, want %d", ino, err, self)
 	}
-	if ino, err := Resolve("4026531840"); err != nil || ino != 4026531840 {
-		t.Errorf("number: %d %v", ino, err)
+	selfNum := strconv.FormatUint(uint64(self), 10)
+	if ino, err := Resolve(selfNum); err != nil || ino != self {
+		t.Errorf("number: %d %v, want %d", ino, err, self)
 	}
-	if ino, err := Resolve("net:[4026531841]"); err != nil || ino != 4026531841 {
-		t.Errorf("ls form: %d %v", ino, err)
+	if ino, err := Resolve("net:[" + selfNum + "]"); err != nil || ino != self {
+		t.Errorf("ls form: %d %v, want %d", ino, err, self)
 	}
 	if ino, err := Resolve("/proc/self/ns/net"); err != nil || ino != self {
 		t.Errorf("path: %d %v", ino, err)
@@ -31,6 +35,22 @@ func TestResolve(t *testing.T) {
 	_, err = Resolve("no-such-namespace-xyz")
 	if err == nil || !strings.Contains(err.Error(), "want all, self") {
 		t.Errorf("unknown name: %v", err)
+	}
+	// An inode no namespace has (1 is the root directory's of most file
+	// systems, never an nsfs inode), a plain file, and a namespace of
+	// another kind would each trace nothing: refused.
+	if _, err := Resolve("1"); err == nil || !strings.Contains(err.Error(), "no network namespace on this host has that inode") {
+		t.Errorf("unknown inode: %v", err)
+	}
+	plain := filepath.Join(t.TempDir(), "notans")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Resolve(plain); err == nil || !strings.Contains(err.Error(), "is not a namespace file") {
+		t.Errorf("plain file: %v", err)
+	}
+	if _, err := Resolve("/proc/self/ns/mnt"); err == nil || !strings.Contains(err.Error(), "not a network namespace") {
+		t.Errorf("mount namespace: %v", err)
 	}
 }
 
