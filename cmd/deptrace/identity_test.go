@@ -104,3 +104,45 @@ func TestTraceNamesUnit(t *testing.T) {
 		}
 	}
 }
+
+// deptrace does not connect to a runtime socket that is not there: a
+// refused connect of its own would show in every trace as a failing
+// dependency of deptrace. A socket file nobody listens on is connected to
+// (the runtime may come back) and that failure is seen: the control that
+// the trace would show the other one too.
+func TestTraceSkipsAMissingRuntimeSocket(t *testing.T) {
+	testnet.RequireRoot(t)
+	dir := t.TempDir()
+	dead := filepath.Join(dir, "dead.sock")
+	l, err := net.Listen("unix", dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close() // the file stays, nobody listens
+	missing := filepath.Join(dir, "missing.sock")
+	stdout, stderr, code := run(t, nil, "trace", "-o", "jsonl", "--duration", "4s", "--syscall-tracepoints", "--proto", "unix",
+		"--docker-socket", dead, "--podman-socket", missing, "--containerd-socket", "", "--crio-socket", "")
+	if code != 0 {
+		t.Fatalf("trace exit %d: %s", code, stderr)
+	}
+	var toDead, toMissing uint64
+	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var f tracer.Flow
+		if json.Unmarshal([]byte(line), &f) != nil || f.Kind != tracer.KindFlow {
+			continue
+		}
+		switch f.RemoteAddr {
+		case dead:
+			toDead += f.FailedConnections
+		case missing:
+			toMissing += f.Connections + f.FailedConnections
+		}
+	}
+	if toDead == 0 {
+		t.Errorf("no failed connect to the dead socket %s seen (the control):\n%s", dead, stdout)
+	}
+	if toMissing != 0 {
+		t.Errorf("deptrace connected %d times to the missing socket %s:\n%s", toMissing, missing, stdout)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,12 @@ type container struct {
 func newDockerClient(runtime, socket string, retain, timeout time.Duration) *dockerClient {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			// No socket, no connect(): a refused connect of deptrace's
+			// own to a runtime the host does not run would show in
+			// every trace as a failing dependency.
+			if _, err := os.Stat(socket); err != nil {
+				return nil, fmt.Errorf("%s socket: %w", runtime, err)
+			}
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
