@@ -22,28 +22,30 @@ func LogUncovered(log *slog.Logger, hooks []tracer.Hook) {
 		if Covered(h, hooks) {
 			continue
 		}
-		if off, why := OffByConfig(h, hooks); off {
-			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", why)
-		} else {
+		switch f, fallbackOff := offFallback(h, hooks); {
+		case h.Off:
+			log.Info("hook off by configuration; not traced: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
+		case fallbackOff:
+			// Two facts, each with its own reason: the kernel's refusal
+			// of h is not the configuration's doing.
+			log.Info("hook unavailable on this kernel and its fallback off by configuration; not traced: "+h.Provides,
+				"hook", h.Hook, "reason", h.Reason, "fallback", f.Hook, "fallback_reason", f.Reason)
+		default:
 			log.Warn("hook inactive; missing: "+h.Provides, "hook", h.Hook, "reason", h.Reason)
 		}
 	}
 }
 
-// OffByConfig reports whether what h provides is missing only because the
-// configuration leaves a hook off: h itself, or the fallback that would
-// stand in for it on this kernel. Its Reason, or that fallback's, names the
+// offFallback is the fallback that would stand in for h on this kernel
+// and that the configuration leaves off, if any: its Reason names the
 // option.
-func OffByConfig(h tracer.Hook, all []tracer.Hook) (bool, string) {
-	if h.Off {
-		return true, h.Reason
-	}
+func offFallback(h tracer.Hook, all []tracer.Hook) (tracer.Hook, bool) {
 	for _, f := range all {
 		if f.Off && slices.Contains(strings.Split(f.Replaces, ","), h.Program) {
-			return true, f.Reason
+			return f, true
 		}
 	}
-	return false, ""
+	return tracer.Hook{}, false
 }
 
 // Covered reports whether what h provides works on this kernel: h runs,
