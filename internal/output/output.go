@@ -362,10 +362,16 @@ type Filter struct {
 
 // ParseProtos validates a --proto value: a comma list of tcp, udp, or all.
 func ParseProtos(v string) ([]string, error) {
+	if strings.TrimSpace(v) == "" {
+		return nil, nil // unset: all
+	}
 	var out []string
 	for _, p := range strings.Split(v, ",") {
 		switch p = strings.ToLower(strings.TrimSpace(p)); p {
-		case "", "all":
+		case "":
+			// "tcp," is a typo, not a request for every protocol.
+			return nil, fmt.Errorf("invalid --proto %q: an empty name in the list; allowed tcp, udp, unix, all", v)
+		case "all":
 			return nil, nil
 		case string(tracer.ProtoTCP), string(tracer.ProtoUDP), string(tracer.ProtoUnix):
 			out = append(out, p)
@@ -378,12 +384,16 @@ func ParseProtos(v string) ([]string, error) {
 
 // ParsePorts validates a --port value: a comma list of ports 1-65535.
 func ParsePorts(vals []string) ([]uint16, error) {
+	if len(vals) == 1 && strings.TrimSpace(vals[0]) == "" {
+		return nil, nil // unset (an empty environment variable)
+	}
 	var out []uint16
 	for _, v := range vals {
 		for _, p := range strings.Split(v, ",") {
 			p = strings.TrimSpace(p)
 			if p == "" {
-				continue
+				// The flag splits "80,,443" into 80, "" and 443.
+				return nil, fmt.Errorf("invalid --port %q: an empty port in the list; allowed ports 1 to 65535, comma-separated", strings.Join(vals, ","))
 			}
 			n, err := strconv.ParseUint(p, 10, 16)
 			if err != nil || n == 0 {

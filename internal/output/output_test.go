@@ -181,9 +181,25 @@ func TestFilters(t *testing.T) {
 	if err != nil || !slices.Equal(ports, []uint16{80, 443, 5432}) {
 		t.Fatalf("ParsePorts: %v %v", ports, err)
 	}
-	for _, bad := range []string{"0", "65536", "http", "-1"} {
+	for _, bad := range []string{"0", "65536", "http", "-1", "80,,443", "80,"} {
 		if _, err := ParsePorts([]string{bad}); err == nil || !strings.Contains(err.Error(), "1 to 65535") {
 			t.Errorf("port %q: %v", bad, err)
+		}
+	}
+	if _, err := ParsePorts([]string{"80", "", "443"}); err == nil || !strings.Contains(err.Error(), `"80,,443": an empty port`) {
+		t.Errorf("80,,443 as the flag splits it: %v", err)
+	}
+	// Unset is no filter; an empty name inside a list is a typo, never
+	// "every protocol".
+	if p, err := ParsePorts([]string{""}); err != nil || p != nil {
+		t.Errorf("unset --port: %v %v", p, err)
+	}
+	if p, err := ParseProtos(""); err != nil || p != nil {
+		t.Errorf("unset --proto: %v %v", p, err)
+	}
+	for _, bad := range []string{"tcp,", "tcp,,udp", ","} {
+		if p, err := ParseProtos(bad); err == nil || !strings.Contains(err.Error(), "an empty name") {
+			t.Errorf("--proto %q: %v %v", bad, p, err)
 		}
 	}
 	fl := Filter{Protos: []string{"udp"}, Ports: []uint16{53}}
