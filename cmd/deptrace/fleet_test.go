@@ -385,6 +385,9 @@ func TestAgentKilledLosesNothing(t *testing.T) {
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
 		t.Errorf("a clean stop left the kernel side pinned: %v", err)
 	}
+	if !strings.Contains(second.errText(), `msg="agent stopped; kernel side detached"`) {
+		t.Errorf("a clean stop logged no stop:\n%s", second.errText())
+	}
 
 	stdout, stderr, code := run(t, nil, "graph", "--format", "json-v1", "--store", db)
 	if code != 0 {

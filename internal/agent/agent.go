@@ -137,7 +137,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		if err := t.Close(); err != nil {
 			log.Warn("removing the pinned kernel side", "pin_path", cfg.Tracer.PinPath, "err", err)
+			return
 		}
+		// An operator reading the journal sees the stop was clean.
+		log.Info("agent stopped; kernel side detached", "pin_path", cfg.Tracer.PinPath, "err", runErr)
 	}()
 	if cfg.Loaded != nil {
 		if stop := cfg.Loaded(t); stop != nil {
