@@ -128,6 +128,56 @@ func lookGraphDiff(t *testing.T, db string) {
 	if strings.Count(out, "\n- ") != 3 || strings.Count(out, "+ ") != 1 {
 		t.Errorf("diff against the older window:\n%s", out)
 	}
+	// Each line names the service its edge enters, as look does.
+	for _, want := range []string{
+		"- curl on client (198.51.100.1) -> tcp/80 nginx on web (198.51.100.2)  conns=4",
+		"- nginx on web (198.51.100.2) -> tcp/5432 postgres on db (198.51.100.3)  conns=4",
+		"- nginx on web (198.51.100.2) -> unix /run/app.sock gunicorn on web (198.51.100.2)  conns=4",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("diff against the older window lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Two edges between the same two workloads that differ only by port print
+// as two lines that say which port.
+func TestDiffTellsPortsApart(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "deptrace.db")
+	s, err := store.Open(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-5 * time.Minute).Truncate(time.Minute)
+	var obs []store.Observation
+	for _, port := range []uint16{8181, 8182} {
+		for _, dir := range []string{"outbound", "inbound"} {
+			obs = append(obs, store.Observation{Bucket: at, HostID: "vm", Direction: dir, Proto: "tcp", LocalAddr: "192.0.2.2", RemoteAddr: "192.0.2.2",
+				Port: port, Comm: "measure.test", Counters: tracer.Counters{Connections: 1}, FirstSeen: at, LastSeen: at.Add(time.Second)})
+		}
+	}
+	err = s.Write(context.Background(), store.Batch{Hosts: []store.Host{{ID: "vm", Name: "vm", Addrs: []string{"192.0.2.2"}, LastSeen: at}}, Observations: obs})
+	if cerr := s.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := run(t, nil, "diff", "--since", at.Format(time.RFC3339), "--until", at.Add(time.Minute).Format(time.RFC3339), "--store", db)
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, want := range []string{
+		"+ measure.test on vm (192.0.2.2) -> tcp/8181 measure.test on vm (192.0.2.2)  conns=1 ",
+		"+ measure.test on vm (192.0.2.2) -> tcp/8182 measure.test on vm (192.0.2.2)  conns=1 ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("diff lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "\n") != 2 {
+		t.Errorf("want two lines:\n%s", out)
+	}
 }
 
 func TestQueryErrors(t *testing.T) {

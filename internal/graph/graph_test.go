@@ -549,3 +549,58 @@ func TestJoinerAcrossSteps(t *testing.T) {
 		}
 	}
 }
+
+// Each line of diff names its edge's protocol and port as look does, so
+// that edges between the same two workloads that differ only by port (or
+// by protocol) never print the same line.
+func TestWriteDiffNamesTheService(t *testing.T) {
+	vm := []store.Host{{ID: "vm", Addrs: []string{"192.0.2.2"}}}
+	unix := func(x store.Observation, peer string) store.Observation {
+		x.Proto, x.PeerComm = "unix", peer
+		return x
+	}
+	obs := []store.Observation{
+		o("vm", "outbound", "192.0.2.2", "192.0.2.2", 8181, "measure.test", 1, 10, 20),
+		o("vm", "inbound", "192.0.2.2", "192.0.2.2", 8181, "measure.test", 1, 20, 10),
+		o("vm", "outbound", "192.0.2.2", "192.0.2.2", 8182, "measure.test", 1, 10, 20),
+		o("vm", "inbound", "192.0.2.2", "192.0.2.2", 8182, "measure.test", 1, 20, 10),
+		o("vm", "outbound", "192.0.2.2", "203.0.113.53", 53, "measure.test", 1, 10, 20),
+		unix(o("vm", "outbound", "", "/run/app.sock", 0, "curl", 1, 10, 20), "gunicorn"),
+		unix(o("vm", "inbound", "/run/app.sock", "", 0, "gunicorn", 1, 20, 10), "curl"),
+	}
+	g := Group(Build(obs, vm, nil), ByWorkload)
+	empty := Group(Build(nil, vm, nil), ByWorkload)
+
+	var buf bytes.Buffer
+	appeared, _ := Diff(empty, g)
+	WriteDiff(&buf, g, appeared, nil, empty)
+	_, disappeared := Diff(g, empty)
+	WriteDiff(&buf, empty, nil, disappeared, g)
+	out := buf.String()
+	for _, want := range []string{
+		"+ measure.test on vm (192.0.2.2) -> tcp/8181 measure.test on vm (192.0.2.2)  conns=1 ",
+		"+ measure.test on vm (192.0.2.2) -> tcp/8182 measure.test on vm (192.0.2.2)  conns=1 ",
+		"+ curl on vm (192.0.2.2) -> unix /run/app.sock gunicorn on vm (192.0.2.2)  conns=1 ",
+		"- measure.test on vm (192.0.2.2) -> tcp/8181 measure.test on vm (192.0.2.2)  conns=1 ",
+		"- measure.test on vm (192.0.2.2) -> tcp/8182 measure.test on vm (192.0.2.2)  conns=1 ",
+		// An external server's label names its protocol and port already.
+		"- measure.test on vm (192.0.2.2) -> tcp 203.0.113.53:53 (external)  conns=1 ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("diff lacks %q:\n%s", want, out)
+		}
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 8 {
+		t.Errorf("want 4 edges appeared and 4 disappeared, got %d lines:\n%s", len(lines), out)
+	}
+	seen := map[string]bool{}
+	for _, l := range lines {
+		// Without the counters, which may differ by chance only.
+		l, _, _ = strings.Cut(l, "  ")
+		if seen[l] {
+			t.Errorf("two edges print as %q:\n%s", l, out)
+		}
+		seen[l] = true
+	}
+}

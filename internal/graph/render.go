@@ -139,6 +139,18 @@ func edgeService(e Edge, to Node) string {
 	return fmt.Sprintf("%s/%d", e.Proto, e.Port)
 }
 
+// serverLabel is an edge's server end as look's outbound lines and diff
+// name it: the service the edge enters, then the workload behind it
+// ("tcp/5432 postgres on db (198.51.100.3)", "unix /run/app.sock gunicorn
+// on web"), so that edges between the same two workloads read apart; a
+// service or external node's own label names its protocol and port.
+func serverLabel(e Edge, to Node) string {
+	if to.Kind == KindWorkload || to.Kind == KindHost {
+		return edgeService(e, to) + " " + Label(to)
+	}
+	return Label(to)
+}
+
 // shortVolume labels an edge in a picture.
 func edgeProto(e Edge) string {
 	if e.Proto == "unix" {
@@ -327,17 +339,15 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		if i == len(bs)-1 {
 			branch, next = "└─ ", "   "
 		}
-		arrow, via := "-> ", ""
+		arrow, peer, via := "-> ", serverLabel(b.Edge, b.Peer), ""
 		peerHealth := nodeHealth(b.Peer)
 		if !outbound {
 			h := nodeHealth(b.Via)
 			if b.Via.Kind == KindWorkload || b.Via.Kind == KindHost {
 				h = viaHealth(b.Edge, b.Via)
 			}
-			arrow, via = "<- ", "  via "+edgeService(b.Edge, b.Via)+h
+			arrow, peer, via = "<- ", Label(b.Peer), "  via "+edgeService(b.Edge, b.Via)+h
 		} else if b.Peer.Kind == KindWorkload || b.Peer.Kind == KindHost {
-			// The service the edge enters, then the workload behind it.
-			arrow += edgeService(b.Edge, b.Peer) + " "
 			peerHealth = viaHealth(b.Edge, b.Peer)
 		}
 		if len(b.Peer.Services) > 0 && !outbound {
@@ -347,7 +357,7 @@ func writeBranches(w io.Writer, bs []*Branch, indent string, outbound bool) {
 		if b.Repeat {
 			repeat = "  (shown above)"
 		}
-		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s%s\n", indent, branch, arrow, Label(b.Peer), peerHealth+dnsMark(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), edgeWhy(b.Edge), repeat)
+		fmt.Fprintf(w, "%s%s%s%s%s%s%s  %s%s%s\n", indent, branch, arrow, peer, peerHealth+dnsMark(b.Peer), via, edgeMark(b.Edge), counters(b.Edge), edgeWhy(b.Edge), repeat)
 		writeChildren(w, b.Children, indent+next, outbound)
 	}
 }
@@ -359,7 +369,9 @@ func writeChildren(w io.Writer, bs []*Branch, indent string, outbound bool) {
 	writeBranches(w, bs, indent, outbound)
 }
 
-// WriteDiff renders appeared and disappeared edges, one per line.
+// WriteDiff renders appeared and disappeared edges, one per line, each
+// naming its server end as look does: "+ nginx on web (198.51.100.2) ->
+// tcp/5432 postgres on db (198.51.100.3)  conns=…".
 func WriteDiff(w io.Writer, g Graph, appeared, disappeared []Edge, before Graph) {
 	nodes := map[string]Node{}
 	for _, n := range before.Nodes {
@@ -369,10 +381,10 @@ func WriteDiff(w io.Writer, g Graph, appeared, disappeared []Edge, before Graph)
 		nodes[n.ID] = n
 	}
 	for _, e := range appeared {
-		fmt.Fprintf(w, "+ %s -> %s%s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), edgeMark(e), counters(e))
+		fmt.Fprintf(w, "+ %s -> %s%s  %s\n", Label(nodes[e.From]), serverLabel(e, nodes[e.To]), edgeMark(e), counters(e))
 	}
 	for _, e := range disappeared {
-		fmt.Fprintf(w, "- %s -> %s%s  %s\n", Label(nodes[e.From]), Label(nodes[e.To]), edgeMark(e), counters(e))
+		fmt.Fprintf(w, "- %s -> %s%s  %s\n", Label(nodes[e.From]), serverLabel(e, nodes[e.To]), edgeMark(e), counters(e))
 	}
 	if len(appeared)+len(disappeared) == 0 {
 		fmt.Fprintln(w, "no edge appeared or disappeared")
