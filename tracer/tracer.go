@@ -443,8 +443,9 @@ func (t *Tracer) reuseFlows(flows []Flow) {
 
 // flowsOf appends the flows of a drain's entries to flows, named: the
 // text of their addresses, and the process from procs where the interval
-// saw none.
+// saw none; entries that naming makes one dependency become one flow.
 func (t *Tracer) flowsOf(entries []bundler.Entry, now time.Time, offset int64, flows []Flow) []Flow {
+	start, routed := len(flows), false
 	for i := range entries {
 		e := &entries[i]
 		if e.Counts == (bundler.Counts{}) {
@@ -480,10 +481,16 @@ func (t *Tracer) flowsOf(entries []bundler.Entry, now time.Time, offset int64, f
 			if src, ok := t.routes.source(e.NetNS, e.Remote); ok {
 				local = src
 				f.LocalAddr = t.addrs.name(src)
+				routed = true
 			}
 		}
 		t.procs.fill(&f, procKey{netns: e.NetNS, proto: e.Proto, dir: e.Direction, port: e.Port, local: local, remote: e.Remote, path: e.Path})
 		flows = append(flows, f)
+	}
+	if routed {
+		// A routed source can make a wildcard-bound socket's flow the
+		// same as another entry's (mergeSameUDPFlows); only then.
+		flows = flows[:start+len(mergeSameUDPFlows(flows[start:]))]
 	}
 	return flows
 }

@@ -254,3 +254,99 @@ func TestFlowEnds(t *testing.T) {
 		t.Errorf("outbound ends: %s %s", f.ServerAddr(), f.ClientAddr())
 	}
 }
+
+// Two flows of one dependency merge into one: every count adds up, the
+// maxima and the RTT minimum hold over both, the times span both, and the
+// process is the one of the flow seen last, in either order.
+func TestMergeFlowSumsCountersAndTakesTheLatestProcess(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	early := Flow{Kind: KindFlow, NetNS: 5, Proto: ProtoUDP, Direction: Outbound, LocalAddr: "192.0.2.7",
+		RemoteAddr: "192.0.2.53", Port: 53, PID: 50, Comm: "dig", CgroupID: 9,
+		Counters: Counters{Connections: 1, FailedConnections: 2, FailedRefused: 1, FailedTimeout: 1,
+			BytesSent: 100, BytesReceived: 200, DatagramsSent: 3, DatagramsReceived: 4,
+			ConnectLatencyCount: 1, ConnectLatencySumUs: 70, ConnectLatencyMaxUs: 70,
+			ResetsSent: 1, Retransmits: 2, RTTSamples: 2, RTTSumUs: 300, RTTMinUs: 100, RTTMaxUs: 200},
+		FirstSeen: base.Add(time.Millisecond), LastSeen: base.Add(800 * time.Millisecond)}
+	late := early
+	late.PID, late.Comm, late.CgroupID = 60, "unbound", 11
+	late.Counters = Counters{FailedReset: 1, FailedUnreachable: 2, BytesSent: 10, BytesReceived: 20,
+		DatagramsSent: 5, DatagramsReceived: 6, ConnectLatencyCount: 2, ConnectLatencySumUs: 90, ConnectLatencyMaxUs: 50,
+		ResetsReceived: 3, RTTSamples: 1, RTTSumUs: 80, RTTMinUs: 80, RTTMaxUs: 80}
+	late.FirstSeen, late.LastSeen = base.Add(5*time.Millisecond), base.Add(900*time.Millisecond)
+	want := late
+	want.Counters = Counters{Connections: 1, FailedConnections: 2, FailedRefused: 1, FailedTimeout: 1,
+		FailedReset: 1, FailedUnreachable: 2, BytesSent: 110, BytesReceived: 220, DatagramsSent: 8, DatagramsReceived: 10,
+		ConnectLatencyCount: 3, ConnectLatencySumUs: 160, ConnectLatencyMaxUs: 70,
+		ResetsSent: 1, ResetsReceived: 3, Retransmits: 2, RTTSamples: 3, RTTSumUs: 380, RTTMinUs: 80, RTTMaxUs: 200}
+	want.FirstSeen = early.FirstSeen
+	for _, order := range [][2]Flow{{early, late}, {late, early}} {
+		got := order[0]
+		mergeFlow(&got, order[1])
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s/%d then %s/%d merged:\n%+v\nwant\n%+v", order[0].Comm, order[0].PID, order[1].Comm, order[1].PID, got, want)
+		}
+	}
+
+	// A flow without RTT samples leaves the minimum alone; one without a
+	// process never takes the name of one that has it, however late.
+	noRTT := late
+	noRTT.Counters = Counters{DatagramsSent: 1}
+	noRTT.PID, noRTT.Comm, noRTT.CgroupID = 0, "", 0
+	got := early
+	mergeFlow(&got, noRTT)
+	if got.RTTMinUs != 100 || got.RTTMaxUs != 200 || got.RTTSamples != 2 || got.PID != 50 || got.LastSeen != late.LastSeen {
+		t.Errorf("merged with a flow without RTT and process: %+v", got)
+	}
+	// Seen at the same time: the larger pid, in either order.
+	tie := early
+	tie.PID, tie.Comm = 70, "other"
+	for _, order := range [][2]Flow{{early, tie}, {tie, early}} {
+		got := order[0]
+		mergeFlow(&got, order[1])
+		if got.PID != 70 || got.Comm != "other" {
+			t.Errorf("a tie named %d/%s, want 70/other", got.PID, got.Comm)
+		}
+	}
+}
+
+// A wildcard-bound udp socket's flow, named by its routed source, and a
+// connected socket's flow to the same peer from that source are one flow;
+// other flows, and udp flows of other dependencies, are left as they were,
+// in their order.
+func TestFlowsOfMergesARoutedWildcardFlow(t *testing.T) {
+	tr := &Tracer{procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
+	now := time.Unix(1_800_000_000, 0)
+	server, routed := netip.MustParseAddr("192.0.2.53"), netip.MustParseAddr("192.0.2.7")
+	tr.routes.entries[sourceKey{5, server}] = sourceEntry{routed, true, time.Now().Add(time.Hour)}
+	wildcard := bundler.Entry{NetNS: 5, Proto: unix.IPPROTO_UDP, Direction: bundler.DirOutbound, Port: 5355,
+		Local: netip.IPv4Unspecified(), Remote: server, Counts: bundler.Counts{DatagramsSent: 3, BytesSent: 30},
+		PID: 50, Comm: "sendto", FirstSeenBootNs: 1000, LastSeenBootNs: 4000}
+	connected := wildcard
+	connected.Local, connected.PID, connected.Comm = routed, 60, "connected"
+	connected.Counts = bundler.Counts{DatagramsSent: 4, BytesSent: 40}
+	connected.FirstSeenBootNs, connected.LastSeenBootNs = 2000, 3000
+	tcp := connected
+	tcp.Proto = unix.IPPROTO_TCP
+	otherPort := connected
+	otherPort.Port = 53
+
+	flows := tr.flowsOf([]bundler.Entry{tcp, wildcard, otherPort, connected}, now, 0, nil)
+	if len(flows) != 3 {
+		t.Fatalf("%d flows, want 3 (the two to port 5355 merged): %+v", len(flows), flows)
+	}
+	if flows[0].Proto != ProtoTCP || flows[2].Port != 53 {
+		t.Errorf("the other flows moved: %+v", flows)
+	}
+	m := flows[1]
+	if m.LocalAddr != "192.0.2.7" || m.Port != 5355 || m.DatagramsSent != 7 || m.BytesSent != 70 ||
+		m.FirstSeen != time.Unix(0, 1000) || m.LastSeen != time.Unix(0, 4000) || m.PID != 50 || m.Comm != "sendto" {
+		t.Errorf("merged flow: %+v", m)
+	}
+	// An IPv4 and a dual-stack IPv6 wildcard socket to one IPv4 peer are
+	// two entries of the kernel too.
+	dual := wildcard
+	dual.Local = netip.IPv6Unspecified()
+	if flows := tr.flowsOf([]bundler.Entry{wildcard, dual}, now, 0, nil); len(flows) != 1 || flows[0].DatagramsSent != 6 {
+		t.Errorf("two wildcard entries routed from one source: %+v", flows)
+	}
+}
