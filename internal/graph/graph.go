@@ -65,6 +65,9 @@ type Node struct {
 	Unhealthy bool     `json:"unhealthy"`
 	Reasons   []string `json:"reasons,omitempty"`
 	Health    string   `json:"health,omitempty"`
+	// Unanswered (set by Judge) marks a service node (format 1) that
+	// clients asked for and nothing answered (Reasons says so in JSON).
+	Unanswered bool `json:"-"`
 }
 
 // ListenerState is a service's accept queue over the range.

@@ -43,6 +43,9 @@ type Service struct {
 	Unhealthy bool           `json:"unhealthy"`
 	Reasons   []string       `json:"reasons,omitempty"`
 	Health    string         `json:"health,omitempty"`
+	// Unanswered (set by Judge): clients asked for the service and
+	// nothing answered: no connection worked, no listener was seen.
+	Unanswered bool `json:"-"`
 }
 
 // String is how a service reads: "tcp/5432", "unix /run/app.sock".

@@ -195,3 +195,56 @@ func TestValidGroupBy(t *testing.T) {
 		t.Errorf("pod: %v", err)
 	}
 }
+
+// A port clients asked for and nothing answered (every connect refused or
+// timed out, no listener seen) is an attempted dependency: its service is
+// unhealthy with the reason, look says nothing answers instead of
+// "serves", and the pictures do not say it listens. A service that
+// answered even once stays a listening one.
+func TestUnansweredServiceIsNotListening(t *testing.T) {
+	obs, hs := workloadChain()
+	refused := o("client", "outbound", "198.51.100.1", "198.51.100.4", 7002, "curl", 0, 0, 0)
+	refused.FailedConnections, refused.FailedRefused = 3, 3
+	obs = append(obs, refused)
+	g := Group(buildNamed(obs, hs, nil), ByWorkload)
+	g.Judge(DefaultHealth)
+	// No process is known behind the port: a workload of its own on db.
+	asked := node(t, g, "workload:db/?tcp/198.51.100.4/7002")
+	if len(asked.Services) != 1 || !asked.Services[0].Unanswered || !asked.Unhealthy ||
+		!slices.Equal(asked.Reasons, []string{"tcp/7002: nothing answered: 3 connection attempts, none worked"}) {
+		t.Errorf("the asked-for port: %+v", asked)
+	}
+	if pg := node(t, g, "workload:db/postgres"); len(pg.Services) != 1 || pg.Services[0].Unanswered || pg.Unhealthy {
+		t.Errorf("postgres, which answered: %+v", pg)
+	}
+
+	var buf bytes.Buffer
+	WriteTrees(&buf, Look(g, []string{"workload:client/curl"}, 0, true, false), true, false)
+	if !strings.Contains(buf.String(), "-> tcp/7002 ? on db (198.51.100.4)  [NOT ANSWERING]") || strings.Contains(buf.String(), "serves tcp/7002") {
+		t.Errorf("look from the client:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := Write(&buf, g, "dot"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `nothing answers tcp/7002"`) || strings.Contains(buf.String(), "listens tcp/7002") {
+		t.Errorf("dot:\n%s", buf.String())
+	}
+
+	// Format 1: the service node itself.
+	f1 := buildNamed(obs, hs, nil)
+	f1.Judge(DefaultHealth)
+	judged := 0
+	for _, n := range f1.Nodes {
+		if n.Kind != KindService || (n.Port != 7002 && n.Port != 5432) {
+			continue
+		}
+		judged++
+		if want := n.Port == 7002; n.Unanswered != want || n.Unhealthy != want {
+			t.Errorf("format-1 service node %s: unanswered %v, unhealthy %v; want %v", n.ID, n.Unanswered, n.Unhealthy, want)
+		}
+	}
+	if judged != 2 {
+		t.Errorf("%d format-1 service nodes on ports 7002 and 5432, want 2", judged)
+	}
+}

@@ -116,30 +116,56 @@ func (g *Graph) Judge(h Health) {
 		node, proto string
 		port        uint16
 	}
-	in := make(map[svc]uint64)
+	in := make(map[svc]attempts)
 	for i := range g.Edges {
 		e := &g.Edges[i]
 		e.judge(h)
-		in[svc{e.To, e.Proto, e.Port}] += e.Connections
+		a := in[svc{e.To, e.Proto, e.Port}]
+		a.worked += e.Connections
+		a.failed += e.FailedConnections
+		in[svc{e.To, e.Proto, e.Port}] = a
 	}
 	for i := range g.Nodes {
 		n := &g.Nodes[i]
-		n.Health, n.Unhealthy, n.Reasons = HealthOK, false, nil
+		n.Health, n.Unhealthy, n.Reasons, n.Unanswered = HealthOK, false, nil, false
 		if len(n.Services) > 0 {
 			for j := range n.Services {
 				s := &n.Services[j]
-				s.Health, s.Reasons = h.listen(s.Listener, in[svc{n.ID, s.Proto, s.Port}])
+				a := in[svc{n.ID, s.Proto, s.Port}]
+				s.Health, s.Reasons = h.listen(s.Listener, a.worked)
+				if s.Unanswered = a.unanswered(s.Listener); s.Unanswered {
+					s.Health, s.Reasons = HealthUnhealthy, append(s.Reasons, a.reason())
+				}
 				s.Unhealthy = s.Health == HealthUnhealthy
 				n.Health = worse(n.Health, s.Health)
 				for _, r := range s.Reasons {
 					n.Reasons = append(n.Reasons, s.String()+": "+r)
 				}
 			}
-		} else if n.Listener != nil {
-			n.Health, n.Reasons = h.listen(n.Listener, in[svc{n.ID, n.Proto, n.Port}])
+		} else if n.Kind == KindService || n.Listener != nil {
+			a := in[svc{n.ID, n.Proto, n.Port}]
+			n.Health, n.Reasons = h.listen(n.Listener, a.worked)
+			if n.Unanswered = a.unanswered(n.Listener); n.Unanswered {
+				n.Health, n.Reasons = HealthUnhealthy, append(n.Reasons, a.reason())
+			}
 		}
 		n.Unhealthy = n.Health == HealthUnhealthy
 	}
+}
+
+// attempts are the connections a service's edges brought: those that
+// worked and those that failed.
+type attempts struct{ worked, failed uint64 }
+
+// unanswered: asked for, and nothing answered. A service deptrace only
+// knows from its clients' refused or timed-out connects (nothing listens
+// there) is an attempted dependency, not a listening service.
+func (a attempts) unanswered(l *ListenerState) bool {
+	return l == nil && a.worked == 0 && a.failed > 0
+}
+
+func (a attempts) reason() string {
+	return fmt.Sprintf("nothing answered: %d connection attempts, none worked", a.failed)
 }
 
 // listen judges a service's accept queue: drops over the connections

@@ -210,11 +210,25 @@ func us(v uint64) string {
 // and whether it drops.
 func nodeHealth(n Node) string {
 	if len(n.Services) > 0 {
-		var parts []string
+		var parts, asked []string
 		for _, sv := range n.Services {
-			parts = append(parts, serviceHealth(sv))
+			if sv.Unanswered {
+				asked = append(asked, sv.String())
+			} else {
+				parts = append(parts, serviceHealth(sv))
+			}
 		}
-		return "  [serves " + strings.Join(parts, ", ") + "]"
+		var s string
+		if len(parts) > 0 {
+			s = "  [serves " + strings.Join(parts, ", ") + "]"
+		}
+		if len(asked) > 0 {
+			s += "  [nothing answers " + strings.Join(asked, ", ") + "]"
+		}
+		return s
+	}
+	if n.Unanswered {
+		return "  [NOT ANSWERING]"
 	}
 	if n.Listener == nil {
 		return ""
@@ -249,7 +263,7 @@ func viaHealth(e Edge, n Node) string {
 	for _, sv := range n.Services {
 		if sv.Proto == e.Proto && sv.Port == e.Port && (e.Proto != "unix" || len(n.Services) == 1 || sv.Addr != "") {
 			if sv.Listener == nil {
-				return ""
+				return nodeHealth(Node{Unanswered: sv.Unanswered})
 			}
 			return nodeHealth(Node{Listener: sv.Listener, Unhealthy: sv.Unhealthy, Health: sv.Health})
 		}
@@ -396,11 +410,21 @@ func WriteDiff(w io.Writer, g Graph, appeared, disappeared []Edge, before Graph)
 func pictureLabel(n Node, br string) string {
 	l := Label(n)
 	if len(n.Services) > 0 {
-		var ss []string
+		// A service nothing answered is not one the workload listens on.
+		var ss, asked []string
 		for _, sv := range n.Services {
-			ss = append(ss, sv.String())
+			if sv.Unanswered {
+				asked = append(asked, sv.String())
+			} else {
+				ss = append(ss, sv.String())
+			}
 		}
-		l += br + "listens " + strings.Join(ss, ", ")
+		if len(ss) > 0 {
+			l += br + "listens " + strings.Join(ss, ", ")
+		}
+		if len(asked) > 0 {
+			l += br + "nothing answers " + strings.Join(asked, ", ")
+		}
 	}
 	var q, failed uint64
 	for _, d := range n.DNS {
