@@ -3,6 +3,7 @@ package graph
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,23 @@ func TestLoopbackStaysOnTheHost(t *testing.T) {
 		t.Errorf("%+v", n)
 	}
 	edge(t, g, ProcessID("client", "other"), ServiceID("client", "tcp", 6379))
+
+	// Every host holds 127.0.0.1: look 127.0.0.1:6379 finds the service
+	// on each host that has one (the last host to list the address used
+	// to be the only one asked), and 127.0.0.1 what runs on each.
+	got, err := Resolve(g, hosts, "127.0.0.1:6379")
+	slices.Sort(got)
+	if want := []string{ServiceID("client", "tcp", 6379), ServiceID("web", "tcp", 6379)}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("127.0.0.1:6379: %v %v; want %v", got, err, want)
+	}
+	g2 := Build([]store.Observation{o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),
+		o("web", "inbound", "127.0.0.1", "127.0.0.1", 6379, "redis-server", 2, 10, 10)}, hosts, nil)
+	if got, err := Resolve(g2, hosts, "127.0.0.1:6379"); err != nil || !slices.Equal(got, []string{ServiceID("web", "tcp", 6379)}) {
+		t.Errorf("127.0.0.1:6379 with one host serving it: %v %v", got, err)
+	}
+	if got, err := Resolve(g2, hosts, "127.0.0.1"); err != nil || len(got) == 0 {
+		t.Errorf("127.0.0.1: %v %v; want what runs on web", got, err)
+	}
 }
 
 func TestResolve(t *testing.T) {

@@ -96,10 +96,12 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			}
 		}
 	}
-	owner := map[string]string{}
+	// The hosts holding each address: loopback and link-local ones are
+	// held by every network namespace, and none of them is the one meant.
+	owners := map[string][]string{}
 	for _, h := range hosts {
 		for _, a := range h.Addrs {
-			owner[a] = h.ID
+			owners[a] = append(owners[a], h.ID)
 		}
 	}
 	if strings.HasPrefix(target, "/") || strings.HasPrefix(target, "@") {
@@ -116,19 +118,20 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 		}
 	} else if ap, err := netip.ParseAddrPort(target); err == nil {
 		addr := ap.Addr().Unmap().String()
-		host := owner[addr]
+		held := owners[addr]
 		for _, n := range g.Nodes {
-			if n.Port == ap.Port() && ((n.Kind == KindService && host != "" && n.Host == host) || (n.Kind == KindExternal && n.Addr == addr)) {
+			onHolder := slices.Contains(held, n.Host)
+			if n.Port == ap.Port() && ((n.Kind == KindService && onHolder) || (n.Kind == KindExternal && n.Addr == addr)) {
 				add(n.ID)
 			}
-			if host != "" && n.Host == host && slices.ContainsFunc(n.Services, func(sv Service) bool { return sv.Proto != "unix" && sv.Port == ap.Port() }) {
+			if onHolder && slices.ContainsFunc(n.Services, func(sv Service) bool { return sv.Proto != "unix" && sv.Port == ap.Port() }) {
 				add(n.ID)
 			}
 		}
 	} else if a, err := netip.ParseAddr(target); err == nil {
 		addr := a.Unmap().String()
-		host := owner[addr]
-		entities(func(n Node) bool { return (host != "" && n.Host == host) || (n.Kind == KindExternal && n.Addr == addr) })
+		held := owners[addr]
+		entities(func(n Node) bool { return slices.Contains(held, n.Host) || (n.Kind == KindExternal && n.Addr == addr) })
 	} else {
 		// A DNS name an external server was answered for, or name:port.
 		name := strings.TrimSuffix(target, ".")
