@@ -45,10 +45,9 @@ func NamedPeer(f tracer.Flow, peer string) string {
 //	TIME      DNS  CLIENT    RESOLVER        QUERIES  ANSWERS  NXDOMAIN  SERVFAIL  OTHER  TIMEOUTS  LATENCY  MAX   HEALTH  NETNS
 //	12:00:01  udp  curl/812  127.0.0.53:53   4        4        0         0         0      0         310us    1ms   ok      host
 type DNSTable struct {
-	w      io.Writer
-	names  NetnsNames
-	header bool
-	widths []int
+	w     io.Writer
+	names NetnsNames
+	cols  columns
 }
 
 // DNSHeader is the first line of the DNS table.
@@ -60,34 +59,11 @@ func (t *DNSTable) WriteDNS(recs []tracer.DNS) error {
 		return nil
 	}
 	var rows [][]string
-	if !t.header {
-		rows = append(rows, DNSHeader)
-		t.header = true
-	}
 	names := t.names.read()
 	for _, d := range SortedDNS(recs) {
 		rows = append(rows, DNSRow(d, names))
 	}
-	for _, r := range rows {
-		for i, c := range r {
-			if i >= len(t.widths) {
-				t.widths = append(t.widths, 0)
-			}
-			t.widths[i] = max(t.widths[i], len(c))
-		}
-	}
-	var b strings.Builder
-	for _, r := range rows {
-		for i, c := range r {
-			if i == len(r)-1 {
-				b.WriteString(c)
-				break
-			}
-			fmt.Fprintf(&b, "%-*s  ", t.widths[i], c)
-		}
-		b.WriteByte('\n')
-	}
-	_, err := io.WriteString(t.w, b.String())
+	_, err := io.WriteString(t.w, t.cols.render(DNSHeader, rows))
 	return err
 }
 

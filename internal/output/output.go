@@ -50,15 +50,15 @@ func New(format string, w io.Writer, netnsNames NetnsNames) (Writer, error) {
 
 // Table is the compact, netstat-like view: the local end on the left, the
 // ephemeral client port shown as "many", an arrow pointing at the server.
-// Column widths only grow, so columns do not jump between intervals.
+// Column widths only grow, so columns do not jump between intervals; the
+// header is printed again when one grew.
 //
 //	TIME      PROTO  LOCAL          DIR  PEER            PROCESS   CONNS  FAILED  SENT  RECV   LATENCY  HEALTH  NETNS
 //	12:00:01  tcp    10.0.1.9:many  -->  10.0.1.10:3306  php/812   22     0       1840  96000  310us    ok      host
 type Table struct {
-	w      io.Writer
-	names  NetnsNames
-	header bool
-	widths []int
+	w     io.Writer
+	names NetnsNames
+	cols  columns
 }
 
 // TableHeader is the first line of table output.
@@ -78,31 +78,45 @@ func (t *Table) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 			rows = append(rows, ListenerRow(l, names))
 		}
 	}
-	if !t.header {
-		rows = append([][]string{TableHeader}, rows...)
-		t.header = true
-	}
-	for _, r := range rows {
-		for i, c := range r {
-			if i >= len(t.widths) {
-				t.widths = append(t.widths, 0)
+	_, err := io.WriteString(t.w, t.cols.render(TableHeader, rows))
+	return err
+}
+
+// columns lays out a table's rows in columns whose widths only grow, so
+// that columns do not jump between intervals, under a header printed
+// first and again whenever a column widened since (it would no longer
+// stand over its column). Every header line starts with TIME: grep -v
+// drops them all.
+type columns struct {
+	widths       []int
+	headerWidths []int // the widths the header was last printed at; nil: not yet
+}
+
+func (c *columns) render(header []string, rows [][]string) string {
+	for _, r := range append([][]string{header}, rows...) {
+		for i, cell := range r {
+			if i >= len(c.widths) {
+				c.widths = append(c.widths, 0)
 			}
-			t.widths[i] = max(t.widths[i], len(c))
+			c.widths[i] = max(c.widths[i], len(cell))
 		}
+	}
+	if !slices.Equal(c.widths, c.headerWidths) {
+		rows = append([][]string{header}, rows...)
+		c.headerWidths = slices.Clone(c.widths)
 	}
 	var b strings.Builder
 	for _, r := range rows {
-		for i, c := range r {
+		for i, cell := range r {
 			if i == len(r)-1 {
-				b.WriteString(c)
+				b.WriteString(cell)
 				break
 			}
-			fmt.Fprintf(&b, "%-*s  ", t.widths[i], c)
+			fmt.Fprintf(&b, "%-*s  ", c.widths[i], cell)
 		}
 		b.WriteByte('\n')
 	}
-	_, err := io.WriteString(t.w, b.String())
-	return err
+	return b.String()
 }
 
 // troubled: a listener shows up in the table only when it dropped

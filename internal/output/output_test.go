@@ -106,6 +106,29 @@ func TestTableWidthsOnlyGrow(t *testing.T) {
 	}
 }
 
+// A column that widens after the header was printed gets the header
+// printed again above the wider row, so every header stands over its
+// columns; rows that fit print under the header there is.
+func TestTableReprintsTheHeaderWhenAColumnWidens(t *testing.T) {
+	var buf bytes.Buffer
+	w, _ := New("table", &buf, nil)
+	ok := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)
+	bad := ok
+	bad.Counters.FailedRefused, bad.Counters.FailedTimeout = 3, 2
+	mustWrite(t, w, []tracer.Flow{ok}, nil)
+	mustWrite(t, w, []tracer.Flow{bad}, nil) // HEALTH "refused=3,timeout=2": wider
+	mustWrite(t, w, []tracer.Flow{ok}, nil)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "TIME") || !strings.HasPrefix(lines[2], "TIME") {
+		t.Fatalf("want header, row, header, row, row:\n%s", buf.String())
+	}
+	for _, i := range []int{3, 4} {
+		if strings.Index(lines[i], "4026531840") != strings.Index(lines[2], "NETNS") {
+			t.Errorf("row %d's NETNS is not under the header's:\n%s", i, buf.String())
+		}
+	}
+}
+
 func TestUDPShowsDatagramsAndHealthShowsTrouble(t *testing.T) {
 	u := flow(tracer.Outbound, "udp", "10.0.0.1", "10.0.0.2", 53)
 	u.Counters = tracer.Counters{DatagramsSent: 3, DatagramsReceived: 3}
