@@ -99,6 +99,9 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	} else {
 		fmt.Fprintln(out, "capabilities  CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN")
 	}
+	for _, o := range kernel.MissingOptional() {
+		fmt.Fprintf(out, "capabilities  without %s: %s\n", o.Name, o.Loses)
+	}
 	if root, err := kernel.CgroupV2Root(); err != nil {
 		fmt.Fprintf(out, "cgroup v2     %v (UDP hooks unavailable)\n", err)
 	} else {

@@ -2,10 +2,13 @@ package main
 
 import (
 	"errors"
+	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/deptrace/deptrace/internal/dnswatch"
+	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -70,5 +73,29 @@ func TestDoctorDNS(t *testing.T) {
 		if c.err == nil && strings.Contains(out.String(), "CANNOT") {
 			t.Errorf("%s: output %q says it cannot load", c.name, out.String())
 		}
+	}
+}
+
+// doctor names an optional capability the process lacks and what is lost
+// without it; trace warns of it at start. Run as root with CAP_SYS_PTRACE
+// dropped (setpriv, util-linux), and with every capability: no such line.
+func TestDoctorAndTraceNameAMissingOptionalCapability(t *testing.T) {
+	testnet.RequireRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv (util-linux) is needed to drop a capability: %v", err)
+	}
+	const line = "without CAP_SYS_PTRACE: network namespaces found only through processes deptrace may not inspect"
+	if stdout, stderr, code := run(t, nil, "doctor", "--sample", "0"); code != 0 || strings.Contains(stdout, "without CAP_") {
+		t.Fatalf("doctor with every capability: exit %d, %s\n%s", code, stderr, stdout)
+	}
+	drop := []string{"--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace", binary}
+	out, err := exec.Command(setpriv, append(drop, "doctor", "--sample", "0")...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "capabilities  "+line) {
+		t.Errorf("doctor without CAP_SYS_PTRACE (%v):\n%s", err, out)
+	}
+	out, err = exec.Command(setpriv, append(drop, "trace", "--duration", "1s")...).CombinedOutput()
+	if err != nil || !regexp.MustCompile(`level=WARN msg="capability missing: network namespaces found only through processes deptrace may not inspect[^"]*" .*capability=CAP_SYS_PTRACE`).Match(out) {
+		t.Errorf("trace without CAP_SYS_PTRACE (%v):\n%s", err, out)
 	}
 }

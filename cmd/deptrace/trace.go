@@ -227,6 +227,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	}
 	var dnsLost dnsLosses
 	hooks.LogUncovered(log, t.Hooks())
+	hooks.LogMissingCapabilities(log, false)
 	if nsCount, ports, err := t.Seeded(); err != nil {
 		log.Warn("seeding listening ports failed; older connections may show the wrong direction", "err", err)
 	} else {

@@ -158,6 +158,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			"flows_salvaged", ad.Salvaged, "entries_lost", ad.Unreadable)
 	}
 	hooks.LogUncovered(log, t.Hooks())
+	hooks.LogMissingCapabilities(log, cfg.Tracer.PinPath != "")
 
 	ids, err := newHostIDs(cfg.HostID)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -61,4 +62,16 @@ func Covered(h tracer.Hook, all []tracer.Hook) bool {
 		}
 	}
 	return false
+}
+
+// LogMissingCapabilities warns of each optional capability the process
+// lacks, with what is lost without it; pins: the caller pins its kernel
+// side (the agent), the only use of CAP_DAC_OVERRIDE.
+func LogMissingCapabilities(log *slog.Logger, pins bool) {
+	for _, o := range kernel.MissingOptional() {
+		if o.Name == "CAP_DAC_OVERRIDE" && !pins {
+			continue
+		}
+		log.Warn("capability missing: "+o.Loses, "capability", o.Name)
+	}
 }

@@ -18,10 +18,12 @@ import (
 
 // Linux capability numbers (include/uapi/linux/capability.h).
 const (
-	capNetAdmin = 12
-	capSysAdmin = 21
-	capPerfmon  = 38
-	capBPF      = 39
+	capDacOverride = 1
+	capSysPtrace   = 19
+	capNetAdmin    = 12
+	capSysAdmin    = 21
+	capPerfmon     = 38
+	capBPF         = 39
 )
 
 var capNames = map[int]string{
@@ -61,6 +63,41 @@ func CheckCapabilities() error {
 		return &ErrCapability{Missing: missing}
 	}
 	return nil
+}
+
+// Optional is a capability deptrace runs without, losing what Loses says.
+type Optional struct {
+	Name  string
+	Loses string
+}
+
+// optionalCaps are the capabilities deptrace can start without (README,
+// "Run it"), in the order they are reported.
+var optionalCaps = []struct {
+	c int
+	Optional
+}{
+	{capSysPtrace, Optional{"CAP_SYS_PTRACE", "network namespaces found only through processes deptrace may not inspect (other users' or non-dumpable ones: containers) are missed at start, with their listeners and open connections, and listeners older than deptrace in them are not named"}},
+	{capDacOverride, Optional{"CAP_DAC_OVERRIDE", "not root: the agent cannot pin its kernel side under root's bpffs (/sys/fs/bpf); run it with --pin-path \"\" and lose the counts between a crash and the restart"}},
+}
+
+// MissingOptional lists the optional capabilities the process lacks (none
+// when its capabilities cannot be read: CheckCapabilities says why).
+func MissingOptional() []Optional {
+	eff, err := effectiveCaps()
+	if err != nil {
+		return nil
+	}
+	var out []Optional
+	for _, o := range optionalCaps {
+		if o.c == capDacOverride && os.Geteuid() == 0 {
+			continue // root owns bpffs: no override needed
+		}
+		if eff&(1<<o.c) == 0 {
+			out = append(out, o.Optional)
+		}
+	}
+	return out
 }
 
 func effectiveCaps() (uint64, error) {
