@@ -51,12 +51,23 @@ func TestCleanupRemovesOnlyDeptracePins(t *testing.T) {
 
 	other := filepath.Join("/sys/fs/bpf", fmt.Sprintf("deptrace-bundler-test-%d-other", os.Getpid()))
 	t.Cleanup(func() { _ = os.RemoveAll(other) })
-	otherPin := pinFor(other, "map_of_another_tool")
+	otherPin := pinFor(other, "another_tools_map")
 	if found, err := Cleanup(other); err == nil || found || !strings.Contains(err.Error(), "no deptrace kernel side") {
 		t.Errorf("cleanup of another tool's bpffs directory: found %v, err %v; want refused", found, err)
 	}
 	if _, err := os.Stat(otherPin); err != nil {
 		t.Fatalf("cleanup removed another tool's pin: %v", err)
+	}
+
+	// deptrace's names without its meta pin (a removal cut short): removed.
+	partial := filepath.Join("/sys/fs/bpf", fmt.Sprintf("deptrace-bundler-test-%d-partial", os.Getpid()))
+	t.Cleanup(func() { _ = os.RemoveAll(partial) })
+	pinFor(partial, "map_flows_a")
+	if found, err := Cleanup(partial); !found || err != nil {
+		t.Errorf("cleanup of deptrace's pins without meta: found %v, err %v; want removed", found, err)
+	}
+	if _, err := os.Stat(partial); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there: %v", partial, err)
 	}
 
 	c := pinnedTestConfig(t)
@@ -82,8 +93,8 @@ func TestCleanupRemovesOnlyDeptracePins(t *testing.T) {
 	if err := os.Remove(mixed); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
-	if found, err := Cleanup(c.PinPath); !found || err != nil {
-		t.Errorf("cleanup of the empty directory left: found %v, err %v", found, err)
+	if found, err := Cleanup(c.PinPath); found || err != nil {
+		t.Errorf("cleanup of the empty directory left: found %v, err %v; want nothing found, no error", found, err)
 	}
 	if _, err := os.Stat(c.PinPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s still there after the last cleanup: %v", c.PinPath, err)

@@ -633,7 +633,11 @@ func countKeys(m *ebpf.Map) int {
 	return n
 }
 
-// remove detaches a pinned kernel side and deletes its pins.
+// removePinned detaches a pinned kernel side and deletes its pins: only
+// the names deptrace pins (isPinName). The directory goes too unless it
+// holds something else, which is left with it, no error: a new side can
+// be pinned beside it (Load), a clean stop still detaches (Close);
+// Cleanup, asked by a person, says what was left (foreignPins).
 func removePinned(path string, p *pinnedSide) error {
 	var errs []error
 	if p != nil {
@@ -645,22 +649,32 @@ func removePinned(path string, p *pinnedSide) error {
 		p.close() // the last reference: programs detach
 	}
 	entries, _ := os.ReadDir(path)
-	var others []string
 	for _, e := range entries {
 		if !isPinName(e.Name()) {
-			others = append(others, e.Name())
 			continue
 		}
 		if err := os.Remove(filepath.Join(path, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
-	if len(others) > 0 {
-		errs = append(errs, fmt.Errorf("left %s in place: it also holds what deptrace did not pin there (%s)", path, strings.Join(others, ", ")))
-	} else if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	if len(foreignPins(path)) == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// foreignPins lists the entries at path that deptrace does not pin.
+func foreignPins(path string) []string {
+	entries, _ := os.ReadDir(path)
+	var others []string
+	for _, e := range entries {
+		if !isPinName(e.Name()) {
+			others = append(others, e.Name())
+		}
+	}
+	return others
 }
 
 // isPinName: the names deptrace pins under its pin path (pinSide), the
@@ -696,12 +710,21 @@ func Cleanup(path string) (found bool, err error) {
 		if err != nil {
 			return false, err
 		}
-		// No meta pin, deptrace's first: an empty directory left by a
-		// start that stopped before pinning, or someone else's.
-		if entries, readErr := os.ReadDir(path); readErr != nil || len(entries) > 0 {
-			return false, errors.New("no deptrace kernel side is pinned there (no meta pin): nothing removed")
+		// No meta pin, deptrace's first: a directory left by a start
+		// that stopped before pinning or a removal cut short (only
+		// deptrace's names, if any: removed), or someone else's.
+		entries, readErr := os.ReadDir(path)
+		if readErr != nil {
+			return false, fmt.Errorf("read: %w", readErr)
 		}
-		return true, removePinned(path, nil)
+		if others := foreignPins(path); len(others) > 0 {
+			return false, fmt.Errorf("no deptrace kernel side is pinned there (no meta pin) and it holds what deptrace does not pin (%s): nothing removed", strings.Join(others, ", "))
+		}
+		return len(entries) > 0, removePinned(path, nil)
 	}
-	return true, errors.Join(err, removePinned(path, p))
+	err = errors.Join(err, removePinned(path, p))
+	if others := foreignPins(path); len(others) > 0 {
+		err = errors.Join(err, fmt.Errorf("removed deptrace's pins; left the directory in place: it also holds what deptrace did not pin there (%s)", strings.Join(others, ", ")))
+	}
+	return true, err
 }
