@@ -269,7 +269,7 @@ func TestAgentSpoolsWhileStoreIsDown(t *testing.T) {
 
 	pg.Restart()
 	// Only b runs an agent: the client is an external endpoint, not dropped.
-	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Counters: tracer.Counters{Connections: 3}}
+	want := graph.Edge{From: graph.ExternalID(a.IPv4.String(), "", 0), To: graph.ServiceID("spooltest/"+b.Name, "tcp", 7000), Counters: tracer.Counters{Connections: 3}}
 	eventually(t, 30*time.Second, "the spool is replayed into the store", func() error {
 		if _, batches, err := agentSpoolStatus(spool); batches != 0 || err != nil {
 			return fmt.Errorf("%d batches still spooled (%v)\n%s", batches, err, p.errText())

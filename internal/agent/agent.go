@@ -139,8 +139,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			log.Warn("removing the pinned kernel side", "pin_path", cfg.Tracer.PinPath, "err", err)
 			return
 		}
-		// An operator reading the journal sees the stop was clean.
-		log.Info("agent stopped; kernel side detached", "pin_path", cfg.Tracer.PinPath, "err", runErr)
+		if runErr == nil {
+			// An operator reading the journal sees the stop was clean.
+			log.Info("agent stopped; kernel side detached", "pin_path", cfg.Tracer.PinPath)
+		}
 	}()
 	if cfg.Loaded != nil {
 		if stop := cfg.Loaded(t); stop != nil {

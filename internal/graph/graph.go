@@ -59,15 +59,15 @@ type Node struct {
 	// DNS are the client's lookups over the range, per resolver (AddDNS);
 	// JudgeDNS sets their health and folds it into the node's.
 	DNS []DNSStats `json:"dns,omitempty"`
-	// Unhealthy marks a service that dropped connections; Reasons says
-	// why, one phrase each. Health (set by Judge) is ok, degraded or
-	// unhealthy.
+	// Unhealthy marks a service that dropped connections or that nothing
+	// answered (Unanswered); Reasons says why, one phrase each. Health
+	// (set by Judge) is ok, degraded or unhealthy.
 	Unhealthy bool     `json:"unhealthy"`
 	Reasons   []string `json:"reasons,omitempty"`
 	Health    string   `json:"health,omitempty"`
 	// Unanswered (set by Judge) marks a service node (format 1) that
-	// clients asked for and nothing answered (Reasons says so in JSON).
-	Unanswered bool `json:"-"`
+	// clients asked for and nothing answered.
+	Unanswered bool `json:"unanswered,omitempty"`
 }
 
 // ListenerState is a service's accept queue over the range.
@@ -125,11 +125,20 @@ func ServiceID(host, proto string, port uint16) string {
 // for an abstract socket) on a host.
 func UnixServiceID(host, path string) string { return "service:" + host + "/unix:" + path }
 
-func ExternalID(addr string, port uint16) string {
+// ExternalID names an endpoint on a host that runs no agent: a server by
+// its address and port ("external:203.0.113.7:443"), with its protocol
+// after when it is not TCP ("external:203.0.113.53:53/udp": a resolver
+// asked over UDP and over TCP is two services); a client by its address
+// alone (port 0).
+func ExternalID(addr, proto string, port uint16) string {
 	if port == 0 {
 		return "external:" + addr
 	}
-	return "external:" + netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()
+	id := "external:" + netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()
+	if proto != "" && proto != string(tracer.ProtoTCP) {
+		id += "/" + proto
+	}
+	return id
 }
 
 // owners maps addresses to the host that holds them. Loopback and
@@ -336,7 +345,7 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		var to int32
 		if out.server == "" {
 			to = g.nodeOf(nodeKey{'e', out.serverAddr, out.proto, out.port}, "", func() Node {
-				return Node{ID: ExternalID(out.serverAddr, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto}
+				return Node{ID: ExternalID(out.serverAddr, out.proto, out.port), Kind: KindExternal, Addr: out.serverAddr, Port: out.port, Proto: out.proto}
 			})
 			g.name(to, out)
 		} else {
@@ -367,7 +376,7 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		var from int32
 		if in.client == "" {
 			from = g.nodeOf(nodeKey{'e', in.clientAddr, "", 0}, "", func() Node {
-				return Node{ID: ExternalID(in.clientAddr, 0), Kind: KindExternal, Addr: in.clientAddr}
+				return Node{ID: ExternalID(in.clientAddr, "", 0), Kind: KindExternal, Addr: in.clientAddr}
 			})
 		} else {
 			// The client host runs an agent that did not report this

@@ -77,11 +77,11 @@ func TestBothEndsJoinIntoOneEdge(t *testing.T) {
 	if n := node(t, g, ServiceID("db", "tcp", 5432)); n.Process != "postgres" {
 		t.Errorf("server process not named: %+v", n)
 	}
-	ext := edge(t, g, ProcessID("app", "app"), ExternalID("203.0.113.7", 443))
+	ext := edge(t, g, ProcessID("app", "app"), ExternalID("203.0.113.7", "tcp", 443))
 	if ext.Connections != 1 {
 		t.Errorf("external edge: %+v", ext)
 	}
-	if n := node(t, g, ExternalID("203.0.113.7", 443)); n.Kind != KindExternal || n.Port != 443 {
+	if n := node(t, g, ExternalID("203.0.113.7", "tcp", 443)); n.Kind != KindExternal || n.Port != 443 {
 		t.Errorf("external node: %+v", n)
 	}
 }
@@ -90,9 +90,33 @@ func TestOnlyTheServerReports(t *testing.T) {
 	// A client with no agent: the server's view makes the edge, from an
 	// external client, with bytes turned to the client's point of view.
 	g := Build([]store.Observation{o("db", "inbound", "198.51.100.4", "203.0.113.9", 5432, "postgres", 3, 900, 100)}, hosts, nil)
-	e := edge(t, g, ExternalID("203.0.113.9", 0), ServiceID("db", "tcp", 5432))
+	e := edge(t, g, ExternalID("203.0.113.9", "", 0), ServiceID("db", "tcp", 5432))
 	if e.Connections != 3 || e.BytesSent != 100 || e.BytesReceived != 900 {
 		t.Errorf("%+v", e)
+	}
+}
+
+// One resolver asked over UDP and over TCP is two external services: two
+// nodes and two edges, each with its own protocol and counters (they were
+// one node id, and grouping summed them into one edge).
+func TestExternalOverTCPAndUDPAreTwoServices(t *testing.T) {
+	tcpDNS := o("client", "outbound", "198.51.100.1", "203.0.113.53", 53, "dig", 2, 40, 400)
+	udpDNS := o("client", "outbound", "198.51.100.1", "203.0.113.53", 53, "dig", 0, 30, 300)
+	udpDNS.Proto, udpDNS.DatagramsSent, udpDNS.DatagramsReceived = "udp", 3, 3
+	g := Build([]store.Observation{tcpDNS, udpDNS}, hosts, nil)
+	tcpID, udpID := ExternalID("203.0.113.53", "tcp", 53), ExternalID("203.0.113.53", "udp", 53)
+	if tcpID != "external:203.0.113.53:53" || udpID != "external:203.0.113.53:53/udp" {
+		t.Fatalf("ids %q %q", tcpID, udpID)
+	}
+	if e := edge(t, g, ProcessID("client", "dig"), tcpID); e.Proto != "tcp" || e.Connections != 2 || e.DatagramsSent != 0 {
+		t.Errorf("tcp edge %+v", e)
+	}
+	if e := edge(t, g, ProcessID("client", "dig"), udpID); e.Proto != "udp" || e.Connections != 0 || e.DatagramsSent != 3 {
+		t.Errorf("udp edge %+v", e)
+	}
+	w := Group(g, ByWorkload)
+	if len(w.Edges) != 2 {
+		t.Errorf("grouped: %d edges, want 2: %+v", len(w.Edges), w.Edges)
 	}
 }
 
@@ -136,7 +160,7 @@ func TestResolve(t *testing.T) {
 		"198.51.100.4":      {ProcessID("db", "postgres")},
 		"198.51.100.3:8080": {ServiceID("app", "tcp", 8080)},
 		"app":               {ProcessID("app", "app")}, // host id "app" wins over process "app"; same entity here
-		"203.0.113.7:443":   {ExternalID("203.0.113.7", 443)},
+		"203.0.113.7:443":   {ExternalID("203.0.113.7", "tcp", 443)},
 	}
 	for target, want := range cases {
 		got, err := Resolve(g, hosts, target)

@@ -45,7 +45,7 @@ type Service struct {
 	Health    string         `json:"health,omitempty"`
 	// Unanswered (set by Judge): clients asked for the service and
 	// nothing answered: no connection worked, no listener was seen.
-	Unanswered bool `json:"-"`
+	Unanswered bool `json:"unanswered,omitempty"`
 }
 
 // String is how a service reads: "tcp/5432", "unix /run/app.sock".

@@ -133,7 +133,7 @@ func (g *Graph) Judge(h Health) {
 				s := &n.Services[j]
 				a := in[svc{n.ID, s.Proto, s.Port}]
 				s.Health, s.Reasons = h.listen(s.Listener, a.worked)
-				if s.Unanswered = a.unanswered(s.Listener); s.Unanswered {
+				if s.Unanswered = a.unanswered(s.Proto, s.Listener); s.Unanswered {
 					s.Health, s.Reasons = HealthUnhealthy, append(s.Reasons, a.reason())
 				}
 				s.Unhealthy = s.Health == HealthUnhealthy
@@ -145,7 +145,7 @@ func (g *Graph) Judge(h Health) {
 		} else if n.Kind == KindService || n.Listener != nil {
 			a := in[svc{n.ID, n.Proto, n.Port}]
 			n.Health, n.Reasons = h.listen(n.Listener, a.worked)
-			if n.Unanswered = a.unanswered(n.Listener); n.Unanswered {
+			if n.Unanswered = a.unanswered(n.Proto, n.Listener); n.Unanswered {
 				n.Health, n.Reasons = HealthUnhealthy, append(n.Reasons, a.reason())
 			}
 		}
@@ -160,8 +160,10 @@ type attempts struct{ worked, failed uint64 }
 // unanswered: asked for, and nothing answered. A service deptrace only
 // knows from its clients' refused or timed-out connects (nothing listens
 // there) is an attempted dependency, not a listening service.
-func (a attempts) unanswered(l *ListenerState) bool {
-	return l == nil && a.worked == 0 && a.failed > 0
+func (a attempts) unanswered(proto string, l *ListenerState) bool {
+	// Not unix: its services all have port 0 and edges carry no path, so
+	// one socket's failures would mark the workload's every other.
+	return proto != "unix" && l == nil && a.worked == 0 && a.failed > 0
 }
 
 func (a attempts) reason() string {

@@ -197,6 +197,9 @@ func (e *jsonEncoder) node(n *Node) {
 	if n.Health != "" {
 		e.str("health", n.Health)
 	}
+	if n.Unanswered {
+		e.bool("unanswered", true)
+	}
 	e.b = append(e.b, e.lay.fieldEnd...)
 	e.b = append(e.b, '}')
 }
@@ -286,6 +289,11 @@ func (e *jsonEncoder) services(ss []Service) {
 			e.b = append(e.b, ',')
 			field("health")
 			e.b = jsonenc.AppendString(e.b, s.Health)
+		}
+		if s.Unanswered {
+			e.b = append(e.b, ',')
+			field("unanswered")
+			e.b = append(e.b, "true"...)
 		}
 		e.b = append(e.b, in1...)
 		e.b = append(e.b, '}')

@@ -28,6 +28,7 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 					PodNamespace: "shop", PodName: "checkout-7d4b9c-x2x4k", PodUID: "0e6b", K8sContainer: "app", Workload: "Deployment/checkout"},
 					Listener: &ListenerState{BacklogLimit: 1}},
 				{ID: "external:[2001:db8::1]:443", Kind: KindExternal, Addr: "2001:db8::1", Port: 443, Proto: "tcp", Listener: &ListenerState{}},
+				{ID: "service:h5/tcp/7002", Kind: KindService, Host: "h5", Port: 7002, Proto: "tcp", Unhealthy: true, Health: HealthUnhealthy, Unanswered: true},
 			},
 			Edges: []Edge{
 				{From: "process:h1/app", To: "service:h2/tcp/5432", Proto: "tcp", Port: 5432,
@@ -47,6 +48,7 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 					Services: []Service{
 						{Proto: "tcp", Port: 5432, Process: "postgres", Listener: &ListenerState{BacklogLimit: 4096, QueueMax: 129, Drops: 7}, Unhealthy: true, Reasons: []string{"7 dropped", "<x>"}},
 						{Proto: "unix", Addr: "/run/a\"b", Process: "pgbouncer"},
+						{Proto: "tcp", Port: 7002, Unhealthy: true, Reasons: []string{"nothing answered"}, Health: HealthUnhealthy, Unanswered: true},
 					},
 					Unhealthy: true, Reasons: []string{"tcp/5432: 7 dropped"}},
 				{ID: "host:h1", Kind: KindHost, Host: "h1", Name: "h1", Process: "app", DNS: []DNSStats{

@@ -89,7 +89,8 @@ func (t *Table) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 // drops them all.
 type columns struct {
 	widths       []int
-	headerWidths []int // the widths the header was last printed at; nil: not yet
+	headerWidths []int // the widths (the last column's aside) the header was last printed at
+	printed      bool  // the header was printed once
 }
 
 func (c *columns) render(header []string, rows [][]string) string {
@@ -101,9 +102,10 @@ func (c *columns) render(header []string, rows [][]string) string {
 			c.widths[i] = max(c.widths[i], len(cell))
 		}
 	}
-	if !slices.Equal(c.widths, c.headerWidths) {
+	// The last column is never padded: its growth moves nothing.
+	if last := len(c.widths) - 1; !c.printed || !slices.Equal(c.widths[:last], c.headerWidths) {
 		rows = append([][]string{header}, rows...)
-		c.headerWidths = slices.Clone(c.widths)
+		c.headerWidths, c.printed = slices.Clone(c.widths[:last]), true
 	}
 	var b strings.Builder
 	for _, r := range rows {

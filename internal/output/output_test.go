@@ -111,16 +111,20 @@ func TestTableWidthsOnlyGrow(t *testing.T) {
 // columns; rows that fit print under the header there is.
 func TestTableReprintsTheHeaderWhenAColumnWidens(t *testing.T) {
 	var buf bytes.Buffer
-	w, _ := New("table", &buf, nil)
+	long := map[uint32]string{}
+	w, _ := New("table", &buf, func() map[uint32]string { return long })
 	ok := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)
 	bad := ok
 	bad.Counters.FailedRefused, bad.Counters.FailedTimeout = 3, 2
 	mustWrite(t, w, []tracer.Flow{ok}, nil)
 	mustWrite(t, w, []tracer.Flow{bad}, nil) // HEALTH "refused=3,timeout=2": wider
 	mustWrite(t, w, []tracer.Flow{ok}, nil)
+	// The last column (NETNS) is not padded: its growth moves nothing.
+	long[ok.NetNS] = "a-namespace-name-longer-than-its-inode"
+	mustWrite(t, w, []tracer.Flow{ok}, nil)
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[0], "TIME") || !strings.HasPrefix(lines[2], "TIME") {
-		t.Fatalf("want header, row, header, row, row:\n%s", buf.String())
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "TIME") || !strings.HasPrefix(lines[2], "TIME") {
+		t.Fatalf("want header, row, header, row, row, row:\n%s", buf.String())
 	}
 	for _, i := range []int{3, 4} {
 		if strings.Index(lines[i], "4026531840") != strings.Index(lines[2], "NETNS") {

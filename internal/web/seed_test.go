@@ -29,7 +29,7 @@ const (
 	idPython   = "workload:worker-1/python3"
 	idPostgres = "workload:db-1/postgres"
 	idRedis    = "workload:cache-1/redis-server"
-	idDNS      = "external:192.0.2.53:53"
+	idDNS      = "external:192.0.2.53:53/udp"
 )
 
 func seed(t testing.TB) (path string, now time.Time) {

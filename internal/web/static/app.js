@@ -740,7 +740,7 @@
     if (!n.services || !n.services.length) return '—';
     return n.services.map((s) => (s.proto === 'unix' ? 'unix ' + s.addr : s.proto + '/' + s.port) +
       (s.listener ? ' (backlog ' + s.listener.backlog_limit + ', queue max ' + s.listener.queue_max + ', drops ' + s.listener.drops + ')' : '') +
-      (s.unhealthy ? ' DROPPING' : '')).join(', ');
+      (s.unanswered ? ' nothing answers' : s.unhealthy ? ' DROPPING' : '')).join(', ');
   }
 
   // identityPairs are the identity fields a node has (docs/graph.md).
