@@ -841,3 +841,38 @@ func TestBrowserBoxesDoNotCoverLabels(t *testing.T) {
 		t.Errorf("collapsed: %d box titles shown, want 8", titles)
 	}
 }
+
+// A port nginx asked for and nothing answered (every connect refused, no
+// listener seen) is no listening service: the node behind it is drawn
+// unhealthy, and its details say nothing answers there, with the reason,
+// never that it listens or drops.
+func TestBrowserUnansweredPort(t *testing.T) {
+	path, now := seed(t)
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := now.Add(-10 * time.Minute)
+	err = s.Write(context.Background(), store.Batch{Observations: []store.Observation{{
+		Bucket: at.Truncate(store.DefaultBucket), HostID: "web-1", Direction: "outbound", Proto: "tcp",
+		LocalAddr: "198.51.100.1", RemoteAddr: "198.51.100.2", Port: 7002, Comm: "nginx",
+		Counters: tracer.Counters{FailedConnections: 3, FailedRefused: 3}, FirstSeen: at, LastSeen: at.Add(time.Second)}}})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const asked = "workload:db-1/?tcp/198.51.100.2/7002"
+	srv, _ := serve(t, path, Options{})
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map")
+	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.layout === 'layered'`, `document.querySelector('#map').dataset.layout`)
+	if h := browsertest.JS[string](t, ctx, `window.deptrace.display.getNodeAttribute('`+asked+`', 'health')`); h != "unhealthy" {
+		t.Errorf("the unanswered port's node drawn %q, want unhealthy", h)
+	}
+	browsertest.JS[bool](t, ctx, `window.deptrace.clickNode('`+asked+`'), true`)
+	browsertest.Until(t, ctx, `document.querySelector('#details').innerText.includes('tcp/7002')`, `document.querySelector('#details').innerText`)
+	d := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`)
+	if !strings.Contains(d, "tcp/7002 nothing answers") || !strings.Contains(d, "nothing answered: 3 connection attempts, none worked") || strings.Contains(d, "DROPPING") {
+		t.Errorf("details of the unanswered port:\n%s", d)
+	}
+}
