@@ -9,6 +9,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // Counts are one flow's counters, its values and slots summed (see
@@ -99,9 +101,6 @@ func (b *Bundler) decode(keys []bundlerFlowKey, vals []bundlerFlowValue, sp spil
 	return out
 }
 
-// protoTCP is Entry.Proto of TCP flows (IPPROTO_TCP).
-const protoTCP = 6
-
 // nameServers names, from the listening-port table, the TCP server flows
 // no program named: the rule the programs follow (name_from_port, the
 // listening process), applied where they could not, because the flow's
@@ -120,7 +119,7 @@ func (b *Bundler) nameServers(entries []Entry) {
 	var seen map[port]*bundlerPortValue
 	for i := range entries {
 		e := &entries[i]
-		if e.Proto != protoTCP || e.Direction != DirInbound || e.PID != 0 || e.Counts == (Counts{}) {
+		if e.Proto != unix.IPPROTO_TCP || e.Direction != DirInbound || e.PID != 0 || e.Counts == (Counts{}) {
 			continue
 		}
 		if seen == nil {
@@ -130,7 +129,7 @@ func (b *Bundler) nameServers(entries []Entry) {
 		v, ok := seen[k]
 		if !ok {
 			var pv bundlerPortValue
-			if err := b.objs.Ports.Lookup(&bundlerPortKey{Netns: e.NetNS, Port: e.Port, Proto: protoTCP}, &pv); err == nil && pv.Pid != 0 {
+			if err := b.objs.Ports.Lookup(&bundlerPortKey{Netns: e.NetNS, Port: e.Port, Proto: unix.IPPROTO_TCP}, &pv); err == nil && pv.Pid != 0 {
 				v = &pv
 			}
 			seen[k] = v

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
@@ -62,7 +64,7 @@ func TestServerFlowBeforeSeedingIsNamed(t *testing.T) {
 	}
 	var found bool
 	for _, e := range entries {
-		if e.NetNS != b.Inode || e.Port != 7210 || e.Proto != protoTCP || e.Direction != DirInbound {
+		if e.NetNS != b.Inode || e.Port != 7210 || e.Proto != unix.IPPROTO_TCP || e.Direction != DirInbound {
 			continue
 		}
 		found = true

@@ -66,10 +66,10 @@ func Covered(h tracer.Hook, all []tracer.Hook) bool {
 
 // LogMissingCapabilities warns of each optional capability the process
 // lacks, with what is lost without it; pins: the caller pins its kernel
-// side (the agent), the only use of CAP_DAC_OVERRIDE.
+// side (the agent), and so needs the PinsOnly ones too.
 func LogMissingCapabilities(log *slog.Logger, pins bool) {
 	for _, o := range kernel.MissingOptional() {
-		if o.Name == "CAP_DAC_OVERRIDE" && !pins {
+		if o.PinsOnly && !pins {
 			continue
 		}
 		log.Warn("capability missing: "+o.Loses, "capability", o.Name)

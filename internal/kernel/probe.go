@@ -69,6 +69,9 @@ func CheckCapabilities() error {
 type Optional struct {
 	Name  string
 	Loses string
+	// PinsOnly: only a process that pins its kernel side (the agent)
+	// loses anything without it.
+	PinsOnly bool
 }
 
 // optionalCaps are the capabilities deptrace can start without (README,
@@ -77,8 +80,8 @@ var optionalCaps = []struct {
 	c int
 	Optional
 }{
-	{capSysPtrace, Optional{"CAP_SYS_PTRACE", "network namespaces found only through processes deptrace may not inspect (other users' or non-dumpable ones: containers) are missed at start, with their listeners and open connections, and listeners older than deptrace in them are not named"}},
-	{capDacOverride, Optional{"CAP_DAC_OVERRIDE", "not root: the agent cannot pin its kernel side under root's bpffs (/sys/fs/bpf); run it with --pin-path \"\" and lose the counts between a crash and the restart"}},
+	{capSysPtrace, Optional{Name: "CAP_SYS_PTRACE", Loses: "network namespaces found only through processes deptrace may not inspect (other users' or non-dumpable ones: containers) are missed at start, with their listeners and open connections, and listeners older than deptrace in them are not named"}},
+	{capDacOverride, Optional{Name: "CAP_DAC_OVERRIDE", PinsOnly: true, Loses: "not root: the agent cannot pin its kernel side under root's bpffs (/sys/fs/bpf); run it with --pin-path \"\" and lose the counts between a crash and the restart"}},
 }
 
 // MissingOptional lists the optional capabilities the process lacks (none

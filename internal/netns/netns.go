@@ -126,15 +126,14 @@ func Resolve(value string) (uint32, error) {
 	case v == "self":
 		return Self()
 	case strings.HasPrefix(v, "net:["): // as ls -l /proc/PID/ns/net prints it
-		return Resolve(strings.TrimSuffix(strings.TrimPrefix(v, "net:["), "]"))
+		n, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(v, "net:["), "]"), 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("invalid --netns %q: want net:[N] with N a namespace's inode number", value)
+		}
+		return existing(value, uint32(n))
 	default:
 		if n, err := strconv.ParseUint(v, 10, 32); err == nil {
-			// A number no namespace has is a typo that would trace
-			// nothing, silently.
-			if !exists(uint32(n)) {
-				return 0, fmt.Errorf("invalid --netns %q: no network namespace on this host has that inode (lsns -t net lists them)", value)
-			}
-			return uint32(n), nil
+			return existing(value, uint32(n))
 		}
 		path := v
 		if !strings.Contains(v, "/") {
@@ -146,6 +145,16 @@ func Resolve(value string) (uint32, error) {
 		}
 		return ino, nil
 	}
+}
+
+// existing is ino when a network namespace has it; value is what was
+// typed, for the error. A number no namespace has is a typo that would
+// trace nothing, silently.
+func existing(value string, ino uint32) (uint32, error) {
+	if !exists(ino) {
+		return 0, fmt.Errorf("invalid --netns %q: no network namespace on this host has that inode (lsns -t net lists them)", value)
+	}
+	return ino, nil
 }
 
 // netInode is the inode of the network namespace at path, or an error

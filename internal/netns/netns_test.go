@@ -42,6 +42,13 @@ func TestResolve(t *testing.T) {
 	if _, err := Resolve("1"); err == nil || !strings.Contains(err.Error(), "no network namespace on this host has that inode") {
 		t.Errorf("unknown inode: %v", err)
 	}
+	// The error quotes what was typed, not the number inside it.
+	if _, err := Resolve("net:[1]"); err == nil || !strings.Contains(err.Error(), `invalid --netns "net:[1]": no network namespace`) {
+		t.Errorf("unknown inode, ls form: %v", err)
+	}
+	if _, err := Resolve("net:[x]"); err == nil || !strings.Contains(err.Error(), `invalid --netns "net:[x]": want net:[N]`) {
+		t.Errorf("ls form without a number: %v", err)
+	}
 	plain := filepath.Join(t.TempDir(), "notans")
 	if err := os.WriteFile(plain, nil, 0o600); err != nil {
 		t.Fatal(err)
