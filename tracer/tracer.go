@@ -262,6 +262,10 @@ func (t *Tracer) Adoption() Adoption {
 // was killed or released it). It refuses while a process owns it.
 func Cleanup(pinPath string) (found bool, err error) { return bundler.Cleanup(pinPath) }
 
+// CheckPinPath says why pinPath cannot hold a pinned kernel side (not
+// absolute, not on bpffs), without creating anything.
+func CheckPinPath(pinPath string) error { return bundler.CheckPinPath(pinPath) }
+
 // Config returns the configuration in force.
 func (t *Tracer) Config() Config { return t.cfg }
 

@@ -89,8 +89,11 @@ killed agent left.`,
 				return fmt.Errorf("invalid --interval %s: allowed 1s to 1h", interval)
 			}
 			tcfg.Interval = interval
-			if pinPath != "" && !filepath.IsAbs(pinPath) {
-				return fmt.Errorf("invalid --pin-path %q: allowed an absolute path on bpffs (default %s) or \"\" for no pinning", pinPath, tracer.DefaultPinPath)
+			if pinPath != "" {
+				if err := tracer.CheckPinPath(pinPath); err != nil {
+					return fmt.Errorf("invalid --pin-path %q: %w: allowed a directory on bpffs such as %s (the default), or \"\" for no pinning", pinPath, err, tracer.DefaultPinPath)
+				}
+				pinPath = filepath.Clean(pinPath)
 			}
 			if cfg.KeepTracing && pinPath == "" {
 				return fmt.Errorf("invalid --keep-tracing with --pin-path \"\": only a pinned kernel side can be kept")

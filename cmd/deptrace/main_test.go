@@ -90,6 +90,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace"}, []string{"DEPTRACE_INTERVAL=soon"}, `invalid DEPTRACE_INTERVAL="soon" for --interval`},
 		{[]string{"trace", "--bogus"}, nil, "unknown flag: --bogus"},
 		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h0m0s: allowed 0 to 1m"},
+		{[]string{"trace"}, []string{"DEPTRACE_PROTO=bogus"}, `invalid --proto "bogus": allowed tcp, udp, unix, all (set from DEPTRACE_PROTO)`},
 	}
 	for _, c := range cases {
 		stdout, stderr, code := run(t, c.env, c.args...)
@@ -100,6 +101,26 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		if stdout != "" {
 			t.Errorf("%v: stdout %q on error", c.args, stdout)
 		}
+	}
+}
+
+// A --pin-path off bpffs is refused before the agent opens its store:
+// the mistake leaves no database file behind.
+func TestAgentRefusesAPinPathOffBPFFSBeforeItsStore(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "deptrace.db")
+	for _, c := range []struct{ pin, want string }{
+		{filepath.Join(dir, "pins"), `invalid --pin-path "` + filepath.Join(dir, "pins") + `": not on bpffs (` + dir + ` is not): allowed a directory on bpffs`},
+		{"pins", `invalid --pin-path "pins": not an absolute path`},
+		{"/deptrace", `invalid --pin-path "/deptrace": not under a bpffs mount`},
+	} {
+		_, stderr, code := run(t, nil, "agent", "--store", db, "--pin-path", c.pin)
+		if code != 1 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, c.want) {
+			t.Errorf("agent --pin-path %s: exit %d, stderr %q; want exit 1 and one line containing %q", c.pin, code, stderr, c.want)
+		}
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Errorf("the refused agents left %v in %s (err %v); want nothing", entries, dir, err)
 	}
 }
 

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -248,7 +246,7 @@ type Bundler struct {
 	hooks    []Hook
 	ncpu     int
 	drain    drainState
-	lock     *os.File // owns PinPath
+	lock     *agentLock // owns PinPath
 	pinned   bool
 	adopt    AdoptReport
 }
@@ -317,7 +315,7 @@ func Load(cfg Config) (*Bundler, error) {
 
 	var old *pinnedSide
 	if cfg.PinPath != "" {
-		if b.adopt.MountedBPFFS, err = ensureBPFFS(filepath.Dir(cfg.PinPath)); err != nil {
+		if b.adopt.MountedBPFFS, err = ensureBPFFS(cfg.PinPath); err != nil {
 			return nil, err
 		}
 		if b.lock, err = lockAgent(cfg.PinPath); err != nil {
@@ -334,7 +332,7 @@ func Load(cfg Config) (*Bundler, error) {
 					b.drain.salvaged = &sv.pending
 				}
 				if err := removePinned(cfg.PinPath, old); err != nil {
-					_ = b.lock.Close() // releases the lock; the removal's error is the one to report
+					b.lock.release()
 					return nil, fmt.Errorf("remove the kernel side pinned at %s (%s): %w", cfg.PinPath, why, err)
 				}
 				old = nil
@@ -778,8 +776,6 @@ func (b *Bundler) Release() {
 		b.shared = nil
 		b.objs = sharedObjects{}
 	}
-	if b.lock != nil {
-		_ = b.lock.Close() // releasing the flock: nothing is written
-		b.lock = nil
-	}
+	b.lock.release()
+	b.lock = nil
 }

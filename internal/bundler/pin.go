@@ -80,10 +80,50 @@ func objectHash(cfg Config) [32]byte {
 	return sum
 }
 
+// bpffsHome is where bpffs is usually mounted, and the only place
+// deptrace mounts it.
+const bpffsHome = "/sys/fs/bpf"
+
+// CheckPinPath says why pinPath cannot hold a pinned kernel side, without
+// creating or mounting anything: it must be absolute, and its nearest
+// existing ancestor on bpffs, or its parent bpffs's usual place, where the
+// agent mounts one. The agent asks before it opens its store.
+func CheckPinPath(pinPath string) error {
+	if !filepath.IsAbs(pinPath) {
+		return errors.New("not an absolute path")
+	}
+	pinPath = filepath.Clean(pinPath)
+	parent := filepath.Dir(pinPath)
+	if parent == "/" {
+		return errors.New("not under a bpffs mount")
+	}
+	if parent == bpffsHome {
+		return nil // on bpffs, or where ensureBPFFS mounts it
+	}
+	for dir := parent; ; dir = filepath.Dir(dir) {
+		var st unix.Statfs_t
+		err := unix.Statfs(dir, &st)
+		if errors.Is(err, unix.ENOENT) && dir != "/" {
+			continue // created by the agent, on its ancestor's file system
+		}
+		if err != nil {
+			return fmt.Errorf("statfs %s: %w", dir, err)
+		}
+		if st.Type != unix.BPF_FS_MAGIC {
+			return fmt.Errorf("not on bpffs (%s is not)", dir)
+		}
+		return nil
+	}
+}
+
 // ensureBPFFS mounts bpffs on the pin path's parent when it is not one,
 // but only at bpffs's usual place: mounting over any other directory could
-// hide what it holds.
-func ensureBPFFS(dir string) (mounted bool, err error) {
+// hide what it holds. CheckPinPath first: nothing is created off bpffs.
+func ensureBPFFS(pinPath string) (mounted bool, err error) {
+	if err := CheckPinPath(pinPath); err != nil {
+		return false, fmt.Errorf("pin path %s: %w: choose a directory under a bpffs mount such as %s", pinPath, err, bpffsHome)
+	}
+	dir := filepath.Dir(filepath.Clean(pinPath))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return false, fmt.Errorf("create %s: %w", dir, err)
 	}
@@ -94,8 +134,8 @@ func ensureBPFFS(dir string) (mounted bool, err error) {
 	if st.Type == unix.BPF_FS_MAGIC {
 		return false, nil
 	}
-	if filepath.Clean(dir) != "/sys/fs/bpf" {
-		return false, fmt.Errorf("%s is not on bpffs: choose a --pin-path under a bpffs mount such as /sys/fs/bpf", dir)
+	if dir != bpffsHome {
+		return false, fmt.Errorf("pin path %s: not on bpffs (%s is not): choose a directory under a bpffs mount such as %s", pinPath, dir, bpffsHome)
 	}
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
 		return false, fmt.Errorf("%s is not a bpffs and mounting one there failed: %w", dir, err)
@@ -103,29 +143,102 @@ func ensureBPFFS(dir string) (mounted bool, err error) {
 	return true, nil
 }
 
+// lockDir holds the agents' lock files: bpffs holds BPF objects only.
+const lockDir = "/run/deptrace"
+
+// lockName is the lock file of a pin path: the cleaned path escaped as
+// systemd escapes a path for a unit name (systemd-escape --path), so no
+// two paths share a lock (/a/b is a-b, /a-b is a\x2db) and /sys/fs/bpf//x
+// is /sys/fs/bpf/x.
+func lockName(pinPath string) string {
+	p := strings.Trim(filepath.Clean(pinPath), "/")
+	if p == "" {
+		return filepath.Join(lockDir, "-.lock")
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '/':
+			b.WriteByte('-')
+		case c == '.' && i == 0, !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == ':' || c == '_' || c == '.'):
+			fmt.Fprintf(&b, `\x%02x`, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return filepath.Join(lockDir, b.String()+".lock")
+}
+
+// agentLock makes its process the only one owning a pin path.
+type agentLock struct {
+	f    *os.File
+	name string
+}
+
 // lockAgent makes this process the only one owning pinPath: a second agent
-// gets an error naming the first one's pid. The lock lives in /run (bpffs
-// holds BPF objects only) and dies with the process.
-func lockAgent(pinPath string) (*os.File, error) {
-	dir := "/run/deptrace"
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", dir, err)
+// gets an error naming the first one's pid. The lock is a flock, so it
+// dies with the process; release removes its file.
+func lockAgent(pinPath string) (*agentLock, error) {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", lockDir, err)
 	}
-	name := filepath.Join(dir, strings.ReplaceAll(strings.Trim(pinPath, "/"), "/", "_")+".lock")
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", name, err)
+	name := lockName(pinPath)
+	// A lock is ours only if its file is still the one at name: a holder
+	// removes the file as it releases the lock, so a flock won on a file
+	// just removed would exclude no one. Another try opens the new file.
+	for try := 0; ; try++ {
+		f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open lock %s: %w", name, err)
+		}
+		ours, err := flockOpened(f, name)
+		if err != nil {
+			owner, _ := os.ReadFile(name)
+			_ = f.Close() // the flock's error is the one to report
+			return nil, fmt.Errorf("another deptrace (pid %s) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
+		}
+		if ours {
+			// The pid is only for the message of an agent that finds the
+			// lock taken; the flock is what excludes it.
+			_ = f.Truncate(0)
+			_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+			return &agentLock{f: f, name: name}, nil
+		}
+		_ = f.Close() // removed under us: not a lock
+		if try == 100 {
+			return nil, fmt.Errorf("lock %s: removed under this agent 100 times in a row: another agent keeps starting and stopping", name)
+		}
 	}
+}
+
+// flockOpened takes the flock of f, opened at name, without waiting: an
+// error when another process holds it; false when f is no longer the file
+// at name (its holder removed it as it released it), so its flock
+// excludes no one.
+func flockOpened(f *os.File, name string) (ours bool, err error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		owner, _ := os.ReadFile(name)
-		_ = f.Close() // the flock's error is the one to report
-		return nil, fmt.Errorf("another deptrace (pid %s) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
+		return false, err
 	}
-	// The pid is only for the message of an agent that finds the lock
-	// taken; the flock is what excludes it.
-	_ = f.Truncate(0)
-	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
-	return f, nil
+	var held, named unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+		return false, nil
+	}
+	if err := unix.Stat(name, &named); err != nil {
+		return false, nil
+	}
+	return held.Ino == named.Ino && held.Dev == named.Dev, nil
+}
+
+// release removes the lock file, then unlocks: an agent that opened the
+// file before the removal finds, once it wins the flock, that the file is
+// no longer the one at the name, and tries again.
+func (l *agentLock) release() {
+	if l == nil {
+		return
+	}
+	_ = os.Remove(l.name) // a file left behind only costs a name in /run
+	_ = l.f.Close()       // releasing the flock: nothing is written
 }
 
 // pin writes every map and link of a freshly loaded kernel side.
@@ -704,7 +817,7 @@ func Cleanup(path string) (found bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer func() { _ = lock.Close() }() // releasing the flock: nothing is written
+	defer lock.release()
 	p, ok, err := loadPinned(path)
 	if !ok {
 		if err != nil {
