@@ -32,20 +32,11 @@ func Configure(root *cobra.Command) {
 	root.SilenceUsage = true
 	root.SilenceErrors = true
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		var fromEnv []string // log flags about to be set from the environment
-		for _, name := range []string{"log-format", "log-level"} {
-			if _, ok := os.LookupEnv(EnvName(name)); ok && !cmd.Flags().Changed(name) {
-				fromEnv = append(fromEnv, EnvName(name))
-			}
-		}
 		if err := ApplyEnv(cmd); err != nil {
 			return err
 		}
 		log, err := NewLogger(cmd.ErrOrStderr(), format, level)
 		if err != nil {
-			if len(fromEnv) > 0 {
-				return fmt.Errorf("%w (set from %s)", err, strings.Join(fromEnv, ", "))
-			}
 			return err
 		}
 		slog.SetDefault(log)
@@ -76,6 +67,9 @@ func EnvName(flag string) string {
 	return "DEPTRACE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// fromEnv annotates a flag ApplyEnv set; its value is the variable's name.
+const fromEnv = "deptrace_from_env"
+
 // ApplyEnv sets every flag of cmd (its own and inherited) not given on the
 // command line from its DEPTRACE_* environment variable.
 func ApplyEnv(cmd *cobra.Command) error {
@@ -91,15 +85,59 @@ func ApplyEnv(cmd *cobra.Command) error {
 		}
 		if err := cmd.Flags().Set(f.Name, v); err != nil {
 			errs = append(errs, fmt.Errorf("invalid %s=%q for --%s: %w", env, v, f.Name, err))
+			return
 		}
+		_ = cmd.Flags().SetAnnotation(f.Name, fromEnv, []string{env}) // the flag exists: VisitAll found it
 	})
 	return errors.Join(errs...)
 }
 
+// Execute runs root. An error about a flag set from the environment says
+// so: "invalid --proto "x": ... (set from DEPTRACE_PROTO)", as the user
+// typed no --proto.
+func Execute(root *cobra.Command) error {
+	cmd, err := root.ExecuteC()
+	if err == nil || cmd == nil {
+		return err
+	}
+	var envs []string
+	msg := err.Error()
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		env := f.Annotations[fromEnv]
+		if len(env) == 1 && mentionsFlag(msg, f.Name) && !strings.Contains(msg, env[0]) {
+			envs = append(envs, env[0])
+		}
+	})
+	if len(envs) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (set from %s)", err, strings.Join(envs, ", "))
+}
+
+// mentionsFlag reports whether msg names --name itself, not a longer flag
+// it begins (--port in --port-map-size).
+func mentionsFlag(msg, name string) bool {
+	flag := "--" + name
+	for i := strings.Index(msg, flag); i >= 0; {
+		end := i + len(flag)
+		if end == len(msg) || !isFlagChar(msg[end]) {
+			return true
+		}
+		next := strings.Index(msg[end:], flag)
+		if next < 0 {
+			return false
+		}
+		i = end + next
+	}
+	return false
+}
+
+func isFlagChar(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' }
+
 // Main runs root and exits: 0 on success, 1 with "name: error" on one line
 // of stderr otherwise.
 func Main(root *cobra.Command) {
-	if err := root.Execute(); err != nil {
+	if err := Execute(root); err != nil {
 		fmt.Fprintln(os.Stderr, root.Name()+": "+OneLine(err))
 		os.Exit(1)
 	}

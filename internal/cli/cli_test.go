@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -15,13 +16,21 @@ import (
 func root(out *bytes.Buffer, size *int) *cobra.Command {
 	r := &cobra.Command{Use: "deptrace"}
 	Configure(r)
+	var sizeMax int
 	sub := &cobra.Command{Use: "run", RunE: func(*cobra.Command, []string) error {
+		if *size < 1 {
+			return fmt.Errorf("invalid --size %d: allowed 1 or more", *size)
+		}
+		if sizeMax < 2 {
+			return fmt.Errorf("invalid --size-max %d: allowed 2 or more", sizeMax)
+		}
 		slog.Debug("dbg line", "component", "test")
 		slog.Info("info line", "component", "test")
 		slog.Warn("warn line", "component", "test")
 		return nil
 	}}
 	sub.Flags().IntVar(size, "size", 1, "a size")
+	sub.Flags().IntVar(&sizeMax, "size-max", 10, "a larger size")
 	r.AddCommand(sub)
 	r.SetErr(out)
 	r.SetOut(out)
@@ -35,6 +44,7 @@ func TestLoggingFlagsAndEnv(t *testing.T) {
 		env     map[string]string
 		args    []string
 		wantErr string
+		notErr  string // and the error does not contain it
 		check   func(t *testing.T, out string)
 	}{
 		{name: "default text info", args: []string{"run"}, check: func(t *testing.T, out string) {
@@ -68,6 +78,10 @@ func TestLoggingFlagsAndEnv(t *testing.T) {
 		{name: "bad level", args: []string{"run", "--log-level", "verbose"}, wantErr: `invalid --log-level "verbose": allowed debug, info, warn, error`},
 		{name: "bad env level", env: map[string]string{"DEPTRACE_LOG_LEVEL": "INFO "}, args: []string{"run"}, wantErr: `invalid --log-level "INFO ": allowed debug, info, warn, error (set from DEPTRACE_LOG_LEVEL)`},
 		{name: "bad env int", env: map[string]string{"DEPTRACE_SIZE": "big"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_SIZE="big" for --size`},
+		// A value the flag takes but the command refuses names its variable.
+		{name: "bad env value", env: map[string]string{"DEPTRACE_SIZE": "0"}, args: []string{"run"}, wantErr: `invalid --size 0: allowed 1 or more (set from DEPTRACE_SIZE)`},
+		{name: "bad flag value", args: []string{"run", "--size", "0"}, wantErr: `invalid --size 0: allowed 1 or more`, notErr: "DEPTRACE_SIZE"},
+		{name: "a longer flag is another flag", env: map[string]string{"DEPTRACE_SIZE": "5"}, args: []string{"run", "--size-max", "1"}, wantErr: `invalid --size-max 1`, notErr: "DEPTRACE_SIZE"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -78,10 +92,10 @@ func TestLoggingFlagsAndEnv(t *testing.T) {
 			var size int
 			r := root(&out, &size)
 			r.SetArgs(c.args)
-			err := r.Execute()
+			err := Execute(r)
 			if c.wantErr != "" {
-				if err == nil || !strings.HasPrefix(OneLine(err), c.wantErr) {
-					t.Fatalf("error %v, want %q", err, c.wantErr)
+				if err == nil || !strings.HasPrefix(OneLine(err), c.wantErr) || (c.notErr != "" && strings.Contains(err.Error(), c.notErr)) {
+					t.Fatalf("error %v, want %q without %q", err, c.wantErr, c.notErr)
 				}
 				return
 			}
