@@ -68,11 +68,11 @@ the last partial interval before exiting.`,
 				return err
 			}
 			filter := output.Filter{Protos: protos, Ports: portList}
-			w, err := output.New(format, os.Stdout, netns.DisplayNames)
+			w, err := output.New(format, os.Stdout, netns.DisplayNames, interval)
 			if err != nil {
 				return err
 			}
-			dw, err := output.NewDNS(format, os.Stdout, netns.DisplayNames)
+			dw, err := output.NewDNS(format, os.Stdout, netns.DisplayNames, interval)
 			if err != nil {
 				return err
 			}

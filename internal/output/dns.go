@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -19,10 +20,10 @@ type DNSWriter interface {
 }
 
 // NewDNS returns the DNS writer for format (as New accepts it).
-func NewDNS(format string, w io.Writer, netnsNames NetnsNames) (DNSWriter, error) {
+func NewDNS(format string, w io.Writer, netnsNames NetnsNames, interval time.Duration) (DNSWriter, error) {
 	switch format {
 	case "table":
-		return &DNSTable{w: w, names: netnsNames}, nil
+		return &DNSTable{w: w, names: netnsNames, clock: Clock(interval)}, nil
 	case "jsonl":
 		return &DNSJSONL{w: w}, nil
 	}
@@ -47,6 +48,7 @@ func NamedPeer(f tracer.Flow, peer string) string {
 type DNSTable struct {
 	w     io.Writer
 	names NetnsNames
+	clock string // the TIME column's layout (Clock)
 	cols  columns
 }
 
@@ -61,13 +63,13 @@ func (t *DNSTable) WriteDNS(recs []tracer.DNS) error {
 	var rows [][]string
 	names := t.names.read()
 	for _, d := range SortedDNS(recs) {
-		rows = append(rows, DNSRow(d, names))
+		rows = append(rows, stamped(DNSRow(d, names), d.Time, t.clock))
 	}
 	_, err := io.WriteString(t.w, t.cols.render(DNSHeader, rows))
 	return err
 }
 
-// DNSRow renders one DNS record as table cells.
+// DNSRow renders one DNS record as table cells, its time to the second.
 func DNSRow(d tracer.DNS, names map[uint32]string) []string {
 	client := Process(tracer.Flow{PID: d.PID, Comm: d.Comm, Identity: d.Identity})
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }

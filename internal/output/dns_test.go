@@ -20,7 +20,7 @@ func dnsRecord() tracer.DNS {
 
 func TestDNSTable(t *testing.T) {
 	var b bytes.Buffer
-	w, err := NewDNS("table", &b, func() map[uint32]string { return map[uint32]string{4026531840: "host"} })
+	w, err := NewDNS("table", &b, func() map[uint32]string { return map[uint32]string{4026531840: "host"} }, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,14 +40,14 @@ func TestDNSTable(t *testing.T) {
 	if strings.Join(fields, " ") != strings.Join(want, " ") {
 		t.Errorf("row\n got  %v\n want %v", fields, want)
 	}
-	if _, err := NewDNS("yaml", &b, nil); err == nil || !strings.Contains(err.Error(), "allowed table, jsonl") {
+	if _, err := NewDNS("yaml", &b, nil, time.Second); err == nil || !strings.Contains(err.Error(), "allowed table, jsonl") {
 		t.Errorf("bad format: %v", err)
 	}
 }
 
 func TestDNSJSONLIsEncodingJSON(t *testing.T) {
 	var b bytes.Buffer
-	w, _ := NewDNS("jsonl", &b, nil)
+	w, _ := NewDNS("jsonl", &b, nil, time.Second)
 	d := dnsRecord()
 	if err := w.WriteDNS([]tracer.DNS{d}); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -45,7 +46,7 @@ func TestJSONLIdentityFields(t *testing.T) {
 	unit := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 8080)
 	unit.Identity = tracer.Identity{Unit: "x.service"}
 	var buf bytes.Buffer
-	w, _ := New("jsonl", &buf, nil)
+	w, _ := New("jsonl", &buf, nil, time.Second)
 	if err := w.Write([]tracer.Flow{host, ctr, unit}, nil); err != nil {
 		t.Fatal(err)
 	}

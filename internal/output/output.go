@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -38,10 +39,10 @@ func (n NetnsNames) read() map[uint32]string {
 }
 
 // New returns the writer for format, or an error naming the allowed ones.
-func New(format string, w io.Writer, netnsNames NetnsNames) (Writer, error) {
+func New(format string, w io.Writer, netnsNames NetnsNames, interval time.Duration) (Writer, error) {
 	switch format {
 	case "table":
-		return &Table{w: w, names: netnsNames}, nil
+		return &Table{w: w, names: netnsNames, clock: Clock(interval)}, nil
 	case "jsonl":
 		return &JSONL{w: w}, nil
 	}
@@ -58,7 +59,18 @@ func New(format string, w io.Writer, netnsNames NetnsNames) (Writer, error) {
 type Table struct {
 	w     io.Writer
 	names NetnsNames
+	clock string // the TIME column's layout (Clock)
 	cols  columns
+}
+
+// Clock is the TIME column's layout for an interval: to the second, or to
+// the millisecond when the interval is not a whole number of seconds, so
+// that every interval's rows carry a time of their own.
+func Clock(interval time.Duration) string {
+	if interval%time.Second != 0 {
+		return "15:04:05.000"
+	}
+	return "15:04:05"
 }
 
 // TableHeader is the first line of table output.
@@ -71,11 +83,11 @@ func (t *Table) Write(flows []tracer.Flow, listeners []tracer.Listener) error {
 	names := t.names.read()
 	var rows [][]string
 	for _, f := range Sorted(flows) {
-		rows = append(rows, TableRow(*f, names))
+		rows = append(rows, stamped(TableRow(*f, names), f.Time, t.clock))
 	}
 	for _, l := range listeners {
 		if troubled(l) {
-			rows = append(rows, ListenerRow(l, names))
+			rows = append(rows, stamped(ListenerRow(l, names), l.Time, t.clock))
 		}
 	}
 	_, err := io.WriteString(t.w, t.cols.render(TableHeader, rows))
@@ -121,11 +133,18 @@ func (c *columns) render(header []string, rows [][]string) string {
 	return b.String()
 }
 
+// stamped sets a row's TIME cell, which the row functions give to the
+// second, at a table's clock.
+func stamped(row []string, at time.Time, clock string) []string {
+	row[0] = at.Format(clock)
+	return row
+}
+
 // troubled: a listener shows up in the table only when it dropped
 // connections.
 func troubled(l tracer.Listener) bool { return l.Drops > 0 }
 
-// TableRow renders one flow as table cells.
+// TableRow renders one flow as table cells, its time to the second.
 func TableRow(f tracer.Flow, names map[uint32]string) []string {
 	local, peer, arrow := Endpoint(f.LocalAddr, "many"), Endpoint(f.RemoteAddr, strconv.Itoa(int(f.Port))), "-->"
 	if f.Direction == tracer.Inbound {

@@ -49,7 +49,7 @@ func TestTableRowArrowsPointAtTheServer(t *testing.T) {
 
 func TestTablePrintsHeaderOnceAndSkipsEmptyIntervals(t *testing.T) {
 	var buf bytes.Buffer
-	w, err := New("table", &buf, nil)
+	w, err := New("table", &buf, nil, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestTableReadsNamespaceNamesEachInterval(t *testing.T) {
 	named := []map[uint32]string{{}, {f.NetNS: "web"}, {}}
 	reads := 0
 	var buf bytes.Buffer
-	w, err := New("table", &buf, func() map[uint32]string { reads++; return named[min(reads, len(named))-1] })
+	w, err := New("table", &buf, func() map[uint32]string { reads++; return named[min(reads, len(named))-1] }, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestTableReadsNamespaceNamesEachInterval(t *testing.T) {
 // for the next, narrower one.
 func TestTableWidthsOnlyGrow(t *testing.T) {
 	var buf bytes.Buffer
-	w, _ := New("table", &buf, nil)
+	w, _ := New("table", &buf, nil, time.Second)
 	wide := flow(tracer.Outbound, "tcp", "2001:db8::1234:5678", "2001:db8::9abc:def0", 5432)
 	mustWrite(t, w, []tracer.Flow{wide}, nil)
 	mustWrite(t, w, []tracer.Flow{flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)}, nil)
@@ -112,7 +112,7 @@ func TestTableWidthsOnlyGrow(t *testing.T) {
 func TestTableReprintsTheHeaderWhenAColumnWidens(t *testing.T) {
 	var buf bytes.Buffer
 	long := map[uint32]string{}
-	w, _ := New("table", &buf, func() map[uint32]string { return long })
+	w, _ := New("table", &buf, func() map[uint32]string { return long }, time.Second)
 	ok := flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432)
 	bad := ok
 	bad.Counters.FailedRefused, bad.Counters.FailedTimeout = 3, 2
@@ -144,7 +144,7 @@ func TestUDPShowsDatagramsAndHealthShowsTrouble(t *testing.T) {
 		t.Errorf("health %q latency %q", h, l)
 	}
 	var buf bytes.Buffer
-	w, _ := New("table", &buf, nil)
+	w, _ := New("table", &buf, nil, time.Second)
 	mustWrite(t, w, nil, []tracer.Listener{{Proto: "tcp", LocalAddr: "10.0.0.1", Port: 80, Drops: 4, QueueMax: 1, BacklogLimit: 1}, {Proto: "tcp", LocalAddr: "10.0.0.1", Port: 81}})
 	if out := buf.String(); !strings.Contains(out, "drops=4 queue=1/1") || strings.Contains(out, ":81") {
 		t.Errorf("only the dropping listener should show:\n%s", out)
@@ -153,7 +153,7 @@ func TestUDPShowsDatagramsAndHealthShowsTrouble(t *testing.T) {
 
 func TestJSONLFieldsAreTheDocumentedOnes(t *testing.T) {
 	var buf bytes.Buffer
-	w, _ := New("jsonl", &buf, nil)
+	w, _ := New("jsonl", &buf, nil, time.Second)
 	mustWrite(t, w, []tracer.Flow{
 		flow(tracer.Outbound, "tcp", "10.0.0.1", "10.0.0.2", 5432),
 		flow(tracer.Inbound, "udp", "::ffff:10.0.0.3", "2001:db8::9", 53),
@@ -187,7 +187,7 @@ func TestJSONLFieldsAreTheDocumentedOnes(t *testing.T) {
 }
 
 func TestNewRejectsUnknownFormat(t *testing.T) {
-	_, err := New("xml", nil, nil)
+	_, err := New("xml", nil, nil, time.Second)
 	if err == nil || !strings.Contains(err.Error(), "table, jsonl") {
 		t.Errorf("error %v should name the allowed formats", err)
 	}
@@ -371,7 +371,7 @@ func BenchmarkJSONL2000Flows(b *testing.B) {
 		}
 	}
 	rng.Shuffle(len(flows), func(i, j int) { flows[i], flows[j] = flows[j], flows[i] })
-	w, err := New("jsonl", io.Discard, nil)
+	w, err := New("jsonl", io.Discard, nil, time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -387,5 +387,43 @@ func mustWrite(t *testing.T, w Writer, flows []tracer.Flow, listeners []tracer.L
 	t.Helper()
 	if err := w.Write(flows, listeners); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// At an interval of a whole number of seconds the TIME column is to the
+// second; below or between seconds every interval's rows carry their own
+// millisecond time, in the flow, listener and DNS tables alike.
+func TestTableClockFollowsTheInterval(t *testing.T) {
+	at := []time.Time{time.Date(2026, 1, 2, 3, 4, 5, 100e6, time.UTC), time.Date(2026, 1, 2, 3, 4, 5, 350e6, time.UTC)}
+	for _, c := range []struct {
+		interval time.Duration
+		want     []string
+	}{
+		{time.Second, []string{"03:04:05  ", "03:04:05  "}},
+		{2 * time.Second, []string{"03:04:05  ", "03:04:05  "}},
+		{250 * time.Millisecond, []string{"03:04:05.100  ", "03:04:05.350  "}},
+		{1500 * time.Millisecond, []string{"03:04:05.100  ", "03:04:05.350  "}},
+	} {
+		var flows, dns bytes.Buffer
+		w, _ := New("table", &flows, nil, c.interval)
+		dw, _ := NewDNS("table", &dns, nil, c.interval)
+		for i, ts := range at {
+			f := flow(tracer.Outbound, "tcp", "10.0.1.9", "10.0.1.10", 3306)
+			f.Time = ts
+			l := tracer.Listener{Time: ts, Proto: "tcp", LocalAddr: "10.0.0.1", Port: 80, Drops: 1}
+			mustWrite(t, w, []tracer.Flow{f}, []tracer.Listener{l})
+			d := dnsRecord()
+			d.Time = ts
+			if err := dw.WriteDNS([]tracer.DNS{d}); err != nil {
+				t.Fatal(err)
+			}
+			for _, out := range []string{flows.String(), dns.String()} {
+				lines := strings.Split(strings.TrimSpace(out), "\n")
+				rows := slices.DeleteFunc(lines, func(l string) bool { return strings.HasPrefix(l, "TIME") })
+				if !strings.HasPrefix(rows[len(rows)-1], c.want[i]) {
+					t.Errorf("interval %s, write %d: last row %q, want it to start %q", c.interval, i, rows[len(rows)-1], c.want[i])
+				}
+			}
+		}
 	}
 }

@@ -115,7 +115,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig, progress io.Writer) ([]Me
 		var drains, flows int
 		var lost uint64
 		go func() {
-			sink, _ := output.New("jsonl", io.Discard, nil) // format, and reuse flows, as trace does
+			sink, _ := output.New("jsonl", io.Discard, nil, time.Second) // format, and reuse flows, as trace does
 			agentDone <- t.RunWith(agentCtx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 				drains++
 				flows += len(iv.Flows)

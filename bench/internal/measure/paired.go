@@ -206,7 +206,7 @@ func Paired(ctx context.Context, loadCmd []string, loads []PairedLoad, cfg Paire
 		agentCtx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			sink, _ := output.New("jsonl", io.Discard, nil) // format, and reuse flows, as trace does
+			sink, _ := output.New("jsonl", io.Discard, nil, time.Second) // format, and reuse flows, as trace does
 			done <- t.RunWith(agentCtx, tracer.RunOptions{ReuseFlows: true}, func(iv tracer.Interval) error {
 				if dns != nil {
 					dns.Apply(&iv) // names flows and counts lookups, as trace does
