@@ -266,3 +266,27 @@ func TestLookMarksClientsWithFailingLookups(t *testing.T) {
 		}
 	}
 }
+
+// The DOT and Mermaid label counts as failed what JudgeDNS does: NXDOMAIN
+// beside answers (a search list at work) is no failure; NXDOMAIN with no
+// answer at all is named as such.
+func TestPictureLabelCountsDNSFailuresAsJudged(t *testing.T) {
+	stats := func(c tracer.DNSCounters) Node {
+		return Node{ID: "process:client/curl", Kind: KindProcess, Host: "client", DNS: []DNSStats{{Proto: "udp", Resolver: "10.96.0.10:53", DNSCounters: c}}}
+	}
+	for _, c := range []struct {
+		counters tracer.DNSCounters
+		want     string // the label's DNS line; "" for none
+	}{
+		{tracer.DNSCounters{Queries: 50, Answers: 50, NoError: 10, NXDomain: 40}, ""},
+		{tracer.DNSCounters{Queries: 50, Answers: 47, NoError: 7, NXDomain: 40, ServFail: 1, Timeouts: 2}, "DNS: 3 of 50 lookups failed"},
+		{tracer.DNSCounters{Queries: 4, Answers: 4, NXDomain: 4}, "DNS: 4 NXDOMAIN and no address"},
+		{tracer.DNSCounters{Queries: 6, Answers: 4, NXDomain: 4, Timeouts: 2}, "DNS: 2 of 6 lookups failed, 4 NXDOMAIN and no address"},
+	} {
+		label := pictureLabel(stats(c.counters), "\n")
+		_, dns, _ := strings.Cut(label, "\n")
+		if dns != c.want {
+			t.Errorf("%+v: label %q, want the DNS line %q", c.counters, label, c.want)
+		}
+	}
+}

@@ -426,13 +426,25 @@ func pictureLabel(n Node, br string) string {
 			l += br + "nothing answers " + strings.Join(asked, ", ")
 		}
 	}
-	var q, failed uint64
+	// As JudgeDNS sees lookups: NXDOMAIN beside answers is a search list
+	// at work, not a failure; NXDOMAIN with no answer at all is told apart.
+	var q, failed, unresolved uint64
 	for _, d := range n.DNS {
 		q += d.Queries
-		failed += d.Failed()
+		failed += d.ServFail + d.OtherErrors + d.Timeouts
+		if d.NoError == 0 {
+			unresolved += d.NXDomain
+		}
 	}
+	var dns []string
 	if failed > 0 {
-		l += br + fmt.Sprintf("DNS: %d of %d lookups failed", failed, q)
+		dns = append(dns, fmt.Sprintf("%d of %d lookups failed", failed, q))
+	}
+	if unresolved > 0 {
+		dns = append(dns, fmt.Sprintf("%d NXDOMAIN and no address", unresolved))
+	}
+	if len(dns) > 0 {
+		l += br + "DNS: " + strings.Join(dns, ", ")
 	}
 	return l
 }
