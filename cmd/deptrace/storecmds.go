@@ -196,7 +196,7 @@ node whose lookups fail, by the --health-dns-* thresholds.`,
 			if err != nil {
 				return err
 			}
-			trees := graph.Look(g, roots, depth, !reverse, true)
+			trees := graph.Look(g, roots, depth, !reverse, true, graph.TargetPort(args[0]))
 			graph.WriteTrees(os.Stdout, trees, !reverse, true)
 			return nil
 		},
@@ -247,7 +247,7 @@ deprecated and kept for one release.`,
 				if err != nil {
 					return err
 				}
-				g = graph.Reachable(g, roots, depth)
+				g = graph.Reachable(g, roots, depth, graph.TargetPort(target))
 			}
 			return graph.Write(os.Stdout, g, format)
 		},

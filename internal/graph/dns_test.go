@@ -68,7 +68,7 @@ func TestExternalNodesByName(t *testing.T) {
 		}
 	}
 	var b bytes.Buffer
-	WriteTrees(&b, Look(gg, []string{"workload:app/app"}, 1, true, false), true, false)
+	WriteTrees(&b, Look(gg, []string{"workload:app/app"}, 1, true, false, 0), true, false)
 	if !strings.Contains(b.String(), "-> tcp api-v2.example.com:443 (external 203.0.113.7)") || !strings.Contains(b.String(), " rtt=1.5ms/2ms ") {
 		t.Errorf("look:\n%s", b.String())
 	}
@@ -137,7 +137,7 @@ func TestDNSOnClientsAndItsHealth(t *testing.T) {
 	gg.Judge(DefaultHealth)
 	gg.JudgeDNS(DefaultDNSHealth)
 	var b bytes.Buffer
-	WriteTrees(&b, Look(gg, []string{"workload:client/curl"}, 1, true, true), true, true)
+	WriteTrees(&b, Look(gg, []string{"workload:client/curl"}, 1, true, true, 0), true, true)
 	for _, line := range []string{
 		"  DNS lookups (per resolver):",
 		"    10.96.0.10:53/udp queries=10 answers=7 nxdomain=0 servfail=1 other=0 timeouts=2  UNHEALTHY: 3 of 10 lookups failed (30.0 %): 1 SERVFAIL, 2 timed out",
@@ -254,12 +254,12 @@ func TestLookMarksClientsWithFailingLookups(t *testing.T) {
 		gg.Judge(DefaultHealth)
 		gg.JudgeDNS(c.h)
 		var b bytes.Buffer
-		WriteTrees(&b, Look(gg, []string{"workload:client/curl"}, 1, true, true), true, true)
+		WriteTrees(&b, Look(gg, []string{"workload:client/curl"}, 1, true, true, 0), true, true)
 		if first, _, _ := strings.Cut(b.String(), "\n"); first != "curl on client (198.51.100.1)"+c.mark {
 			t.Errorf("%+v: look curl's first line %q, want the mark %q", c.h, first, c.mark)
 		}
 		b.Reset()
-		WriteTrees(&b, Look(gg, []string{"workload:web/nginx"}, 1, true, true), true, true)
+		WriteTrees(&b, Look(gg, []string{"workload:web/nginx"}, 1, true, true, 0), true, true)
 		want := "    └─ <- curl on client (198.51.100.1)" + c.mark + "  via tcp/80  conns=5 "
 		if !strings.Contains(b.String(), want) || strings.Count(b.String(), "[DNS ") != strings.Count(want, "[DNS ") {
 			t.Errorf("%+v: look nginx without %q (or with another mark):\n%s", c.h, want, b.String())

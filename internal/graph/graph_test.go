@@ -176,18 +176,18 @@ func TestResolve(t *testing.T) {
 func TestLookDepthAndReverse(t *testing.T) {
 	g := Build(chain(), hosts, nil)
 	roots, _ := Resolve(g, hosts, "nginx")
-	trees := Look(g, roots, 1, true, true)
+	trees := Look(g, roots, 1, true, true, 0)
 	if len(trees) != 1 || len(trees[0].Outbound) != 1 || len(trees[0].Outbound[0].Children) != 0 || len(trees[0].Inbound) != 1 {
 		t.Fatalf("depth 1: %+v", trees)
 	}
-	trees = Look(g, roots, 0, true, false)
+	trees = Look(g, roots, 0, true, false, 0)
 	app := trees[0].Outbound[0]
 	if app.Peer.ID != ServiceID("app", "tcp", 8080) || len(app.Children) != 2 {
 		t.Fatalf("unlimited outbound from nginx: %+v", app)
 	}
 	// Impact of the database: everything that transitively depends on it.
 	roots, _ = Resolve(g, hosts, "198.51.100.4:5432")
-	trees = Look(g, roots, 0, false, true)
+	trees = Look(g, roots, 0, false, true, 0)
 	var chainSeen []string
 	for b := trees[0].Inbound; len(b) > 0; b = b[0].Children {
 		chainSeen = append(chainSeen, b[0].Peer.Process)
@@ -207,7 +207,7 @@ func TestCyclesAreShownOnce(t *testing.T) {
 	}
 	g := Build(obs, hosts, nil)
 	roots, _ := Resolve(g, hosts, "a")
-	trees := Look(g, roots, 0, true, false)
+	trees := Look(g, roots, 0, true, false, 0)
 	b := trees[0].Outbound[0]
 	if b.Repeat || len(b.Children) != 1 || !b.Children[0].Repeat {
 		t.Fatalf("cycle: %+v / %+v", b, b.Children)
@@ -222,7 +222,7 @@ func TestCyclesAreShownOnce(t *testing.T) {
 func TestReachableAndDiff(t *testing.T) {
 	g := Build(chain(), hosts, nil)
 	roots, _ := Resolve(g, hosts, "198.51.100.3:8080")
-	sub := Reachable(g, roots, 1)
+	sub := Reachable(g, roots, 1, 0)
 	if len(sub.Edges) != 3 { // nginx->app, app->db, app->external
 		t.Errorf("reachable depth 1: %+v", sub.Edges)
 	}
@@ -288,7 +288,7 @@ func TestUDPEdgesCountDatagrams(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	roots, _ := Resolve(g, hosts, "unbound")
-	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	WriteTrees(&buf, Look(g, roots, 1, true, true, 0), true, true)
 	if !strings.Contains(buf.String(), "via udp/53  dgrams=12/10 sent=100 recv=900") || strings.Contains(buf.String(), "conns=") {
 		t.Errorf("look:\n%s", buf.String())
 	}
@@ -338,7 +338,7 @@ func TestHealthOfEdgesAndListeners(t *testing.T) {
 
 	var buf bytes.Buffer
 	roots, _ := Resolve(g, hosts, "app")
-	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	WriteTrees(&buf, Look(g, roots, 1, true, true, 0), true, true)
 	for _, want := range []string{
 		"-> tcp 198.51.100.4:5432 postgres on db  [listen backlog=128 queue_max=128 drops=15 DROPPING]  UNHEALTHY  conns=20 failed=3 (refused=2 timeout=1) sent=100 recv=900 connect=2ms/9ms retrans=7",
 		"<- nginx on web (198.51.100.2)  via tcp/8080  [listen backlog=4096 queue_max=2 drops=0]  conns=5",
@@ -409,13 +409,13 @@ func TestUnixServices(t *testing.T) {
 
 	var buf bytes.Buffer
 	roots, _ := Resolve(g, hosts, "nginx")
-	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	WriteTrees(&buf, Look(g, roots, 1, true, true, 0), true, true)
 	if !strings.Contains(buf.String(), "-> unix /run/app.sock gunicorn on web  conns=7 failed=0 sent=700 recv=7000") {
 		t.Errorf("look nginx:\n%s", buf.String())
 	}
 	buf.Reset()
 	roots, _ = Resolve(g, hosts, "gunicorn")
-	WriteTrees(&buf, Look(g, roots, 1, true, true), true, true)
+	WriteTrees(&buf, Look(g, roots, 1, true, true, 0), true, true)
 	if !strings.Contains(buf.String(), "<- nginx on web (198.51.100.2)  via unix /run/app.sock  conns=7") {
 		t.Errorf("look gunicorn:\n%s", buf.String())
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -93,7 +94,7 @@ func TestGroupMakesTheChainOneGraph(t *testing.T) {
 		t.Errorf("nginx: %+v", n)
 	}
 	// Walking from curl reaches every server: one chain.
-	r := Reachable(g, []string{"workload:client/curl"}, 0)
+	r := Reachable(g, []string{"workload:client/curl"}, 0, 0)
 	if len(r.Nodes) != len(g.Nodes) || len(r.Edges) != len(g.Edges) || r.Format != 2 {
 		t.Errorf("reachable from curl: %v", ids(r))
 	}
@@ -137,7 +138,7 @@ func TestGroupedGraphQueriesAndPictures(t *testing.T) {
 	}
 
 	var buf bytes.Buffer
-	WriteTrees(&buf, Look(g, []string{"workload:web/nginx"}, 0, true, true), true, true)
+	WriteTrees(&buf, Look(g, []string{"workload:web/nginx"}, 0, true, true, 0), true, true)
 	for _, want := range []string{
 		"nginx on web (198.51.100.2)  [serves tcp/80]",
 		"-> tcp/8080 app (gunicorn,python3) on app (198.51.100.3)  conns=5",
@@ -219,7 +220,7 @@ func TestUnansweredServiceIsNotListening(t *testing.T) {
 	}
 
 	var buf bytes.Buffer
-	WriteTrees(&buf, Look(g, []string{"workload:client/curl"}, 0, true, false), true, false)
+	WriteTrees(&buf, Look(g, []string{"workload:client/curl"}, 0, true, false, 0), true, false)
 	if !strings.Contains(buf.String(), "-> tcp/7002 ? on db (198.51.100.4)  [NOT ANSWERING]") || strings.Contains(buf.String(), "serves tcp/7002") {
 		t.Errorf("look from the client:\n%s", buf.String())
 	}
@@ -246,5 +247,67 @@ func TestUnansweredServiceIsNotListening(t *testing.T) {
 	}
 	if judged != 2 {
 		t.Errorf("%d format-1 service nodes on ports 7002 and 5432, want 2", judged)
+	}
+}
+
+// look ADDR:PORT of a workload that serves two ports shows the clients of
+// that port only, as graph --target does; the workload's own dependencies
+// stay. postgres serves 5432 (app) and 9187 (its exporter's metrics,
+// scraped by prometheus and by app too).
+func TestLookAtOneServiceOfAWorkload(t *testing.T) {
+	obs, hs := workloadChain()
+	hs = append(hs, store.Host{ID: "mon", Addrs: []string{"198.51.100.6"}})
+	obs = append(obs,
+		o("mon", "outbound", "198.51.100.6", "198.51.100.4", 9187, "prometheus", 3, 30, 300),
+		o("db", "inbound", "198.51.100.4", "198.51.100.6", 9187, "postgres", 3, 300, 30),
+		o("app", "outbound", "198.51.100.3", "198.51.100.4", 9187, "python3", 2, 20, 200),
+		o("db", "inbound", "198.51.100.4", "198.51.100.3", 9187, "postgres", 2, 200, 20),
+		o("db", "outbound", "198.51.100.4", "198.51.100.5", 6379, "postgres", 1, 10, 10),
+	)
+	for i := range obs {
+		if obs[i].HostID == "app" {
+			obs[i].Identity = appContainer
+		}
+	}
+	g := Group(buildNamed(obs, hs, nil), ByWorkload)
+	app := "workload:app/container:" + appContainer.ContainerID
+	clients := func(tr Tree) []string {
+		var out []string
+		for _, b := range tr.Inbound {
+			out = append(out, b.Peer.ID+"@"+strconv.Itoa(int(b.Edge.Port)))
+		}
+		slices.Sort(out)
+		return out
+	}
+	for _, c := range []struct {
+		target string
+		want   []string
+	}{
+		{"198.51.100.4:5432", []string{app + "@5432"}},
+		{"198.51.100.4:9187", []string{app + "@9187", "workload:mon/prometheus@9187"}},
+		{"198.51.100.4", []string{app + "@5432", app + "@9187", "workload:mon/prometheus@9187"}},
+	} {
+		roots, err := Resolve(g, hs, c.target)
+		if err != nil || !slices.Equal(roots, []string{"workload:db/postgres"}) {
+			t.Fatalf("resolve %s: %v, %v", c.target, roots, err)
+		}
+		trees := Look(g, roots, 1, true, true, TargetPort(c.target))
+		if got := clients(trees[0]); !slices.Equal(got, c.want) {
+			t.Errorf("look %s: dependents %v, want %v", c.target, got, c.want)
+		}
+		if len(trees[0].Outbound) != 1 || trees[0].Outbound[0].Peer.ID != "workload:cache/redis-server" {
+			t.Errorf("look %s: dependencies %+v, want the workload's own (redis)", c.target, trees[0].Outbound)
+		}
+		sub := Reachable(g, roots, 1, TargetPort(c.target))
+		var edges []string
+		for _, e := range sub.Edges {
+			if e.To == "workload:db/postgres" {
+				edges = append(edges, e.From+"@"+strconv.Itoa(int(e.Port)))
+			}
+		}
+		slices.Sort(edges)
+		if !slices.Equal(edges, c.want) {
+			t.Errorf("graph --target %s: edges in %v, want %v", c.target, edges, c.want)
+		}
 	}
 }

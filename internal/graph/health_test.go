@@ -221,7 +221,7 @@ func TestHealthRendered(t *testing.T) {
 	}
 
 	var buf bytes.Buffer
-	WriteTrees(&buf, Look(g, []string{g.Nodes[0].ID}, 1, true, false), true, false)
+	WriteTrees(&buf, Look(g, []string{g.Nodes[0].ID}, 1, true, false, 0), true, false)
 	out := buf.String()
 	for _, want := range []string{
 		"-> tcp :80 nginx on h  [listen backlog=16 queue_max=16 drops=2 DEGRADED]  DEGRADED  conns=300 failed=2",

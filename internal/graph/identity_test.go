@@ -106,7 +106,7 @@ func TestResolveByIdentity(t *testing.T) {
 			t.Errorf("%s: %v %v; want %s", target, got, err, want)
 		}
 	}
-	trees := Look(g, []string{ProcessID("app", "app")}, 1, true, true)
+	trees := Look(g, []string{ProcessID("app", "app")}, 1, true, true, 0)
 	var buf bytes.Buffer
 	WriteTrees(&buf, trees, true, true)
 	if !strings.Contains(buf.String(), "app [Deployment/checkout checkout-7d4b9c-x2x4k:app] on app") || !strings.Contains(buf.String(), "nginx [nginx.service] on web") {

@@ -71,6 +71,28 @@ func (ix *index) incoming(id string) []Edge {
 	return es
 }
 
+// TargetPort is the port of a target that names one TCP or UDP service by
+// address ("10.0.1.10:5432"), 0 for any other: Look and Reachable keep the
+// dependents of the roots Resolve finds for it to that service's, where a
+// root is a whole process or workload with other services beside it.
+func TargetPort(target string) uint16 {
+	if ap, err := netip.ParseAddrPort(strings.TrimSpace(target)); err == nil {
+		return ap.Port()
+	}
+	return 0
+}
+
+// incomingAt is incoming, kept to the edges into port (0: every edge) where
+// id is a process or workload: a service node (format 1) or an external
+// endpoint is one service already.
+func (ix *index) incomingAt(id string, port uint16) []Edge {
+	es := ix.incoming(id)
+	if n := ix.nodes[id]; port == 0 || n.Kind == KindService || n.Kind == KindExternal {
+		return es
+	}
+	return slices.DeleteFunc(slices.Clone(es), func(e Edge) bool { return e.Proto == "unix" || e.Port != port })
+}
+
 // Resolve finds what a user means by target: "addr:port" (one service or
 // external endpoint), a unix socket path ("/run/app.sock", "@name"), an address (everything on the host that holds it, or
 // the external endpoint), the DNS name of external servers ("api.example.com",
@@ -186,32 +208,28 @@ type Tree struct {
 }
 
 // Look builds, for each root, the dependencies (outbound) and dependents
-// (inbound) up to depth levels (depth <= 0: unlimited). Each node is
-// expanded once per direction; a cycle or a shared dependency shows as a
-// repeat.
-func Look(g Graph, roots []string, depth int, outbound, inbound bool) []Tree {
+// (inbound) up to depth levels (depth <= 0: unlimited); port, when not 0,
+// keeps a root's dependents to those of that service (TargetPort). Each
+// node is expanded once per direction; a cycle or a shared dependency
+// shows as a repeat.
+func Look(g Graph, roots []string, depth int, outbound, inbound bool, port uint16) []Tree {
 	ix := newIndex(g)
 	var trees []Tree
 	for _, r := range roots {
 		t := Tree{Root: ix.nodes[r]}
 		if outbound {
-			t.Outbound = ix.walk(r, depth, true, map[string]bool{r: true})
+			t.Outbound = ix.walk(ix.outgoing(r), depth, true, map[string]bool{r: true})
 		}
 		if inbound {
-			t.Inbound = ix.walk(r, depth, false, map[string]bool{r: true})
+			t.Inbound = ix.walk(ix.incomingAt(r, port), depth, false, map[string]bool{r: true})
 		}
 		trees = append(trees, t)
 	}
 	return trees
 }
 
-func (ix *index) walk(id string, depth int, outbound bool, seen map[string]bool) []*Branch {
-	var edges []Edge
-	if outbound {
-		edges = ix.outgoing(id)
-	} else {
-		edges = ix.incoming(id)
-	}
+// walk makes a branch of each edge, and of what lies behind its peer.
+func (ix *index) walk(edges []Edge, depth int, outbound bool, seen map[string]bool) []*Branch {
 	var out []*Branch
 	for _, e := range edges {
 		peerID := e.To
@@ -230,7 +248,11 @@ func (ix *index) walk(id string, depth int, outbound bool, seen map[string]bool)
 		} else {
 			seen[peerID], seen[key] = true, true
 			if depth != 1 {
-				b.Children = ix.walk(peerID, depth-1, outbound, seen)
+				next := ix.incoming(peerID)
+				if outbound {
+					next = ix.outgoing(peerID)
+				}
+				b.Children = ix.walk(next, depth-1, outbound, seen)
 			}
 		}
 		out = append(out, b)
@@ -257,15 +279,26 @@ func entityKey(n Node) string {
 	return ProcessID(n.Host, n.Process)
 }
 
+// EdgeKey tells edges apart: in a grouped graph one pair of workloads can
+// have several edges, one per protocol and server port.
+type EdgeKey struct {
+	From, To, Proto string
+	Port            uint16
+}
+
+// KeyOf is e's EdgeKey.
+func KeyOf(e Edge) EdgeKey { return EdgeKey{e.From, e.To, e.Proto, e.Port} }
+
 // Reachable returns the subgraph of nodes within depth edges of roots, in
-// either direction (depth <= 0: unlimited).
-func Reachable(g Graph, roots []string, depth int) Graph {
+// either direction (depth <= 0: unlimited); port, when not 0, keeps the
+// roots' dependents to those of that service (TargetPort).
+func Reachable(g Graph, roots []string, depth int, port uint16) Graph {
 	ix := newIndex(g)
 	if depth <= 0 {
 		depth = -1 // never reaches 0 below: unlimited
 	}
 	keep := map[string]bool{}
-	edges := map[[2]string]bool{}
+	edges := map[EdgeKey]bool{}
 	var visit func(id string, d int, outbound bool)
 	visit = func(id string, d int, outbound bool) {
 		keep[id] = true
@@ -273,13 +306,16 @@ func Reachable(g Graph, roots []string, depth int) Graph {
 			return
 		}
 		var es []Edge
-		if outbound {
+		switch {
+		case outbound:
 			es = ix.outgoing(id)
-		} else {
+		case slices.Contains(roots, id):
+			es = ix.incomingAt(id, port)
+		default:
 			es = ix.incoming(id)
 		}
 		for _, e := range es {
-			k := [2]string{e.From, e.To}
+			k := KeyOf(e)
 			if edges[k] {
 				continue
 			}
@@ -303,7 +339,7 @@ func Reachable(g Graph, roots []string, depth int) Graph {
 		}
 	}
 	for _, e := range g.Edges {
-		if edges[[2]string{e.From, e.To}] {
+		if edges[KeyOf(e)] {
 			out.Edges = append(out.Edges, e)
 		}
 	}
@@ -316,25 +352,21 @@ func Reachable(g Graph, roots []string, depth int) Graph {
 // An edge is its two ends, its protocol and its server port: in a
 // grouped graph one pair of workloads can have several edges.
 func Diff(before, after Graph) (appeared, disappeared []Edge) {
-	type key struct {
-		from, to, proto string
-		port            uint16
-	}
-	has := func(g Graph) map[key]bool {
-		m := map[key]bool{}
+	has := func(g Graph) map[EdgeKey]bool {
+		m := map[EdgeKey]bool{}
 		for _, e := range g.Edges {
-			m[key{e.From, e.To, e.Proto, e.Port}] = true
+			m[KeyOf(e)] = true
 		}
 		return m
 	}
 	b, a := has(before), has(after)
 	for _, e := range after.Edges {
-		if !b[key{e.From, e.To, e.Proto, e.Port}] {
+		if !b[KeyOf(e)] {
 			appeared = append(appeared, e)
 		}
 	}
 	for _, e := range before.Edges {
-		if !a[key{e.From, e.To, e.Proto, e.Port}] {
+		if !a[KeyOf(e)] {
 			disappeared = append(disappeared, e)
 		}
 	}

@@ -207,7 +207,7 @@ func queryBench(b *testing.B, s *store.Store, label string, r store.Range, look 
 				if err != nil {
 					b.Fatal(err)
 				}
-				graph.Look(g, roots, 3, true, true)
+				graph.Look(g, roots, 3, true, true, 0)
 			}
 		}
 		b.ReportMetric(float64(len(g.Nodes)), "nodes")

@@ -108,26 +108,20 @@ func (f filters) around(g graph.Graph, hosts []store.Host) (graph.Graph, error) 
 		return graph.Graph{}, &notFoundError{err}
 	}
 	if !f.reverse {
-		depth := f.depth
-		if depth == 0 {
-			// graph.Reachable stops at once on 0 although its doc says
-			// unlimited; a negative depth is unlimited there.
-			depth = -1
-		}
-		return graph.Reachable(g, roots, depth), nil
+		return graph.Reachable(g, roots, f.depth, graph.TargetPort(f.target)), nil
 	}
-	edges := map[[2]string]bool{}
+	edges := map[graph.EdgeKey]bool{}
 	var walk func([]*graph.Branch)
 	walk = func(bs []*graph.Branch) {
 		for _, b := range bs {
-			edges[[2]string{b.Edge.From, b.Edge.To}] = true
+			edges[graph.KeyOf(b.Edge)] = true
 			walk(b.Children)
 		}
 	}
-	for _, t := range graph.Look(g, roots, f.depth, false, true) {
+	for _, t := range graph.Look(g, roots, f.depth, false, true, graph.TargetPort(f.target)) {
 		walk(t.Inbound)
 	}
-	return keepEdges(g, func(e graph.Edge) bool { return edges[[2]string{e.From, e.To}] }), nil
+	return keepEdges(g, func(e graph.Edge) bool { return edges[graph.KeyOf(e)] }), nil
 }
 
 // selected is the graph the filters select, grouped by group_by (or the
@@ -249,7 +243,7 @@ func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans := lookAnswer{Target: f.target, Depth: f.depth, Reverse: f.reverse, Since: timePtr(f.since), Until: timePtr(f.until), Trees: []lookTree{}}
-	for _, t := range graph.Look(g, roots, f.depth, !f.reverse, true) {
+	for _, t := range graph.Look(g, roots, f.depth, !f.reverse, true, graph.TargetPort(f.target)) {
 		lt := lookTree{Root: t.Root, Inbound: branches(t.Inbound)}
 		if !f.reverse {
 			lt.Outbound = branches(t.Outbound)
