@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -33,7 +31,7 @@ func newAgentCmd() *cobra.Command {
 		perLevel  [3]string // --retention-minutes, -hours, -days
 		maxSize   string
 		bufferMax string
-		spoolMax  int64
+		spoolMax  string
 		pinPath   string
 		idf       identityFlags
 		df        dnsFlags
@@ -109,10 +107,12 @@ killed agent left.`,
 			if cfg.BufferMax, err = parseBytes("--buffer-max", bufferMax, 0, 64<<30, ""); err != nil {
 				return err
 			}
-			if spoolMax < 1<<20 {
-				return fmt.Errorf("invalid --spool-max %d: allowed 1048576 (1 MiB) or more", spoolMax)
+			if cfg.SpoolMax, err = parseBytes("--spool-max", spoolMax, 1<<20, 1<<50, ""); err != nil {
+				return err
 			}
-			cfg.SpoolMax = spoolMax
+			if err := agent.CheckHostID(cfg.HostID); err != nil {
+				return fmt.Errorf("invalid --host-id %q: %w", cfg.HostID, err)
+			}
 			if cfg.MaxProcs < 0 {
 				return fmt.Errorf("invalid --gomaxprocs %d: allowed 0 (Go's default) or more", cfg.MaxProcs)
 			}
@@ -133,7 +133,7 @@ killed agent left.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(context.Background(), cli.StopSignals()...)
 			defer stop()
 			log := slog.With("component", "agent")
 			// The resolver starts before the tracer, as in trace: it
@@ -180,13 +180,13 @@ killed agent left.`,
 	cmd.Flags().DurationVar(&interval, "interval", 5*time.Second, "time between two drains and store writes (1s to 1h)")
 	def := store.DefaultRetention
 	for i, l := range retentionLevels {
-		cmd.Flags().StringVar(&perLevel[i], "retention-"+l.name, formatAge(l.of(def)), fmt.Sprintf("keep %s buckets this long (e.g. %s); 0 keeps them for ever; no longer than a coarser level's", l.bucket, l.example))
+		cmd.Flags().StringVar(&perLevel[i], "retention-"+l.name, formatAge(l.of(def)), retentionHelp(l.bucket, l.example, l.name))
 	}
 	cmd.Flags().StringVar(&retention, "retention", "", "one window for every level instead of --retention-minutes, --retention-hours and --retention-days (e.g. 30d); 0 keeps everything")
 	cmd.Flags().StringVar(&maxSize, "store-max-size", formatBytes(agent.DefaultStoreMaxSize), "past this size (e.g. 500MiB, 20GB) the store's oldest buckets are deleted first; 0: no ceiling")
 	cmd.Flags().StringVar(&bufferMax, "buffer-max", formatBytes(agent.DefaultBufferMax), "without a pinned kernel side, most memory (estimated) for the newest batches while neither the store nor the spool can be written; 0 keeps none")
 	cmd.Flags().StringVar(&cfg.SpoolPath, "spool", agent.DefaultSpoolPath, "where batches wait while the store is unreachable")
-	cmd.Flags().Int64Var(&spoolMax, "spool-max", 256<<20, "most bytes the spool may hold")
+	cmd.Flags().StringVar(&spoolMax, "spool-max", formatBytes(256<<20), "most the spool may hold while the store is unreachable (e.g. 256MiB, 1GB; 1MiB or more)")
 	cmd.Flags().IntVar(&cfg.MaxProcs, "gomaxprocs", agent.DefaultMaxProcs, "threads running the agent's Go code at once (Go's GOMAXPROCS, which wins when set); 0: Go's default (one per CPU or the container's CPU limit)")
 	cmd.Flags().StringVar(&cfg.HostID, "host-id", "", "id of this machine's root namespace (default: hostname)")
 	cmd.Flags().StringVar(&cfg.MetricsListen, "metrics-listen", metrics.DefaultListen, "host:port serving Prometheus /metrics; \"\" disables them")
@@ -213,6 +213,14 @@ var retentionLevels = []struct {
 	{"minutes", "minute", "48h, 2d", func(r store.Retention) time.Duration { return r.Minutes }},
 	{"hours", "hour", "30d", func(r store.Retention) time.Duration { return r.Hours }},
 	{"days", "day", "400d", func(r store.Retention) time.Duration { return r.Days }},
+}
+
+func retentionHelp(bucket, example, level string) string {
+	h := fmt.Sprintf("keep %s buckets this long (e.g. %s); 0 keeps them for ever", bucket, example)
+	if level != "days" {
+		h += "; no longer than a coarser level's"
+	}
+	return h
 }
 
 // agentRetention reads --retention-minutes, --retention-hours and

@@ -91,6 +91,11 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "--bogus"}, nil, "unknown flag: --bogus"},
 		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h0m0s: allowed 0 to 1m"},
 		{[]string{"trace"}, []string{"DEPTRACE_PROTO=bogus"}, `invalid --proto "bogus": allowed tcp, udp, unix, all (set from DEPTRACE_PROTO)`},
+		{[]string{"look", "--depth", "abc", "x"}, nil, `invalid --depth "abc": allowed a whole number`},
+		{[]string{"agent"}, []string{"DEPTRACE_KEEP_TRACING=maybe"}, `invalid DEPTRACE_KEEP_TRACING="maybe" for --keep-tracing: allowed true or false`},
+		{[]string{"agent", "--spool-max", "1KiB"}, nil, `invalid --spool-max "1KiB": allowed from 1MiB to 1024TiB`},
+		{[]string{"agent", "--pin-path", "", "--host-id", "web/1"}, nil, `invalid --host-id "web/1": contains /`},
+		{[]string{"agent", "--pin-path", "", "--host-id", "web 1"}, nil, `invalid --host-id "web 1": contains a space`},
 	}
 	for _, c := range cases {
 		stdout, stderr, code := run(t, c.env, c.args...)
@@ -258,20 +263,26 @@ func TestTraceJSONL(t *testing.T) {
 }
 
 // SIGTERM prints the last partial interval: with a one-hour interval,
-// everything printed comes from that final flush.
+// everything printed comes from that final flush. So does SIGHUP, which a
+// closed terminal or ssh session sends.
 func TestSigtermFlushesTheLastInterval(t *testing.T) {
-	nw := testnet.New(t, 2)
-	p := start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name)
-	tcpTraffic(t, nw, 9000, 3)
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	p.wait(t)
-	out := p.stdout.String()
-	want := fmt.Sprintf("%s:9000  <--  %s:many", nw.Hosts[1].IPv4, nw.Hosts[0].IPv4)
-	if !strings.Contains(out, want) || !strings.HasPrefix(out, "TIME") {
-		t.Errorf("table after SIGTERM lacks %q:\n%s", want, out)
-	}
-	if strings.Contains(out, nw.Hosts[0].IPv4.String()+":many  -->") {
-		t.Errorf("--netns %s printed flows of another namespace:\n%s", nw.Hosts[1].Name, out)
+	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			nw := testnet.New(t, 2)
+			p := start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name)
+			port := 9000 + 10*i
+			tcpTraffic(t, nw, port, 3)
+			p.cmd.Process.Signal(sig)
+			p.wait(t)
+			out := p.stdout.String()
+			want := fmt.Sprintf("%s:%d  <--  %s:many", nw.Hosts[1].IPv4, port, nw.Hosts[0].IPv4)
+			if !strings.Contains(out, want) || !strings.HasPrefix(out, "TIME") {
+				t.Errorf("table after %s lacks %q:\n%s", sig, want, out)
+			}
+			if strings.Contains(out, nw.Hosts[0].IPv4.String()+":many  -->") {
+				t.Errorf("--netns %s printed flows of another namespace:\n%s", nw.Hosts[1].Name, out)
+			}
+		})
 	}
 }
 

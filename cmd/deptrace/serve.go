@@ -7,11 +7,11 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/internal/web"
 )
@@ -59,7 +59,7 @@ Listening beyond loopback requires --token-file: every request must then carry
 					return fmt.Errorf("no store at %s: run deptrace agent first, or pass --store", storeSpec)
 				}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), cli.StopSignals()...)
 			defer stop()
 			st, err := store.Open(ctx, storeSpec)
 			if err != nil {

@@ -7,11 +7,11 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/dnswatch"
 	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/identity"
@@ -203,7 +203,7 @@ func runTrace(parent context.Context, cfg tracer.Config, duration time.Duration,
 	if parent == nil {
 		parent = context.Background()
 	}
-	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(parent, cli.StopSignals()...)
 	defer stop()
 	// The resolver starts first: it learns cgroups and containers as they
 	// appear, so that one gone by the first drain is still named.

@@ -12,9 +12,12 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -259,8 +262,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // keptFor names a retention window for the log: 0 keeps for ever.
 func keptFor(d time.Duration) string {
-	if d == 0 {
+	switch {
+	case d == 0:
 		return "forever"
+	case d%(24*time.Hour) == 0:
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d" // as the flags take it: 400d, not 9600h0m0s
 	}
 	return d.String()
 }
@@ -838,6 +844,23 @@ type hostInfo struct {
 	ID, Name string
 	Addrs    []string
 	read     time.Time
+}
+
+// CheckHostID says why id cannot name a host (--host-id; "" is the
+// hostname): a host's namespaces are named "<id>/<netns>", and ids are
+// typed in queries and URLs, shown in tables and sent as metric labels.
+func CheckHostID(id string) error {
+	switch {
+	case len(id) > 253:
+		return fmt.Errorf("%d bytes long: allowed up to 253, as a DNS name", len(id))
+	case strings.Contains(id, "/"):
+		return errors.New("contains /, which separates a host from its namespaces (host/netns): allowed letters, digits and punctuation other than /")
+	case !utf8.ValidString(id):
+		return errors.New("not UTF-8: allowed letters, digits and punctuation other than /")
+	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		return errors.New("contains a space or control character: allowed letters, digits and punctuation other than /")
+	}
+	return nil
 }
 
 func newHostIDs(rootID string) (*hostIDs, error) {

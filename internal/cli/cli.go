@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -31,6 +33,15 @@ func Configure(root *cobra.Command) {
 	root.PersistentFlags().StringVar(&level, "log-level", "info", "least severe log level shown: "+strings.Join(LogLevels, ", "))
 	root.SilenceUsage = true
 	root.SilenceErrors = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		var bad *pflag.InvalidValueError
+		if errors.As(err, &bad) {
+			if allowed := allowedValues(bad.GetFlag()); allowed != "" {
+				return fmt.Errorf("invalid --%s %q: allowed %s", bad.GetFlag().Name, bad.GetValue(), allowed)
+			}
+		}
+		return err
+	})
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		if err := ApplyEnv(cmd); err != nil {
 			return err
@@ -40,8 +51,63 @@ func Configure(root *cobra.Command) {
 			return err
 		}
 		slog.SetDefault(log)
+		for _, env := range unknownEnv(cmd.Root(), os.Environ()) {
+			log.Warn("environment variable ignored: no flag of "+cmd.Root().Name()+" has that name", "variable", env)
+		}
 		return nil
 	}
+}
+
+// allowedValues says what a flag of a plain type takes, for the error of
+// a value it cannot parse ("" for other types, whose errors say it).
+func allowedValues(f *pflag.Flag) string {
+	switch f.Value.Type() {
+	case "int", "int8", "int16", "int32", "int64":
+		return "a whole number"
+	case "uint", "uint8", "uint16", "uint32", "uint64":
+		return "a whole number, 0 or more"
+	case "float32", "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "duration":
+		return "a duration such as 500ms, 30s, 5m or 1h"
+	}
+	return ""
+}
+
+// NonFlagEnv are DEPTRACE_* variables that are no flag's but are read all
+// the same: by the test suite and the benchmark (DEPTRACE_TEST_* and
+// DEPTRACE_BENCH_* are too), by packaging.
+var NonFlagEnv = []string{"DEPTRACE_IDENTITY_TEST_DIAL", "DEPTRACE_CHROMIUM", "DEPTRACE_SCREENSHOTS", "DEPTRACE_UPDATE_SCREENSHOTS", "DEPTRACE_ARCH", "DEPTRACE_BINARY"}
+
+// unknownEnv lists the DEPTRACE_* variables of environ that no flag of any
+// command under root has: a typo in an environment file
+// (DEPTRACE_STORE_MAX_SZIE) would otherwise be ignored in silence. Any
+// command's flags count, as agent and serve share /etc/default/deptrace.
+func unknownEnv(root *cobra.Command, environ []string) []string {
+	known := map[string]bool{}
+	var visit func(c *cobra.Command)
+	visit = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.Flags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) { known[EnvName(f.Name)] = true })
+		}
+		for _, sub := range c.Commands() {
+			visit(sub)
+		}
+	}
+	visit(root)
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "DEPTRACE_") || known[name] || slices.Contains(NonFlagEnv, name) ||
+			strings.HasPrefix(name, "DEPTRACE_TEST_") || strings.HasPrefix(name, "DEPTRACE_BENCH_") {
+			continue
+		}
+		unknown = append(unknown, name)
+	}
+	slices.Sort(unknown)
+	return unknown
 }
 
 // NewLogger builds a logger for --log-format and --log-level values; a bad
@@ -84,7 +150,11 @@ func ApplyEnv(cmd *cobra.Command) error {
 			return
 		}
 		if err := cmd.Flags().Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("invalid %s=%q for --%s: %w", env, v, f.Name, err))
+			if allowed := allowedValues(f); allowed != "" {
+				errs = append(errs, fmt.Errorf("invalid %s=%q for --%s: allowed %s", env, v, f.Name, allowed))
+			} else {
+				errs = append(errs, fmt.Errorf("invalid %s=%q for --%s: %w", env, v, f.Name, err))
+			}
 			return
 		}
 		_ = cmd.Flags().SetAnnotation(f.Name, fromEnv, []string{env}) // the flag exists: VisitAll found it
@@ -133,6 +203,19 @@ func mentionsFlag(msg, name string) bool {
 }
 
 func isFlagChar(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' }
+
+// StopSignals are the signals that stop a deptrace command cleanly (the
+// last interval printed or stored, the kernel side detached): Ctrl-C,
+// SIGTERM, and SIGHUP, which a closed terminal or ssh session sends,
+// unless it was ignored when the process started (nohup): subscribing
+// to it would undo that.
+func StopSignals() []os.Signal {
+	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		sigs = append(sigs, syscall.SIGHUP)
+	}
+	return sigs
+}
 
 // Main runs root and exits: 0 on success, 1 with "name: error" on one line
 // of stderr otherwise.

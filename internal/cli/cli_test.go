@@ -5,8 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -31,7 +36,10 @@ func root(out *bytes.Buffer, size *int) *cobra.Command {
 	}}
 	sub.Flags().IntVar(size, "size", 1, "a size")
 	sub.Flags().IntVar(&sizeMax, "size-max", 10, "a larger size")
-	r.AddCommand(sub)
+	sub.Flags().Duration("every", time.Second, "a period")
+	other := &cobra.Command{Use: "serve", RunE: func(*cobra.Command, []string) error { return nil }}
+	other.Flags().String("store", "", "a store")
+	r.AddCommand(sub, other)
 	r.SetErr(out)
 	r.SetOut(out)
 	return r
@@ -77,7 +85,19 @@ func TestLoggingFlagsAndEnv(t *testing.T) {
 		{name: "bad format", args: []string{"run", "--log-format", "xml"}, wantErr: `invalid --log-format "xml": allowed text, json`},
 		{name: "bad level", args: []string{"run", "--log-level", "verbose"}, wantErr: `invalid --log-level "verbose": allowed debug, info, warn, error`},
 		{name: "bad env level", env: map[string]string{"DEPTRACE_LOG_LEVEL": "INFO "}, args: []string{"run"}, wantErr: `invalid --log-level "INFO ": allowed debug, info, warn, error (set from DEPTRACE_LOG_LEVEL)`},
-		{name: "bad env int", env: map[string]string{"DEPTRACE_SIZE": "big"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_SIZE="big" for --size`},
+		{name: "bad env int", env: map[string]string{"DEPTRACE_SIZE": "big"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_SIZE="big" for --size: allowed a whole number`},
+		{name: "bad flag int", args: []string{"run", "--size", "big"}, wantErr: `invalid --size "big": allowed a whole number`, notErr: "strconv"},
+		{name: "bad flag duration", args: []string{"run", "--every", "soon"}, wantErr: `invalid --every "soon": allowed a duration such as 500ms, 30s, 5m or 1h`},
+		{name: "unknown env", env: map[string]string{"DEPTRACE_SZIE": "5", "DEPTRACE_TEST_HALT": "x", "DEPTRACE_LOG_LEVEL": "warn"}, args: []string{"run"}, check: func(t *testing.T, out string) {
+			if !strings.Contains(out, `msg="environment variable ignored: no flag of deptrace has that name" variable=DEPTRACE_SZIE`) || strings.Contains(out, "DEPTRACE_TEST_HALT") || strings.Contains(out, "DEPTRACE_LOG_LEVEL") {
+				t.Errorf("want one warning, for DEPTRACE_SZIE only:\n%s", out)
+			}
+		}},
+		{name: "a flag of another command is known", env: map[string]string{"DEPTRACE_STORE": "x.db"}, args: []string{"run"}, check: func(t *testing.T, out string) {
+			if strings.Contains(out, "ignored") {
+				t.Errorf("DEPTRACE_STORE is the other command's flag, yet:\n%s", out)
+			}
+		}},
 		// A value the flag takes but the command refuses names its variable.
 		{name: "bad env value", env: map[string]string{"DEPTRACE_SIZE": "0"}, args: []string{"run"}, wantErr: `invalid --size 0: allowed 1 or more (set from DEPTRACE_SIZE)`},
 		{name: "bad flag value", args: []string{"run", "--size", "0"}, wantErr: `invalid --size 0: allowed 1 or more`, notErr: "DEPTRACE_SIZE"},
@@ -116,3 +136,16 @@ func TestOneLine(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// SIGHUP stops a command cleanly, unless it was ignored at start (nohup):
+// subscribing to it would undo that.
+func TestStopSignalsLeaveNohupAlone(t *testing.T) {
+	defer signal.Reset(syscall.SIGHUP)
+	if !slices.Contains(StopSignals(), os.Signal(syscall.SIGHUP)) || !slices.Contains(StopSignals(), os.Signal(syscall.SIGTERM)) {
+		t.Fatalf("StopSignals() = %v, want SIGTERM and SIGHUP", StopSignals())
+	}
+	signal.Ignore(syscall.SIGHUP)
+	if slices.Contains(StopSignals(), os.Signal(syscall.SIGHUP)) {
+		t.Errorf("StopSignals() = %v with SIGHUP ignored, want it left out", StopSignals())
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -139,7 +138,7 @@ func newBenchServeCmd() *cobra.Command {
 		Example: `  deptrace-bench serve --addr 127.0.0.1:20000 --ports 1000`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), cli.StopSignals()...)
 			defer stop()
 			bound, err := loadgen.Serve(ctx, addr, ports)
 			if err != nil {
@@ -191,7 +190,7 @@ bpf_stats leaves out. It prints Markdown tables for docs/performance.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the runs stop and clean up: the load, the
 			// tracer, perf and its files.
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), cli.StopSignals()...)
 			defer stop()
 			if cfg.Duration < time.Second || cfg.Duration > time.Hour {
 				return fmt.Errorf("invalid --duration %s: allowed 1s to 1h", cfg.Duration)
