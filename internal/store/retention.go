@@ -96,7 +96,12 @@ func (z retained) old(lo, hi int64) []segment {
 }
 
 // advanceRetention moves the starts of the kept history forward (never
-// back), in order, and deletes what lies before them.
+// back), in order, and deletes what lies before them: at each level the
+// buckets that end by its start. A bucket the start cuts (a day, when
+// EnforceMaxSize cuts at an hour) stays whole: no range reads it while
+// the finer levels hold its part from the start, and once they no
+// longer do it is a bucket the range's start cuts, counted at its
+// resolution (see Range), as Retain leaves it.
 func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows int64, err error) {
 	z.hours = max(z.hours, z.days)
 	z.minutes = max(z.minutes, z.hours)
@@ -116,6 +121,7 @@ func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows in
 		if from == math.MinInt64 {
 			continue
 		}
+		from = floorTo(from, levels[i].width)
 		for _, t := range []string{"flow_pieces", "piece_todo"} {
 			if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM `+t+` WHERE level = ? AND bucket < ?`), i, from); err != nil {
 				return minuteRows, fmt.Errorf("delete old buckets of %s: %w", t, err)
@@ -134,7 +140,8 @@ func (s *Store) advanceRetention(ctx context.Context, z retained) (minuteRows in
 	if z.days == math.MinInt64 {
 		return minuteRows, nil
 	}
-	return minuteRows, s.forgetBefore(ctx, z.days)
+	// The keys and names of a day row kept stay with it.
+	return minuteRows, s.forgetBefore(ctx, floorTo(z.days, levels[2].width))
 }
 
 // recordCutoff moves the starts of the kept history forward (never back).
@@ -275,7 +282,8 @@ func (s *Store) Size(ctx context.Context) (int64, error) {
 type Ceiling struct {
 	Size  int64 // bytes before
 	After int64 // bytes after (Size when it did nothing)
-	// Acted: it deleted the buckets before From, at every level.
+	// Acted: it deleted the buckets before From (an hour), at every
+	// level; the day From falls in keeps its day row (advanceRetention).
 	Acted      bool
 	From       time.Time
 	MinuteRows int64
@@ -286,9 +294,10 @@ type Ceiling struct {
 const ceilingTarget = 0.9
 
 // EnforceMaxSize deletes the oldest buckets, every level alike (the
-// oldest day of history first), when the store is larger than max bytes,
-// down to about 90% of it; the current hour is never deleted. Which days
-// go is estimated from their share of the bucket rows. PostgreSQL keeps
+// oldest hour of history first), when the store is larger than max
+// bytes, down to about 90% of it; the current hour is never deleted.
+// Which hours go is estimated from their share of the bucket rows: whole
+// days overshot by far a store of a day or two. PostgreSQL keeps
 // the space of deleted rows for new ones once vacuumed (it vacuums the
 // tables it deleted from) rather than giving it back to the file system:
 // so there it acts again only once the store has grown past the size it
@@ -309,24 +318,31 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 			return c, nil
 		}
 	}
-	day := levels[2].width
-	latest := floorTo(now.UnixNano(), levels[1].width)
+	hour, day := levels[1].width, levels[2].width
+	latest := floorTo(now.UnixNano(), hour)
 	for range 8 { // an estimate: SQLite measures again and goes on
-		perDay := map[int64]int64{}
+		// The rows a cut at the end of each hour deletes: minute and hour
+		// rows by their hour, a day row only by its day's last hour (the
+		// day a cut falls in keeps its row).
+		perHour := map[int64]int64{}
 		var total int64
 		for i := range levels {
+			group := fmt.Sprintf(`bucket - (bucket %% %d)`, hour)
+			if i == 2 {
+				group = fmt.Sprintf(`bucket + %d`, day-hour)
+			}
 			for _, t := range []string{levels[i].table, listenerTables[i], dnsTables[i]} {
-				rows, err := s.db.QueryContext(ctx, fmt.Sprintf(`SELECT bucket - (bucket %% %d), COUNT(*) FROM %s GROUP BY 1`, day, t))
+				rows, err := s.db.QueryContext(ctx, fmt.Sprintf(`SELECT %s, COUNT(*) FROM %s GROUP BY 1`, group, t))
 				if err != nil {
 					return c, fmt.Errorf("count the rows of %s: %w", t, err)
 				}
 				for rows.Next() {
-					var d, n int64
-					if err := rows.Scan(&d, &n); err != nil {
+					var h, n int64
+					if err := rows.Scan(&h, &n); err != nil {
 						rows.Close()
 						return c, fmt.Errorf("count the rows of %s: %w", t, err)
 					}
-					perDay[d] += n
+					perHour[h] += n
 					total += n
 				}
 				rows.Close()
@@ -338,16 +354,16 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 		if total == 0 {
 			break
 		}
-		days := make([]int64, 0, len(perDay))
-		for d := range perDay {
-			days = append(days, d)
+		hours := make([]int64, 0, len(perHour))
+		for h := range perHour {
+			hours = append(hours, h)
 		}
-		slices.Sort(days)
+		slices.Sort(hours)
 		need := int64(math.Ceil(float64(total) * float64(size-int64(float64(maxBytes)*ceilingTarget)) / float64(size)))
-		cut, sum := days[0], int64(0)
-		for _, d := range days {
-			cut = d + day
-			if sum += perDay[d]; sum >= need {
+		cut, sum := hours[0], int64(0)
+		for _, h := range hours {
+			cut = h + hour
+			if sum += perHour[h]; sum >= need {
 				break
 			}
 		}

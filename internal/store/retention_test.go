@@ -181,7 +181,7 @@ func TestRetentionCheck(t *testing.T) {
 	}
 }
 
-// Past the size ceiling the oldest days go first, every level alike,
+// Past the size ceiling the oldest hours go first, every level alike,
 // down to under the ceiling (SQLite: pages in use), and the newest
 // history stays whole; PostgreSQL, whose files keep the space for new
 // rows, acts once until the store grows again.
@@ -206,8 +206,8 @@ func TestStoreMaxSizeDeletesOldestFirst(t *testing.T) {
 				t.Fatalf("over the ceiling: %+v, %v", c, err)
 			}
 			t.Logf("size %d, ceiling %d: deleted before %s, %d minute rows; now %d bytes", c.Size, maxBytes, c.From, c.MinuteRows, c.After)
-			if !c.From.After(day(10, 0, 0)) || c.From.After(day(20, 0, 0)) || c.From.UnixNano()%int64(24*time.Hour) != 0 {
-				t.Errorf("deleted before %s: want a day boundary after the oldest and before the newest day", c.From)
+			if !c.From.After(day(10, 0, 0)) || c.From.After(day(20, 12, 0)) || c.From.UnixNano()%int64(time.Hour) != 0 {
+				t.Errorf("deleted before %s: want an hour boundary after the oldest and before the current hour", c.From)
 			}
 			if name == "sqlite" && c.After > maxBytes {
 				t.Errorf("%d bytes after, over the ceiling %d", c.After, maxBytes)
@@ -223,6 +223,113 @@ func TestStoreMaxSizeDeletesOldestFirst(t *testing.T) {
 				if err != nil || again.Acted {
 					t.Errorf("acted again before the store grew: %+v, %v", again, err)
 				}
+			}
+		})
+	}
+}
+
+// minutely writes flows flows with one connection each in every minute
+// from start for n hours, and returns the times of one flow.
+func minutely(t *testing.T, s *store.Store, start time.Time, n int, flows int) []time.Time {
+	t.Helper()
+	var at []time.Time
+	var b store.Batch
+	for m := range n * 60 {
+		ts := start.Add(time.Duration(m)*time.Minute + 20*time.Second)
+		at = append(at, ts)
+		for f := range flows {
+			b.Observations = append(b.Observations, obs("a", "outbound", "198.51.100.1", "198.51.100.2", uint16(1000+f), "curl", ts, 1, 10))
+		}
+		if len(b.Observations) >= 5000 || m == n*60-1 {
+			if err := s.Write(context.Background(), b); err != nil {
+				t.Fatal(err)
+			}
+			b = store.Batch{}
+		}
+	}
+	return at
+}
+
+// A store of less than two days over the ceiling loses its oldest hours,
+// about as many as bring it to 90% of the ceiling, not whole UTC days
+// (which left a third of the ceiling and a quarter of the history).
+// Every level starts at the cut; the day the cut falls in keeps its day
+// row, which no range reads while its remaining hours are kept.
+func TestStoreMaxSizeCutsHoursNotDays(t *testing.T) {
+	ctx := context.Background()
+	start, now := day(19, 2, 0), day(20, 18, 30)
+	const flows = 10
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			s.SetAutoCompact(false)
+			at := minutely(t, s, start, 40, flows)
+			if _, err := s.Compact(ctx, now); err != nil { // pieces too must go with their buckets
+				t.Fatal(err)
+			}
+			size, err := s.Size(ctx)
+			if err != nil || size <= 0 {
+				t.Fatalf("size %d, %v", size, err)
+			}
+			maxBytes := size * 9 / 10
+			c, err := s.EnforceMaxSize(ctx, maxBytes, now)
+			if err != nil || !c.Acted {
+				t.Fatalf("over the ceiling: %+v, %v", c, err)
+			}
+			t.Logf("size %d, ceiling %d: deleted before %s, %d minute rows; now %d bytes (%.0f%% of the ceiling)",
+				c.Size, maxBytes, c.From, c.MinuteRows, c.After, 100*float64(c.After)/float64(maxBytes))
+			// The rows are even over the 40 hours: 19% of them (down to
+			// 90% of 90%) are the first 7.6 hours, so up to 10:00.
+			if c.From.Before(day(19, 9, 0)) || c.From.After(day(19, 13, 0)) || c.From.UnixNano()%int64(time.Hour) != 0 {
+				t.Errorf("deleted before %s: want an hour boundary from 19 Nov 09:00 to 13:00", c.From)
+			}
+			if name == "sqlite" && (c.After > maxBytes || c.After < maxBytes*7/10) {
+				t.Errorf("%d bytes after, want from 70%% of the ceiling %d to the ceiling", c.After, maxBytes)
+			}
+			m, h, d, err := s.Oldest(ctx)
+			if err != nil || !m.Equal(c.From) || !h.Equal(c.From) || !d.Equal(c.From) {
+				t.Errorf("oldest kept: minutes %s, hours %s, days %s (%v); want %s at every level", m, h, d, err, c.From)
+			}
+			// No part of the history counted twice (the cut day's day row
+			// and its hours) nor lost, through pieces or rows.
+			for _, r := range []store.Range{{}, {Since: day(19, 0, 0), Until: day(20, 0, 0)}, {Since: c.From.Add(-30 * time.Minute), Until: c.From.Add(90 * time.Minute)}} {
+				since := r.Since
+				if since.Before(c.From) {
+					since = c.From
+				}
+				want := flows * count(at, since, r.Until)
+				if got := connections(t, s, r); got != want {
+					t.Errorf("%+v: %d connections, want %d: every one since %s", r, got, want, c.From)
+				}
+				without, err := s.ObservationsWithoutPieces(ctx, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var n uint64
+				for _, o := range without {
+					n += o.Connections
+				}
+				if n != want {
+					t.Errorf("%+v without pieces: %d connections, want %d", r, n, want)
+				}
+			}
+			if got := connections(t, s, store.Range{Until: c.From}); got != 0 {
+				t.Errorf("%d connections before %s", got, c.From)
+			}
+			if name == "postgres" {
+				again, err := s.EnforceMaxSize(ctx, maxBytes, now)
+				if err != nil || again.Acted {
+					t.Errorf("acted again before the store grew: %+v, %v", again, err)
+				}
+			}
+			// Once the hours of the cut day go too, its day row answers
+			// for it, whole (day resolution, as for a range that starts
+			// inside a day).
+			if _, err := s.RetainLevels(ctx, store.Retention{Minutes: 12 * time.Hour, Hours: 12 * time.Hour}, now); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := connections(t, s, store.Range{}), flows*count(at, day(19, 0, 0), time.Time{}); got != want {
+				t.Errorf("after the cut day's hours went: %d connections, want %d: the whole day's, then every one", got, want)
 			}
 		})
 	}
