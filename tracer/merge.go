@@ -1,14 +1,18 @@
 package tracer
 
-// mergeSameUDPFlows merges the udp flows of one interval that name the same
-// dependency, in place, keeping the order of the first of each, and returns
-// the shortened slice. The kernel keys the datagrams of an unconnected
-// socket bound to a wildcard by the wildcard; once flowsOf names such a
-// flow by its routed source, it is the flow of a connected socket (or of
-// one bound to that source) to the same peer: one dependency, one line.
-func mergeSameUDPFlows(flows []Flow) []Flow {
+// mergeSameFlows merges the udp and unix flows of one interval that name
+// the same dependency, in place, keeping the order of the first of each,
+// and returns the shortened slice. The kernel keys the datagrams of an
+// unconnected socket bound to a wildcard by the wildcard; once flowsOf
+// names such a flow by its routed source, it is the flow of a connected
+// socket (or of one bound to that source) to the same peer: one
+// dependency, one line. A unix server's flows from clients in several
+// namespaces become one once flowsOf puts them in the server's
+// (unixServerNetNS).
+func mergeSameFlows(flows []Flow) []Flow {
 	type flowKey struct {
 		netns         uint32
+		proto         Proto
 		dir           Direction
 		local, remote string
 		port          uint16
@@ -16,11 +20,11 @@ func mergeSameUDPFlows(flows []Flow) []Flow {
 	at := map[flowKey]int{}
 	out := flows[:0]
 	for _, f := range flows {
-		if f.Proto != ProtoUDP {
+		if f.Proto != ProtoUDP && f.Proto != ProtoUnix {
 			out = append(out, f)
 			continue
 		}
-		k := flowKey{f.NetNS, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
+		k := flowKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
 		if i, ok := at[k]; ok {
 			mergeFlow(&out[i], f)
 			continue

@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/netns"
 )
 
 // Config configures a Tracer. Start from DefaultConfig.
@@ -449,7 +450,8 @@ func (t *Tracer) reuseFlows(flows []Flow) {
 // text of their addresses, and the process from procs where the interval
 // saw none; entries that naming makes one dependency become one flow.
 func (t *Tracer) flowsOf(entries []bundler.Entry, now time.Time, offset int64, flows []Flow) []Flow {
-	start, routed := len(flows), false
+	start, merge := len(flows), false
+	var netnsOfPID map[uint32]uint32 // this drain's reads of /proc/PID/ns/net
 	for i := range entries {
 		e := &entries[i]
 		if e.Counts == (bundler.Counts{}) {
@@ -485,18 +487,46 @@ func (t *Tracer) flowsOf(entries []bundler.Entry, now time.Time, offset int64, f
 			if src, ok := t.routes.source(e.NetNS, e.Remote); ok {
 				local = src
 				f.LocalAddr = t.addrs.name(src)
-				routed = true
+				merge = true
 			}
 		}
 		t.procs.fill(&f, procKey{netns: e.NetNS, proto: e.Proto, dir: e.Direction, port: e.Port, local: local, remote: e.Remote, path: e.Path})
+		if f.Proto == ProtoUnix && f.Direction == Inbound && f.PID != 0 {
+			if netnsOfPID == nil {
+				netnsOfPID = map[uint32]uint32{}
+			}
+			merge = unixServerNetNS(&f, netnsOfPID) || merge
+		}
 		flows = append(flows, f)
 	}
-	if routed {
-		// A routed source can make a wildcard-bound socket's flow the
-		// same as another entry's (mergeSameUDPFlows); only then.
-		flows = flows[:start+len(mergeSameUDPFlows(flows[start:]))]
+	if merge {
+		// A routed source, or a unix server's own namespace, can make a
+		// flow the same as another entry's (mergeSameFlows); only then.
+		flows = flows[:start+len(mergeSameFlows(flows[start:]))]
 	}
 	return flows
+}
+
+// unixServerNetNS puts the server end of a unix connection in its
+// server's network namespace, and reports whether it moved it. The kernel
+// creates the socket a unix stream server accepts in the namespace of the
+// socket that connected (unix_stream_connect: sock_net of the client's),
+// so the server's flow carries the client's namespace, and a server in
+// one container would show in its client's. The namespace of the process
+// that used the socket (/proc/PID/ns/net) is the server's; a process gone
+// since leaves the kernel's. Datagram servers' sockets are their own: no
+// move.
+func unixServerNetNS(f *Flow, netnsOfPID map[uint32]uint32) bool {
+	ino, ok := netnsOfPID[f.PID]
+	if !ok {
+		ino, _ = netns.Inode(fmt.Sprintf("/proc/%d/ns/net", f.PID)) // 0 when gone: kept
+		netnsOfPID[f.PID] = ino
+	}
+	if ino == 0 || ino == f.NetNS {
+		return false
+	}
+	f.NetNS = ino
+	return true
 }
 
 // queueMax is the deepest accept queue the interval had: the kernel side

@@ -1,6 +1,7 @@
 package tracer_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/internal/tracertest"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -66,6 +68,13 @@ func serveUnix(path string) int {
 // startUnixServer runs the echo server as a separate process named name.
 func startUnixServer(t *testing.T, name, path string) {
 	t.Helper()
+	startUnixServerIn(t, nil, name, path)
+}
+
+// startUnixServerIn runs the echo server in host's network namespace (nil:
+// this process's).
+func startUnixServerIn(t *testing.T, host *testnet.Host, name, path string) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +88,9 @@ func startUnixServer(t *testing.T, name, path string) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin)
+	if host != nil {
+		cmd = host.Command(context.Background(), bin)
+	}
 	cmd.Env = append(os.Environ(), unixServerEnv+"="+path)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -146,6 +158,67 @@ func TestUnixStreamBothEndsNamed(t *testing.T) {
 				t.Errorf("server side names %d/%q with peer %q; want uxserver/%d with peer %q", i.PID, i.Comm, i.PeerComm, o.PeerPID, testComm())
 			}
 		})
+	}
+}
+
+// A unix server's end is in its own network namespace, as a volume-shared
+// socket between containers has it: the kernel creates the socket a
+// stream server accepts in the client's namespace, and deptrace moves the
+// server's flow to the namespace of its process. Clients in two namespaces
+// make one server flow; each client's flow stays in its own namespace.
+func TestUnixServerEndIsInTheServersNamespace(t *testing.T) {
+	tr := startSharedTracer(t)
+	nw := testnet.New(t, 3)
+	server, clients := nw.Hosts[0], nw.Hosts[1:]
+	path := filepath.Join(t.TempDir(), "shared.sock")
+	startUnixServerIn(t, server, "uxserver", path)
+	const n, size = 3, 10
+	for _, h := range clients {
+		for i := 0; i < n; i++ {
+			c, err := h.Dial("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := roundTrip(c, size, size); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		}
+	}
+	l := tracertest.NewLedger()
+	ends := func(l *tracertest.Ledger) (out map[uint32]tracer.Flow, in []tracer.Flow) {
+		out = map[uint32]tracer.Flow{}
+		for _, f := range l.Flows {
+			switch {
+			case f.Proto != tracer.ProtoUnix:
+			case f.Direction == tracer.Outbound && f.RemoteAddr == path:
+				out[f.NetNS] = *f
+			case f.Direction == tracer.Inbound && f.LocalAddr == path:
+				in = append(in, *f)
+			}
+		}
+		return out, in
+	}
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		out, in := ends(l)
+		var served uint64
+		for _, f := range in {
+			served += f.BytesSent
+		}
+		return len(out) == 2 && served >= 2*n*size
+	})
+	out, in := ends(l)
+	for _, h := range clients {
+		if o := out[h.Inode]; !l.Counted(o.Connections, n) || o.PeerComm != "uxserver" {
+			t.Errorf("client in %s: %+v; want %d connections to uxserver in its own namespace", h.Name, o, n)
+		}
+	}
+	if len(in) != 1 || in[0].NetNS != server.Inode || in[0].Comm != "uxserver" || !l.Counted(in[0].Connections, 2*n) {
+		for _, f := range in {
+			t.Logf("server flow: netns %d, %s/%d, %+v", f.NetNS, f.Comm, f.PID, f.Counters)
+		}
+		t.Errorf("%d server flows; want one, in the server's namespace %s (%d), of uxserver, with %d connections (clients in %d and %d)",
+			len(in), server.Name, server.Inode, 2*n, clients[0].Inode, clients[1].Inode)
 	}
 }
 
