@@ -32,7 +32,8 @@ answer fast; writes into those hours, late ones included, drop what they
 touch.
 
 Listening beyond loopback requires --token-file: every request must then carry
-"Authorization: Bearer TOKEN" (the page: open it once with ?token=TOKEN).`,
+"Authorization: Bearer TOKEN" (the page: open it once with ?token=TOKEN,
+the token URL-encoded).`,
 		Example: `  deptrace serve
   deptrace serve --store postgres://deptrace@db.example/deptrace
   deptrace serve --listen 0.0.0.0:7777 --token-file /etc/deptrace/token`,

@@ -267,7 +267,9 @@ func newDiffCmd() *cobra.Command {
 		Short: "Edges that appeared or disappeared",
 		Long: `diff compares the edges seen in [--since, --until) with those seen in the window
 of the same length just before it (or [--before-since, --before-until)), and
-prints "+" for each edge that appeared and "-" for each that disappeared.`,
+prints "+" for each edge that appeared and "-" for each that disappeared.
+With only --before-since, the earlier window ends at --since; with only
+--before-until, it is as long as [--since, --until).`,
 		Example: `  deptrace diff --since 1h                      # last hour against the hour before
   deptrace diff --since 2026-11-20 --until 2026-11-21`,
 		Args: cobra.NoArgs,
@@ -287,18 +289,34 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 				return err
 			}
 			defer func() { _ = st.Close() }() // a read-only command
-			if r.Until.IsZero() {
-				r.Until = time.Now()
-			}
-			before := store.Range{Since: r.Since.Add(-r.Until.Sub(r.Since)), Until: r.Since}
 			now := time.Now()
-			if beforeSince != "" || beforeUntil != "" {
-				if before.Since, err = parseTime("before-since", beforeSince, now); err != nil {
-					return err
+			if r.Until.IsZero() {
+				r.Until = now
+				if !r.Since.Before(r.Until) {
+					return fmt.Errorf("invalid --since %s: allowed a time before now (or give --until after it)", r.Since.Format(time.RFC3339))
 				}
-				if before.Until, err = parseTime("before-until", beforeUntil, now); err != nil {
-					return err
+			}
+			// The window before: each end defaulted from the other and
+			// the current window as /api/diff does (cli.BeforeWindow).
+			var bs, bu time.Time
+			if bs, err = parseTime("before-since", beforeSince, now); err != nil {
+				return err
+			}
+			if bu, err = parseTime("before-until", beforeUntil, now); err != nil {
+				return err
+			}
+			before := store.Range{}
+			before.Since, before.Until = cli.BeforeWindow(r.Since, r.Until, bs, bu)
+			if !before.Since.Before(before.Until) {
+				var dflt string
+				switch {
+				case !bs.IsZero() && bu.IsZero():
+					dflt = " (--before-until defaults to --since)"
+				case bs.IsZero() && !bu.IsZero():
+					dflt = " (--before-since defaults to --before-until minus the length of [--since, --until))"
 				}
+				return fmt.Errorf("invalid range: --before-since %s is not before --before-until %s%s: allowed a window that starts before it ends",
+					before.Since.Format(time.RFC3339), before.Until.Format(time.RFC3339), dflt)
 			}
 			gAfter, _, err := loadGraph(ctx, st, r)
 			if err != nil {
@@ -317,7 +335,7 @@ prints "+" for each edge that appeared and "-" for each that disappeared.`,
 		},
 	}
 	q.register(cmd)
-	cmd.Flags().StringVar(&beforeSince, "before-since", "", "start of the window to compare against (default: same length before --since)")
-	cmd.Flags().StringVar(&beforeUntil, "before-until", "", "end of the window to compare against")
+	cmd.Flags().StringVar(&beforeSince, "before-since", "", "start of the window to compare against (default: --before-until minus the length of [--since, --until))")
+	cmd.Flags().StringVar(&beforeUntil, "before-until", "", "end of the window to compare against (default: --since)")
 	return cmd
 }

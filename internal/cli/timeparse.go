@@ -11,14 +11,34 @@ import (
 // TimeForms names what ParseTime accepts, for error messages.
 const TimeForms = `allowed RFC 3339, "2006-01-02 15:04[:05]", "2006-01-02T15:04", "2006-01-02", "15:04" (today), now, or an age such as 15m, 1h or 2d`
 
+// MinTime and MaxTime bound the times ParseTime gives. The store keeps
+// times as nanoseconds since 1970 in 64 bits, which hold 1677-09-21 to
+// 2262-04-11: a time beyond wrapped around (a since in 2999 selected all
+// history). The bounds are whole years inside that, leaving the store
+// room to round a range's ends to its minutes, hours and days.
+var (
+	MinTime = time.Date(1678, 1, 1, 0, 0, 0, 0, time.UTC)
+	MaxTime = time.Date(2262, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
 // ParseTime reads a point in time the way every deptrace command and the
 // web API take it (--since, --until, ?since=): RFC 3339, "2006-01-02
 // 15:04[:05]", "2006-01-02T15:04", "2006-01-02", "15:04" (today), "now",
 // or an age meaning that long before now (1h, 90m, 2d; a leading "-" is
 // allowed: "-1h" is also an hour ago). Local time where no zone is given.
-// "" gives the zero time (no bound). The error says what is allowed; the
-// caller names the flag or parameter.
+// "" gives the zero time (no bound); a time before MinTime or after
+// MaxTime is refused. The error says what is allowed; the caller names
+// the flag or parameter.
 func ParseTime(v string, now time.Time) (time.Time, error) {
+	t, err := parseTime(v, now)
+	if err == nil && strings.TrimSpace(v) != "" && (t.Before(MinTime) || t.After(MaxTime)) {
+		return time.Time{}, fmt.Errorf("out of range: allowed a time from %s to %s (the store's nanoseconds since 1970 in 64 bits)",
+			MinTime.Format(time.RFC3339), MaxTime.Format(time.RFC3339))
+	}
+	return t, err
+}
+
+func parseTime(v string, now time.Time) (time.Time, error) {
 	v = strings.TrimSpace(v)
 	switch v {
 	case "":
@@ -63,4 +83,26 @@ func ParseAge(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("invalid age %q: an age cannot be negative", v)
 	}
 	return d, nil
+}
+
+// BeforeWindow is the window diff compares [since, until) with (until
+// not zero), given the ends asked for, each zero when not given: neither
+// is the window of the same length just before since; only beforeSince
+// ends at since (the current window's start); only beforeUntil is as long
+// as the current window. A start that would fall before MinTime is
+// MinTime. The caller checks that bs is before bu, naming its flags or
+// parameters.
+func BeforeWindow(since, until, beforeSince, beforeUntil time.Time) (bs, bu time.Time) {
+	bs, bu = beforeSince, beforeUntil
+	if bu.IsZero() {
+		bu = since
+	}
+	if bs.IsZero() {
+		// Sub saturates at about 292 years; MinTime bounds the rest.
+		bs = bu.Add(-until.Sub(since))
+		if bs.Before(MinTime) {
+			bs = MinTime
+		}
+	}
+	return bs, bu
 }

@@ -49,3 +49,59 @@ func TestParseAge(t *testing.T) {
 		}
 	}
 }
+
+// The store keeps times as nanoseconds since 1970 in 64 bits: a time
+// beyond them wrapped around (since=2999-01-01 selected all history), so
+// it is refused, saying what is allowed; the ends themselves are kept.
+func TestParseTimeRefusesTimesBeyondNanoseconds(t *testing.T) {
+	now := time.Date(2026, 11, 21, 15, 30, 0, 0, time.Local)
+	const want = "out of range: allowed a time from 1678-01-01T00:00:00Z to 2262-01-01T00:00:00Z (the store's nanoseconds since 1970 in 64 bits)"
+	for _, bad := range []string{"2999-01-01", "2300-01-01", "2262-01-01T00:00:01Z", "2262-04-12T00:00:00Z", "9999-12-31 23:59",
+		"1677-12-31T23:59:59Z", "1600-01-01T00:00:00Z", "0001-01-01T00:00:00Z", "1000-01-01"} {
+		if got, err := ParseTime(bad, now); err == nil || err.Error() != want {
+			t.Errorf("%q: got %v, %v; want %q", bad, got, err, want)
+		}
+	}
+	for in, want := range map[string]time.Time{
+		"2262-01-01T00:00:00Z": MaxTime,
+		"1678-01-01T00:00:00Z": MinTime,
+		"2261-12-31T23:59:59Z": time.Date(2261, 12, 31, 23, 59, 59, 0, time.UTC),
+		"1678-01-01T00:00:01Z": time.Date(1678, 1, 1, 0, 0, 1, 0, time.UTC),
+		"100000d":              now.Add(-100000 * 24 * time.Hour), // the longest age: 1753
+	} {
+		got, err := ParseTime(in, now)
+		if err != nil || !got.Equal(want) || !time.Unix(0, got.UnixNano()).Equal(got) {
+			t.Errorf("%q: %v %v, want %v, its nanoseconds in an int64", in, got, err, want)
+		}
+	}
+}
+
+// diff's window before [since, until): the missing end of
+// --before-since/--before-until (before_since/before_until) defaults
+// from the other and from the current window.
+func TestBeforeWindow(t *testing.T) {
+	at := func(h int) time.Time { return time.Date(2026, 11, 21, h, 0, 0, 0, time.UTC) }
+	var none time.Time
+	since, until := at(10), at(12) // a window of 2 hours
+	for _, c := range []struct {
+		name           string
+		bs, bu         time.Time
+		wantBs, wantBu time.Time
+	}{
+		{"neither: the same length just before since", none, none, at(8), at(10)},
+		{"only before_since: ends at since", at(3), none, at(3), at(10)},
+		{"only before_until: as long as the current window", none, at(6), at(4), at(6)},
+		{"both: as given", at(1), at(2), at(1), at(2)},
+		{"both, backwards: as given (the caller refuses it)", at(2), at(1), at(2), at(1)},
+	} {
+		bs, bu := BeforeWindow(since, until, c.bs, c.bu)
+		if !bs.Equal(c.wantBs) || !bu.Equal(c.wantBu) {
+			t.Errorf("%s: [%s, %s), want [%s, %s)", c.name, bs, bu, c.wantBs, c.wantBu)
+		}
+	}
+	// A window longer than a Duration holds, or starting before MinTime:
+	// the window before starts at MinTime, not at a wrapped time.
+	if bs, bu := BeforeWindow(MinTime.Add(time.Hour), MaxTime, none, none); !bs.Equal(MinTime) || !bu.Equal(MinTime.Add(time.Hour)) {
+		t.Errorf("the longest window: before it [%s, %s), want [%s, %s)", bs, bu, MinTime, MinTime.Add(time.Hour))
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
@@ -288,20 +289,31 @@ func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	before := filters{since: f.since.Add(-f.until.Sub(f.since)), until: f.since, target: f.target, depth: f.depth, reverse: f.reverse, proto: f.proto, port: f.port, groupBy: f.groupBy}
-	if q.has("before_since") || q.has("before_until") {
-		if before.since, err = q.time("before_since"); err != nil {
-			s.fail(w, r, err)
-			return
+	// The window before: [before_since, before_until), each end defaulted
+	// from the other and the current window as the CLI's diff does
+	// (cli.BeforeWindow).
+	before := filters{target: f.target, depth: f.depth, reverse: f.reverse, proto: f.proto, port: f.port, groupBy: f.groupBy}
+	if before.since, err = q.time("before_since"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if before.until, err = q.time("before_until"); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	givenSince, givenUntil := !before.since.IsZero(), !before.until.IsZero()
+	before.since, before.until = cli.BeforeWindow(f.since, f.until, before.since, before.until)
+	if !before.since.Before(before.until) {
+		var dflt string
+		switch {
+		case givenSince && !givenUntil:
+			dflt = " (before_until defaults to since)"
+		case givenUntil && !givenSince:
+			dflt = " (before_since defaults to before_until minus the length of [since, until))"
 		}
-		if before.until, err = q.time("before_until"); err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		if !before.since.IsZero() && !before.until.IsZero() && !before.since.Before(before.until) {
-			s.fail(w, r, badParam("invalid range: before_since %s is not before before_until %s", before.since.Format(time.RFC3339), before.until.Format(time.RFC3339)))
-			return
-		}
+		s.fail(w, r, badParam("invalid range: before_since %s is not before before_until %s%s: allowed a window that starts before it ends",
+			before.since.Format(time.RFC3339), before.until.Format(time.RFC3339), dflt))
+		return
 	}
 	after, _, errA := s.selected(r.Context(), f, false)
 	prev, _, errB := s.selected(r.Context(), before, false)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -540,6 +541,188 @@ func TestSeries(t *testing.T) {
 		code, body, _ := get(t, srv.URL, path)
 		if code != http.StatusBadRequest || !strings.Contains(string(body), want) {
 			t.Errorf("GET %s: %d %s, want 400 with %q", path, code, body, want)
+		}
+	}
+}
+
+// A time beyond what nanoseconds since 1970 hold in 64 bits (years
+// before 1678 or after 2262) is a 400 naming the parameter, on every
+// endpoint: it used to wrap around (since=2999-01-01 gave every edge,
+// until=2999-01-01 none).
+func TestTimesBeyondNanosecondsAreRefused(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	const allowed = "out of range: allowed a time from 1678-01-01T00:00:00Z to 2262-01-01T00:00:00Z (the store's nanoseconds since 1970 in 64 bits)"
+	for q, param := range map[string]string{
+		"/api/graph?since=2999-01-01":                                        `since "2999-01-01"`,
+		"/api/graph?since=1h&until=2999-01-01":                               `until "2999-01-01"`,
+		"/api/graph?until=2262-04-12":                                        `until "2262-04-12"`,
+		"/api/graph?since=1600-01-01T00:00:00Z":                              `since "1600-01-01T00:00:00Z"`,
+		"/api/look?target=nginx&since=2300-01-01":                            `since "2300-01-01"`,
+		"/api/diff?since=2999-01-01":                                         `since "2999-01-01"`,
+		"/api/diff?since=1h&before_since=1500-01-01":                         `before_since "1500-01-01"`,
+		"/api/diff?since=1h&before_until=3000-01-01":                         `before_until "3000-01-01"`,
+		"/api/series?node=" + url.QueryEscape(idNginx) + "&until=2999-01-01": `until "2999-01-01"`,
+		"/api/dns?since=2300-01-01":                                          `since "2300-01-01"`,
+	} {
+		code, body, _ := get(t, srv.URL, q)
+		var e struct{ Error string }
+		if err := json.Unmarshal(body, &e); err != nil || code != http.StatusBadRequest || e.Error != "invalid "+param+": "+allowed {
+			t.Errorf("GET %s: %d %s, want 400 with invalid %s: %s", q, code, body, param, allowed)
+		}
+	}
+	// The bounds themselves read the store right: nothing was seen
+	// after the last, everything after the first; and a range between
+	// them (not on whole minutes: the store rounds it) has it all.
+	for q, want := range map[string]int{"since=2262-01-01T00:00:00Z": 0, "until=2262-01-01T00:00:00Z": 4, "since=1678-01-01T00:00:00Z": 4,
+		"until=1678-01-01T00:00:00Z": 0, "since=1678-01-01T00:00:01Z&until=2261-12-31T23:59:59Z": 4, "since=1678-01-01T00:00:00Z&until=1678-01-02T00:00:00Z": 0} {
+		if g := getGraph(t, srv.URL, "/api/graph?"+q); len(g.Edges) != want {
+			t.Errorf("%s: %d edges, want %d", q, len(g.Edges), want)
+		}
+	}
+}
+
+// /api/diff with one end of the window before: the other defaults as in
+// the CLI's diff (cli.BeforeWindow): only before_since ends it at since,
+// only before_until makes it as long as [since, until). It used to
+// default to the zero time: no bound.
+func TestDiffDefaultsTheMissingEndOfTheWindowBefore(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	keys := func(es []graph.Edge) []string { return edgeKeys(graph.Graph{Edges: es}) }
+	ask := func(q string) diffAnswer {
+		var ans diffAnswer
+		code, body, _ := get(t, srv.URL, "/api/diff?"+q)
+		if code != http.StatusOK || json.Unmarshal(body, &ans) != nil {
+			t.Fatalf("diff?%s: %d %s", q, code, body)
+		}
+		return ans
+	}
+	// [2h ago, 30m ago): python3's edge, gone since; redis and DNS new.
+	ans := ask("since=30m&before_since=2h")
+	if !ans.BeforeUntil.Equal(ans.Since) || ans.Since.Sub(ans.BeforeSince) != 90*time.Minute {
+		t.Errorf("before_since=2h: before [%s, %s), want [since - 90m, since %s)", ans.BeforeSince, ans.BeforeUntil, ans.Since)
+	}
+	equal(t, "appeared since the window [2h, 30m) ago", keys(ans.Appeared), []string{idNginx + " -> " + idRedis, idNginx + " -> " + idDNS})
+	equal(t, "disappeared since the window [2h, 30m) ago", keys(ans.Disappeared), []string{idPython + " -> " + idPostgres})
+
+	// [75m ago, 45m ago), as long as [30m ago, now): nothing then, so
+	// all three edges of the last 30 minutes appeared.
+	ans = ask("since=30m&before_until=45m")
+	if ans.BeforeUntil.Sub(ans.BeforeSince) != ans.Until.Sub(ans.Since) || ans.Since.Sub(ans.BeforeUntil) != 15*time.Minute {
+		t.Errorf("before_until=45m: before [%s, %s), want 30 minutes ending 15 minutes before since %s", ans.BeforeSince, ans.BeforeUntil, ans.Since)
+	}
+	equal(t, "appeared since the window [75m, 45m) ago", keys(ans.Appeared), []string{idNginx + " -> " + idPostgres, idNginx + " -> " + idRedis, idNginx + " -> " + idDNS})
+	equal(t, "disappeared since the window [75m, 45m) ago", keys(ans.Disappeared), nil)
+
+	// A window before that does not start before it ends is refused,
+	// saying which end was defaulted.
+	for q, want := range map[string]string{
+		"since=30m&before_since=10m":                        "(before_until defaults to since): allowed a window that starts before it ends",
+		"since=30m&until=20m&before_until=1000000d":         "invalid before_until",
+		"since=2h&until=1h&before_since=3h&before_until=3h": "invalid range: before_since",
+	} {
+		code, body, _ := get(t, srv.URL, "/api/diff?"+q)
+		var e struct{ Error string }
+		if err := json.Unmarshal(body, &e); err != nil || code != http.StatusBadRequest || !strings.Contains(e.Error, want) {
+			t.Errorf("diff?%s: %d %s, want 400 with %q", q, code, body, want)
+		}
+	}
+}
+
+// Any method but GET and HEAD on an endpoint is a 405 that says which
+// are allowed (it was a 404 "no endpoint", as if the path were wrong);
+// a path that is no endpoint stays a 404.
+func TestMethodNotAllowed(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	for _, ep := range []string{"/api/graph", "/api/look", "/api/diff", "/api/series", "/api/dns"} {
+		for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
+			req, _ := http.NewRequest(m, srv.URL+ep+"?since=1h", strings.NewReader("{}"))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var e struct{ Error string }
+			want := "method " + m + " not allowed on " + ep + ": allowed GET, HEAD"
+			if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" || json.Unmarshal(body, &e) != nil || e.Error != want {
+				t.Errorf("%s %s: %d Allow %q %s, want 405, Allow GET, HEAD and %q", m, ep, resp.StatusCode, resp.Header.Get("Allow"), body, want)
+			}
+		}
+	}
+	// HEAD, which Allow names, works.
+	resp, err := http.Head(srv.URL + "/api/graph?since=1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("HEAD /api/graph: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	resp, err = http.Post(srv.URL+"/api/nothing", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("POST /api/nothing: %d, want 404", resp.StatusCode)
+	}
+}
+
+// Every answer is JSON without indentation, one line and a newline, as
+// /api/graph always was (docs/api.md says so).
+func TestAnswersAreCompact(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	for _, q := range []string{"/api/graph?since=1h", "/api/look?target=nginx", "/api/diff?since=1h", "/api/dns",
+		"/api/series?points=3&node=" + url.QueryEscape(idNginx),
+		"/api/series?points=3&proto=tcp&port=6379&from=" + url.QueryEscape(idNginx) + "&to=" + url.QueryEscape(idRedis),
+		"/api/graph?since=nope", "/api/series?node=nosuch"} {
+		_, body, _ := get(t, srv.URL, q)
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, body); err != nil || compact.String()+"\n" != string(body) {
+			t.Errorf("GET %s: %.300q is not compact JSON and a newline (%v)", q, body, err)
+		}
+	}
+}
+
+// The token docs/api.md makes (hex: no character a query string
+// changes) is one --token-file takes and one that works in the page's
+// link as it is; a token with + / = works in the link URL-encoded, and
+// not as it is (a + is a space in a query string).
+func TestDocumentedTokenWorksInALink(t *testing.T) {
+	file := t.TempDir() + "/token"
+	if out, err := exec.Command("sh", "-c", "od -An -tx1 -N32 /dev/urandom | tr -d ' \\n' > "+file).CombinedOutput(); err != nil {
+		t.Fatalf("the documented command: %v %s", err, out)
+	}
+	token, err := ReadToken(file)
+	if err != nil || len(token) != 64 || strings.Trim(token, "0123456789abcdef") != "" {
+		t.Fatalf("ReadToken of the documented token: %q %v; want 64 hex digits", token, err)
+	}
+	path, _ := seed(t)
+	for _, c := range []struct {
+		token, link string
+		code        int
+	}{
+		{token, "/?token=" + token, http.StatusSeeOther},
+		{"a+b/c=d+e/f=g+h/i==", "/?token=" + url.QueryEscape("a+b/c=d+e/f=g+h/i=="), http.StatusSeeOther},
+		{"a+b/c=d+e/f=g+h/i==", "/?token=a+b/c=d+e/f=g+h/i==", http.StatusUnauthorized},
+	} {
+		srv, _ := serve(t, path, Options{Token: c.token})
+		code, _, hdr := get(t, srv.URL, c.link)
+		if code != c.code {
+			t.Errorf("token %q, link %s: %d, want %d", c.token, c.link, code, c.code)
+		}
+		if code == http.StatusSeeOther {
+			cookie := &http.Cookie{}
+			if cs := (&http.Response{Header: hdr}).Cookies(); len(cs) == 1 {
+				cookie = cs[0]
+			}
+			if code, body, _ := get(t, srv.URL, "/api/graph", "Cookie", cookie.Name+"="+cookie.Value); code != http.StatusOK {
+				t.Errorf("token %q: the cookie of the link gives %d %.200s", c.token, code, body)
+			}
 		}
 	}
 }

@@ -1,8 +1,10 @@
 package web
 
 import (
+	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -219,6 +221,11 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 	// starts inside a minute has one point more.
 	span := until.Sub(since)
 	step := ((span/time.Duration(points) + time.Minute - 1) / time.Minute) * time.Minute
+	if !since.Add(span).Equal(until) {
+		// Longer than a Duration holds (Sub saturates at 292 years):
+		// whole minutes from whole seconds, rounded up.
+		step = time.Duration((until.Unix()-since.Unix())/60/int64(points)+1) * time.Minute
+	}
 	start := since.Truncate(time.Minute)
 	if step < time.Minute {
 		step = time.Minute
@@ -314,11 +321,13 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 	}
 	if node != "" {
 		ans := nodeSeriesAnswer{Node: node, Since: start, Until: until, StepS: int64(step / time.Second), Points: []nodePoint{}}
+		seen := false
 		err = each(nil, true, func(t time.Time, g *graph.Graph) {
 			p := nodePoint{T: t}
 			for i := range g.Nodes {
 				if g.Nodes[i].ID == node {
 					p.DNS = dnsOf(&g.Nodes[i])
+					seen = true
 				}
 			}
 			for i := range g.Edges {
@@ -332,6 +341,9 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 			}
 			ans.Points = append(ans.Points, p)
 		})
+		if err == nil && !seen {
+			err = s.known(r, by, node, "", "", "", 0)
+		}
 		if err != nil {
 			s.fail(w, r, err)
 			return
@@ -340,18 +352,58 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ans := seriesAnswer{From: from, To: to, Proto: proto, Port: port, Since: start, Until: until, StepS: int64(step / time.Second), Points: []seriesPoint{}}
+	seen := false
 	err = each(func(e *graph.Edge) bool { return e.Proto == proto && int(e.Port) == port }, false, func(t time.Time, g *graph.Graph) {
 		p := seriesPoint{T: t, Health: graph.HealthOK}
 		for _, e := range g.Edges {
 			if e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port {
 				p.Counters, p.ConnectLatencyAvgUs, p.Unhealthy, p.Health = e.Counters, e.ConnectLatencyAvgUs, e.Unhealthy, e.Health
+				seen = true
 			}
 		}
 		ans.Points = append(ans.Points, p)
 	})
+	if err == nil && !seen {
+		err = s.known(r, by, "", from, to, proto, port)
+	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	s.json(w, ans)
+}
+
+// known checks that a series asks for what the store holds: the node, or
+// the edge from, to, proto and port, in the graph of all history grouped
+// by by (what /api/graph gives without since or until). A node or edge
+// the store holds but that had no traffic in the range has a history of
+// zeros; one it never held is a typo, answered 404 naming the parameter,
+// as /api/look answers a target that matches nothing. It is read only
+// when the range's steps did not have it.
+func (s *Server) known(r *http.Request, by, node, from, to, proto string, port int) error {
+	g, _, err := s.loadGraph(r.Context(), store.Range{})
+	if err != nil {
+		return err
+	}
+	g = graph.Group(g, by)
+	has := func(id string) bool {
+		return slices.ContainsFunc(g.Nodes, func(n graph.Node) bool { return n.ID == id })
+	}
+	if node != "" {
+		if !has(node) {
+			return &notFoundError{fmt.Errorf("unknown node %q: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", node, by)}
+		}
+		return nil
+	}
+	for _, x := range [][2]string{{"from", from}, {"to", to}} {
+		if !has(x[1]) {
+			return &notFoundError{fmt.Errorf("unknown %s %q: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", x[0], x[1], by)}
+		}
+	}
+	if !slices.ContainsFunc(g.Edges, func(e graph.Edge) bool {
+		return e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port
+	}) {
+		return &notFoundError{fmt.Errorf("unknown edge: the store has no edge from %q to %q over %s port %d (group_by %s); allowed from, to, proto and port of an edge as /api/graph gives it", from, to, proto, port, by)}
+	}
+	return nil
 }

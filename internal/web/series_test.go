@@ -119,11 +119,14 @@ func TestSeriesRejectsGarbage(t *testing.T) {
 			t.Errorf("%.80s: %d %q, want 400 with %q", q, code, body, want)
 		}
 	}
-	// At most 120 points, however long the range.
-	code, body, _ := get(t, srv.URL, "/api/series?since=2000-01-01T00:00:00Z&points=120&node=workload:a")
-	var ans nodeSeriesAnswer
-	if err := json.Unmarshal(body, &ans); code != http.StatusOK || err != nil || len(ans.Points) > 121 || len(ans.Points) < 120 {
-		t.Errorf("26 years in 120 points: %d, %d points, %v", code, len(ans.Points), err)
+	// At most 120 points, however long the range, even longer than a
+	// time.Duration holds (292 years).
+	for since, what := range map[string]string{"2000-01-01T00:00:00Z": "26 years", "1700-01-01T00:00:00Z": "over 300 years"} {
+		code, body, _ := get(t, srv.URL, "/api/series?since="+since+"&points=120&node="+url.QueryEscape(idNginx))
+		var ans nodeSeriesAnswer
+		if err := json.Unmarshal(body, &ans); code != http.StatusOK || err != nil || len(ans.Points) > 121 || len(ans.Points) < 120 {
+			t.Errorf("%s in 120 points: %d, %d points, %v", what, code, len(ans.Points), err)
+		}
 	}
 }
 
@@ -369,4 +372,63 @@ func askJSON[T any](t *testing.T, base, path string) T {
 		t.Fatalf("GET %s: %d %s", path, code, body)
 	}
 	return ans
+}
+
+// A series of a node or an edge the store never held is a 404 naming
+// the parameter, as /api/look answers a target that matches nothing (it
+// was 31 points of zeros: a typo looked like no traffic); one the store
+// holds that had no traffic in the range is a history of zeros.
+func TestSeriesOfWhatTheStoreNeverHeld(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	edge := func(from, to, proto, port string) string {
+		return "from=" + url.QueryEscape(from) + "&to=" + url.QueryEscape(to) + "&proto=" + proto + "&port=" + port
+	}
+	for q, want := range map[string]string{
+		"node=nosuch": `unknown node "nosuch": no such node in the store (group_by workload); allowed a node id as /api/graph gives it`,
+		"node=" + url.QueryEscape(idNginx) + "&group_by=host":     `unknown node "workload:web-1/nginx": no such node in the store (group_by host)`,
+		"since=3h&node=" + url.QueryEscape("workload:web-1/ngin"): `unknown node "workload:web-1/ngin"`,
+		edge(idNginx, "nosuch", "tcp", "8080"):                    `unknown to "nosuch": no such node in the store`,
+		edge("nosuch", idRedis, "tcp", "6379"):                    `unknown from "nosuch": no such node in the store`,
+		edge(idNginx, idRedis, "tcp", "8080"):                     `unknown edge: the store has no edge from "workload:web-1/nginx" to "workload:cache-1/redis-server" over tcp port 8080 (group_by workload); allowed from, to, proto and port of an edge as /api/graph gives it`,
+		edge(idNginx, idRedis, "udp", "6379"):                     `unknown edge: the store has no edge from "workload:web-1/nginx" to "workload:cache-1/redis-server" over udp port 6379`,
+		edge(idPostgres, idNginx, "tcp", "5432"):                  `unknown edge`,
+	} {
+		code, body, hdr := get(t, srv.URL, "/api/series?"+q)
+		var e struct{ Error string }
+		if err := json.Unmarshal(body, &e); err != nil || code != http.StatusNotFound || !strings.Contains(e.Error, want) || strings.Contains(e.Error, "\n") || hdr.Get("Content-Type") != "application/json" {
+			t.Errorf("%s: %d %s, want 404 with %q", q, code, body, want)
+		}
+	}
+	// In the store, but no traffic in the last hour (python3's edge is 90
+	// minutes old): zeros, and so in any range, with group_by too.
+	for _, q := range []string{
+		"since=1h&node=" + url.QueryEscape(idPython),
+		"since=1h&" + edge(idPython, idPostgres, "tcp", "5432"),
+		"since=1h&group_by=host&node=host:worker-1",
+		"since=1h&group_by=host&" + edge("host:worker-1", "host:db-1", "tcp", "5432"),
+		"since=3000m&until=2000m&node=" + url.QueryEscape(idNginx),
+	} {
+		code, body, _ := get(t, srv.URL, "/api/series?"+q)
+		if code != http.StatusOK {
+			t.Errorf("%s: %d %s, want 200", q, code, body)
+			continue
+		}
+		var ans struct{ Points []map[string]any }
+		if err := json.Unmarshal(body, &ans); err != nil || len(ans.Points) < 30 {
+			t.Errorf("%s: %v, %d points, want 30 or 31", q, err, len(ans.Points))
+		}
+		for _, p := range ans.Points {
+			for _, k := range []string{"connections", "datagrams_sent"} {
+				if v, ok := p[k].(float64); ok && v != 0 {
+					t.Errorf("%s: a point with %s %v, want zeros", q, k, v)
+				}
+			}
+			for _, dir := range []string{"in", "out"} {
+				if m, ok := p[dir].(map[string]any); ok && (m["connections"] != 0.0 || m["edges"] != 0.0) {
+					t.Errorf("%s: %s %v, want zeros", q, dir, m)
+				}
+			}
+		}
+	}
 }

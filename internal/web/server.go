@@ -86,12 +86,20 @@ func New(st *store.Store, opt Options) *Server {
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
 	}
-	s.mux.HandleFunc("GET /api/graph", s.handleGraph)
-	s.mux.HandleFunc("GET /api/look", s.handleLook)
-	s.mux.HandleFunc("GET /api/diff", s.handleDiff)
-	s.mux.HandleFunc("GET /api/series", s.handleSeries)
-	s.mux.HandleFunc("GET /api/dns", s.handleDNS)
+	endpoints := map[string]http.HandlerFunc{"/api/graph": s.handleGraph, "/api/look": s.handleLook, "/api/diff": s.handleDiff,
+		"/api/series": s.handleSeries, "/api/dns": s.handleDNS}
+	for path, h := range endpoints {
+		s.mux.HandleFunc("GET "+path, h) // and HEAD
+	}
+	// Any other method on an endpoint is a 405 naming the allowed ones
+	// (the mux would answer it so, but "/api/" below matches first); any
+	// other path under /api/ a 404.
 	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		if endpoints[r.URL.Path] != nil {
+			w.Header().Set("Allow", "GET, HEAD")
+			s.fail(w, r, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: allowed GET, HEAD", r.Method, r.URL.Path)})
+			return
+		}
 		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns", r.Method, r.URL.Path)})
 	})
 	files := http.FileServerFS(static)
@@ -159,7 +167,7 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="deptrace"`)
-	s.fail(w, r, &httpError{http.StatusUnauthorized, "missing or wrong token: send \"Authorization: Bearer TOKEN\" with the token of --token-file, or open the page once with ?token=TOKEN"})
+	s.fail(w, r, &httpError{http.StatusUnauthorized, "missing or wrong token: send \"Authorization: Bearer TOKEN\" with the token of --token-file, or open the page once with ?token=TOKEN (URL-encoded)"})
 	return false
 }
 
@@ -243,11 +251,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": strings.Join(strings.Fields(err.Error()), " ")})
 }
 
+// json writes v without indentation, as /api/graph writes the graph:
+// one line and a newline.
 func (s *Server) json(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
+	if err := json.NewEncoder(w).Encode(v); err != nil {
 		s.log.Debug("write answer", "err", err)
 	}
 }
