@@ -3,6 +3,7 @@ package tracer
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/bundler"
+	"github.com/deptrace/deptrace/internal/netns"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -150,8 +152,10 @@ func TestFlowsOfNamesEntries(t *testing.T) {
 		FirstSeenBootNs: 1000, LastSeenBootNs: 2000}
 	idle := client
 	idle.Port, idle.Counts = 80, bundler.Counts{}
+	// A pid above pid_max's limit (4194304): no /proc/PID/ns/net, so the
+	// server's flow keeps the kernel's namespace (unixServerNetNS).
 	server := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirInbound, Path: "/run/app.sock",
-		Counts: bundler.Counts{Connections: 1}, PID: 7, Comm: "app", PeerPID: 8, PeerComm: "cli"}
+		Counts: bundler.Counts{Connections: 1}, PID: 4194305, Comm: "app", PeerPID: 8, PeerComm: "cli"}
 	// A wildcard-bound udp socket; its route is cached, so no netlink.
 	resolver, routed := netip.MustParseAddr("192.0.2.53"), netip.MustParseAddr("192.0.2.7")
 	tr.routes.entries[sourceKey{5, resolver}] = sourceEntry{routed, true, time.Now().Add(time.Hour)}
@@ -164,7 +168,7 @@ func TestFlowsOfNamesEntries(t *testing.T) {
 			RemoteAddr: "2001:db8::2", Port: 443, PID: 42, Comm: "curl", CgroupID: 9,
 			Counters: Counters{Connections: 2, BytesSent: 10}, FirstSeen: time.Unix(0, 6000), LastSeen: time.Unix(0, 7000)},
 		{Kind: KindFlow, Time: now, NetNS: 5, Proto: ProtoUnix, Direction: Inbound, LocalAddr: "/run/app.sock",
-			PID: 7, Comm: "app", PeerPID: 8, PeerComm: "cli", Counters: Counters{Connections: 1},
+			PID: 4194305, Comm: "app", PeerPID: 8, PeerComm: "cli", Counters: Counters{Connections: 1},
 			FirstSeen: time.Unix(0, 5000), LastSeen: time.Unix(0, 5000)},
 		{Kind: KindFlow, Time: now, NetNS: 5, Proto: ProtoUDP, Direction: Outbound, LocalAddr: "192.0.2.7",
 			RemoteAddr: "192.0.2.53", Port: 53, PID: 50, Comm: "dig", Counters: Counters{DatagramsSent: 1},
@@ -348,5 +352,33 @@ func TestFlowsOfMergesARoutedWildcardFlow(t *testing.T) {
 	dual.Local = netip.IPv6Unspecified()
 	if flows := tr.flowsOf([]bundler.Entry{wildcard, dual}, now, 0, nil); len(flows) != 1 || flows[0].DatagramsSent != 6 {
 		t.Errorf("two wildcard entries routed from one source: %+v", flows)
+	}
+}
+
+// A unix server's flows from clients in two namespaces move to the
+// namespace of the server's process and become one flow; a client's flow
+// stays where the kernel put it.
+func TestFlowsOfMovesAUnixServerToItsNamespace(t *testing.T) {
+	self, err := netns.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &Tracer{procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
+	pid := uint32(os.Getpid())
+	fromA := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirInbound, Path: "/run/php.sock",
+		Counts: bundler.Counts{Connections: 2, BytesSent: 20}, PID: pid, Comm: "php-fpm", PeerPID: 8, PeerComm: "nginx"}
+	fromB := fromA
+	fromB.NetNS, fromB.Counts = 6, bundler.Counts{Connections: 3, BytesSent: 30}
+	client := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirOutbound, Path: "/run/php.sock",
+		Counts: bundler.Counts{Connections: 2}, PID: pid, Comm: "nginx", PeerPID: pid, PeerComm: "php-fpm"}
+	flows := tr.flowsOf([]bundler.Entry{fromA, client, fromB}, time.Unix(1_800_000_000, 0), 0, nil)
+	if len(flows) != 2 {
+		t.Fatalf("%d flows, want 2 (the server's two merged): %+v", len(flows), flows)
+	}
+	if s := flows[0]; s.Direction != Inbound || s.NetNS != self || s.Connections != 5 || s.BytesSent != 50 {
+		t.Errorf("server flow: netns %d, %+v; want netns %d (its process's), 5 connections", s.NetNS, s.Counters, self)
+	}
+	if c := flows[1]; c.Direction != Outbound || c.NetNS != 5 {
+		t.Errorf("client flow moved: netns %d, want 5", c.NetNS)
 	}
 }
