@@ -155,13 +155,16 @@ func lockName(pinPath string) string {
 	if p == "" {
 		return filepath.Join(lockDir, "-.lock")
 	}
+	plain := func(c byte) bool {
+		return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == ':' || c == '_' || c == '.'
+	}
 	var b strings.Builder
 	for i := 0; i < len(p); i++ {
 		c := p[i]
 		switch {
 		case c == '/':
 			b.WriteByte('-')
-		case c == '.' && i == 0, !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == ':' || c == '_' || c == '.'):
+		case c == '.' && i == 0, !plain(c):
 			fmt.Fprintf(&b, `\x%02x`, c)
 		default:
 			b.WriteByte(c)
