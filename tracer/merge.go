@@ -6,9 +6,10 @@ package tracer
 // unconnected socket bound to a wildcard by the wildcard; once flowsOf
 // names such a flow by its routed source, it is the flow of a connected
 // socket (or of one bound to that source) to the same peer: one
-// dependency, one line. A unix server's flows from clients in several
-// namespaces become one once flowsOf puts them in the server's
-// (unixServerNetNS).
+// dependency, one line. A unix server's flows from clients of one name in
+// several namespaces become one once flowsOf puts them in the server's
+// (unixServerNetNS); clients of other names stay apart, as the kernel
+// keeps them when their namespaces differ.
 func mergeSameFlows(flows []Flow) []Flow {
 	type flowKey struct {
 		netns         uint32
@@ -16,6 +17,7 @@ func mergeSameFlows(flows []Flow) []Flow {
 		dir           Direction
 		local, remote string
 		port          uint16
+		peerComm      string // unix: the other end's process
 	}
 	at := map[flowKey]int{}
 	out := flows[:0]
@@ -24,7 +26,7 @@ func mergeSameFlows(flows []Flow) []Flow {
 			out = append(out, f)
 			continue
 		}
-		k := flowKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port}
+		k := flowKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port, f.PeerComm}
 		if i, ok := at[k]; ok {
 			mergeFlow(&out[i], f)
 			continue

@@ -514,8 +514,11 @@ func (t *Tracer) flowsOf(entries []bundler.Entry, now time.Time, offset int64, f
 // so the server's flow carries the client's namespace, and a server in
 // one container would show in its client's. The namespace of the process
 // that used the socket (/proc/PID/ns/net) is the server's; a process gone
-// since leaves the kernel's. Datagram servers' sockets are their own: no
-// move.
+// since leaves the kernel's (a pid reused in between, within one
+// interval, would move it wrongly: rare, and only the NETNS shown). The
+// agent files unix flows with a path under the machine's host anyway
+// (internal/agent: flowNetNS); trace's NETNS and jsonl's netns show it.
+// Datagram servers' sockets are their own: no move.
 func unixServerNetNS(f *Flow, netnsOfPID map[uint32]uint32) bool {
 	ino, ok := netnsOfPID[f.PID]
 	if !ok {

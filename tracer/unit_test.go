@@ -355,9 +355,10 @@ func TestFlowsOfMergesARoutedWildcardFlow(t *testing.T) {
 	}
 }
 
-// A unix server's flows from clients in two namespaces move to the
-// namespace of the server's process and become one flow; a client's flow
-// stays where the kernel put it.
+// A unix server's flows from clients of one name in two namespaces move
+// to the namespace of the server's process and become one flow; a client
+// of another name stays a flow of its own, and a client's flow stays
+// where the kernel put it.
 func TestFlowsOfMovesAUnixServerToItsNamespace(t *testing.T) {
 	self, err := netns.Self()
 	if err != nil {
@@ -369,11 +370,16 @@ func TestFlowsOfMovesAUnixServerToItsNamespace(t *testing.T) {
 		Counts: bundler.Counts{Connections: 2, BytesSent: 20}, PID: pid, Comm: "php-fpm", PeerPID: 8, PeerComm: "nginx"}
 	fromB := fromA
 	fromB.NetNS, fromB.Counts = 6, bundler.Counts{Connections: 3, BytesSent: 30}
+	otherClient := fromB
+	otherClient.NetNS, otherClient.PeerComm = 7, "curl"
 	client := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirOutbound, Path: "/run/php.sock",
 		Counts: bundler.Counts{Connections: 2}, PID: pid, Comm: "nginx", PeerPID: pid, PeerComm: "php-fpm"}
-	flows := tr.flowsOf([]bundler.Entry{fromA, client, fromB}, time.Unix(1_800_000_000, 0), 0, nil)
-	if len(flows) != 2 {
-		t.Fatalf("%d flows, want 2 (the server's two merged): %+v", len(flows), flows)
+	flows := tr.flowsOf([]bundler.Entry{fromA, client, fromB, otherClient}, time.Unix(1_800_000_000, 0), 0, nil)
+	if len(flows) != 3 {
+		t.Fatalf("%d flows, want 3 (the server's two from nginx merged, curl's apart): %+v", len(flows), flows)
+	}
+	if c := flows[2]; c.PeerComm != "curl" || c.NetNS != self || c.Connections != 3 {
+		t.Errorf("the server's flow from curl: %+v", c)
 	}
 	if s := flows[0]; s.Direction != Inbound || s.NetNS != self || s.Connections != 5 || s.BytesSent != 50 {
 		t.Errorf("server flow: netns %d, %+v; want netns %d (its process's), 5 connections", s.NetNS, s.Counters, self)

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
@@ -517,91 +516,58 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 	return g
 }
 
-// unix joins unix-socket flows. Both ends are on one machine, not
-// always in one network namespace (containers sharing a socket through a
-// volume): the client reports (outbound), from its namespace, the
-// server's socket path and the server process as its peer; the server
-// reports (inbound), from its own (tracer: unixServerNetNS), its socket
-// path and the client process as its peer. So they meet on (machine,
-// path, client process); the client's view gives each client namespace's
-// edge and counters, the server's view the service's host, and both when
-// only one end was seen.
+// unix joins unix-socket flows. Both ends are on one host: the client
+// reports (outbound) the server's socket path and the server process as
+// its peer; the server reports (inbound) its socket path and the client
+// process as its peer. The client's view gives the counters when there
+// is one.
 func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string]string) {
-	type key struct{ machine, path, client string }
+	type key struct{ host, path, client string }
 	type pair struct {
-		outs       map[string]*side // by the client's host
-		in         *side
-		serverHost string // the host of the latest inbound flow
-		server     string // process
-		serverSeen time.Time
+		out, in *side
+		server  string // process
 	}
 	pairs := map[key]*pair{}
 	var order []key
 	for oi, o := range obs {
 		outbound := o.Direction == string(tracer.Outbound)
-		k := key{Machine(o.HostID), o.LocalAddr, o.PeerComm}
+		k := key{o.HostID, o.LocalAddr, o.PeerComm}
 		server := o.Comm
 		if outbound {
-			k, server = key{Machine(o.HostID), o.RemoteAddr, o.Comm}, o.PeerComm
+			k, server = key{o.HostID, o.RemoteAddr, o.Comm}, o.PeerComm
 		}
 		p := pairs[k]
 		if p == nil {
-			p = &pair{outs: map[string]*side{}}
+			p = &pair{}
 			pairs[k] = p
 			order = append(order, k)
 		}
-		sd := p.in
+		sd := &p.in
 		if outbound {
-			sd = p.outs[o.HostID]
+			sd = &p.out
 		}
-		if sd == nil {
-			sd = &side{client: o.HostID, server: o.HostID, serverAddr: k.path, proto: string(tracer.ProtoUnix), process: k.client}
-			if outbound {
-				p.outs[o.HostID] = sd
-			} else {
-				p.in = sd
-			}
+		if *sd == nil {
+			*sd = &side{client: k.host, server: k.host, serverAddr: k.path, proto: string(tracer.ProtoUnix), process: k.client}
 		}
-		if !outbound && (p.serverHost == "" || !o.LastSeen.Before(sd.last)) {
-			p.serverHost = o.HostID
-		}
-		sd.add(o, outbound)
+		(*sd).add(o, outbound)
 		if idx != nil {
-			sd.members = append(sd.members, idx[oi])
+			(*sd).members = append((*sd).members, idx[oi])
 		}
 		// The server process: the latest name either end gave.
-		if server != "" && (p.server == "" || !o.LastSeen.Before(p.serverSeen)) {
-			p.server, p.serverSeen = server, o.LastSeen
+		if server != "" && (p.server == "" || !o.LastSeen.Before((*sd).last)) {
+			p.server = server
 		}
 	}
 	for _, k := range order {
 		p := pairs[k]
-		sides := make([]*side, 0, len(p.outs))
-		for _, sd := range p.outs {
-			sides = append(sides, sd)
+		from := b.node(Node{ID: ProcessID(k.host, k.client), Kind: KindProcess, Host: k.host, Addr: hostAddr[k.host], Process: k.client})
+		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: string(tracer.ProtoUnix), Process: p.server})
+		sd := p.out
+		if sd == nil {
+			sd = p.in
 		}
-		slices.SortFunc(sides, func(x, y *side) int { return cmp.Compare(x.client, y.client) })
-		if len(sides) == 0 {
-			sides = append(sides, p.in) // only the server's view: its client on its host
-		}
-		for _, sd := range sides {
-			serverHost := p.serverHost
-			if serverHost == "" {
-				serverHost = sd.client // only the clients' views: the path on theirs
-			}
-			from := b.node(Node{ID: ProcessID(sd.client, k.client), Kind: KindProcess, Host: sd.client, Addr: hostAddr[sd.client], Process: k.client})
-			to := b.node(Node{ID: UnixServiceID(serverHost, k.path), Kind: KindService, Host: serverHost, Addr: k.path, Proto: string(tracer.ProtoUnix), Process: p.server})
-			b.edge(from, to, sd)
-		}
+		b.edge(from, to, sd)
 	}
-}
-
-// Machine is the machine a host id belongs to: the id of its root
-// namespace, before the "/" that starts a namespace's name ("web-1/netns:4026532246"
-// is on "web-1"). Unix sockets connect the namespaces of one machine.
-func Machine(hostID string) string {
-	m, _, _ := strings.Cut(hostID, "/")
-	return m
 }
 
 // listeners puts each service's accept-queue state on its node: summed

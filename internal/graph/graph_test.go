@@ -380,42 +380,6 @@ func unixObs(host, dir, local, remote, comm, peer string, conns, sent, recv uint
 	return x
 }
 
-// A socket shared between containers through a volume: the clients in
-// two namespaces of machine m and the server in a third meet on the
-// machine, one edge per client namespace to the one service in the
-// server's namespace; the same path on machine n, seen by its client
-// only, is n's own service.
-func TestUnixAcrossNamespacesOfAMachine(t *testing.T) {
-	const path = "/run/php/php-fpm.sock"
-	hs := []store.Host{{ID: "m"}, {ID: "m/netns:1"}, {ID: "m/netns:2"}, {ID: "m/netns:3"}, {ID: "n/netns:1"}}
-	obs := []store.Observation{
-		unixObs("m/netns:1", "outbound", "", path, "nginx", "php-fpm", 5, 500, 5000),
-		unixObs("m/netns:2", "outbound", "", path, "nginx", "php-fpm", 3, 300, 3000),
-		unixObs("m/netns:3", "inbound", path, "", "php-fpm", "nginx", 8, 8000, 800),
-		unixObs("n/netns:1", "outbound", "", path, "nginx", "php-fpm", 1, 100, 1000),
-	}
-	g := Build(obs, hs, nil)
-	service := UnixServiceID("m/netns:3", path)
-	for _, c := range []struct {
-		client string
-		conns  uint64
-	}{{"m/netns:1", 5}, {"m/netns:2", 3}} {
-		if e := edge(t, g, ProcessID(c.client, "nginx"), service); e.Connections != c.conns || e.BytesSent != 100*c.conns {
-			t.Errorf("nginx in %s -> php-fpm: %+v; want the client's view, %d connections", c.client, e, c.conns)
-		}
-	}
-	if n := node(t, g, service); n.Process != "php-fpm" || n.Host != "m/netns:3" {
-		t.Errorf("the shared socket's service: %+v; want php-fpm on m/netns:3", n)
-	}
-	edge(t, g, ProcessID("n/netns:1", "nginx"), UnixServiceID("n/netns:1", path))
-	if len(g.Edges) != 3 {
-		t.Errorf("%d edges, want 3: %+v", len(g.Edges), g.Edges)
-	}
-	if Machine("m/netns:3") != "m" || Machine("m") != "m" {
-		t.Errorf("Machine: %q, %q", Machine("m/netns:3"), Machine("m"))
-	}
-}
-
 // Unix sockets: nginx -> gunicorn over /run/app.sock, both ends on web;
 // psql -> postgres reported only by the server; another host's socket of
 // the same path is another service.
