@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/deptrace/deptrace/internal/testnet"
 )
 
@@ -72,5 +74,47 @@ func TestLockReleaseRemovesItsFile(t *testing.T) {
 	}
 	if _, err := lockAgent(path); err == nil {
 		t.Error("a lock while the second agent holds the new file: want refused")
+	}
+}
+
+// An agent of the version before lockName locks only the legacy name: a
+// new agent (or cleanup) is refused while it holds it, and takes it too,
+// so that such an agent is refused while the new one runs.
+func TestLockHonoursTheLegacyLock(t *testing.T) {
+	testnet.RequireRoot(t)
+	path := fmt.Sprintf("/sys/fs/bpf/deptrace-legacytest-%d", os.Getpid())
+	name := legacyLockName(path)
+	t.Cleanup(func() { _ = os.Remove(name) })
+	old, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(old.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = old.WriteString("4242\n")
+	if l, err := lockAgent(path); err == nil || !strings.Contains(err.Error(), "pid 4242, an earlier version") {
+		l.release()
+		t.Fatalf("lock while an earlier version holds the legacy lock: %v; want refused naming pid 4242", err)
+	}
+	if _, err := os.Stat(lockName(path)); !os.IsNotExist(err) {
+		t.Errorf("the refused lock left %s: %v", lockName(path), err)
+	}
+	old.Close() // the earlier version stops
+	l, err := lockAgent(path)
+	if err != nil {
+		t.Fatalf("lock after the earlier version stopped: %v", err)
+	}
+	again, err := os.OpenFile(name, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("the legacy lock file is gone while held: %v", err)
+	}
+	defer again.Close()
+	if err := unix.Flock(int(again.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
+		t.Error("an earlier version could take the legacy lock while a new agent runs")
+	}
+	l.release()
+	if err := unix.Flock(int(again.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Errorf("the legacy lock after release: %v; want free", err)
 	}
 }

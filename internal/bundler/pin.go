@@ -175,8 +175,45 @@ func lockName(pinPath string) string {
 
 // agentLock makes its process the only one owning a pin path.
 type agentLock struct {
-	f    *os.File
-	name string
+	f      *os.File
+	name   string
+	legacy *os.File // the lock of deptrace before lockName (legacyLockName), or nil
+}
+
+// legacyLockName is the lock file deptrace used before lockName: the pin
+// path with its slashes made underscores (sys_fs_bpf_deptrace.lock). An
+// agent of that version, during an upgrade, locks only it: so it is
+// locked too, and never removed (such an agent does not check that the
+// file it locked is still the one at the name).
+func legacyLockName(pinPath string) string {
+	return filepath.Join(lockDir, strings.ReplaceAll(strings.Trim(pinPath, "/"), "/", "_")+".lock")
+}
+
+// lockLegacy takes the legacy lock of pinPath: always for the default pin
+// path, the one packaged agents use; for another only where its file
+// exists, that is where an agent of the old version has run (tests use
+// thousands of paths: no file is left for each).
+func lockLegacy(pinPath string) (*os.File, error) {
+	name := legacyLockName(pinPath)
+	flags := os.O_RDWR
+	if filepath.Clean(pinPath) == bpffsHome+"/deptrace" {
+		flags |= os.O_CREATE
+	}
+	f, err := os.OpenFile(name, flags, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", name, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		owner, _ := os.ReadFile(name)
+		_ = f.Close() // the flock's error is the one to report
+		return nil, fmt.Errorf("another deptrace (pid %s, an earlier version) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	return f, nil
 }
 
 // lockAgent makes this process the only one owning pinPath: a second agent
@@ -206,7 +243,12 @@ func lockAgent(pinPath string) (*agentLock, error) {
 			// lock taken; the flock is what excludes it.
 			_ = f.Truncate(0)
 			_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
-			return &agentLock{f: f, name: name}, nil
+			l := &agentLock{f: f, name: name}
+			if l.legacy, err = lockLegacy(pinPath); err != nil {
+				l.release()
+				return nil, err
+			}
+			return l, nil
 		}
 		_ = f.Close() // removed under us: not a lock
 		if try == 100 {
@@ -242,6 +284,9 @@ func (l *agentLock) release() {
 	}
 	_ = os.Remove(l.name) // a file left behind only costs a name in /run
 	_ = l.f.Close()       // releasing the flock: nothing is written
+	if l.legacy != nil {
+		_ = l.legacy.Close() // kept: see legacyLockName
+	}
 }
 
 // pin writes every map and link of a freshly loaded kernel side.
