@@ -62,10 +62,22 @@ func Configure(root *cobra.Command) {
 // a value it cannot parse ("" for other types, whose errors say it).
 func allowedValues(f *pflag.Flag) string {
 	switch f.Value.Type() {
-	case "int", "int8", "int16", "int32", "int64":
+	case "int", "int64":
 		return "a whole number"
-	case "uint", "uint8", "uint16", "uint32", "uint64":
+	case "int8":
+		return "a whole number from -128 to 127"
+	case "int16":
+		return "a whole number from -32768 to 32767"
+	case "int32":
+		return "a whole number from -2147483648 to 2147483647"
+	case "uint", "uint64":
 		return "a whole number, 0 or more"
+	case "uint8":
+		return "a whole number from 0 to 255"
+	case "uint16":
+		return "a whole number from 0 to 65535"
+	case "uint32":
+		return "a whole number from 0 to 4294967295"
 	case "float32", "float64":
 		return "a number"
 	case "bool":

@@ -37,6 +37,7 @@ func root(out *bytes.Buffer, size *int) *cobra.Command {
 	sub.Flags().IntVar(size, "size", 1, "a size")
 	sub.Flags().IntVar(&sizeMax, "size-max", 10, "a larger size")
 	sub.Flags().Duration("every", time.Second, "a period")
+	sub.Flags().Uint32("slots", 64, "a count")
 	other := &cobra.Command{Use: "serve", RunE: func(*cobra.Command, []string) error { return nil }}
 	other.Flags().String("store", "", "a store")
 	r.AddCommand(sub, other)
@@ -87,6 +88,7 @@ func TestLoggingFlagsAndEnv(t *testing.T) {
 		{name: "bad env level", env: map[string]string{"DEPTRACE_LOG_LEVEL": "INFO "}, args: []string{"run"}, wantErr: `invalid --log-level "INFO ": allowed debug, info, warn, error (set from DEPTRACE_LOG_LEVEL)`},
 		{name: "bad env int", env: map[string]string{"DEPTRACE_SIZE": "big"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_SIZE="big" for --size: allowed a whole number`},
 		{name: "bad flag int", args: []string{"run", "--size", "big"}, wantErr: `invalid --size "big": allowed a whole number`, notErr: "strconv"},
+		{name: "flag out of its type's range", args: []string{"run", "--slots", "5000000000"}, wantErr: `invalid --slots "5000000000": allowed a whole number from 0 to 4294967295`},
 		{name: "bad flag duration", args: []string{"run", "--every", "soon"}, wantErr: `invalid --every "soon": allowed a duration such as 500ms, 30s, 5m or 1h`},
 		{name: "unknown env", env: map[string]string{"DEPTRACE_SZIE": "5", "DEPTRACE_TEST_HALT": "x", "DEPTRACE_LOG_LEVEL": "warn"}, args: []string{"run"}, check: func(t *testing.T, out string) {
 			if !strings.Contains(out, `msg="environment variable ignored: no flag of deptrace has that name" variable=DEPTRACE_SZIE`) || strings.Contains(out, "DEPTRACE_TEST_HALT") || strings.Contains(out, "DEPTRACE_LOG_LEVEL") {
