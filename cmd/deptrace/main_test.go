@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -269,7 +270,8 @@ func TestSigtermFlushesTheLastInterval(t *testing.T) {
 	for i, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
 			nw := testnet.New(t, 2)
-			p := start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name)
+			var p *proc
+			withHangup(false, func() { p = start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name) })
 			port := 9000 + 10*i
 			tcpTraffic(t, nw, port, 3)
 			p.cmd.Process.Signal(sig)
@@ -283,6 +285,49 @@ func TestSigtermFlushesTheLastInterval(t *testing.T) {
 				t.Errorf("--netns %s printed flows of another namespace:\n%s", nw.Hosts[1].Name, out)
 			}
 		})
+	}
+}
+
+// Under nohup (SIGHUP ignored when it started) trace goes on through a
+// hangup: it still counts what comes after it, and SIGTERM stops it.
+func TestHangupUnderNohupGoesOn(t *testing.T) {
+	nw := testnet.New(t, 2)
+	var p *proc
+	withHangup(true, func() { p = start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name) })
+	tcpTraffic(t, nw, 9020, 2)
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	// A stop takes well under a second; an ignored hangup never ends it.
+	select {
+	case err := <-p.done:
+		t.Fatalf("trace under nohup stopped on SIGHUP (%v)\n%s", err, p.stdout.String())
+	case <-time.After(3 * time.Second):
+	}
+	tcpTraffic(t, nw, 9021, 2)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.wait(t) // a hangup's default action would end it with "signal: hangup"
+	out := p.stdout.String()
+	for _, port := range []int{9020, 9021} {
+		if want := fmt.Sprintf("%s:%d  <--  %s:many", nw.Hosts[1].IPv4, port, nw.Hosts[0].IPv4); !strings.Contains(out, want) {
+			t.Errorf("table lacks %q (traffic before and after the hangup):\n%s", want, out)
+		}
+	}
+}
+
+// withHangup runs start, which starts a deptrace, with SIGHUP handled by
+// this process (a child gets the default action: exec resets handled
+// signals) or ignored (a child inherits that, as under nohup), whatever
+// the test runner was started with, and puts the runner's back after.
+func withHangup(ignored bool, start func()) {
+	wasIgnored := signal.Ignored(syscall.SIGHUP)
+	if ignored {
+		signal.Ignore(syscall.SIGHUP)
+	} else {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	}
+	start()
+	signal.Reset(syscall.SIGHUP)
+	if wasIgnored {
+		signal.Ignore(syscall.SIGHUP)
 	}
 }
 

@@ -140,9 +140,17 @@ type errString string
 func (e errString) Error() string { return string(e) }
 
 // SIGHUP stops a command cleanly, unless it was ignored at start (nohup):
-// subscribing to it would undo that.
+// subscribing to it would undo that. Both cases are set here, whatever
+// the test runner was started with (a CI job under nohup ignores it).
 func TestStopSignalsLeaveNohupAlone(t *testing.T) {
-	defer signal.Reset(syscall.SIGHUP)
+	wasIgnored := signal.Ignored(syscall.SIGHUP)
+	defer func() {
+		signal.Reset(syscall.SIGHUP)
+		if wasIgnored {
+			signal.Ignore(syscall.SIGHUP)
+		}
+	}()
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP) // handled: not ignored
 	if !slices.Contains(StopSignals(), os.Signal(syscall.SIGHUP)) || !slices.Contains(StopSignals(), os.Signal(syscall.SIGTERM)) {
 		t.Fatalf("StopSignals() = %v, want SIGTERM and SIGHUP", StopSignals())
 	}
