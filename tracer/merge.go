@@ -8,8 +8,7 @@ package tracer
 // socket (or of one bound to that source) to the same peer: one
 // dependency, one line. A unix server's flows from clients of one name in
 // several namespaces become one once flowsOf puts them in the server's
-// (unixServerNetNS); clients of other names stay apart, as the kernel
-// keeps them when their namespaces differ.
+// (unixServerNetNS); other clients and other servers stay apart.
 func mergeSameFlows(flows []Flow) []Flow {
 	type flowKey struct {
 		netns         uint32
@@ -17,7 +16,11 @@ func mergeSameFlows(flows []Flow) []Flow {
 		dir           Direction
 		local, remote string
 		port          uint16
-		peerComm      string // unix: the other end's process
+		// unix: both processes. Two servers of one path in one network
+		// namespace (host-network containers, each with its own mount
+		// namespace) stay apart, as clients of other names do.
+		comm, peerComm string
+		cgroup         uint64
 	}
 	at := map[flowKey]int{}
 	out := flows[:0]
@@ -26,7 +29,10 @@ func mergeSameFlows(flows []Flow) []Flow {
 			out = append(out, f)
 			continue
 		}
-		k := flowKey{f.NetNS, f.Proto, f.Direction, f.LocalAddr, f.RemoteAddr, f.Port, f.PeerComm}
+		k := flowKey{netns: f.NetNS, proto: f.Proto, dir: f.Direction, local: f.LocalAddr, remote: f.RemoteAddr, port: f.Port}
+		if f.Proto == ProtoUnix {
+			k.comm, k.peerComm, k.cgroup = f.Comm, f.PeerComm, f.CgroupID
+		}
 		if i, ok := at[k]; ok {
 			mergeFlow(&out[i], f)
 			continue

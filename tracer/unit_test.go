@@ -357,8 +357,8 @@ func TestFlowsOfMergesARoutedWildcardFlow(t *testing.T) {
 
 // A unix server's flows from clients of one name in two namespaces move
 // to the namespace of the server's process and become one flow; a client
-// of another name stays a flow of its own, and a client's flow stays
-// where the kernel put it.
+// of another name and another server of the path stay flows of their
+// own, and a client's flow stays where the kernel put it.
 func TestFlowsOfMovesAUnixServerToItsNamespace(t *testing.T) {
 	self, err := netns.Self()
 	if err != nil {
@@ -374,9 +374,16 @@ func TestFlowsOfMovesAUnixServerToItsNamespace(t *testing.T) {
 	otherClient.NetNS, otherClient.PeerComm = 7, "curl"
 	client := bundler.Entry{NetNS: 5, Proto: bundler.ProtoUnix, Direction: bundler.DirOutbound, Path: "/run/php.sock",
 		Counts: bundler.Counts{Connections: 2}, PID: pid, Comm: "nginx", PeerPID: pid, PeerComm: "php-fpm"}
-	flows := tr.flowsOf([]bundler.Entry{fromA, client, fromB, otherClient}, time.Unix(1_800_000_000, 0), 0, nil)
-	if len(flows) != 3 {
-		t.Fatalf("%d flows, want 3 (the server's two from nginx merged, curl's apart): %+v", len(flows), flows)
+	// Another server of the same path in the server's namespace (a
+	// host-network container with its own mount namespace).
+	otherServer := fromB
+	otherServer.NetNS, otherServer.Comm, otherServer.CgroupID = 9, "other-fpm", 99
+	flows := tr.flowsOf([]bundler.Entry{fromA, client, fromB, otherClient, otherServer}, time.Unix(1_800_000_000, 0), 0, nil)
+	if len(flows) != 4 {
+		t.Fatalf("%d flows, want 4 (the server's two from nginx merged; curl's and the other server's apart): %+v", len(flows), flows)
+	}
+	if o := flows[3]; o.Comm != "other-fpm" || o.NetNS != self || o.Connections != 3 {
+		t.Errorf("the other server's flow: %+v", o)
 	}
 	if c := flows[2]; c.PeerComm != "curl" || c.NetNS != self || c.Connections != 3 {
 		t.Errorf("the server's flow from curl: %+v", c)

@@ -218,10 +218,20 @@ func startReady(t *testing.T, ready string, args ...string) *proc {
 // startReadyEnv is startReady with env added to the environment.
 func startReadyEnv(t *testing.T, env []string, ready string, args ...string) *proc {
 	t.Helper()
+	return startReadyVia(t, nil, env, ready, args...)
+}
+
+// startReadyVia is startReadyEnv with deptrace run by the command via
+// (such as nohup) when it is not empty.
+func startReadyVia(t *testing.T, via []string, env []string, ready string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	p := &proc{ready: make(chan struct{}), done: make(chan error, 1)}
 	p.cmd = exec.CommandContext(ctx, binary, args...)
+	if len(via) > 0 {
+		p.cmd = exec.CommandContext(ctx, via[0], append(append(via[1:len(via):len(via)], binary), args...)...)
+	}
 	if env != nil {
 		p.cmd.Env = append(os.Environ(), env...)
 	}

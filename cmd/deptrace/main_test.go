@@ -271,7 +271,7 @@ func TestSigtermFlushesTheLastInterval(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			nw := testnet.New(t, 2)
 			var p *proc
-			withHangup(false, func() { p = start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name) })
+			withHangupHandled(func() { p = start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name) })
 			port := 9000 + 10*i
 			tcpTraffic(t, nw, port, 3)
 			p.cmd.Process.Signal(sig)
@@ -292,8 +292,8 @@ func TestSigtermFlushesTheLastInterval(t *testing.T) {
 // hangup: it still counts what comes after it, and SIGTERM stops it.
 func TestHangupUnderNohupGoesOn(t *testing.T) {
 	nw := testnet.New(t, 2)
-	var p *proc
-	withHangup(true, func() { p = start(t, "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name) })
+	testnet.RequireRoot(t)
+	p := startReadyVia(t, []string{"nohup"}, nil, "msg=tracing", "trace", "--interval", "1h", "--netns", nw.Hosts[1].Name)
 	tcpTraffic(t, nw, 9020, 2)
 	p.cmd.Process.Signal(syscall.SIGHUP)
 	// A stop takes well under a second; an ignored hangup never ends it.
@@ -313,22 +313,15 @@ func TestHangupUnderNohupGoesOn(t *testing.T) {
 	}
 }
 
-// withHangup runs start, which starts a deptrace, with SIGHUP handled by
-// this process (a child gets the default action: exec resets handled
-// signals) or ignored (a child inherits that, as under nohup), whatever
-// the test runner was started with, and puts the runner's back after.
-func withHangup(ignored bool, start func()) {
-	wasIgnored := signal.Ignored(syscall.SIGHUP)
-	if ignored {
-		signal.Ignore(syscall.SIGHUP)
-	} else {
-		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
-	}
+// withHangupHandled runs start, which starts a deptrace, with SIGHUP
+// handled by this process, so that the child gets its default action
+// (exec resets handled signals) even where the test runner was started
+// under nohup; Reset then puts the runner's disposition back (the runtime
+// restores an ignore it found at start).
+func withHangupHandled(start func()) {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	defer signal.Reset(syscall.SIGHUP)
 	start()
-	signal.Reset(syscall.SIGHUP)
-	if wasIgnored {
-		signal.Ignore(syscall.SIGHUP)
-	}
 }
 
 // A namespace created after trace started shows in the table by its

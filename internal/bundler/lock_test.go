@@ -77,21 +77,23 @@ func TestLockReleaseRemovesItsFile(t *testing.T) {
 	}
 }
 
-// An agent of the version before lockName locks only the legacy name: a
-// new agent (or cleanup) is refused while it holds it, and takes it too,
-// so that such an agent is refused while the new one runs.
+// An agent of the version before lockName locks only the legacy name of
+// the default pin path: a new agent (or cleanup) is refused while it
+// holds it, and takes it too, so that such an agent is refused while the
+// new one runs; other pin paths have no legacy lock (their old names were
+// shared).
 func TestLockHonoursTheLegacyLock(t *testing.T) {
 	testnet.RequireRoot(t)
-	path := fmt.Sprintf("/sys/fs/bpf/deptrace-legacytest-%d", os.Getpid())
-	name := legacyLockName(path)
-	t.Cleanup(func() { _ = os.Remove(name) })
-	old, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+	path := "/sys/fs/bpf//deptrace" // the default pin path, as typed
+	old, err := os.OpenFile(legacyLockName, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer old.Close()
 	if err := unix.Flock(int(old.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s is held: is a deptrace agent running here? %v", legacyLockName, err)
 	}
+	_ = old.Truncate(0)
 	_, _ = old.WriteString("4242\n")
 	if l, err := lockAgent(path); err == nil || !strings.Contains(err.Error(), "pid 4242, an earlier version") {
 		l.release()
@@ -100,21 +102,24 @@ func TestLockHonoursTheLegacyLock(t *testing.T) {
 	if _, err := os.Stat(lockName(path)); !os.IsNotExist(err) {
 		t.Errorf("the refused lock left %s: %v", lockName(path), err)
 	}
-	old.Close() // the earlier version stops
+	other, err := lockAgent(fmt.Sprintf("/sys/fs/bpf/deptrace-legacytest-%d", os.Getpid()))
+	if err != nil {
+		t.Errorf("another pin path while the legacy lock is held: %v; want locked (no legacy lock there)", err)
+	}
+	other.release()
+	_ = unix.Flock(int(old.Fd()), unix.LOCK_UN) // the earlier version stops
 	l, err := lockAgent(path)
 	if err != nil {
 		t.Fatalf("lock after the earlier version stopped: %v", err)
 	}
-	again, err := os.OpenFile(name, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatalf("the legacy lock file is gone while held: %v", err)
-	}
-	defer again.Close()
-	if err := unix.Flock(int(again.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
+	if err := unix.Flock(int(old.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
 		t.Error("an earlier version could take the legacy lock while a new agent runs")
 	}
 	l.release()
-	if err := unix.Flock(int(again.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if _, err := os.Stat(legacyLockName); err != nil {
+		t.Errorf("the legacy lock file after release: %v; want kept", err)
+	}
+	if err := unix.Flock(int(old.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		t.Errorf("the legacy lock after release: %v; want free", err)
 	}
 }

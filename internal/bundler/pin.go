@@ -180,34 +180,26 @@ type agentLock struct {
 	legacy *os.File // the lock of deptrace before lockName (legacyLockName), or nil
 }
 
-// legacyLockName is the lock file deptrace used before lockName: the pin
-// path with its slashes made underscores (sys_fs_bpf_deptrace.lock). An
-// agent of that version, during an upgrade, locks only it: so it is
-// locked too, and never removed (such an agent does not check that the
-// file it locked is still the one at the name).
-func legacyLockName(pinPath string) string {
-	return filepath.Join(lockDir, strings.ReplaceAll(strings.Trim(pinPath, "/"), "/", "_")+".lock")
-}
+// legacyLockName is the lock file deptrace used before lockName for the
+// default pin path, the one packaged agents and images use. An agent of
+// that version, during an upgrade, locks only it: so it is locked too, and
+// never removed (such an agent does not check that the file it locked is
+// still the one at the name). Other pin paths are left to lockName: the
+// old names flattened them (/a/b and /a_b shared one).
+const legacyLockName = lockDir + "/sys_fs_bpf_deptrace.lock"
 
-// lockLegacy takes the legacy lock of pinPath: always for the default pin
-// path, the one packaged agents use; for another only where its file
-// exists, that is where an agent of the old version has run (tests use
-// thousands of paths: no file is left for each).
+// lockLegacy takes the legacy lock where pinPath is the default pin path
+// (nil otherwise).
 func lockLegacy(pinPath string) (*os.File, error) {
-	name := legacyLockName(pinPath)
-	flags := os.O_RDWR
-	if filepath.Clean(pinPath) == bpffsHome+"/deptrace" {
-		flags |= os.O_CREATE
-	}
-	f, err := os.OpenFile(name, flags, 0o600)
-	if errors.Is(err, os.ErrNotExist) {
+	if filepath.Clean(pinPath) != bpffsHome+"/deptrace" {
 		return nil, nil
 	}
+	f, err := os.OpenFile(legacyLockName, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", name, err)
+		return nil, fmt.Errorf("open lock %s: %w", legacyLockName, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		owner, _ := os.ReadFile(name)
+		owner, _ := os.ReadFile(legacyLockName)
 		_ = f.Close() // the flock's error is the one to report
 		return nil, fmt.Errorf("another deptrace (pid %s, an earlier version) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
 	}
@@ -282,11 +274,13 @@ func (l *agentLock) release() {
 	if l == nil {
 		return
 	}
-	_ = os.Remove(l.name) // a file left behind only costs a name in /run
-	_ = l.f.Close()       // releasing the flock: nothing is written
+	// The legacy lock first: an agent that wins the new lock in between
+	// must not find the legacy one still held and blame an earlier version.
 	if l.legacy != nil {
 		_ = l.legacy.Close() // kept: see legacyLockName
 	}
+	_ = os.Remove(l.name) // a file left behind only costs a name in /run
+	_ = l.f.Close()       // releasing the flock: nothing is written
 }
 
 // pin writes every map and link of a freshly loaded kernel side.

@@ -221,9 +221,11 @@ func isFlagChar(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '
 // SIGTERM, and SIGHUP, which a closed terminal or ssh session sends,
 // unless it was ignored when the process started (nohup): subscribing
 // to it would undo that.
-func StopSignals() []os.Signal {
+func StopSignals() []os.Signal { return stopSignals(signal.Ignored(syscall.SIGHUP)) }
+
+func stopSignals(hangupIgnored bool) []os.Signal {
 	sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
-	if !signal.Ignored(syscall.SIGHUP) {
+	if !hangupIgnored {
 		sigs = append(sigs, syscall.SIGHUP)
 	}
 	return sigs
