@@ -306,17 +306,9 @@ With only --before-since, the earlier window ends at --since; with only
 				return err
 			}
 			before := store.Range{}
-			before.Since, before.Until = cli.BeforeWindow(r.Since, r.Until, bs, bu)
-			if !before.Since.Before(before.Until) {
-				var dflt string
-				switch {
-				case !bs.IsZero() && bu.IsZero():
-					dflt = " (--before-until defaults to --since)"
-				case bs.IsZero() && !bu.IsZero():
-					dflt = " (--before-since defaults to --before-until minus the length of [--since, --until))"
-				}
-				return fmt.Errorf("invalid range: --before-since %s is not before --before-until %s%s: allowed a window that starts before it ends",
-					before.Since.Format(time.RFC3339), before.Until.Format(time.RFC3339), dflt)
+			names := cli.WindowNames{Since: "--since", Until: "--until", BeforeSince: "--before-since", BeforeUntil: "--before-until"}
+			if before.Since, before.Until, err = cli.BeforeWindow(r.Since, r.Until, bs, bu, names); err != nil {
+				return err
 			}
 			gAfter, _, err := loadGraph(ctx, st, r)
 			if err != nil {

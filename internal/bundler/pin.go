@@ -199,13 +199,26 @@ func lockLegacy(pinPath string) (*os.File, error) {
 		return nil, fmt.Errorf("open lock %s: %w", legacyLockName, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		owner, _ := os.ReadFile(legacyLockName)
 		_ = f.Close() // the flock's error is the one to report
-		return nil, fmt.Errorf("another deptrace (pid %s, an earlier version) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
+		return nil, ownedError(legacyLockName, pinPath, ", an earlier version")
 	}
-	_ = f.Truncate(0)
-	_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+	writeOwner(f)
 	return f, nil
+}
+
+// ownedError is the error of an agent that found the lock at name held:
+// it names the holder's pid, which writeOwner left there.
+func ownedError(name, pinPath, which string) error {
+	owner, _ := os.ReadFile(name)
+	return fmt.Errorf("another deptrace (pid %s%s) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), which, pinPath)
+}
+
+// writeOwner writes this process's pid in a lock it holds. The pid is
+// only for the message of an agent that finds the lock taken; the flock
+// is what excludes it.
+func writeOwner(f *os.File) {
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 }
 
 // lockAgent makes this process the only one owning pinPath: a second agent
@@ -226,15 +239,11 @@ func lockAgent(pinPath string) (*agentLock, error) {
 		}
 		ours, err := flockOpened(f, name)
 		if err != nil {
-			owner, _ := os.ReadFile(name)
 			_ = f.Close() // the flock's error is the one to report
-			return nil, fmt.Errorf("another deptrace (pid %s) owns the kernel side at %s: stop it first", strings.TrimSpace(string(owner)), pinPath)
+			return nil, ownedError(name, pinPath, "")
 		}
 		if ours {
-			// The pid is only for the message of an agent that finds the
-			// lock taken; the flock is what excludes it.
-			_ = f.Truncate(0)
-			_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+			writeOwner(f)
 			l := &agentLock{f: f, name: name}
 			if l.legacy, err = lockLegacy(pinPath); err != nil {
 				l.release()

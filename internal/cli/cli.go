@@ -88,10 +88,10 @@ func allowedValues(f *pflag.Flag) string {
 	return ""
 }
 
-// NonFlagEnv are DEPTRACE_* variables that are no flag's but are read all
+// nonFlagEnv are DEPTRACE_* variables that are no flag's but are read all
 // the same: by the test suite and the benchmark (DEPTRACE_TEST_* and
 // DEPTRACE_BENCH_* are too), by packaging.
-var NonFlagEnv = []string{"DEPTRACE_IDENTITY_TEST_DIAL", "DEPTRACE_CHROMIUM", "DEPTRACE_SCREENSHOTS", "DEPTRACE_UPDATE_SCREENSHOTS", "DEPTRACE_ARCH", "DEPTRACE_BINARY"}
+var nonFlagEnv = []string{"DEPTRACE_IDENTITY_TEST_DIAL", "DEPTRACE_CHROMIUM", "DEPTRACE_SCREENSHOTS", "DEPTRACE_UPDATE_SCREENSHOTS", "DEPTRACE_ARCH", "DEPTRACE_BINARY"}
 
 // unknownEnv lists the DEPTRACE_* variables of environ that no flag of any
 // command under root has: a typo in an environment file
@@ -112,7 +112,7 @@ func unknownEnv(root *cobra.Command, environ []string) []string {
 	var unknown []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "DEPTRACE_") || known[name] || slices.Contains(NonFlagEnv, name) ||
+		if !strings.HasPrefix(name, "DEPTRACE_") || known[name] || slices.Contains(nonFlagEnv, name) ||
 			strings.HasPrefix(name, "DEPTRACE_TEST_") || strings.HasPrefix(name, "DEPTRACE_BENCH_") {
 			continue
 		}

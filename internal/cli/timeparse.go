@@ -85,14 +85,18 @@ func ParseAge(v string) (time.Duration, error) {
 	return d, nil
 }
 
+// WindowNames are how a caller names diff's four ends in its errors: the
+// CLI's flags (--since) or the API's parameters (since).
+type WindowNames struct{ Since, Until, BeforeSince, BeforeUntil string }
+
 // BeforeWindow is the window diff compares [since, until) with (until
 // not zero), given the ends asked for, each zero when not given: neither
 // is the window of the same length just before since; only beforeSince
 // ends at since (the current window's start); only beforeUntil is as long
 // as the current window. A start that would fall before MinTime is
-// MinTime. The caller checks that bs is before bu, naming its flags or
-// parameters.
-func BeforeWindow(since, until, beforeSince, beforeUntil time.Time) (bs, bu time.Time) {
+// MinTime. A window that does not start before it ends is an error, in
+// names, that says which end was defaulted.
+func BeforeWindow(since, until, beforeSince, beforeUntil time.Time, names WindowNames) (bs, bu time.Time, err error) {
 	bs, bu = beforeSince, beforeUntil
 	if bu.IsZero() {
 		bu = since
@@ -104,5 +108,16 @@ func BeforeWindow(since, until, beforeSince, beforeUntil time.Time) (bs, bu time
 			bs = MinTime
 		}
 	}
-	return bs, bu
+	if bs.Before(bu) {
+		return bs, bu, nil
+	}
+	var dflt string
+	switch {
+	case !beforeSince.IsZero() && beforeUntil.IsZero():
+		dflt = fmt.Sprintf(" (%s defaults to %s)", names.BeforeUntil, names.Since)
+	case beforeSince.IsZero() && !beforeUntil.IsZero():
+		dflt = fmt.Sprintf(" (%s defaults to %s minus the length of [%s, %s))", names.BeforeSince, names.BeforeUntil, names.Since, names.Until)
+	}
+	return bs, bu, fmt.Errorf("invalid range: %s %s is not before %s %s%s: allowed a window that starts before it ends",
+		names.BeforeSince, bs.Format(time.RFC3339), names.BeforeUntil, bu.Format(time.RFC3339), dflt)
 }

@@ -79,6 +79,8 @@ func TestParseTimeRefusesTimesBeyondNanoseconds(t *testing.T) {
 // diff's window before [since, until): the missing end of
 // --before-since/--before-until (before_since/before_until) defaults
 // from the other and from the current window.
+var flagNames = WindowNames{Since: "--since", Until: "--until", BeforeSince: "--before-since", BeforeUntil: "--before-until"}
+
 func TestBeforeWindow(t *testing.T) {
 	at := func(h int) time.Time { return time.Date(2026, 11, 21, h, 0, 0, 0, time.UTC) }
 	var none time.Time
@@ -87,21 +89,41 @@ func TestBeforeWindow(t *testing.T) {
 		name           string
 		bs, bu         time.Time
 		wantBs, wantBu time.Time
+		wantErr        bool
 	}{
-		{"neither: the same length just before since", none, none, at(8), at(10)},
-		{"only before_since: ends at since", at(3), none, at(3), at(10)},
-		{"only before_until: as long as the current window", none, at(6), at(4), at(6)},
-		{"both: as given", at(1), at(2), at(1), at(2)},
-		{"both, backwards: as given (the caller refuses it)", at(2), at(1), at(2), at(1)},
+		{"neither: the same length just before since", none, none, at(8), at(10), false},
+		{"only before_since: ends at since", at(3), none, at(3), at(10), false},
+		{"only before_until: as long as the current window", none, at(6), at(4), at(6), false},
+		{"both: as given", at(1), at(2), at(1), at(2), false},
+		{"both, backwards: an error", at(2), at(1), at(2), at(1), true},
 	} {
-		bs, bu := BeforeWindow(since, until, c.bs, c.bu)
-		if !bs.Equal(c.wantBs) || !bu.Equal(c.wantBu) {
-			t.Errorf("%s: [%s, %s), want [%s, %s)", c.name, bs, bu, c.wantBs, c.wantBu)
+		bs, bu, err := BeforeWindow(since, until, c.bs, c.bu, flagNames)
+		if !bs.Equal(c.wantBs) || !bu.Equal(c.wantBu) || (err != nil) != c.wantErr {
+			t.Errorf("%s: [%s, %s), %v, want [%s, %s)", c.name, bs, bu, err, c.wantBs, c.wantBu)
 		}
 	}
 	// A window longer than a Duration holds, or starting before MinTime:
 	// the window before starts at MinTime, not at a wrapped time.
-	if bs, bu := BeforeWindow(MinTime.Add(time.Hour), MaxTime, none, none); !bs.Equal(MinTime) || !bu.Equal(MinTime.Add(time.Hour)) {
+	if bs, bu, err := BeforeWindow(MinTime.Add(time.Hour), MaxTime, none, none, flagNames); err != nil || !bs.Equal(MinTime) || !bu.Equal(MinTime.Add(time.Hour)) {
 		t.Errorf("the longest window: before it [%s, %s), want [%s, %s)", bs, bu, MinTime, MinTime.Add(time.Hour))
+	}
+}
+
+// A window before that ends before it starts is an error naming the end
+// that was defaulted, in the caller's names.
+func TestBeforeWindowErrorsNameTheDefaultedEnd(t *testing.T) {
+	at := func(h int) time.Time { return time.Date(2026, 11, 21, h, 0, 0, 0, time.UTC) }
+	var none time.Time
+	for _, c := range []struct {
+		bs, bu time.Time
+		want   string
+	}{
+		{at(11), none, "invalid range: --before-since 2026-11-21T11:00:00Z is not before --before-until 2026-11-21T10:00:00Z (--before-until defaults to --since): allowed a window that starts before it ends"},
+		{none, MinTime, "(--before-since defaults to --before-until minus the length of [--since, --until))"},
+		{at(3), at(2), "invalid range: --before-since 2026-11-21T03:00:00Z is not before --before-until 2026-11-21T02:00:00Z: allowed"},
+	} {
+		if _, _, err := BeforeWindow(at(10), at(12), c.bs, c.bu, flagNames); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("before [%s, %s): %v, want %q", c.bs, c.bu, err, c.want)
+		}
 	}
 }

@@ -267,6 +267,9 @@ type diffAnswer struct {
 
 // handleDiff answers what `deptrace diff` prints: edges of [since, until)
 // missing from the window before, and the reverse.
+// diffParams name /api/diff's window in its errors.
+var diffParams = cli.WindowNames{Since: "since", Until: "until", BeforeSince: "before_since", BeforeUntil: "before_until"}
+
 func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 	q, err := newQuery(r.URL.Query(), s.now(), append(filterParams, "before_since", "before_until")...)
 	if err != nil {
@@ -301,18 +304,8 @@ func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	givenSince, givenUntil := !before.since.IsZero(), !before.until.IsZero()
-	before.since, before.until = cli.BeforeWindow(f.since, f.until, before.since, before.until)
-	if !before.since.Before(before.until) {
-		var dflt string
-		switch {
-		case givenSince && !givenUntil:
-			dflt = " (before_until defaults to since)"
-		case givenUntil && !givenSince:
-			dflt = " (before_since defaults to before_until minus the length of [since, until))"
-		}
-		s.fail(w, r, badParam("invalid range: before_since %s is not before before_until %s%s: allowed a window that starts before it ends",
-			before.since.Format(time.RFC3339), before.until.Format(time.RFC3339), dflt))
+	if before.since, before.until, err = cli.BeforeWindow(f.since, f.until, before.since, before.until, diffParams); err != nil {
+		s.fail(w, r, badParam("%v", err))
 		return
 	}
 	after, _, errA := s.selected(r.Context(), f, false)
