@@ -669,6 +669,45 @@ func TestMethodNotAllowed(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("POST /api/nothing: %d, want 404", resp.StatusCode)
 	}
+	// The page and its files answer the same way, in the same JSON; a
+	// path that is none of them is a JSON 404.
+	for _, c := range []struct {
+		method, path string
+		code         int
+		want         string
+	}{
+		{http.MethodPost, "/", http.StatusMethodNotAllowed, "method POST not allowed on /: allowed GET, HEAD"},
+		{http.MethodDelete, "/static/app.js", http.StatusMethodNotAllowed, "method DELETE not allowed on /static/app.js: allowed GET, HEAD"},
+		{http.MethodGet, "/nothing", http.StatusNotFound, "no page /nothing: the service map is at /, its files under /static/, the API under /api/"},
+		{http.MethodGet, "/static/nothing.js", http.StatusNotFound, "no file /static/nothing.js among the page's files"},
+		{http.MethodGet, "/static/vendor/", http.StatusNotFound, "no file /static/vendor/ among the page's files"},
+	} {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct{ Error string }
+		if resp.StatusCode != c.code || json.Unmarshal(body, &e) != nil || e.Error != c.want {
+			t.Errorf("%s %s: %d %s, want %d and %q", c.method, c.path, resp.StatusCode, body, c.code, c.want)
+		}
+		if c.code == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, HEAD" {
+			t.Errorf("%s %s: Allow %q, want GET, HEAD", c.method, c.path, resp.Header.Get("Allow"))
+		}
+	}
+	// GET of the page and of a file still work.
+	for _, p := range []string{"/", "/static/app.js", "/static/vendor/README.md"} {
+		resp, err := http.Get(srv.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200", p, resp.StatusCode)
+		}
+	}
 }
 
 // Every answer is JSON without indentation, one line and a newline, as

@@ -103,10 +103,29 @@ func New(st *store.Store, opt Options) *Server {
 		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns", r.Method, r.URL.Path)})
 	})
 	files := http.FileServerFS(static)
-	s.mux.Handle("GET /static/", http.StripPrefix("/static/", files))
+	s.mux.HandleFunc("GET /static/{file...}", func(w http.ResponseWriter, r *http.Request) {
+		// Files only, no directory listing, and a missing one gets the
+		// JSON 404 every other answer has.
+		if fi, err := fs.Stat(static, r.PathValue("file")); err != nil || fi.IsDir() {
+			s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no file %s among the page's files", r.URL.Path)})
+			return
+		}
+		http.StripPrefix("/static/", files).ServeHTTP(w, r)
+	})
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-cache")
 		http.ServeFileFS(w, r, static, "index.html")
+	})
+	// What the two above leave: another method on the page or its files
+	// (a 405, as on an endpoint), or a path that is neither (a 404), each
+	// with deptrace's JSON error rather than the mux's plain text.
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")) && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			s.fail(w, r, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: allowed GET, HEAD", r.Method, r.URL.Path)})
+			return
+		}
+		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no page %s: the service map is at /, its files under /static/, the API under /api/", r.URL.Path)})
 	})
 	return s
 }
