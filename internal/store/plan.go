@@ -22,12 +22,32 @@ type Range struct {
 func (r Range) bounds() (lo, hi int64) {
 	lo, hi = math.MinInt64, math.MaxInt64
 	if !r.Since.IsZero() {
-		lo = r.Since.UnixNano()
+		lo = rangeEnd(r.Since)
 	}
 	if !r.Until.IsZero() {
-		hi = r.Until.UnixNano()
+		hi = rangeEnd(r.Until)
 	}
 	return lo, hi
+}
+
+// The times a range end keeps as nanoseconds: two days inside int64's
+// (years 1678 to 2262), so that rounding to a bucket of any level never
+// overflows. A time outside them is the open end on its side (the
+// store's sentinels, math.MinInt64 and math.MaxInt64), not UnixNano's
+// undefined value.
+var (
+	earliestEnd = time.Unix(0, math.MinInt64+2*levels[len(levels)-1].width)
+	latestEnd   = time.Unix(0, math.MaxInt64-2*levels[len(levels)-1].width)
+)
+
+func rangeEnd(t time.Time) int64 {
+	switch {
+	case !t.After(earliestEnd):
+		return math.MinInt64
+	case !t.Before(latestEnd):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
 }
 
 // segment is one part of a range answered by one table: buckets in

@@ -13,6 +13,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -421,13 +422,14 @@ func (s *Store) forgetOldBatches(ctx context.Context, tx *sql.Tx) error {
 // seenWhere selects rows whose first/last seen overlap r.
 func seenWhere(r Range, args *[]any) string {
 	var conds []string
-	if !r.Since.IsZero() {
+	lo, hi := r.bounds()
+	if lo != math.MinInt64 {
 		conds = append(conds, "last_seen >= ?")
-		*args = append(*args, ns(r.Since))
+		*args = append(*args, lo)
 	}
-	if !r.Until.IsZero() {
+	if hi != math.MaxInt64 {
 		conds = append(conds, "first_seen < ?")
-		*args = append(*args, ns(r.Until))
+		*args = append(*args, hi)
 	}
 	if len(conds) == 0 {
 		return ""

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -147,6 +148,67 @@ func TestRangesSelectBuckets(t *testing.T) {
 			}
 			if n := count(store.Range{Until: t0}); n != 0 {
 				t.Errorf("before 10:00: %d", n)
+			}
+		})
+	}
+}
+
+// A range's ends outside what nanoseconds since 1970 hold (years 1678 to
+// 2262), or at their very ends, read as far past or far future: the
+// store's bucket arithmetic never overflows (the CLI and the API refuse
+// such times, but the store's API is not theirs alone).
+func TestRangesBeyondNanoseconds(t *testing.T) {
+	ctx := context.Background()
+	past := time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)
+	future := time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)
+	first, last := time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			for h := 0; h < 3; h++ {
+				at := t0.Add(time.Duration(h) * 25 * time.Hour) // three days, so every level answers
+				if err := s.Write(ctx, store.Batch{
+					Services:     []store.Service{{HostID: "db", Proto: "tcp", Port: 5432, Comm: "postgres", LastSeen: at}},
+					Observations: []store.Observation{obs("web", "outbound", "198.51.100.2", "198.51.100.3", 5432, "nginx", at, 1, 1)},
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, c := range []struct {
+				name string
+				r    store.Range
+				want uint64
+			}{
+				{"since the year 1000", store.Range{Since: past}, 3},
+				{"until the year 3000", store.Range{Until: future}, 3},
+				{"1000 to 3000", store.Range{Since: past, Until: future}, 3},
+				{"since the year 3000", store.Range{Since: future}, 0},
+				{"until the year 1000", store.Range{Until: past}, 0},
+				{"since the first nanosecond", store.Range{Since: first}, 3},
+				{"until the last nanosecond", store.Range{Until: last}, 3},
+				{"the first to the last nanosecond", store.Range{Since: first, Until: last}, 3},
+				{"since the last nanosecond", store.Range{Since: last}, 0},
+				{"until the first nanosecond", store.Range{Until: first}, 0},
+			} {
+				got, err := s.Observations(ctx, c.r)
+				if err != nil {
+					t.Fatalf("%s: %v", c.name, err)
+				}
+				var n uint64
+				for _, o := range got {
+					n += o.Connections
+				}
+				if n != c.want {
+					t.Errorf("%s: %d connections, want %d", c.name, n, c.want)
+				}
+				// The services a range lists are chosen by the same ends.
+				svcs, err := s.Services(ctx, c.r)
+				if err != nil {
+					t.Fatalf("%s: services: %v", c.name, err)
+				}
+				if want := min(c.want, 1); uint64(len(svcs)) != want {
+					t.Errorf("%s: %d services, want %d", c.name, len(svcs), want)
+				}
 			}
 		})
 	}
