@@ -106,6 +106,54 @@ func TestIdentitiesRoundTrip(t *testing.T) {
 	}
 }
 
+// Retain keeps the day row its cutoff falls in, so it keeps the names of
+// that day's ends too (identities, learnt addresses, services): a later
+// read of the day row names them. They go with the day.
+func TestRetainKeepsTheNamesOfTheDayItKeeps(t *testing.T) {
+	ctx := context.Background()
+	day := time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			if err := s.Write(ctx, identityBatch(day.Add(time.Hour))); err != nil {
+				t.Fatal(err)
+			}
+			names := func() (ids, services int, jobAddrs []string) {
+				got, err := s.Identities(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				svcs, err := s.Services(ctx, store.Range{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				hosts, err := s.Hosts(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, h := range hosts {
+					if h.ID == "job" {
+						jobAddrs = h.Addrs
+					}
+				}
+				return len(got), len(svcs), jobAddrs
+			}
+			if _, err := s.Retain(ctx, day.Add(12*time.Hour), store.DefaultBucket); err != nil {
+				t.Fatal(err)
+			}
+			if ids, svcs, addrs := names(); ids != 3 || svcs != 1 || len(addrs) != 1 {
+				t.Errorf("cut at noon of the day kept: %d identities, %d services, job's addresses %v; want 3, 1 and one address", ids, svcs, addrs)
+			}
+			if _, err := s.Retain(ctx, day.Add(36*time.Hour), store.DefaultBucket); err != nil {
+				t.Fatal(err)
+			}
+			if ids, svcs, addrs := names(); ids != 0 || svcs != 0 || len(addrs) != 0 {
+				t.Errorf("cut the next day: %d identities, %d services, job's addresses %v; want none", ids, svcs, addrs)
+			}
+		})
+	}
+}
+
 // A store of schema 9 (before identities) opens, migrates and keeps its
 // flows; identities written after the upgrade are read back.
 func TestUpgradeToIdentities(t *testing.T) {
