@@ -5,7 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/testnet"
@@ -45,5 +49,81 @@ func TestDisplayNames(t *testing.T) {
 	}
 	if got := netns.DisplayNames()[host]; got != name {
 		t.Errorf("the host's namespace, named by ip netns, reads %q; want %q", got, name)
+	}
+}
+
+// A namespace held only by a bind mount outside /var/run/netns (Docker's
+// /run/docker/netns, a runtime's own directory) is listed, under the
+// mount's path, and one that only a thread is in is accepted by
+// --netns's inode check.
+func TestNamespacesHeldOutsideIPNetns(t *testing.T) {
+	testnet.RequireRoot(t)
+	name := fmt.Sprintf("deptrace-test-bind-%d", os.Getpid())
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", name).Run() })
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	ino, err := netns.Inode(filepath.Join(netns.NamedDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A space in the path: mountinfo escapes it as \040.
+	held := filepath.Join(t.TempDir(), "held here")
+	if err := os.WriteFile(held, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", filepath.Join(netns.NamedDir, name), held).CombinedOutput(); err != nil {
+		t.Fatalf("mount --bind: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", held).Run() })
+	if out, err := exec.Command("ip", "netns", "delete", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns delete %s: %v: %s", name, err, out)
+	}
+	list, err := netns.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(list, func(ns netns.Namespace) bool { return ns.Inode == ino })
+	if i < 0 || list[i].Path != held {
+		t.Errorf("namespace %d held at %q: listed as %+v, want it at that path", ino, held, list)
+	}
+	if got, err := netns.Resolve(fmt.Sprint(ino)); err != nil || got != ino {
+		t.Errorf("--netns %d (held by a bind mount): %d, %v", ino, got, err)
+	}
+
+	// A thread of this process alone in a new namespace: not the
+	// thread-group leader, whose namespace /proc/PID/ns/net shows (a
+	// goroutine that lands on it keeps it locked and another tries).
+	threadIno := make(chan uint32)
+	done := make(chan struct{})
+	defer close(done)
+	var tino uint32
+	for try := 0; try < 10 && tino == 0; try++ {
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			if unix.Gettid() == os.Getpid() {
+				threadIno <- 0
+				<-done
+				return
+			}
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				t.Errorf("unshare: %v", err)
+				threadIno <- 0
+				return
+			}
+			n, err := netns.Inode(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+			if err != nil {
+				t.Error(err)
+			}
+			threadIno <- n
+			<-done
+		}()
+		tino = <-threadIno
+	}
+	if tino == 0 {
+		t.Fatal("no thread of this process outside the thread-group leader in 10 tries")
+	}
+	if got, err := netns.Resolve(fmt.Sprintf("net:[%d]", tino)); err != nil || got != tino {
+		t.Errorf("--netns net:[%d] (only a thread in it): %d, %v", tino, got, err)
 	}
 }

@@ -69,6 +69,11 @@ func List() ([]Namespace, error) {
 			add(filepath.Join(NamedDir, e.Name()), e.Name())
 		}
 	}
+	// Bind mounts elsewhere (Docker's /run/docker/netns, a runtime's own
+	// directory) keep a namespace with no process in it.
+	for _, path := range nsfsMounts() {
+		add(path, "")
+	}
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
@@ -175,8 +180,50 @@ func netInode(path string) (uint32, error) {
 	return Inode(path)
 }
 
-// exists reports whether a network namespace with inode ino is reachable
-// (List: a process's or an ip-netns bind mount's).
+// nsfsMounts lists the mount points of network namespaces bound in this
+// mount namespace (/proc/self/mountinfo: fstype nsfs, root net:[N]).
+func nsfsMounts() []string {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var paths []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
+		pre, post, ok := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || !strings.HasPrefix(post, "nsfs ") || !strings.HasPrefix(f[3], "net:[") {
+			continue
+		}
+		paths = append(paths, unescapeMountPath(f[4]))
+	}
+	return paths
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space,
+// \011, \012, \134).
+func unescapeMountPath(p string) string {
+	if !strings.Contains(p, "\\") {
+		return p
+	}
+	var b strings.Builder
+	for i := 0; i < len(p); i++ {
+		if p[i] == '\\' && i+3 < len(p) {
+			if n, err := strconv.ParseUint(p[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(p[i])
+	}
+	return b.String()
+}
+
+// exists reports whether a network namespace with inode ino is reachable:
+// List's (a process's, or a bind mount's), or else one a thread alone
+// is in (a thread that entered a namespace with setns, as a runtime's
+// worker does, while its process stays outside).
 func exists(ino uint32) bool {
 	list, err := List()
 	if err != nil {
@@ -184,6 +231,12 @@ func exists(ino uint32) bool {
 	}
 	for _, ns := range list {
 		if ns.Inode == ino {
+			return true
+		}
+	}
+	tasks, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*/ns/net")
+	for _, path := range tasks {
+		if got, err := Inode(path); err == nil && got == ino {
 			return true
 		}
 	}
