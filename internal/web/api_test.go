@@ -636,53 +636,28 @@ func TestDiffDefaultsTheMissingEndOfTheWindowBefore(t *testing.T) {
 func TestMethodNotAllowed(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})
-	for _, ep := range []string{"/api/graph", "/api/look", "/api/diff", "/api/series", "/api/dns"} {
-		for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
-			req, _ := http.NewRequest(m, srv.URL+ep+"?since=1h", strings.NewReader("{}"))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			var e struct{ Error string }
-			want := "method " + m + " not allowed on " + ep + ": allowed GET, HEAD"
-			if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" || json.Unmarshal(body, &e) != nil || e.Error != want {
-				t.Errorf("%s %s: %d Allow %q %s, want 405, Allow GET, HEAD and %q", m, ep, resp.StatusCode, resp.Header.Get("Allow"), body, want)
-			}
-		}
-	}
-	// HEAD, which Allow names, works.
-	resp, err := http.Head(srv.URL + "/api/graph?since=1h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
-		t.Errorf("HEAD /api/graph: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	resp, err = http.Post(srv.URL+"/api/nothing", "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("POST /api/nothing: %d, want 404", resp.StatusCode)
-	}
-	// The page and its files answer the same way, in the same JSON; a
-	// path that is none of them is a JSON 404.
-	for _, c := range []struct {
+	type answer struct {
 		method, path string
 		code         int
-		want         string
-	}{
+		want         string // the JSON error
+	}
+	// The page and its files answer another method as an endpoint does,
+	// in the same JSON; a path that is none of them is a JSON 404.
+	cases := []answer{
 		{http.MethodPost, "/", http.StatusMethodNotAllowed, "method POST not allowed on /: allowed GET, HEAD"},
 		{http.MethodDelete, "/static/app.js", http.StatusMethodNotAllowed, "method DELETE not allowed on /static/app.js: allowed GET, HEAD"},
 		{http.MethodGet, "/nothing", http.StatusNotFound, "no page /nothing: the service map is at /, its files under /static/, the API under /api/"},
 		{http.MethodGet, "/static/nothing.js", http.StatusNotFound, "no file /static/nothing.js among the page's files"},
 		{http.MethodGet, "/static/vendor/", http.StatusNotFound, "no file /static/vendor/ among the page's files"},
-	} {
-		req, _ := http.NewRequest(c.method, srv.URL+c.path, nil)
+		{http.MethodPost, "/api/nothing", http.StatusNotFound, "no endpoint POST /api/nothing: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns"},
+	}
+	for _, ep := range []string{"/api/graph", "/api/look", "/api/diff", "/api/series", "/api/dns"} {
+		for _, m := range []string{http.MethodPost, http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
+			cases = append(cases, answer{m, ep + "?since=1h", http.StatusMethodNotAllowed, "method " + m + " not allowed on " + ep + ": allowed GET, HEAD"})
+		}
+	}
+	for _, c := range cases {
+		req, _ := http.NewRequest(c.method, srv.URL+c.path, strings.NewReader("{}"))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -696,6 +671,15 @@ func TestMethodNotAllowed(t *testing.T) {
 		if c.code == http.StatusMethodNotAllowed && resp.Header.Get("Allow") != "GET, HEAD" {
 			t.Errorf("%s %s: Allow %q, want GET, HEAD", c.method, c.path, resp.Header.Get("Allow"))
 		}
+	}
+	// HEAD, which Allow names, works.
+	resp, err := http.Head(srv.URL + "/api/graph?since=1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("HEAD /api/graph: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	// GET of the page and of a file still work.
 	for _, p := range []string{"/", "/static/app.js", "/static/vendor/README.md"} {
