@@ -79,6 +79,12 @@ volatile __u32 connect_fexits = 0;
  * harvest visits takes the port's deepest queue for all of them. */
 volatile __u32 harvest_gen = 0;
 
+/* Set by the loader from before the programs attach until Seed has tagged
+ * the connections open at start: until then a busy connection is left to
+ * the seed (its bytes count from the start), not tagged late as if
+ * deptrace had seen it open (its bytes would count from its open). */
+volatile __u32 seed_pending = 0;
+
 extern void *bpf_cast_to_kern_ctx(void *) __ksym;
 
 /* A new flow's first value, kept off the 512-byte stack. */

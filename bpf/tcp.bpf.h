@@ -457,6 +457,8 @@ static __always_inline void tcp_tag_late(struct sock *sk)
 		return;
 	if (tp->segs_in + tp->segs_out < TAG_AFTER_SEGS)
 		return;
+	if (seed_pending)
+		return; /* it may have been open before the start: the seed's */
 	if (tcp_state_of(sk))
 		return; /* tagged already (storage of another kind is no tag) */
 	int state = sk->__sk_common.skc_state;

@@ -32,13 +32,22 @@ static __always_inline __u64 unix_path_of(struct unix_address *a, struct unix_pa
 	return unix_path_hash(out);
 }
 
+/* The kernel's autobind name is a NUL and five lowercase hex digits
+ * (unix_autobind: "%05x"). A program's own abstract name of five
+ * characters has the same length: @redis is a service, @0001f is not. */
 static __always_inline bool unix_autobound(struct unix_address *a)
 {
-	char first = 1;
+	char name[6] = {1};
 	if (a->len != (int)sizeof(__kernel_sa_family_t) + 6)
 		return false;
-	bpf_probe_read_kernel(&first, 1, &a->name[0].sun_path);
-	return first == 0;
+	if (bpf_probe_read_kernel(name, sizeof(name), &a->name[0].sun_path) || name[0])
+		return false;
+	for (int i = 1; i < 6; i++) {
+		char c = name[i];
+		if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+			return false;
+	}
+	return true;
 }
 
 /* The first call on a unix socket finds its dependency: the server's path
@@ -59,8 +68,8 @@ static __always_inline struct sock_state *unix_state(struct sock *sk, struct uni
 		if (pu)
 			peer_addr = pu->addr;
 	}
-	/* A name the kernel gave a socket itself (autobind: a NUL and five hex
-	 * digits, as SO_PASSCRED clients get) does not make it a service. */
+	/* A name the kernel gave a socket itself (autobind, as SO_PASSCRED
+	 * clients get) does not make it a service. */
 	if (peer_addr && unix_autobound(peer_addr))
 		peer_addr = NULL;
 	if (own && unix_autobound(own))

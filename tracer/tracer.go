@@ -80,7 +80,7 @@ func (c Config) Validate() error {
 }
 
 func (c Config) bundlerConfig() bundler.Config {
-	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, PinPath: c.PinPath, SyscallTracepoints: c.SyscallTracepoints}
+	return bundler.Config{FlowMapSize: c.FlowMapSize, PortMapSize: c.PortMapSize, NetNS: c.NetNS, PinPath: c.PinPath, SyscallTracepoints: c.SyscallTracepoints, SeedFollows: true}
 }
 
 // Interval is what one drain produced.

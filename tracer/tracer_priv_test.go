@@ -321,6 +321,85 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 	}
 }
 
+// A connection busy while deptrace starts counts from the start, as one
+// idle then does: the programs attach before the seed tags the open
+// connections, and a send in between must not tag it as if its open had
+// been seen (which counts every byte since its open).
+func TestBusyConnectionAtStartCountsFromStart(t *testing.T) {
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	testnet.RequireRoot(t)
+
+	ln := b.Listen(t, "tcp4", b.IPv4.String()+":5433")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go loadgen.Echo(c)
+		}
+	}()
+	c, err := a.Dial("tcp4", b.IPv4.String()+":5433")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const size = 1000
+	for i := 0; i < 50; i++ { // far past the segments a late tag waits for
+		if err := roundTrip(c, size, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Round trips go on, a millisecond apart, while the tracer loads,
+	// attaches and seeds, and a while after.
+	var sent atomic.Int64
+	sent.Store(50 * size)
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for i := 0; i < 100000; i++ { // bounded: about 100 s at most
+			select {
+			case <-stop:
+				done <- nil
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if err := roundTrip(c, size, size); err != nil {
+				done <- err
+				return
+			}
+			sent.Add(size)
+		}
+		done <- nil
+	}()
+	before := sent.Load()
+	tr := startSharedTracerAfter(t)
+	after := sent.Load()
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	total := sent.Load()
+	c.Close()
+	l := tracertest.NewLedger()
+	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+		return l.One(t, a).BytesSent >= uint64(total-after) && l.One(t, b).BytesSent >= uint64(total-after)
+	})
+	// Nothing sent before the start began may be counted; all sent after
+	// it ended must be (each side's sent bytes are the other's received).
+	for _, h := range []*testnet.Host{a, b} {
+		f := l.One(t, h)
+		if f.BytesSent > uint64(total-before) || f.BytesSent < uint64(total-after) || f.BytesReceived > uint64(total-before) || f.BytesReceived < uint64(total-after) {
+			t.Errorf("%s: %d bytes sent, %d received; want from %d (sent after the start) to %d (sent once it began), not the %d sent since the open",
+				h.Name, f.BytesSent, f.BytesReceived, total-after, total-before, total)
+		}
+		if f.Connections != 0 {
+			t.Errorf("%s: %d opens; want none (it opened before the start)", h.Name, f.Connections)
+		}
+	}
+}
+
 // rawConn runs fn on the socket's file descriptor, retrying while the
 // non-blocking socket would block.
 func rawConn(t *testing.T, c net.Conn, read bool, fn func(fd int) (done bool)) {

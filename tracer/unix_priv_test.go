@@ -125,8 +125,15 @@ func unixFlows(l *tracertest.Ledger, path string) (out, in tracer.Flow) {
 // naming the process at the other end.
 func TestUnixStreamBothEndsNamed(t *testing.T) {
 	tr := startSharedTracer(t)
-	for _, path := range []string{filepath.Join(t.TempDir(), "app.sock"), fmt.Sprintf("@deptrace-test-%d", os.Getpid())} {
-		t.Run(path[:1], func(t *testing.T) {
+	for _, c := range []struct{ name, path string }{
+		{"path", filepath.Join(t.TempDir(), "app.sock")},
+		{"abstract", fmt.Sprintf("@deptrace-test-%d", os.Getpid())},
+		// Five characters, as the kernel's autobind names (a NUL and five
+		// hex digits), but not hex: a service like @redis.
+		{"abstract-five", fmt.Sprintf("@r%04x", os.Getpid()&0xffff)},
+	} {
+		path := c.path
+		t.Run(c.name, func(t *testing.T) {
 			startUnixServer(t, "uxserver", path)
 			const n, size = 5, 10
 			for i := 0; i < n; i++ {
@@ -226,38 +233,45 @@ func TestUnixServerEndIsInTheServersNamespace(t *testing.T) {
 // flows too, counted in datagrams.
 func TestUnixDatagramsToANamedSocket(t *testing.T) {
 	tr := startSharedTracer(t)
-	path := filepath.Join(t.TempDir(), "log")
-	srv, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	c, err := net.Dial("unixgram", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	const n = 3
-	for i := 0; i < n; i++ {
-		if _, err := c.Write([]byte("<13>hello")); err != nil {
-			t.Fatal(err)
-		}
-		_ = srv.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := srv.Read(make([]byte, 64)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l := tracertest.NewLedger()
-	tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
-		o, i := unixFlows(l, path)
-		return o.DatagramsSent >= n && i.DatagramsReceived >= n
-	})
-	o, i := unixFlows(l, path)
-	if !l.Counted(o.DatagramsSent, n) || !l.CountedBytes(o.BytesSent, n*9, 9) || o.Connections != 0 {
-		t.Errorf("sender: %+v", o.Counters)
-	}
-	if !l.Counted(i.DatagramsReceived, n) || !l.CountedBytes(i.BytesReceived, n*9, 9) {
-		t.Errorf("receiver: %+v", i.Counters)
+	for _, c := range []struct{ name, path string }{
+		{"path", filepath.Join(t.TempDir(), "log")},
+		{"abstract-five", fmt.Sprintf("@q%04x", os.Getpid()&0xffff)}, // not an autobind name: q is no hex digit
+	} {
+		path := c.path
+		t.Run(c.name, func(t *testing.T) {
+			srv, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			c, err := net.Dial("unixgram", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			const n = 3
+			for i := 0; i < n; i++ {
+				if _, err := c.Write([]byte("<13>hello")); err != nil {
+					t.Fatal(err)
+				}
+				_ = srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := srv.Read(make([]byte, 64)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := tracertest.NewLedger()
+			tracertest.Settle(t, tr, l, func(l *tracertest.Ledger) bool {
+				o, i := unixFlows(l, path)
+				return o.DatagramsSent >= n && i.DatagramsReceived >= n
+			})
+			o, i := unixFlows(l, path)
+			if !l.Counted(o.DatagramsSent, n) || !l.CountedBytes(o.BytesSent, n*9, 9) || o.Connections != 0 {
+				t.Errorf("sender: %+v", o.Counters)
+			}
+			if !l.Counted(i.DatagramsReceived, n) || !l.CountedBytes(i.BytesReceived, n*9, 9) {
+				t.Errorf("receiver: %+v", i.Counters)
+			}
+		})
 	}
 }
 

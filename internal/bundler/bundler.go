@@ -39,6 +39,11 @@ type Config struct {
 	// is attached, every system call of every process takes the kernel's
 	// slower exit path (docs/performance.md).
 	SyscallTracepoints bool
+	// SeedFollows says the caller runs Seed right after Load: until Seed
+	// has tagged the connections open at start, none is tagged late as
+	// if its open had been seen (it would count every byte since its
+	// open, not since the start).
+	SeedFollows bool
 }
 
 // Limits of Config values, also used for flag validation.
@@ -383,6 +388,12 @@ func Load(cfg Config) (*Bundler, error) {
 		return nil, fmt.Errorf("create maps: %w", err)
 	}
 	b.flows = b.objs.Flows
+	// Before any program attaches. An adopted side was seeded by the
+	// process that made it (a seed it did not finish is not resumed).
+	if err := b.objs.SeedPending.Set(boolU32(cfg.SeedFollows && old == nil)); err != nil {
+		b.Release()
+		return nil, fmt.Errorf("set seed_pending: %w", err)
+	}
 	if old != nil {
 		if err := b.findActive(); err != nil {
 			b.Release()

@@ -344,6 +344,7 @@ const (
 	bundlerVarHarvestGen               = "harvest_gen"
 	bundlerVarRecIrqOwnStacks          = "rec_irq_own_stacks"
 	bundlerVarRecTaskMarks             = "rec_task_marks"
+	bundlerVarSeedPending              = "seed_pending"
 	bundlerVarSendTracepointOn         = "send_tracepoint_on"
 	bundlerVarSpillOnly                = "spill_only"
 	bundlerVarSpillSlots               = "spill_slots"
@@ -475,6 +476,7 @@ type bundlerVariableSpecs struct {
 	HarvestGen        *ebpf.VariableSpec `ebpf:"harvest_gen"`
 	RecIrqOwnStacks   *ebpf.VariableSpec `ebpf:"rec_irq_own_stacks"`
 	RecTaskMarks      *ebpf.VariableSpec `ebpf:"rec_task_marks"`
+	SeedPending       *ebpf.VariableSpec `ebpf:"seed_pending"`
 	SendTracepointOn  *ebpf.VariableSpec `ebpf:"send_tracepoint_on"`
 	SpillOnly         *ebpf.VariableSpec `ebpf:"spill_only"`
 	SpillSlots        *ebpf.VariableSpec `ebpf:"spill_slots"`
@@ -567,6 +569,7 @@ type bundlerVariables struct {
 	HarvestGen        *ebpf.Variable `ebpf:"harvest_gen"`
 	RecIrqOwnStacks   *ebpf.Variable `ebpf:"rec_irq_own_stacks"`
 	RecTaskMarks      *ebpf.Variable `ebpf:"rec_task_marks"`
+	SeedPending       *ebpf.Variable `ebpf:"seed_pending"`
 	SendTracepointOn  *ebpf.Variable `ebpf:"send_tracepoint_on"`
 	SpillOnly         *ebpf.Variable `ebpf:"spill_only"`
 	SpillSlots        *ebpf.Variable `ebpf:"spill_slots"`

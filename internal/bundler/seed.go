@@ -27,8 +27,15 @@ type SeedReport struct {
 // it once, after Load. A socket that starts listening meanwhile is counted
 // by its tracepoint and by the iterator; the iterator's count, which sees
 // every current listener, wins.
-func (b *Bundler) Seed() (SeedReport, error) {
-	var rep SeedReport
+func (b *Bundler) Seed() (rep SeedReport, err error) {
+	// Connections are tagged late from the seed's end on, whatever it
+	// managed (see Config.SeedFollows); without a seed, late tags are the
+	// only way a live connection is seen.
+	defer func() {
+		if e := b.objs.SeedPending.Set(uint32(0)); e != nil {
+			err = errors.Join(err, fmt.Errorf("set seed_pending: %w", e))
+		}
+	}()
 	if _, ok := b.iters["seed_listeners"]; !ok {
 		return rep, errors.New("no TCP socket iterator is active on this kernel")
 	}
