@@ -558,10 +558,34 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 			p.server = server
 		}
 	}
+	// A datagram receiver does not learn who sent (its inbound flow has no
+	// peer process), so its view cannot be joined to a sender's. Where a
+	// sender on the host reported the path, the senders' views count it:
+	// the receiver's alone would add an unnamed client sending it all
+	// again. It still names the server, for senders that do not know it.
+	reported := map[[2]string]bool{}
+	serverOf := map[[2]string]string{}
+	for _, k := range order {
+		at := [2]string{k.host, k.path}
+		if pairs[k].out != nil {
+			reported[at] = true
+		}
+		if s := pairs[k].server; s != "" && serverOf[at] == "" {
+			serverOf[at] = s
+		}
+	}
 	for _, k := range order {
 		p := pairs[k]
+		at := [2]string{k.host, k.path}
+		if p.out == nil && k.client == "" && reported[at] {
+			continue
+		}
+		server := p.server
+		if server == "" {
+			server = serverOf[at]
+		}
 		from := b.node(Node{ID: ProcessID(k.host, k.client), Kind: KindProcess, Host: k.host, Addr: hostAddr[k.host], Process: k.client})
-		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: string(tracer.ProtoUnix), Process: p.server})
+		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: string(tracer.ProtoUnix), Process: server})
 		sd := p.out
 		if sd == nil {
 			sd = p.in

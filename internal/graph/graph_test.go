@@ -435,6 +435,47 @@ func TestUnixServices(t *testing.T) {
 	}
 }
 
+// Datagrams to a unix socket: the receiver's flow has no peer process, so
+// where a sender on the host reported the path it is that sender's edge
+// alone, not a second one from an unnamed client; a receiver no sender
+// reported (its senders untraced) keeps its own view.
+func TestUnixDatagramsCountedOnce(t *testing.T) {
+	dgram := func(host, dir, local, remote, comm, peer string, n uint64) store.Observation {
+		x := unixObs(host, dir, local, remote, comm, peer, 0, n*70, 0)
+		if dir == "outbound" {
+			x.DatagramsSent = n
+		} else {
+			x.BytesSent, x.BytesReceived, x.DatagramsReceived = 0, n*70, n
+		}
+		return x
+	}
+	obs := []store.Observation{
+		// A connected sender knows the receiver's process; one that uses
+		// sendto() does not.
+		dgram("vm", "outbound", "", "/run/ud.sock", "logger", "collector", 5),
+		dgram("vm", "outbound", "", "/run/ud.sock", "cron", "", 2),
+		dgram("vm", "inbound", "/run/ud.sock", "", "collector", "", 7),
+		// Only the receiver traced.
+		dgram("vm", "inbound", "/run/other.sock", "", "syslogd", "", 4),
+	}
+	g := Build(obs, hosts, nil)
+	if e := edge(t, g, ProcessID("vm", "logger"), UnixServiceID("vm", "/run/ud.sock")); e.DatagramsSent != 5 {
+		t.Errorf("logger -> ud.sock: %+v", e.Counters)
+	}
+	if e := edge(t, g, ProcessID("vm", "cron"), UnixServiceID("vm", "/run/ud.sock")); e.DatagramsSent != 2 {
+		t.Errorf("cron -> ud.sock: %+v", e.Counters)
+	}
+	if n := node(t, g, UnixServiceID("vm", "/run/ud.sock")); n.Process != "collector" {
+		t.Errorf("ud.sock served by %q; want collector", n.Process)
+	}
+	if e := edge(t, g, ProcessID("vm", ""), UnixServiceID("vm", "/run/other.sock")); e.DatagramsSent != 4 { // turned to the client's view
+		t.Errorf("other.sock, the receiver's view: %+v", e.Counters)
+	}
+	if len(g.Edges) != 3 {
+		t.Errorf("%d edges, want 3 (no unnamed sender to ud.sock): %+v", len(g.Edges), g.Edges)
+	}
+}
+
 // Process names match the way a person types them: exact, then ignoring
 // case, then by prefix, then by substring, and only when unambiguous.
 func TestProcessNamesMatchAsTyped(t *testing.T) {
