@@ -86,6 +86,10 @@ type Edge struct {
 	To    string `json:"to"`
 	Proto string `json:"proto"`
 	Port  uint16 `json:"port"`
+	// Addrs, on a unix edge of a grouped graph (Group), are the socket
+	// paths it merges, sorted: one workload may serve several, all port 0.
+	// (A format-1 edge's service node has its path as Addr.)
+	Addrs []string `json:"addrs,omitempty"`
 	tracer.Counters
 	// ConnectLatencyAvgUs is connect_latency_sum_us / connect_latency_count
 	// (0 when nothing was measured).

@@ -205,6 +205,12 @@ func Group(g Graph, by string) Graph {
 		port            uint16
 	}
 	eidx := map[ek]int{}
+	unixPath := map[string]string{} // a format-1 unix service's id -> its path
+	for _, n := range g.Nodes {
+		if n.Kind == KindService && n.Proto == "unix" {
+			unixPath[n.ID] = n.Addr
+		}
+	}
 	for _, e := range g.Edges {
 		k := ek{to[e.From], to[e.To], e.Proto, e.Port}
 		i, ok := eidx[k]
@@ -214,6 +220,11 @@ func Group(g Graph, by string) Graph {
 			out.Edges = append(out.Edges, Edge{From: k.from, To: k.to, Proto: e.Proto, Port: e.Port, FirstSeen: e.FirstSeen, LastSeen: e.LastSeen})
 		}
 		x := &out.Edges[i]
+		for _, p := range append(slices.Clone(e.Addrs), unixPath[e.To]) {
+			if p != "" && !slices.Contains(x.Addrs, p) {
+				x.Addrs = append(x.Addrs, p)
+			}
+		}
 		x.Counters.Add(e.Counters)
 		if !e.FirstSeen.IsZero() && (x.FirstSeen.IsZero() || e.FirstSeen.Before(x.FirstSeen)) {
 			x.FirstSeen = e.FirstSeen
@@ -223,6 +234,7 @@ func Group(g Graph, by string) Graph {
 		}
 	}
 	for i := range out.Edges {
+		slices.Sort(out.Edges[i].Addrs)
 		out.Edges[i].health()
 		out.Edges[i].RTTAvgUs = out.Edges[i].Counters.RTTAvgUs()
 	}

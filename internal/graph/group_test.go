@@ -311,3 +311,56 @@ func TestLookAtOneServiceOfAWorkload(t *testing.T) {
 		}
 	}
 }
+
+// One workload serving several unix sockets, one of them datagrams: the
+// grouped edge from its client names every path it merges, and its
+// volume counts the datagrams too (a unix datagram edge has no
+// connections).
+func TestGroupedUnixEdgeNamesItsSockets(t *testing.T) {
+	dgram := func(dir, local, remote, comm, peer string, n uint64) store.Observation {
+		x := unixObs("vm", dir, local, remote, comm, peer, 0, n*70, 0)
+		if dir == "outbound" {
+			x.DatagramsSent = n
+		} else {
+			x.BytesSent, x.BytesReceived, x.DatagramsReceived = 0, n*70, n
+		}
+		return x
+	}
+	hs := []store.Host{{ID: "vm", Addrs: []string{"198.51.100.9"}}}
+	obs := []store.Observation{
+		unixObs("vm", "outbound", "", "/run/us.sock", "client", "server", 2, 200, 300),
+		unixObs("vm", "inbound", "/run/us.sock", "", "server", "client", 2, 300, 200),
+		unixObs("vm", "outbound", "", "@abs", "client", "server", 3, 900, 1200),
+		dgram("outbound", "", "/run/ud.sock", "client", "server", 5),
+		dgram("inbound", "/run/ud.sock", "", "server", "", 5),
+		dgram("outbound", "", "/run/log.sock", "logger", "server", 4),
+	}
+	g := Group(Build(obs, hs, nil), ByWorkload)
+	e := edge(t, g, "workload:vm/client", "workload:vm/server")
+	if want := []string{"/run/ud.sock", "/run/us.sock", "@abs"}; !slices.Equal(e.Addrs, want) || e.Connections != 5 || e.DatagramsSent != 5 {
+		t.Errorf("client -> server: addrs %v, %d conns, %d datagrams; want %v, 5 and 5", e.Addrs, e.Connections, e.DatagramsSent, want)
+	}
+	var buf bytes.Buffer
+	roots, _ := Resolve(g, hs, "client")
+	WriteTrees(&buf, Look(g, roots, 1, true, true, 0), true, true)
+	if want := "-> unix /run/ud.sock, /run/us.sock, @abs server on vm (198.51.100.9)  conns=5 failed=0 dgrams=5/0 "; !strings.Contains(buf.String(), want) {
+		t.Errorf("look client lacks %q:\n%s", want, buf.String())
+	}
+	for format, want := range map[string]string{
+		"dot":     `"workload:vm/client" -> "workload:vm/server" [label="unix 5 conns, 5 datagrams"]`,
+		"mermaid": `unix 4 datagrams`,
+	} {
+		buf.Reset()
+		if err := Write(&buf, g, format); err != nil || !strings.Contains(buf.String(), want) {
+			t.Errorf("%s lacks %q:\n%s", format, want, buf.String())
+		}
+	}
+	buf.Reset()
+	var back Graph
+	if err := Write(&buf, g, "json"); err != nil || json.Unmarshal(buf.Bytes(), &back) != nil {
+		t.Fatalf("json: %v\n%s", err, buf.String())
+	}
+	if e := edge(t, back, "workload:vm/logger", "workload:vm/server"); !slices.Equal(e.Addrs, []string{"/run/log.sock"}) {
+		t.Errorf("json: logger -> server addrs %v, want [/run/log.sock]", e.Addrs)
+	}
+}

@@ -191,7 +191,8 @@ func (h Health) listen(l *ListenerState, accepted uint64) (string, []string) {
 //   - resets (sent and received): at least MinEvents and at least
 //     ResetRatio of the connections;
 //   - retransmitted segments: at least MinEvents and more than
-//     RetransmitsPerConn per connection (per connection seen, at least one).
+//     RetransmitsPerConn per connection (per connection seen, at least one;
+//     per attempt where none connected).
 //
 // Each is degraded instead when its rate reaches DegradedFactor of the
 // threshold, or passes it on fewer than MinEvents events; never on a single
@@ -236,7 +237,13 @@ func (e *Edge) judge(h Health) {
 	}
 	if rt := c.Retransmits; rt > 0 {
 		// A single retransmitted segment is never a sign of anything.
-		if st := h.level(rt, float64(rt)/conns, h.RetransmitsPerConn, true, 2); st != HealthOK {
+		if c.Connections == 0 && attempts > 0 {
+			// Every attempt failed: these are its SYN's retries, per attempt.
+			per := float64(rt) / float64(attempts)
+			if st := h.level(rt, per, h.RetransmitsPerConn, true, 2); st != HealthOK {
+				e.add(st, fmt.Sprintf("%d retransmitted segments in %d connection attempts, none connected (%.2f per attempt)", rt, attempts, per))
+			}
+		} else if st := h.level(rt, float64(rt)/conns, h.RetransmitsPerConn, true, 2); st != HealthOK {
 			e.add(st, fmt.Sprintf("%d retransmitted segments in %d connections (%.2f per connection)", rt, c.Connections, float64(rt)/conns))
 		}
 	}

@@ -29,6 +29,8 @@ func TestHealthThresholds(t *testing.T) {
 		{"retransmits over the rate", tracer.Counters{Connections: 90, Retransmits: 19}, "unhealthy", "19 retransmitted segments in 90 connections (0.21 per connection)"},
 		{"two retransmits on one connection: too few", tracer.Counters{Connections: 1, Retransmits: 2}, "degraded", "2 retransmitted segments in 1 connections (2.00 per connection)"},
 		{"three retransmits on one connection", tracer.Counters{Connections: 1, Retransmits: 3}, "unhealthy", "3 retransmitted segments in 1 connections (3.00 per connection)"},
+		{"SYN retries of attempts that all timed out", tracer.Counters{FailedConnections: 10, FailedTimeout: 10, Retransmits: 20}, "unhealthy",
+			"10 of 10 connection attempts failed (100.0 %): 10 timed out; 20 retransmitted segments in 10 connection attempts, none connected (2.00 per attempt)"},
 		{"two failures: too few", tracer.Counters{Connections: 10, FailedConnections: 2, FailedTimeout: 2}, "degraded", "2 of 12 connection attempts failed (16.7 %): 2 timed out"},
 		{"one failure in 1,000: under half the rate", tracer.Counters{Connections: 999, FailedConnections: 1, FailedRefused: 1}, "ok", ""},
 		{"three failures in 1,000 attempts: under 1 %", tracer.Counters{Connections: 997, FailedConnections: 3, FailedRefused: 3}, "ok", ""},
@@ -273,5 +275,15 @@ func TestHealthRendered(t *testing.T) {
 	}
 	if strings.Contains(mm, "class n3") || strings.Contains(mm, "linkStyle 2") {
 		t.Errorf("mermaid marks the healthy service or edge:\n%s", mm)
+	}
+}
+
+// Latencies read to three significant digits, not to the nearest 10 µs
+// (23 µs was 20µs).
+func TestLatencyText(t *testing.T) {
+	for v, want := range map[uint64]string{0: "0s", 23: "23µs", 94: "94µs", 999: "999µs", 1234: "1.23ms", 1500: "1.5ms", 99949: "99.9ms", 2345678: "2.35s"} {
+		if got := us(v); got != want {
+			t.Errorf("us(%d) = %q, want %q", v, got, want)
+		}
 	}
 }

@@ -112,6 +112,24 @@ func (e *jsonEncoder) key(k string) {
 	e.b = append(e.b, e.lay.colon...)
 }
 
+// strs writes a list of strings, left out when empty (omitempty).
+func (e *jsonEncoder) strs(k string, vs []string) {
+	if len(vs) == 0 {
+		return
+	}
+	e.key(k)
+	e.b = append(e.b, '[')
+	for i, v := range vs {
+		if i > 0 {
+			e.b = append(e.b, ',')
+		}
+		e.b = append(e.b, e.lay.inner...)
+		e.b = jsonenc.AppendString(e.b, v)
+	}
+	e.b = append(e.b, e.lay.innerEnd...)
+	e.b = append(e.b, ']')
+}
+
 func (e *jsonEncoder) str(k, v string) {
 	e.key(k)
 	e.b = jsonenc.AppendString(e.b, v)
@@ -169,19 +187,7 @@ func (e *jsonEncoder) node(n *Node) {
 	if n.RemoteName != "" {
 		e.str("remote_name", n.RemoteName)
 	}
-	if len(n.Processes) > 0 {
-		e.key("processes")
-		e.b = append(e.b, '[')
-		for i, p := range n.Processes {
-			if i > 0 {
-				e.b = append(e.b, ',')
-			}
-			e.b = append(e.b, e.lay.inner...)
-			e.b = jsonenc.AppendString(e.b, p)
-		}
-		e.b = append(e.b, e.lay.innerEnd...)
-		e.b = append(e.b, ']')
-	}
+	e.strs("processes", n.Processes)
 	if l := n.Listener; l != nil {
 		e.key("listener")
 		e.listener(l, e.lay.inner, e.lay.innerEnd)
@@ -387,6 +393,7 @@ func (e *jsonEncoder) edge(x *Edge) {
 	e.str("to", x.To)
 	e.str("proto", x.Proto)
 	e.uint("port", uint64(x.Port))
+	e.strs("addrs", x.Addrs)
 	c := &x.Counters
 	e.uint("connections", c.Connections)
 	e.uint("failed_connections", c.FailedConnections)

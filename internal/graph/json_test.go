@@ -36,7 +36,7 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 						BytesSent: 7, BytesReceived: 1 << 63, DatagramsSent: 9, DatagramsReceived: 10, ConnectLatencyCount: 11, ConnectLatencySumUs: 12,
 						ConnectLatencyMaxUs: 13, ResetsSent: 14, ResetsReceived: 15, Retransmits: 16},
 					ConnectLatencyAvgUs: 1, FirstSeen: at, LastSeen: at.Add(time.Second), Unhealthy: true, Reasons: []string{"a", "b <c>"}},
-				{From: "x", To: "y", FirstSeen: at.Truncate(time.Second), LastSeen: at.In(time.FixedZone("x", 3600))},
+				{From: "x", To: "y", Proto: "unix", Addrs: []string{"/run/a.sock", "@b<\"c\">"}, FirstSeen: at.Truncate(time.Second), LastSeen: at.In(time.FixedZone("x", 3600))},
 				{From: "z", To: "w"},
 			},
 		},

@@ -119,13 +119,20 @@ func volume(e Edge) string {
 	if e.Proto == "udp" {
 		return fmt.Sprintf("dgrams=%d/%d", e.DatagramsSent, e.DatagramsReceived)
 	}
-	return fmt.Sprintf("conns=%d failed=%d", e.Connections, e.FailedConnections)
+	s := fmt.Sprintf("conns=%d failed=%d", e.Connections, e.FailedConnections)
+	if e.DatagramsSent+e.DatagramsReceived > 0 { // unix datagram sockets
+		s += fmt.Sprintf(" dgrams=%d/%d", e.DatagramsSent, e.DatagramsReceived)
+	}
+	return s
 }
 
 // edgeService names the service end of an edge: proto/port, or the socket
 // path for unix.
 func edgeService(e Edge, to Node) string {
 	if e.Proto == "unix" {
+		if len(e.Addrs) > 0 {
+			return "unix " + strings.Join(e.Addrs, ", ")
+		}
 		if to.Kind == KindWorkload || to.Kind == KindHost {
 			for _, sv := range to.Services {
 				if sv.Proto == "unix" {
@@ -160,8 +167,12 @@ func edgeProto(e Edge) string {
 }
 
 func shortVolume(e Edge) string {
-	if e.Proto == "udp" {
-		return fmt.Sprintf("%d datagrams", e.DatagramsSent+e.DatagramsReceived)
+	dgrams := e.DatagramsSent + e.DatagramsReceived
+	switch {
+	case e.Proto == "udp" || (dgrams > 0 && e.Connections == 0):
+		return fmt.Sprintf("%d datagrams", dgrams)
+	case dgrams > 0: // a unix workload's stream and datagram sockets
+		return fmt.Sprintf("%d conns, %d datagrams", e.Connections, dgrams)
 	}
 	return fmt.Sprintf("%d conns", e.Connections)
 }
@@ -202,8 +213,13 @@ func counters(e Edge) string {
 }
 
 // us prints a latency in microseconds the way people read it.
+// us writes microseconds to three significant digits: 23µs, 1.23ms, 2.35s.
 func us(v uint64) string {
-	return time.Duration(v * uint64(time.Microsecond)).Round(10 * time.Microsecond).String()
+	unit := uint64(1)
+	for v/unit >= 1000 {
+		unit *= 10
+	}
+	return time.Duration((v + unit/2) / unit * unit * uint64(time.Microsecond)).String()
 }
 
 // nodeHealth is what look adds after a service's label: its accept queue

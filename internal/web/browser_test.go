@@ -276,7 +276,7 @@ func TestBrowserTableListsEveryEdge(t *testing.T) {
 	rows := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
 	want := []string{
 		"nginx on web-1 (198.51.100.1) 198.51.100.2:5432 on db-1 nginx → postgres tcp 17",
-		"nginx on web-1 (198.51.100.1) 198.51.100.3:6379 on cache-1 nginx → redis-server tcp 5 3",
+		"nginx on web-1 (198.51.100.1) 198.51.100.3:6379 on cache-1 nginx → redis-server tcp 5 0 3", // connections, datagrams, failed
 		"nginx on web-1 (198.51.100.1) 192.0.2.53:53 nginx → ? udp 0",
 		"python3 on worker-1 (198.51.100.4) 198.51.100.2:5432 on db-1 python3 → postgres tcp 3",
 	}
@@ -874,5 +874,41 @@ func TestBrowserUnansweredPort(t *testing.T) {
 	d := browsertest.JS[string](t, ctx, `document.querySelector('#details').innerText`)
 	if !strings.Contains(d, "tcp/7002 nothing answers") || !strings.Contains(d, "nothing answered: 3 connection attempts, none worked") || strings.Contains(d, "DROPPING") {
 		t.Errorf("details of the unanswered port:\n%s", d)
+	}
+}
+
+// A unix edge between two workloads names every socket it merges, and a
+// datagram socket's traffic shows in the Datagrams column, not as zero
+// connections.
+func TestBrowserTableNamesUnixSockets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "deptrace.db")
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-5 * time.Minute)
+	u := func(dir, local, remote, comm, peer string, c tracer.Counters) store.Observation {
+		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: "vm", Direction: dir, Proto: "unix",
+			LocalAddr: local, RemoteAddr: remote, Comm: comm, PeerComm: peer, Counters: c, FirstSeen: at, LastSeen: at.Add(time.Second)}
+	}
+	err = s.Write(context.Background(), store.Batch{
+		Hosts: []store.Host{{ID: "vm", Name: "vm", Addrs: []string{"198.51.100.9"}, LastSeen: at}},
+		Observations: []store.Observation{
+			u("outbound", "", "/run/a.sock", "client", "server", tracer.Counters{Connections: 2, BytesSent: 20, BytesReceived: 30}),
+			u("outbound", "", "@logd", "client", "server", tracer.Counters{DatagramsSent: 7, BytesSent: 70}),
+			u("inbound", "@logd", "", "server", "", tracer.Counters{DatagramsReceived: 7, BytesReceived: 70}),
+		},
+	})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := serve(t, path, Options{})
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
+	rows := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	want := "client on vm (198.51.100.9) unix /run/a.sock, @logd on vm client → server unix 2 7 0 90 B 30 B"
+	if len(rows) != 1 || !strings.Contains(rows[0], want) {
+		t.Errorf("table rows %q; want one with %q", rows, want)
 	}
 }

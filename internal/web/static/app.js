@@ -1111,6 +1111,7 @@
     { key: 'processes', label: 'Processes (client → server)', get: processesOf },
     { key: 'proto', label: 'Proto', get: (e) => e.proto },
     { key: 'connections', label: 'Connections', get: (e) => e.connections || 0, num: true },
+    { key: 'datagrams', label: 'Datagrams', get: (e) => (e.datagrams_sent || 0) + (e.datagrams_received || 0), num: true },
     { key: 'failed_connections', label: 'Failed', get: (e) => e.failed_connections || 0, num: true },
     { key: 'bytes_sent', label: 'Sent', get: (e) => e.bytes_sent || 0, num: true, fmt: bytes },
     { key: 'bytes_received', label: 'Received', get: (e) => e.bytes_received || 0, num: true, fmt: bytes },
@@ -1123,7 +1124,7 @@
   function serverEndpoint(n, e) {
     if (!n) return '?';
     if (n.kind === 'workload' || n.kind === 'host') {
-      if (e.proto === 'unix') return 'unix on ' + n.host;
+      if (e.proto === 'unix') return 'unix ' + (e.addrs && e.addrs.length ? e.addrs.join(', ') + ' ' : '') + 'on ' + n.host;
       return endpoint(n.addr || n.host || '?', e.port) + ' on ' + n.host;
     }
     const where = endpoint(n.addr || n.host || '?', n.port);
