@@ -77,7 +77,7 @@ killed agent left.`,
 		Example: `  deptrace agent
   deptrace agent --store postgres://deptrace@db.example/deptrace --netns self \
       --retention-minutes 24h --retention-hours 14d --retention-days 400d --store-max-size 50GiB`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tcfg, err := tf.config()
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/tracer"
 )
 
@@ -16,7 +17,7 @@ func newCleanupCmd() *cobra.Command {
 		Long: `cleanup removes the kernel side a deptrace agent left pinned on bpffs because it
 was killed or stopped with --keep-tracing: its programs stop counting and its
 maps are freed. It refuses while an agent owns the pin path.`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			found, err := tracer.Cleanup(pinPath)
 			if err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/deptrace/deptrace/internal/agent"
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/dnswatch"
 	deptracehooks "github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/kernel"
@@ -38,7 +39,7 @@ lists every hook as active or inactive (with the reason and what is lost without
 it), says whether the DNS watcher loads (which variant, what it loses), seeds the
 listening-port table, then traces for --sample and reports the
 loss counters. It exits with status 1 when deptrace cannot run here.`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := tf.config()
 			if err != nil {
@@ -69,7 +70,7 @@ func doctorStore(ctx context.Context, out io.Writer, spec, spoolPath string) {
 	if spec != "" {
 		st, err := store.Open(ctx, spec)
 		if err != nil {
-			fmt.Fprintf(out, "store         UNREACHABLE: %v\n", err)
+			fmt.Fprintf(out, "store         UNREACHABLE: %s\n", cli.OneLine(err))
 		} else {
 			v, _ := st.Version(ctx)
 			fmt.Fprintf(out, "store         %s, schema version %d\n", st, v)
@@ -77,7 +78,7 @@ func doctorStore(ctx context.Context, out io.Writer, spec, spoolPath string) {
 		}
 	}
 	if size, batches, err := agent.SpoolStatus(spoolPath); err != nil {
-		fmt.Fprintf(out, "spool         %s unreadable: %v\n", spoolPath, err)
+		fmt.Fprintf(out, "spool         %s unreadable: %s\n", spoolPath, cli.OneLine(err))
 	} else if batches > 0 {
 		fmt.Fprintf(out, "spool         %d batches (%d bytes) waiting in %s: the store was unreachable\n", batches, size, spoolPath)
 	} else {
@@ -95,7 +96,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintln(out, "btf           /sys/kernel/btf/vmlinux")
 	}
 	if err := kernel.CheckCapabilities(); err != nil {
-		fmt.Fprintf(out, "capabilities  %v\n", err)
+		fmt.Fprintf(out, "capabilities  %s\n", cli.OneLine(err))
 	} else {
 		fmt.Fprintln(out, "capabilities  CAP_BPF CAP_PERFMON CAP_NET_ADMIN CAP_SYS_ADMIN")
 	}
@@ -103,7 +104,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintf(out, "capabilities  without %s: %s\n", o.Name, o.Loses)
 	}
 	if root, err := kernel.CgroupV2Root(); err != nil {
-		fmt.Fprintf(out, "cgroup v2     %v (UDP hooks unavailable)\n", err)
+		fmt.Fprintf(out, "cgroup v2     %s (UDP hooks unavailable)\n", cli.OneLine(err))
 	} else {
 		fmt.Fprintf(out, "cgroup v2     %s\n", root)
 	}
@@ -114,7 +115,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 
 	t, err := tracer.New(cfg)
 	if err != nil {
-		fmt.Fprintf(out, "\nbundler       cannot load: %v\n", err)
+		fmt.Fprintf(out, "\nbundler       cannot load: %s\n", cli.OneLine(err))
 		var hookErr *tracer.RequiredHookError
 		if errors.As(err, &hookErr) && hookErr.Hook.Log != "" {
 			fmt.Fprintf(out, "verifier log:\n%s\n", hookErr.Hook.Log)
@@ -158,7 +159,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	if len(missing) > 0 {
 		fmt.Fprintln(out, "\nMISSING FEATURES")
 		for _, h := range missing {
-			fmt.Fprintf(out, "%s: %s\n  why: %s\n", h.Hook, h.Provides, h.Reason)
+			fmt.Fprintf(out, "%s: %s\n  why: %s\n", h.Hook, h.Provides, cli.OneLineText(h.Reason))
 			if why := explainMissing(h, runtime.GOARCH); why != "" {
 				fmt.Fprintf(out, "  because: %s\n", why)
 			}
@@ -175,7 +176,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 	nsCount, ports, seedErr := t.Seeded()
 	fmt.Fprintln(out)
 	if seedErr != nil {
-		fmt.Fprintf(out, "seeding       failed: %v\n", seedErr)
+		fmt.Fprintf(out, "seeding       failed: %s\n", cli.OneLine(seedErr))
 	} else {
 		fmt.Fprintf(out, "seeding       %d listening ports found in %d network namespaces\n", ports, nsCount)
 	}
@@ -250,7 +251,7 @@ func doctorDNSWithTracer(out io.Writer, t *tracer.Tracer) {
 	cfg.Calls = t
 	w, err := dnswatch.New(cfg)
 	if err != nil {
-		fmt.Fprintf(out, "dns watcher   with the tracer: CANNOT START: %v\n", err)
+		fmt.Fprintf(out, "dns watcher   with the tracer: CANNOT START: %s\n", cli.OneLine(err))
 		return
 	}
 	defer func() { _ = w.Close() }() // doctor only starts and stops it
@@ -259,7 +260,7 @@ func doctorDNSWithTracer(out io.Writer, t *tracer.Tracer) {
 	switch {
 	case w.HandedOff():
 	case w.HandOffRefused() != nil:
-		where = fmt.Sprintf("variant %s, per packet: the per-call programs did not load or the kernel refused them in the tracer's calls: %v", v.Name, w.HandOffRefused())
+		where = fmt.Sprintf("variant %s, per packet: the per-call programs did not load or the kernel refused them in the tracer's calls: %s", v.Name, cli.OneLine(w.HandOffRefused()))
 	default:
 		why := "the tracer has no send and receive tracepoints here"
 		if _, _, dests, _ := t.DNSCallHooks(); dests == nil {
@@ -284,13 +285,13 @@ func doctorDNS(out io.Writer, probe func() ([]dnswatch.VariantResult, error)) {
 	tried, err := probe()
 	for _, r := range tried {
 		if r.Err != nil {
-			fmt.Fprintf(out, "dns watcher   variant %s refused (needs %s): %v\n", r.Name, r.Needs, r.Err)
+			fmt.Fprintf(out, "dns watcher   variant %s refused (needs %s): %s\n", r.Name, r.Needs, cli.OneLine(r.Err))
 		}
 	}
 	if err != nil {
 		why := "no variant loads"
 		if len(tried) == 0 {
-			why = err.Error()
+			why = cli.OneLine(err)
 		}
 		fmt.Fprintf(out, "dns watcher   CANNOT LOAD (%s): trace and agent run without remote names and DNS records\n", why)
 		return

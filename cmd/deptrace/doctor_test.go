@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -61,6 +63,8 @@ func TestDoctorDNS(t *testing.T) {
 			[]string{"CANNOT LOAD (no variant loads)", "without remote names"}},
 		{"before loading", nil, errors.New("raise memlock: operation not permitted"),
 			[]string{"CANNOT LOAD (raise memlock: operation not permitted)"}},
+		{"refused in lines", []dnswatch.VariantResult{{Variant: v[0], Err: errors.New("load program:\n\tline 1\n\tline 2")}, {Variant: v[1]}}, nil,
+			[]string{"variant " + v[0].Name + " refused (needs " + v[0].Needs + "): load program: line 1; line 2\n"}},
 	}
 	for _, c := range cases {
 		var out strings.Builder
@@ -97,5 +101,16 @@ func TestDoctorAndTraceNameAMissingOptionalCapability(t *testing.T) {
 	out, err = exec.Command(setpriv, append(drop, "trace", "--duration", "1s")...).CombinedOutput()
 	if err != nil || !regexp.MustCompile(`level=WARN msg="capability missing: network namespaces found only through processes deptrace may not inspect[^"]*" .*capability=CAP_SYS_PTRACE`).Match(out) {
 		t.Errorf("trace without CAP_SYS_PTRACE (%v):\n%s", err, out)
+	}
+}
+
+// Every doctor line is one line, so that `grep ^store` gets the whole
+// reason: pgx lists each address it tried on lines of their own.
+func TestDoctorStoreUnreachableIsOneLine(t *testing.T) {
+	var out strings.Builder
+	doctorStore(context.Background(), &out, "postgres://nobody@127.0.0.1:1/x", filepath.Join(t.TempDir(), "spool.jsonl"))
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "store         UNREACHABLE: ") || !strings.Contains(lines[0], "127.0.0.1:1 (127.0.0.1): dial error") {
+		t.Errorf("want a store line naming the refused dial, then the spool's:\n%s", out.String())
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
@@ -90,6 +92,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "--netns", "/proc/self/ns/mnt"}, nil, `invalid --netns "/proc/self/ns/mnt": want all, self, an inode number, an ip-netns name or an nsfs path: /proc/self/ns/mnt is a namespace of another kind`},
 		{[]string{"trace"}, []string{"DEPTRACE_INTERVAL=soon"}, `invalid DEPTRACE_INTERVAL="soon" for --interval`},
 		{[]string{"trace", "--bogus"}, nil, "unknown flag: --bogus"},
+		{[]string{"trace", "extra-arg"}, nil, `trace takes no arguments, got "extra-arg": flags start with -- (deptrace trace --help lists them)`},
 		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h0m0s: allowed 0 to 1m"},
 		{[]string{"trace"}, []string{"DEPTRACE_PROTO=bogus"}, `invalid --proto "bogus": allowed tcp, udp, unix, all (set from DEPTRACE_PROTO)`},
 		{[]string{"look", "--depth", "abc", "x"}, nil, `invalid --depth "abc": allowed a whole number`},
@@ -107,6 +110,33 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		if stdout != "" {
 			t.Errorf("%v: stdout %q on error", c.args, stdout)
 		}
+	}
+}
+
+// A command that takes no positional arguments says so, not that the
+// argument is an unknown command: most often a flag lost its dashes.
+func TestCommandsWithoutArgumentsSaySo(t *testing.T) {
+	var visit func(c *cobra.Command)
+	checked := 0
+	visit = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			visit(sub)
+		}
+		if !c.Runnable() || c.Args == nil {
+			return
+		}
+		if err := c.Args(c, nil); err != nil {
+			return // takes arguments: look
+		}
+		checked++
+		want := c.Name() + ` takes no arguments, got "extra-arg": flags start with -- (` + c.CommandPath() + ` --help lists them)`
+		if err := c.Args(c, []string{"extra-arg"}); err == nil || err.Error() != want {
+			t.Errorf("%s extra-arg: %v, want %q", c.CommandPath(), err, want)
+		}
+	}
+	visit(newRootCmd())
+	if checked != 7 {
+		t.Errorf("checked %d commands, want 7: trace, doctor, agent, serve, cleanup, graph and diff", checked)
 	}
 }
 

@@ -37,7 +37,7 @@ the token URL-encoded).`,
 		Example: `  deptrace serve
   deptrace serve --store postgres://deptrace@db.example/deptrace
   deptrace serve --listen 0.0.0.0:7777 --token-file /etc/deptrace/token`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := web.CheckListen(listen, tokenFile != ""); err != nil {
 				return err

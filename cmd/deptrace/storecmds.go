@@ -226,7 +226,7 @@ deprecated and kept for one release.`,
 		Example: `  deptrace graph --format json
   deptrace graph --format dot --since 24h | dot -Tsvg > deps.svg
   deptrace graph --format mermaid --target postgres --depth 2`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !slices.Contains(graph.Formats, format) {
 				return fmt.Errorf("invalid --format %q: allowed %s", format, strings.Join(graph.Formats, ", "))
@@ -272,7 +272,7 @@ With only --before-since, the earlier window ends at --since; with only
 --before-until, it is as long as [--since, --until).`,
 		Example: `  deptrace diff --since 1h                      # last hour against the hour before
   deptrace diff --since 2026-11-20 --until 2026-11-21`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if q.since == "" {
 				return fmt.Errorf("missing --since: diff compares [--since, --until) with the window before it")

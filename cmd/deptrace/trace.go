@@ -46,7 +46,7 @@ the last partial interval before exiting.`,
 		Example: `  deptrace trace
   deptrace trace --output jsonl --duration 10s
   deptrace trace --proto tcp --port 5432,6379 --netns self`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := tf.config()
 			if err != nil {

@@ -216,6 +216,21 @@ func mentionsFlag(msg, name string) bool {
 
 func isFlagChar(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' }
 
+// NoArgs is cobra.NoArgs for commands that take no positional arguments,
+// with an error that says so: cobra's "unknown command" reads as a
+// mistyped subcommand, where most often a flag lost its dashes.
+func NoArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	got := make([]string, len(args))
+	for i, a := range args {
+		got[i] = fmt.Sprintf("%q", a)
+	}
+	// The command's own name: the program's is the line's prefix (Main).
+	return fmt.Errorf("%s takes no arguments, got %s: flags start with -- (%s --help lists them)", cmd.Name(), strings.Join(got, " "), cmd.CommandPath())
+}
+
 // StopSignals are the signals that stop a deptrace command cleanly (the
 // last interval printed or stored, the kernel side detached): Ctrl-C,
 // SIGTERM, and SIGHUP, which a closed terminal or ssh session sends,
@@ -242,6 +257,23 @@ func Main(root *cobra.Command) {
 
 // OneLine keeps an error to a single line; verifier logs are printed in
 // full by doctor, not here.
-func OneLine(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+func OneLine(err error) string { return OneLineText(err.Error()) }
+
+// OneLineText joins the lines of s with "; ", or with a space after a
+// line ending in ":" (pgx lists each address it tried below "failed to
+// connect to ...:"), so that grep and journal readers get all of it.
+func OneLineText(s string) string {
+	out := ""
+	for _, line := range strings.Split(s, "\n") {
+		switch line = strings.Join(strings.Fields(line), " "); {
+		case line == "":
+		case out == "":
+			out = line
+		case strings.HasSuffix(out, ":"):
+			out += " " + line
+		default:
+			out += "; " + line
+		}
+	}
+	return out
 }

@@ -132,6 +132,28 @@ func TestOneLine(t *testing.T) {
 	if got := OneLine(errString("load: verifier\n  line 1\n\tline 2")); got != "load: verifier; line 1; line 2" {
 		t.Errorf("OneLine = %q", got)
 	}
+	// pgx lists the addresses it tried below a line ending in ":".
+	pgx := "connect to store postgres://nobody@127.0.0.1:1/x: failed to connect to `user=nobody database=x`:\n\t127.0.0.1:1 (127.0.0.1): dial error: connection refused\n"
+	if got, want := OneLine(errString(pgx)), "connect to store postgres://nobody@127.0.0.1:1/x: failed to connect to `user=nobody database=x`: 127.0.0.1:1 (127.0.0.1): dial error: connection refused"; got != want {
+		t.Errorf("OneLine = %q, want %q", got, want)
+	}
+}
+
+// A command without positional arguments names what it got and where
+// its flags are listed.
+func TestNoArgs(t *testing.T) {
+	r := &cobra.Command{Use: "deptrace"}
+	Configure(r)
+	r.AddCommand(&cobra.Command{Use: "trace", Args: NoArgs, RunE: func(*cobra.Command, []string) error { return nil }})
+	r.SetArgs([]string{"trace", "extra-arg", "x y"})
+	want := `trace takes no arguments, got "extra-arg" "x y": flags start with -- (deptrace trace --help lists them)`
+	if err := Execute(r); err == nil || err.Error() != want {
+		t.Errorf("error %v, want %q", err, want)
+	}
+	r.SetArgs([]string{"trace"})
+	if err := Execute(r); err != nil {
+		t.Errorf("without arguments: %v", err)
+	}
 }
 
 type errString string
