@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -61,7 +62,7 @@ type Config struct {
 // Validate names the first bad field and its allowed values.
 func (c Config) Validate() error {
 	if !slices.Contains(Workloads, c.Workload) {
-		return fmt.Errorf("invalid workload %q: allowed %v", c.Workload, Workloads)
+		return fmt.Errorf("invalid workload %q: allowed %s", c.Workload, strings.Join(Workloads, ", "))
 	}
 	if c.Concurrency < 1 || c.Concurrency > 10000 {
 		return fmt.Errorf("invalid concurrency %d: allowed 1 to 10000", c.Concurrency)
@@ -401,7 +402,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	r.Edges = mergeEdges(edges, network)
 	if r.RoundTrips == 0 {
-		return r, errors.New("no round trip completed")
+		// Name the cause: a refused or unreachable server reads as such.
+		if r.FirstError != "" {
+			return r, fmt.Errorf("no round trip completed: %s (all %d attempts failed)", r.FirstError, r.Errors)
+		}
+		return r, fmt.Errorf("no round trip completed in %s: none was answered within it", cfg.Duration)
 	}
 	return r, nil
 }

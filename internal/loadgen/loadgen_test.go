@@ -2,6 +2,8 @@ package loadgen
 
 import (
 	"context"
+	"net"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +128,21 @@ func TestValidate(t *testing.T) {
 	bad.Rate = -1
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "rate") {
 		t.Errorf("rate: %v", err)
+	}
+}
+
+// A run that completes no round trip names why: the first error, here a
+// refused connection, not only that none completed.
+func TestRunNamesWhyNoRoundTripCompleted(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens there now: connect is refused
+	_, err = Run(context.Background(), Config{Workload: TCPShort, Addrs: []string{closed}, Concurrency: 1, Rate: 50, MsgSize: 16, Duration: 200 * time.Millisecond})
+	if err == nil || !regexp.MustCompile(`^no round trip completed: dial tcp `+regexp.QuoteMeta(closed)+`: connect: connection refused \(all \d+ attempts failed\)$`).MatchString(err.Error()) {
+		t.Errorf("error %v, want the refused connect named", err)
 	}
 }
 

@@ -66,7 +66,7 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 		Example: `  deptrace-bench load --serve 127.0.0.1:0 --workload tcp-short --duration 10s
   deptrace-bench load --serve 127.0.0.1:20000 --ports 100 --clients 1000 --rate 10000 --workload udp
   deptrace-bench load --addr 127.0.0.1:7000 --workload tcp-persistent --concurrency 100 --rate 5000`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if format != "table" && format != "json" {
 				return fmt.Errorf("invalid --output %q: allowed table, json", format)
@@ -81,13 +81,13 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 			}
 			var err error
 			if cfg.Sources, err = loadgen.Sources(clients); err != nil {
-				return fmt.Errorf("--%s", strings.TrimPrefix(err.Error(), "invalid "))
+				return flagError(err, "serve")
 			}
 			cfg.Addrs = addrs
 			if serve != "" {
 				bound, err := loadgen.Serve(cmd.Context(), serve, ports)
 				if err != nil {
-					return err
+					return flagError(err, "serve")
 				}
 				cfg.Addrs = append(cfg.Addrs, bound...)
 			}
@@ -95,7 +95,7 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 				return fmt.Errorf("missing --addr (server host:port) or --serve (start echo servers here)")
 			}
 			if err := cfg.Validate(); err != nil {
-				return fmt.Errorf("--%s", strings.TrimPrefix(err.Error(), "invalid "))
+				return flagError(err, "serve")
 			}
 			r, err := loadgen.Run(cmd.Context(), cfg)
 			if err != nil {
@@ -127,6 +127,21 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 	return cmd
 }
 
+// flagError names the flag in loadgen's "invalid ports 0: allowed ..."
+// errors: its fields are named as load's and serve's flags, but for the
+// echo servers' address, which is serveFlag (load's --serve, serve's
+// --addr). Other errors (a port in use) are returned as they are.
+func flagError(err error, serveFlag string) error {
+	msg, ok := strings.CutPrefix(err.Error(), "invalid ")
+	if !ok {
+		return err
+	}
+	if rest, ok := strings.CutPrefix(msg, "serve address "); ok {
+		return fmt.Errorf("invalid --%s %s", serveFlag, rest)
+	}
+	return fmt.Errorf("invalid --%s", msg)
+}
+
 func newBenchServeCmd() *cobra.Command {
 	var (
 		addr  string
@@ -136,13 +151,13 @@ func newBenchServeCmd() *cobra.Command {
 		Use:     "serve",
 		Short:   "Run TCP and UDP echo servers until interrupted",
 		Example: `  deptrace-bench serve --addr 127.0.0.1:20000 --ports 1000`,
-		Args:    cobra.NoArgs,
+		Args:    cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), cli.StopSignals()...)
 			defer stop()
 			bound, err := loadgen.Serve(ctx, addr, ports)
 			if err != nil {
-				return err
+				return flagError(err, "addr")
 			}
 			fmt.Printf("serving tcp+udp echo on %s", bound[0])
 			if len(bound) > 1 {
@@ -186,7 +201,7 @@ they run one of bench compare's methods instead (bundling is deptrace's
 tracer without its output; streaming the per-event baseline): each method's
 cost to the whole machine, with the kernel's dispatch to its programs that
 bpf_stats leaves out. It prints Markdown tables for docs/performance.md.`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Interrupted, the runs stop and clean up: the load, the
 			// tracer, perf and its files.
@@ -360,7 +375,7 @@ ns per round trip times its rate by more than --tolerance stops it too. The
 rows finished before are kept in --out.`,
 		Example: `  deptrace-bench compare --out bench-out
   deptrace-bench compare --workloads tcp-short --rates 1000,5000 --peers "" --duration 3s`,
-		Args: cobra.NoArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := kernel.CheckCapabilities(); err != nil {
 				return err
