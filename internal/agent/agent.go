@@ -72,6 +72,33 @@ type Config struct {
 	MaxProcs int
 }
 
+// goRuntimeAttrs are the "go runtime" line's values, each with where it
+// came from: the environment's GOMAXPROCS, GOGC or GOMEMLIMIT where Go
+// took it (maxProcs and gcTargets then left it alone: percent or limit
+// -1), else what deptrace set and why, or Go's default.
+func goRuntimeAttrs(procs, wantProcs, percent int, limit int64, lookupEnv func(string) (string, bool)) []any {
+	attrs := []any{"gomaxprocs", procs}
+	switch {
+	case goTakes(lookupEnv, "GOMAXPROCS"):
+		attrs = append(attrs, "gomaxprocs_from", "GOMAXPROCS")
+	case wantProcs > 0:
+		attrs = append(attrs, "gomaxprocs_from", "--gomaxprocs (default 1: the agent's work is one pipeline)")
+	default:
+		attrs = append(attrs, "gomaxprocs_from", "Go's default (--gomaxprocs 0)")
+	}
+	if percent < 0 {
+		v, _ := lookupEnv("GOGC")
+		attrs = append(attrs, "gc_percent", v, "gc_percent_from", "GOGC")
+	} else {
+		attrs = append(attrs, "gc_percent", percent, "gc_percent_from", "deptrace (an interval's flows die young: less CPU for a little more memory)")
+	}
+	if limit < 0 {
+		v, _ := lookupEnv("GOMEMLIMIT")
+		return append(attrs, "memory_limit", v, "memory_limit_from", "GOMEMLIMIT")
+	}
+	return append(attrs, "memory_limit_mib", limit>>20, "memory_limit_from", "deptrace (the Go part of its memory ceiling: docs/operations.md, Memory)")
+}
+
 // DefaultSpoolPath is where batches wait while the store is unreachable.
 const DefaultSpoolPath = "/var/lib/deptrace/spool.jsonl"
 
@@ -102,7 +129,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		percent, limit := gcTargets(cfg.Tracer.FlowMapSize, cpus, series, cfg.BufferMax, cfg.Tracer.PinPath != "", os.LookupEnv)
 		setGC(percent, limit)
 		memLimit.base = limit
-		log.Info("go runtime", "gomaxprocs", runtime.GOMAXPROCS(0), "gc_percent", percent, "memory_limit_mib", limit>>20, "hint", "-1: set by GOGC or GOMEMLIMIT")
+		log.Info("go runtime", goRuntimeAttrs(runtime.GOMAXPROCS(0), cfg.MaxProcs, percent, limit, os.LookupEnv)...)
 	}
 	var m *metrics.Metrics // nil: metrics off, every call a no-op
 	if cfg.MetricsListen != "" {

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"log/slog"
 	"runtime/debug"
+	"strings"
 	"testing"
 )
 
@@ -113,6 +115,45 @@ func TestMaxProcs(t *testing.T) {
 		{1, 1, env("")}, {1, 1, env("0")}, {1, 1, env("many")}, {1, 1, env("4294967296")}} { // values Go ignores
 		if got := maxProcs(c.want, c.lookup); got != c.got {
 			t.Errorf("--gomaxprocs %d: %d, want %d", c.want, got, c.got)
+		}
+	}
+}
+
+// The "go runtime" line says where each value came from: GOGC or
+// GOMEMLIMIT only when the environment set one Go took, else deptrace
+// and why.
+func TestGoRuntimeAttrsSayWhereEachValueCameFrom(t *testing.T) {
+	line := func(env map[string]string, wantProcs, percent int, limit int64) string {
+		var b strings.Builder
+		lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+		slog.New(slog.NewTextHandler(&b, nil)).Info("go runtime", goRuntimeAttrs(1, wantProcs, percent, limit, lookup)...)
+		return b.String()
+	}
+	for _, c := range []struct {
+		name          string
+		env           map[string]string
+		wantProcs     int
+		percent       int
+		limit         int64
+		want, notWant []string
+	}{
+		{"deptrace's own", nil, 1, GCPercent, 300 << 20, []string{`gomaxprocs=1 gomaxprocs_from="--gomaxprocs (default 1:`, `gc_percent=200 gc_percent_from="deptrace (`, `memory_limit_mib=300 memory_limit_from="deptrace (`},
+			[]string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "=-1"}},
+		{"from the environment", map[string]string{"GOGC": "50", "GOMEMLIMIT": "900MiB", "GOMAXPROCS": "3"}, 1, -1, -1,
+			[]string{"gomaxprocs_from=GOMAXPROCS", "gc_percent=50 gc_percent_from=GOGC", "memory_limit=900MiB memory_limit_from=GOMEMLIMIT"}, []string{"deptrace", "=-1"}},
+		{"GOGC only; Go's processors", map[string]string{"GOGC": "off", "GOMAXPROCS": "0"}, 0, -1, 300 << 20,
+			[]string{`gomaxprocs_from="Go's default (--gomaxprocs 0)"`, "gc_percent=off gc_percent_from=GOGC", `memory_limit_mib=300 memory_limit_from="deptrace (`}, []string{"GOMEMLIMIT", "gomaxprocs_from=GOMAXPROCS"}},
+	} {
+		got := line(c.env, c.wantProcs, c.percent, c.limit)
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %q lacks %q", c.name, got, w)
+			}
+		}
+		for _, w := range c.notWant {
+			if strings.Contains(got, w) {
+				t.Errorf("%s: %q has %q", c.name, got, w)
+			}
 		}
 	}
 }
