@@ -349,7 +349,8 @@ static __always_inline void passive_open(struct flow_value *v, __u32 netns, __u1
  * bytes at close from the socket's counters (which start at known values),
  * and a connection that lives on is tagged later (tcp_tag_late) so that
  * drains report it while it lives. Storage is taken now only when the
- * direction at close would be guessed wrong, or a connect left some. */
+ * direction at close would be guessed wrong, a connect left some, or the
+ * start-up seed has not ended. */
 static __always_inline void tcp_established(struct sock *sk, bool active)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
@@ -361,7 +362,11 @@ static __always_inline void tcp_established(struct sock *sk, bool active)
 	struct connect_info *ci = active ? connect_find(sk, &slot, &cookie) : NULL;
 	__u64 syn_ns = ci ? ci->syn_ns : 0;
 	struct sock_state *st = active ? tcp_state_of(sk) : NULL;
-	if (!st && tcp_direction(sk) != dir) {
+	/* Until the start-up seed ends, a connection that opens takes storage
+	 * now, counting from its open: the seed would otherwise tag it as one
+	 * open before the start (counting from the seed), and no late tag
+	 * runs meanwhile (tcp_tag_late). */
+	if (!st && (seed_pending || tcp_direction(sk) != dir)) {
 		st = tcp_tag(sk, dir);
 		if (st && ci) {
 			st->pid = ci->pid;
