@@ -562,31 +562,42 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 			p.server = server
 		}
 	}
-	// A datagram receiver does not learn who sent (its inbound flow has no
-	// peer process), so its view cannot be joined to a sender's. Where a
-	// sender on the host reported the path, the senders' views count it:
-	// the receiver's alone would add an unnamed client sending it all
-	// again. It still names the server, for senders that do not know it.
-	reported := map[[2]string]bool{}
-	serverOf := map[[2]string]string{}
+	// A receiver that does not learn who sent (a datagram socket's, or a
+	// stream server's whose clients no agent traced: no peer process) has
+	// one unnamed view of every such sender. The senders that reported
+	// without a receiver's view of their own (a pair with no inbound
+	// side) are already in it: only what is left beyond their counts is
+	// an unnamed client's. The server's name is the latest any view gave,
+	// for senders that do not know it.
+	type at struct{ host, path string }
+	reported := map[at]tracer.Counters{}
+	serverOf := map[at]string{}
+	serverSeen := map[at]time.Time{}
 	for _, k := range order {
-		at := [2]string{k.host, k.path}
-		if pairs[k].out != nil {
-			reported[at] = true
+		p, a := pairs[k], at{k.host, k.path}
+		if p.out != nil && p.in == nil {
+			c := reported[a]
+			c.Add(p.out.c)
+			reported[a] = c
 		}
-		if s := pairs[k].server; s != "" && serverOf[at] == "" {
-			serverOf[at] = s
+		for _, sd := range []*side{p.out, p.in} {
+			if sd != nil && p.server != "" && (serverOf[a] == "" || !sd.last.Before(serverSeen[a])) {
+				serverOf[a], serverSeen[a] = p.server, sd.last
+			}
 		}
 	}
 	for _, k := range order {
 		p := pairs[k]
-		at := [2]string{k.host, k.path}
-		if p.out == nil && k.client == "" && reported[at] {
-			continue
+		a := at{k.host, k.path}
+		if c, ok := reported[a]; ok && p.out == nil && k.client == "" {
+			p.in.c = beyond(p.in.c, c)
+			if p.in.c.IsZero() {
+				continue
+			}
 		}
 		server := p.server
 		if server == "" {
-			server = serverOf[at]
+			server = serverOf[a]
 		}
 		from := b.node(Node{ID: ProcessID(k.host, k.client), Kind: KindProcess, Host: k.host, Addr: hostAddr[k.host], Process: k.client})
 		to := b.node(Node{ID: UnixServiceID(k.host, k.path), Kind: KindService, Host: k.host, Addr: k.path, Proto: string(tracer.ProtoUnix), Process: server})
@@ -595,6 +606,19 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 			sd = p.in
 		}
 		b.edge(from, to, sd)
+	}
+}
+
+// beyond is what a receiver's view c (the client's point of view) holds
+// past the senders' own reports seen: the volume counters, each at least 0.
+func beyond(c, seen tracer.Counters) tracer.Counters {
+	sub := func(a, b uint64) uint64 { return a - min(a, b) }
+	return tracer.Counters{
+		Connections:       sub(c.Connections, seen.Connections),
+		BytesSent:         sub(c.BytesSent, seen.BytesSent),
+		BytesReceived:     sub(c.BytesReceived, seen.BytesReceived),
+		DatagramsSent:     sub(c.DatagramsSent, seen.DatagramsSent),
+		DatagramsReceived: sub(c.DatagramsReceived, seen.DatagramsReceived),
 	}
 }
 

@@ -435,10 +435,11 @@ func TestUnixServices(t *testing.T) {
 	}
 }
 
-// Datagrams to a unix socket: the receiver's flow has no peer process, so
-// where a sender on the host reported the path it is that sender's edge
-// alone, not a second one from an unnamed client; a receiver no sender
-// reported (its senders untraced) keeps its own view.
+// A unix receiver that does not learn who sent (a datagram socket; a
+// stream server whose client no agent traced) has one unnamed view of
+// those senders: where senders reported the path themselves, only what the
+// view holds beyond their counts is an unnamed client's edge; a receiver
+// no sender reported keeps its whole view.
 func TestUnixDatagramsCountedOnce(t *testing.T) {
 	dgram := func(host, dir, local, remote, comm, peer string, n uint64) store.Observation {
 		x := unixObs(host, dir, local, remote, comm, peer, 0, n*70, 0)
@@ -451,28 +452,41 @@ func TestUnixDatagramsCountedOnce(t *testing.T) {
 	}
 	obs := []store.Observation{
 		// A connected sender knows the receiver's process; one that uses
-		// sendto() does not.
+		// sendto() does not. The receiver got what both sent.
 		dgram("vm", "outbound", "", "/run/ud.sock", "logger", "collector", 5),
 		dgram("vm", "outbound", "", "/run/ud.sock", "cron", "", 2),
 		dgram("vm", "inbound", "/run/ud.sock", "", "collector", "", 7),
 		// Only the receiver traced.
 		dgram("vm", "inbound", "/run/other.sock", "", "syslogd", "", 4),
+		// A receiver that got 3 more than its traced senders sent: an
+		// untraced sender's.
+		dgram("vm", "outbound", "", "/run/log.sock", "app", "journald", 5),
+		dgram("vm", "inbound", "/run/log.sock", "", "journald", "", 8),
+		// A stream server: a traced client (both views named) and one no
+		// agent traced (the server's view has no peer), whole.
+		unixObs("vm", "outbound", "", "/run/app.sock", "nginx", "gunicorn", 4, 40, 400),
+		unixObs("vm", "inbound", "/run/app.sock", "", "gunicorn", "nginx", 4, 400, 40),
+		unixObs("vm", "inbound", "/run/app.sock", "", "gunicorn", "", 3, 300, 30),
 	}
 	g := Build(obs, hosts, nil)
-	if e := edge(t, g, ProcessID("vm", "logger"), UnixServiceID("vm", "/run/ud.sock")); e.DatagramsSent != 5 {
-		t.Errorf("logger -> ud.sock: %+v", e.Counters)
-	}
-	if e := edge(t, g, ProcessID("vm", "cron"), UnixServiceID("vm", "/run/ud.sock")); e.DatagramsSent != 2 {
-		t.Errorf("cron -> ud.sock: %+v", e.Counters)
+	for _, c := range []struct {
+		from, path    string
+		conns, dgrams uint64
+	}{
+		{"logger", "/run/ud.sock", 0, 5}, {"cron", "/run/ud.sock", 0, 2},
+		{"", "/run/other.sock", 0, 4}, // turned to the client's view
+		{"app", "/run/log.sock", 0, 5}, {"", "/run/log.sock", 0, 3},
+		{"nginx", "/run/app.sock", 4, 0}, {"", "/run/app.sock", 3, 0},
+	} {
+		if e := edge(t, g, ProcessID("vm", c.from), UnixServiceID("vm", c.path)); e.Connections != c.conns || e.DatagramsSent != c.dgrams {
+			t.Errorf("%q -> %s: %d conns, %d datagrams sent; want %d and %d", c.from, c.path, e.Connections, e.DatagramsSent, c.conns, c.dgrams)
+		}
 	}
 	if n := node(t, g, UnixServiceID("vm", "/run/ud.sock")); n.Process != "collector" {
 		t.Errorf("ud.sock served by %q; want collector", n.Process)
 	}
-	if e := edge(t, g, ProcessID("vm", ""), UnixServiceID("vm", "/run/other.sock")); e.DatagramsSent != 4 { // turned to the client's view
-		t.Errorf("other.sock, the receiver's view: %+v", e.Counters)
-	}
-	if len(g.Edges) != 3 {
-		t.Errorf("%d edges, want 3 (no unnamed sender to ud.sock): %+v", len(g.Edges), g.Edges)
+	if len(g.Edges) != 7 {
+		t.Errorf("%d edges, want 7 (no unnamed sender to ud.sock): %+v", len(g.Edges), g.Edges)
 	}
 }
 
