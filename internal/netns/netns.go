@@ -157,6 +157,9 @@ func Resolve(value string) (uint32, error) {
 // trace nothing, silently.
 func existing(value string, ino uint32) (uint32, error) {
 	if !exists(ino) {
+		if task := taskIn(ino); task != "" {
+			return 0, fmt.Errorf("invalid --netns %q: only a thread is in that namespace (%s), and deptrace enters a namespace through a process or a bind mount: allowed one held by a process, or bind it first (touch /run/netns/NAME && mount --bind %s /run/netns/NAME)", value, task, task)
+		}
 		return 0, fmt.Errorf("invalid --netns %q: no network namespace on this host has that inode (lsns -t net lists them)", value)
 	}
 	return ino, nil
@@ -220,10 +223,9 @@ func unescapeMountPath(p string) string {
 	return b.String()
 }
 
-// exists reports whether a network namespace with inode ino is reachable:
-// List's (a process's, or a bind mount's), or else one a thread alone
-// is in (a thread that entered a namespace with setns, as a runtime's
-// worker does, while its process stays outside).
+// exists reports whether a network namespace with inode ino is reachable
+// (List: a process's, or a bind mount's): what the seed, the harvest and
+// the source-address lookups enter.
 func exists(ino uint32) bool {
 	list, err := List()
 	if err != nil {
@@ -234,13 +236,20 @@ func exists(ino uint32) bool {
 			return true
 		}
 	}
+	return false
+}
+
+// taskIn is the /proc path of a thread in namespace ino, if one is (a
+// thread that entered it with setns while its process stayed outside),
+// for the error that says why such a namespace is refused.
+func taskIn(ino uint32) string {
 	tasks, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*/ns/net")
 	for _, path := range tasks {
 		if got, err := Inode(path); err == nil && got == ino {
-			return true
+			return path
 		}
 	}
-	return false
+	return ""
 }
 
 // Do runs fn with the calling goroutine's thread inside the namespace at
