@@ -210,9 +210,13 @@ func New(cfg Config) (*Tracer, error) {
 		return nil, err
 	}
 	t := &Tracer{cfg: cfg, b: b, procs: procCache{}, routes: newSourceCache(), addrs: addrNames{}}
-	// An adopted kernel side has its sockets tagged already.
+	// An adopted kernel side has its sockets tagged already; a fresh one
+	// is pinned (with Config.PinPath) once seeded.
 	if !b.Adoption().Adopted {
 		t.seed, t.seedErr = b.Seed()
+		if err := b.PinSeeded(); err != nil {
+			return nil, err
+		}
 	}
 	return t, nil
 }

@@ -39,10 +39,13 @@ type Config struct {
 	// is attached, every system call of every process takes the kernel's
 	// slower exit path (docs/performance.md).
 	SyscallTracepoints bool
-	// SeedFollows says the caller runs Seed right after Load: until Seed
-	// has tagged the connections open at start, none is tagged late as
-	// if its open had been seen (it would count every byte since its
-	// open, not since the start).
+	// SeedFollows says the caller runs Seed right after Load, then
+	// PinSeeded: until Seed has tagged the connections open at start,
+	// none is tagged late as if its open had been seen (it would count
+	// every byte since its open, not since the start), and a connection
+	// that opens takes storage at once. With a PinPath the side is pinned
+	// by PinSeeded, once seeded: a process that dies before leaves
+	// nothing to adopt that would hold the start's state for good.
 	SeedFollows bool
 }
 
@@ -253,7 +256,10 @@ type Bundler struct {
 	drain    drainState
 	lock     *agentLock // owns PinPath
 	pinned   bool
-	adopt    AdoptReport
+	// pinAfterSeed: Load left a fresh side with a PinPath unpinned until
+	// its seed ends (PinSeeded), so that no pinned side holds seed_pending.
+	pinAfterSeed bool
+	adopt        AdoptReport
 }
 
 // Load probes the kernel, loads every program it supports, and attaches
@@ -388,11 +394,14 @@ func Load(cfg Config) (*Bundler, error) {
 		return nil, fmt.Errorf("create maps: %w", err)
 	}
 	b.flows = b.objs.Flows
-	// Before any program attaches. An adopted side was seeded by the
-	// process that made it (a seed it did not finish is not resumed).
-	if err := b.objs.SeedPending.Set(boolU32(cfg.SeedFollows && old == nil)); err != nil {
-		b.Release()
-		return nil, fmt.Errorf("set seed_pending: %w", err)
+	// Before any program attaches. Not for an adopted side, whose
+	// programs keep the .bss of the process that made them: a side is
+	// pinned only once seeded (PinSeeded), so theirs holds 0.
+	if cfg.SeedFollows && old == nil {
+		if err := b.objs.SeedPending.Set(uint32(1)); err != nil {
+			b.Release()
+			return nil, fmt.Errorf("set seed_pending: %w", err)
+		}
 	}
 	if old != nil {
 		if err := b.findActive(); err != nil {
@@ -466,6 +475,8 @@ func Load(cfg Config) (*Bundler, error) {
 			b.Release() // the pins stay, with what the side counted
 			return nil, err
 		}
+	} else if cfg.PinPath != "" && cfg.SeedFollows {
+		b.pinAfterSeed = true
 	} else if cfg.PinPath != "" {
 		if err := b.pin(); err != nil {
 			// Half a pinned side must not stay behind to be adopted.

@@ -292,6 +292,23 @@ func (l *agentLock) release() {
 	_ = l.f.Close()       // releasing the flock: nothing is written
 }
 
+// PinSeeded pins a side that Load left unpinned for its seed
+// (Config.SeedFollows with a PinPath), after Seed; a no-op otherwise. On
+// error the side is closed, as Load closes one it could not pin.
+func (b *Bundler) PinSeeded() error {
+	if !b.pinAfterSeed {
+		return nil
+	}
+	b.pinAfterSeed = false
+	if err := b.pin(); err != nil {
+		// Half a pinned side must not stay behind to be adopted.
+		b.pinned = true
+		_ = b.Close() // the pin's error is the one to report
+		return fmt.Errorf("pin the kernel side at %s: %w", b.cfg.PinPath, err)
+	}
+	return nil
+}
+
 // pin writes every map and link of a freshly loaded kernel side.
 func (b *Bundler) pin() error {
 	if err := os.MkdirAll(b.cfg.PinPath, 0o700); err != nil {

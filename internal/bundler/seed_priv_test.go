@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -82,5 +83,83 @@ func TestConnectionOpenedBeforeTheSeedEndsCountsFromItsOpen(t *testing.T) {
 	drain()
 	if conns != 2 || sent != want {
 		t.Errorf("%d connections, %d bytes sent; want 2 and %d (every byte since each open)", conns, sent, want)
+	}
+}
+
+// A side with a PinPath is pinned only once seeded: a process that dies
+// between its load and the seed's end (released here, as SIGKILL does)
+// leaves nothing to adopt, since a pinned side that kept seed_pending set
+// would give every new connection storage and tag none late for the rest
+// of its life. The next process loads afresh; once it is seeded and
+// pinned, a process adopting it tags a busy connection late, as usual.
+func TestSideIsPinnedOnceSeeded(t *testing.T) {
+	testnet.RequireRoot(t)
+	nw := testnet.New(t, 2)
+	a, b := nw.Hosts[0], nw.Hosts[1]
+	addr := fmt.Sprintf("%s:%d", b.IPv4, 7501)
+	ln := b.Listen(t, "tcp4", addr)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	cfg := pinnedTestConfig(t)
+	cfg.NetNS = a.Inode
+	cfg.SeedFollows = true
+
+	dead := mustLoad(t, cfg)
+	if entries, err := os.ReadDir(cfg.PinPath); err == nil && len(entries) > 0 {
+		t.Errorf("pinned before its seed: %d entries in %s", len(entries), cfg.PinPath)
+	}
+	dead.Release() // died before its seed ended
+
+	first := mustLoad(t, cfg)
+	if first.Adoption().Adopted {
+		t.Fatalf("adopted a side its process left unseeded")
+	}
+	if _, err := first.Seed(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.PinSeeded(); err != nil {
+		t.Fatal(err)
+	}
+	first.Release()
+
+	next := mustLoad(t, cfg)
+	defer next.Close()
+	if !next.Adoption().Adopted {
+		t.Fatalf("the seeded side was not adopted")
+	}
+	// A busy connection opened now is reported while it lives: it was
+	// tagged late (a pinned seed_pending would leave it to its close).
+	c, err := a.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := 0; i < 40; i++ {
+		if _, err := c.Write(make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var sent uint64
+	poll.Settle(20*time.Second, func() bool { return sent >= 40*100 }, func() {
+		entries, _, err := next.Drain()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if e.NetNS == a.Inode && e.Direction == DirOutbound && e.Port == 7501 {
+				sent += e.BytesSent
+			}
+		}
+	})
+	if sent != 40*100 {
+		t.Errorf("a live connection on the adopted side: %d bytes reported; want %d", sent, 40*100)
 	}
 }
