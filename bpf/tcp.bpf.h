@@ -417,6 +417,11 @@ static __always_inline __u64 tcp_acked_at_open(__u8 direction)
  * (exact, see tcp_fold). */
 static __always_inline void tcp_close_untagged(struct sock *sk, int oldstate)
 {
+	/* Before the start-up seed ends, a connection that opens takes
+	 * storage: one closing without was open before the start, and its
+	 * counters hold its life before deptrace. */
+	if (seed_pending)
+		return;
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
 		return;

@@ -15,7 +15,8 @@ import (
 // A connection that opens between the attach and the end of the start-up
 // seed counts every byte from its open, busy or quiet then: the seed must
 // not take it for one open before the start (counting from the seed), and
-// no late tag runs until the seed ends (Config.SeedFollows).
+// no late tag runs until the seed ends (Config.SeedFollows). One open
+// before the start that closes then counts nothing of its life before.
 func TestConnectionOpenedBeforeTheSeedEndsCountsFromItsOpen(t *testing.T) {
 	testnet.RequireRoot(t)
 	nw := testnet.New(t, 2)
@@ -31,12 +32,6 @@ func TestConnectionOpenedBeforeTheSeedEndsCountsFromItsOpen(t *testing.T) {
 			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
-	cfg := testConfig()
-	cfg.NetNS = a.Inode
-	cfg.SeedFollows = true
-	bu := mustLoad(t, cfg)
-	defer bu.Close()
-
 	write := func(c net.Conn, n, size int) {
 		t.Helper()
 		for i := 0; i < n; i++ {
@@ -46,6 +41,24 @@ func TestConnectionOpenedBeforeTheSeedEndsCountsFromItsOpen(t *testing.T) {
 			time.Sleep(time.Millisecond) // one segment each, acked apart
 		}
 	}
+	// Open before the start, closed before the seed ends: its counters
+	// hold its life before deptrace, which is not counted (nor what it
+	// moved in the moment between: there is no baseline for it).
+	old, err := a.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(old, 30, 100)
+
+	cfg := testConfig()
+	cfg.NetNS = a.Inode
+	cfg.SeedFollows = true
+	bu := mustLoad(t, cfg)
+	defer bu.Close()
+
+	write(old, 1, 100)
+	old.Close()
+	time.Sleep(50 * time.Millisecond) // its FIN exchange: the close is seen before the seed
 	busy, err := a.Dial("tcp4", addr)
 	if err != nil {
 		t.Fatal(err)
