@@ -16,6 +16,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,17 +254,7 @@ func TestPersistentTCPIncludingOneOpenedBeforeStart(t *testing.T) {
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	testnet.RequireRoot(t)
 
-	ln := b.Listen(t, "tcp4", b.IPv4.String()+":5432")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go loadgen.Echo(c)
-		}
-	}()
-	old, err := a.Dial("tcp4", b.IPv4.String()+":5432")
+	old, err := a.Dial("tcp4", echoingServer(t, b, 5432))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,17 +321,7 @@ func TestBusyConnectionAtStartCountsFromStart(t *testing.T) {
 	a, b := nw.Hosts[0], nw.Hosts[1]
 	testnet.RequireRoot(t)
 
-	ln := b.Listen(t, "tcp4", b.IPv4.String()+":5433")
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go loadgen.Echo(c)
-		}
-	}()
-	c, err := a.Dial("tcp4", b.IPv4.String()+":5433")
+	c, err := a.Dial("tcp4", echoingServer(t, b, 5433))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +379,24 @@ func TestBusyConnectionAtStartCountsFromStart(t *testing.T) {
 			t.Errorf("%s: %d opens; want none (it opened before the start)", h.Name, f.Connections)
 		}
 	}
+}
+
+// echoingServer listens on host's IPv4 address and port and echoes every
+// connection for as long as the test runs (echoServer: a number of
+// round trips); it returns the address.
+func echoingServer(t *testing.T, host *testnet.Host, port int) string {
+	addr := net.JoinHostPort(host.IPv4.String(), strconv.Itoa(port))
+	ln := host.Listen(t, "tcp4", addr)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go loadgen.Echo(c)
+		}
+	}()
+	return addr
 }
 
 // rawConn runs fn on the socket's file descriptor, retrying while the

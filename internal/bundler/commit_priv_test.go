@@ -41,19 +41,25 @@ func newCommitWorld(t *testing.T, port int) *commitWorld {
 	testnet.RequireRoot(t)
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	addr := fmt.Sprintf("%s:%d", b.IPv4, port)
-	ln := b.Listen(t, "tcp4", addr)
+	return &commitWorld{t: t, client: a, server: sink(t, b, port), applied: map[string]bool{}}
+}
+
+// sink listens on host's IPv4 address and port and reads every
+// connection to its end (the traced byte counts are the check); it
+// returns the address.
+func sink(t *testing.T, host *testnet.Host, port int) string {
+	addr := fmt.Sprintf("%s:%d", host.IPv4, port)
+	ln := host.Listen(t, "tcp4", addr)
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			_, _ = io.Copy(io.Discard, c) // a sink: the traced byte counts are the check
-			c.Close()
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
-	return &commitWorld{t: t, client: a, server: addr, applied: map[string]bool{}}
+	return addr
 }
 
 func (w *commitWorld) connect(n int) {

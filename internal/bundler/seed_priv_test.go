@@ -1,8 +1,6 @@
 package bundler
 
 import (
-	"fmt"
-	"io"
 	"net"
 	"os"
 	"testing"
@@ -21,17 +19,7 @@ func TestConnectionOpenedBeforeTheSeedEndsCountsFromItsOpen(t *testing.T) {
 	testnet.RequireRoot(t)
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	addr := fmt.Sprintf("%s:%d", b.IPv4, 7500)
-	ln := b.Listen(t, "tcp4", addr)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	addr := sink(t, b, 7500)
 	write := func(c net.Conn, n, size int) {
 		t.Helper()
 		for i := 0; i < n; i++ {
@@ -109,17 +97,7 @@ func TestSideIsPinnedOnceSeeded(t *testing.T) {
 	testnet.RequireRoot(t)
 	nw := testnet.New(t, 2)
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	addr := fmt.Sprintf("%s:%d", b.IPv4, 7501)
-	ln := b.Listen(t, "tcp4", addr)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	addr := sink(t, b, 7501)
 	cfg := pinnedTestConfig(t)
 	cfg.NetNS = a.Inode
 	cfg.SeedFollows = true
