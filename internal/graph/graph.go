@@ -412,7 +412,10 @@ type Joiner struct {
 	// edgeOf is the index in b.list of the edge a flow's counters go to;
 	// -1 for a server's record of a dependency its client reported.
 	edgeOf map[flowID]int32
-	hosts  []store.Host
+	// beyondOf: a unix sender's flow whose counts come off a receiver's
+	// remainder edge (builder.obsBeyond).
+	beyondOf map[flowID]int32
+	hosts    []store.Host
 }
 
 // flowID is what Build reads of an observation to place it.
@@ -429,11 +432,14 @@ func flowOf(o *store.Observation) flowID {
 // store.Observations gives them; listeners name services as in Build).
 func NewJoiner(obs []store.Observation, hosts []store.Host, listeners []store.Listener) *Joiner {
 	b := build(obs, hosts, listeners, true)
-	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), hosts: hosts}
+	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), beyondOf: map[flowID]int32{}, hosts: hosts}
 	for i := range obs {
 		k := flowOf(&obs[i])
 		if e, ok := j.edgeOf[k]; !ok || e < 0 {
 			j.edgeOf[k] = b.obsEdge[i]
+		}
+		if e, ok := b.obsBeyond[int32(i)]; ok {
+			j.beyondOf[k] = e
 		}
 	}
 	return j
@@ -469,8 +475,14 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 		}
 	}
 	var rest []store.Observation
+	taken := map[int32]tracer.Counters{} // remainder edges: what their senders reported
 	for i := range obs {
 		o := &obs[i]
+		if ei, ok := j.beyondOf[flowOf(o)]; ok {
+			c := taken[ei]
+			c.Add(clientView(o.Counters, o.Direction == string(tracer.Outbound)))
+			taken[ei] = c
+		}
 		ei, ok := j.edgeOf[flowOf(o)]
 		if !ok {
 			rest = append(rest, *o)
@@ -492,6 +504,12 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 				continue
 			}
 			add(x, x.Counters, x.FirstSeen, x.LastSeen)
+		}
+	}
+	for ei, c := range taken {
+		e := j.b.list[ei]
+		if i, ok := at[[2]string{e.From, e.To}]; ok {
+			g.Edges[i].Counters = beyond(g.Edges[i].Counters, c)
 		}
 	}
 	for i := range g.Edges {
@@ -571,6 +589,7 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 	// for senders that do not know it.
 	type at struct{ host, path string }
 	reported := map[at]tracer.Counters{}
+	reportedBy := map[at][]int32{} // their observations (track)
 	serverOf := map[at]string{}
 	serverSeen := map[at]time.Time{}
 	for _, k := range order {
@@ -579,6 +598,7 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 			c := reported[a]
 			c.Add(p.out.c)
 			reported[a] = c
+			reportedBy[a] = append(reportedBy[a], p.out.members...)
 		}
 		for _, sd := range []*side{p.out, p.in} {
 			if sd != nil && p.server != "" && (serverOf[a] == "" || !sd.last.Before(serverSeen[a])) {
@@ -606,6 +626,14 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 			sd = p.in
 		}
 		b.edge(from, to, sd)
+		if _, ok := reported[a]; ok && p.out == nil && k.client == "" && idx != nil {
+			if b.obsBeyond == nil {
+				b.obsBeyond = map[int32]int32{}
+			}
+			for _, m := range reportedBy[a] {
+				b.obsBeyond[m] = b.edges[[2]int32{from, to}]
+			}
+		}
 	}
 }
 
@@ -666,6 +694,11 @@ type builder struct {
 	// obsEdge (built with track) is, per observation, the index in list
 	// of the edge its counters went into, or -1.
 	obsEdge []int32
+	// obsBeyond (built with track): a unix sender's observation whose
+	// counts a receiver's unnamed view also holds, to the index of the
+	// edge that keeps only the view's remainder (see unix); its counts
+	// are taken off that edge's in each step too.
+	obsBeyond map[int32]int32
 }
 
 func newBuilder(sizeHint int) *builder {

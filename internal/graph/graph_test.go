@@ -488,6 +488,22 @@ func TestUnixDatagramsCountedOnce(t *testing.T) {
 	if len(g.Edges) != 7 {
 		t.Errorf("%d edges, want 7 (no unnamed sender to ud.sock): %+v", len(g.Edges), g.Edges)
 	}
+	// The page's history (Joiner steps) holds the remainder too: log.sock's
+	// receiver and its sender in one step, the receiver's untraced 3 in
+	// the next.
+	first, rest := dgram("vm", "inbound", "/run/log.sock", "", "journald", "", 5), dgram("vm", "inbound", "/run/log.sock", "", "journald", "", 3)
+	j := NewJoiner(obs, hosts, nil)
+	var steps uint64
+	for _, step := range [][]store.Observation{{obs[4], first}, {rest}} {
+		for _, e := range j.Step(step, nil).Edges {
+			if e.From == ProcessID("vm", "") && e.To == UnixServiceID("vm", "/run/log.sock") {
+				steps += e.DatagramsSent
+			}
+		}
+	}
+	if steps != 3 {
+		t.Errorf("the unnamed sender to log.sock over the steps: %d datagrams, want 3 as over the range", steps)
+	}
 }
 
 // Process names match the way a person types them: exact, then ignoring
