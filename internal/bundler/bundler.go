@@ -259,6 +259,7 @@ type Bundler struct {
 	// pinAfterSeed: Load left a fresh side with a PinPath unpinned until
 	// its seed ends (PinSeeded), so that no pinned side holds seed_pending.
 	pinAfterSeed bool
+	seedNotEnded bool // Seed could not clear seed_pending
 	adopt        AdoptReport
 }
 
@@ -774,6 +775,7 @@ func (b *Bundler) Close() error {
 // attached and counting, for the next agent to adopt (--keep-tracing).
 // Without pins it is Close.
 func (b *Bundler) Release() {
+	b.pinAfterSeed = false // nothing left to pin
 	for _, l := range b.links {
 		l.Close()
 	}

@@ -300,7 +300,15 @@ func (b *Bundler) PinSeeded() error {
 		return nil
 	}
 	b.pinAfterSeed = false
-	if err := b.pin(); err != nil {
+	if b.shared == nil {
+		return errors.New("pin the kernel side: it was closed")
+	}
+	err := b.pin()
+	if err == nil && b.seedNotEnded {
+		// A pinned side keeps its seed_pending for every adopter.
+		err = errors.New("the start-up seed could not be ended (seed_pending still set)")
+	}
+	if err != nil {
 		// Half a pinned side must not stay behind to be adopted.
 		b.pinned = true
 		_ = b.Close() // the pin's error is the one to report

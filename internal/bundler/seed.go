@@ -33,6 +33,7 @@ func (b *Bundler) Seed() (rep SeedReport, err error) {
 	// only way a live connection is seen.
 	defer func() {
 		if e := b.objs.SeedPending.Set(uint32(0)); e != nil {
+			b.seedNotEnded = true // PinSeeded refuses to pin the side
 			err = errors.Join(err, fmt.Errorf("set seed_pending: %w", e))
 		}
 	}()

@@ -109,6 +109,12 @@ func TestSideIsPinnedOnceSeeded(t *testing.T) {
 	dead.Release() // died before its seed ended
 
 	first := mustLoad(t, cfg)
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			first.Close()
+		}
+	})
 	if first.Adoption().Adopted {
 		t.Fatalf("adopted a side its process left unseeded")
 	}
@@ -119,6 +125,7 @@ func TestSideIsPinnedOnceSeeded(t *testing.T) {
 		t.Fatal(err)
 	}
 	first.Release()
+	released = true
 
 	next := mustLoad(t, cfg)
 	defer next.Close()

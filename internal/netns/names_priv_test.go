@@ -99,6 +99,7 @@ func TestNamespacesHeldOutsideIPNetns(t *testing.T) {
 	done := make(chan struct{})
 	defer close(done)
 	var tino uint32
+	var threadPath string // written before its inode is sent
 	for try := 0; try < 10 && tino == 0; try++ {
 		go func() {
 			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
@@ -112,7 +113,8 @@ func TestNamespacesHeldOutsideIPNetns(t *testing.T) {
 				threadIno <- 0
 				return
 			}
-			n, err := netns.Inode(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+			threadPath = fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+			n, err := netns.Inode(threadPath)
 			if err != nil {
 				t.Error(err)
 			}
@@ -124,8 +126,11 @@ func TestNamespacesHeldOutsideIPNetns(t *testing.T) {
 	if tino == 0 {
 		t.Fatal("no thread of this process outside the thread-group leader in 10 tries")
 	}
-	// Refused (nothing could enter it to seed or harvest), saying why.
-	if _, err := netns.Resolve(fmt.Sprintf("net:[%d]", tino)); err == nil || !strings.Contains(err.Error(), "only a thread is in that namespace (/proc/") {
-		t.Errorf("--netns net:[%d] (only a thread in it): %v; want the refusal that says only a thread is in it", tino, err)
+	// Refused (nothing could enter it to seed or harvest), saying why,
+	// by inode or by the thread's own path.
+	for _, v := range []string{fmt.Sprintf("net:[%d]", tino), fmt.Sprint(tino), threadPath} {
+		if _, err := netns.Resolve(v); err == nil || !strings.Contains(err.Error(), "only a thread is in that namespace (/proc/") {
+			t.Errorf("--netns %s (only a thread in it): %v; want the refusal that says only a thread is in it", v, err)
+		}
 	}
 }

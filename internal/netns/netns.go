@@ -148,7 +148,8 @@ func Resolve(value string) (uint32, error) {
 		if err != nil {
 			return 0, fmt.Errorf("invalid --netns %q: want all, self, an inode number, an ip-netns name or an nsfs path: %w", value, err)
 		}
-		return ino, nil
+		// The seed and the harvest find it again by inode (List).
+		return existing(value, ino)
 	}
 }
 
@@ -158,9 +159,9 @@ func Resolve(value string) (uint32, error) {
 func existing(value string, ino uint32) (uint32, error) {
 	if !exists(ino) {
 		if task := taskIn(ino); task != "" {
-			return 0, fmt.Errorf("invalid --netns %q: only a thread is in that namespace (%s), and deptrace enters a namespace through a process or a bind mount: allowed one held by a process, or bind it first (touch /run/netns/NAME && mount --bind %s /run/netns/NAME)", value, task, task)
+			return 0, fmt.Errorf("invalid --netns %q: only a thread is in that namespace (%s), and deptrace enters a namespace through a process or a bind mount: allowed one held by a process, or bind it first (mkdir -p /run/netns && touch /run/netns/NAME && mount --bind %s /run/netns/NAME)", value, task, task)
 		}
-		return 0, fmt.Errorf("invalid --netns %q: no network namespace on this host has that inode (lsns -t net lists them)", value)
+		return 0, fmt.Errorf("invalid --netns %q: no process of this host is in that namespace and no bind mount here holds it (lsns -t net lists them)", value)
 	}
 	return ino, nil
 }

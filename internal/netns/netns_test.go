@@ -39,11 +39,11 @@ func TestResolve(t *testing.T) {
 	// An inode no namespace has (1 is the root directory's of most file
 	// systems, never an nsfs inode), a plain file, and a namespace of
 	// another kind would each trace nothing: refused.
-	if _, err := Resolve("1"); err == nil || !strings.Contains(err.Error(), "no network namespace on this host has that inode") {
+	if _, err := Resolve("1"); err == nil || !strings.Contains(err.Error(), "no process of this host is in that namespace and no bind mount here holds it") {
 		t.Errorf("unknown inode: %v", err)
 	}
 	// The error quotes what was typed, not the number inside it.
-	if _, err := Resolve("net:[1]"); err == nil || !strings.Contains(err.Error(), `invalid --netns "net:[1]": no network namespace`) {
+	if _, err := Resolve("net:[1]"); err == nil || !strings.Contains(err.Error(), `invalid --netns "net:[1]": no process of this host`) {
 		t.Errorf("unknown inode, ls form: %v", err)
 	}
 	if _, err := Resolve("net:[x]"); err == nil || !strings.Contains(err.Error(), `invalid --netns "net:[x]": want net:[N]`) {
