@@ -465,17 +465,17 @@ func TestServiceMapRealStack(t *testing.T) {
 		switch {
 		case strings.Contains(r, s.postgres.IPv4.String()+":5432"):
 			found["postgres"] = true
-			if strings.Contains(r, "unhealthy") || strings.Contains(r, "degraded") || !strings.Contains(r, fmt.Sprintf(" tcp %d 0 ", pgEdge.Connections)) || !strings.Contains(r, " ok ") {
+			if strings.Contains(r, "unhealthy") || strings.Contains(r, "degraded") || !strings.Contains(r, fmt.Sprintf(" tcp %d 0 0 ", pgEdge.Connections)) || !strings.Contains(r, " ok ") {
 				t.Errorf("table row of app -> postgres (one retransmit) %q, want %d connections, 0 failed, ok", r, pgEdge.Connections)
 			}
 		case strings.Contains(r, s.down.IPv4.String()+":7001"):
 			found["refused"] = true
-			if w := fmt.Sprintf(" tcp 0 %[1]d 0 B 0 B unhealthy: %[1]d of %[1]d connection attempts failed (100.0 %%): %[1]d refused ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
+			if w := fmt.Sprintf(" tcp 0 0 %[1]d 0 B 0 B unhealthy: %[1]d of %[1]d connection attempts failed (100.0 %%): %[1]d refused ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
 				t.Errorf("table row of the refused edge %q, want class unhealthy and %q (the state with its reason)", r, w)
 			}
 		case strings.Contains(r, s.down.IPv4.String()+":7002"):
 			found["dropped"] = true
-			if w := fmt.Sprintf(" tcp 0 %[1]d 0 B 0 B unhealthy: %[1]d of %[1]d connection attempts failed (100.0 %%): %[1]d timed out ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
+			if w := fmt.Sprintf(" tcp 0 0 %[1]d 0 B 0 B unhealthy: %[1]d of %[1]d connection attempts failed (100.0 %%): %[1]d timed out ", down); !strings.HasPrefix(r, "unhealthy |") || !strings.Contains(r, w) {
 				t.Errorf("table row of the dropped-SYN edge %q, want class unhealthy and %q (the state with its reason)", r, w)
 			}
 		}
