@@ -153,22 +153,7 @@ func (e *jsonEncoder) time(k string, t time.Time) {
 	}
 }
 
-func (e *jsonEncoder) reasons(rs []string) {
-	if len(rs) == 0 {
-		return
-	}
-	e.key("reasons")
-	e.b = append(e.b, '[')
-	for i, r := range rs {
-		if i > 0 {
-			e.b = append(e.b, ',')
-		}
-		e.b = append(e.b, e.lay.inner...)
-		e.b = jsonenc.AppendString(e.b, r)
-	}
-	e.b = append(e.b, e.lay.innerEnd...)
-	e.b = append(e.b, ']')
-}
+func (e *jsonEncoder) reasons(rs []string) { e.strs("reasons", rs) }
 
 func (e *jsonEncoder) node(n *Node) {
 	e.b = append(e.b, '{')
