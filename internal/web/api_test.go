@@ -361,6 +361,20 @@ func TestPageAndAssets(t *testing.T) {
 	if code, _, _ := get(t, srv.URL, "/static/nope.js"); code != 404 {
 		t.Errorf("missing asset: %d", code)
 	}
+	// The page's own file leads to the page (keeping the query), not to
+	// /static/, which is no page.
+	if code, _, hdr := get(t, srv.URL, "/static/index.html?since=1h"); code != http.StatusMovedPermanently || hdr.Get("Location") != "/?since=1h" {
+		t.Errorf("GET /static/index.html: %d to %q, want 301 to /?since=1h", code, hdr.Get("Location"))
+	}
+	resp, err := http.Get(srv.URL + "/static/index.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("/static/app.js")) {
+		t.Errorf("GET /static/index.html, redirects followed: %d %.200s", resp.StatusCode, body)
+	}
 	if code, _, _ := get(t, srv.URL, "/other"); code != 404 {
 		t.Errorf("GET /other: %d", code)
 	}

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -104,6 +105,13 @@ func New(st *store.Store, opt Options) *Server {
 	})
 	files := http.FileServerFS(static)
 	s.mux.HandleFunc("GET /static/{file...}", func(w http.ResponseWriter, r *http.Request) {
+		// The page itself lives at /: its file here leads there (the file
+		// server would send it to /static/, which lists nothing).
+		if r.PathValue("file") == "index.html" {
+			u := url.URL{Path: "/", RawQuery: r.URL.RawQuery}
+			http.Redirect(w, r, u.RequestURI(), http.StatusMovedPermanently)
+			return
+		}
 		// Files only, no directory listing, and a missing one gets the
 		// JSON 404 every other answer has.
 		if fi, err := fs.Stat(static, r.PathValue("file")); err != nil || fi.IsDir() {
