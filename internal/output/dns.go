@@ -44,7 +44,7 @@ func NamedPeer(f tracer.Flow, peer string) string {
 // header, after the interval's flows:
 //
 //	TIME      DNS  CLIENT    RESOLVER        QUERIES  ANSWERS  NXDOMAIN  SERVFAIL  OTHER  TIMEOUTS  LATENCY  MAX   HEALTH  NETNS
-//	12:00:01  udp  curl/812  127.0.0.53:53   4        4        0         0         0      0         310us    1ms   ok      host
+//	12:00:01  udp  curl/812  127.0.0.53:53   4        4        0         0         0      0         310us    1200us ok      host
 type DNSTable struct {
 	w     io.Writer
 	names NetnsNames
