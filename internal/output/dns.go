@@ -43,8 +43,8 @@ func NamedPeer(f tracer.Flow, peer string) string {
 // DNSTable prints DNS records as a table of their own, under its own
 // header, after the interval's flows:
 //
-//	TIME      DNS  CLIENT    RESOLVER        QUERIES  ANSWERS  NXDOMAIN  SERVFAIL  OTHER  TIMEOUTS  LATENCY  MAX   HEALTH  NETNS
-//	12:00:01  udp  curl/812  127.0.0.53:53   4        4        0         0         0      0         310us    1200us ok      host
+//	TIME      DNS  CLIENT    RESOLVER        QUERIES  ANSWERS  NXDOMAIN  SERVFAIL  OTHER  TIMEOUTS  LATENCY  MAX     HEALTH  NETNS
+//	12:00:01  udp  curl/812  127.0.0.53:53   4        4        0         0         0      0         310us    1200us  ok      host
 type DNSTable struct {
 	w     io.Writer
 	names NetnsNames
