@@ -133,9 +133,14 @@ func UnixServiceID(host, path string) string { return "service:" + host + "/unix
 // its address and port ("external:203.0.113.7:443"), with its protocol
 // after when it is not TCP ("external:203.0.113.53:53/udp": a resolver
 // asked over UDP and over TCP is two services); a client by its address
-// alone (port 0).
+// alone (port 0, no protocol). A server without a port is the agent's
+// fold of a process's further peers (--max-edges-per-node), one per
+// protocol: "external:_other/tcp", "external:_other/udp".
 func ExternalID(addr, proto string, port uint16) string {
 	if port == 0 {
+		if proto != "" {
+			return "external:" + addr + "/" + proto
+		}
 		return "external:" + addr
 	}
 	id := "external:" + netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()

@@ -120,6 +120,43 @@ func TestExternalOverTCPAndUDPAreTwoServices(t *testing.T) {
 	}
 }
 
+// The agent folds a process's peers past --max-edges-per-node into one
+// edge per direction and protocol to "_other", port 0: the TCP and UDP
+// folds stay two edges (they were one, labelled with the first's
+// protocol, carrying both's counters), and the inbound fold stays apart.
+func TestFoldedPeersStayApartByProtocol(t *testing.T) {
+	tcpOther := o("client", "outbound", "198.51.100.1", "_other", 0, "scanner", 0, 0, 0)
+	tcpOther.FailedConnections, tcpOther.FailedRefused = 9950, 9950
+	udpOther := o("client", "outbound", "198.51.100.1", "_other", 0, "scanner", 0, 200000, 0)
+	udpOther.Proto, udpOther.DatagramsSent = "udp", 20000
+	inOther := o("client", "inbound", "198.51.100.1", "_other", 7000, "srv", 0, 0, 0)
+	inOther.Proto, inOther.DatagramsReceived = "udp", 200
+	g := Build([]store.Observation{tcpOther, udpOther, inOther}, hosts, nil)
+	tcpID, udpID := ExternalID("_other", "tcp", 0), ExternalID("_other", "udp", 0)
+	if tcpID != "external:_other/tcp" || udpID != "external:_other/udp" || ExternalID("_other", "", 0) != "external:_other" {
+		t.Fatalf("ids %q %q", tcpID, udpID)
+	}
+	if e := edge(t, g, ProcessID("client", "scanner"), tcpID); e.Proto != "tcp" || e.FailedConnections != 9950 || e.DatagramsSent != 0 {
+		t.Errorf("tcp fold %+v", e)
+	}
+	if e := edge(t, g, ProcessID("client", "scanner"), udpID); e.Proto != "udp" || e.FailedConnections != 0 || e.DatagramsSent != 20000 || e.BytesSent != 200000 {
+		t.Errorf("udp fold %+v", e)
+	}
+	if e := edge(t, g, "external:_other", ServiceID("client", "udp", 7000)); e.DatagramsReceived != 0 || e.DatagramsSent != 200 {
+		t.Errorf("inbound fold %+v", e)
+	}
+	if w := Group(g, ByWorkload); len(w.Edges) != 3 {
+		t.Errorf("grouped: %d edges, want 3: %+v", len(w.Edges), w.Edges)
+	}
+	var b bytes.Buffer
+	WriteTrees(&b, Look(g, []string{ProcessID("client", "scanner")}, 1, true, false, 0), true, false)
+	for _, want := range []string{"-> tcp _other (external)", "-> udp _other (external)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("look lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
 func TestLoopbackStaysOnTheHost(t *testing.T) {
 	g := Build([]store.Observation{
 		o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),

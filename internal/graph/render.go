@@ -64,6 +64,9 @@ func Label(n Node) string {
 		if n.Port != 0 {
 			return fmt.Sprintf("%s %s (external)", n.Proto, endpoint(n.Addr, n.Port))
 		}
+		if n.Proto != "" { // a fold of further servers: "udp _other (external)"
+			return fmt.Sprintf("%s %s (external)", n.Proto, n.Addr)
+		}
 		return n.Addr + " (external)"
 	case KindService:
 		proc := n.Process

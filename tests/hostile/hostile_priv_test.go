@@ -503,7 +503,7 @@ func TestPortScan(t *testing.T) {
 
 	// look shows the folded edge.
 	out, err := exec.Command(deptrace, "look", comm, "--store", a.db).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "_other (external)") {
+	if err != nil || !strings.Contains(string(out), "-> tcp _other (external)") {
 		t.Errorf("look %s: %v\n%s", comm, err, out)
 	}
 }
