@@ -150,15 +150,18 @@ func ExternalID(addr, proto string, port uint16) string {
 	return id
 }
 
-// owners maps addresses to the host that holds them. Loopback and
-// unspecified addresses belong to whichever host observed them.
-type owners map[string]string
+// owners maps an address to the hosts that held it, earliest last
+// sighting first. Loopback and unspecified addresses belong to whichever
+// host observed them.
+type owners map[string][]holding
 
-// An address several hosts held (a container's address given to
-// another once it was gone) belongs to the one that held it last.
+type holding struct {
+	host string
+	last time.Time // when the host was last seen holding the address
+}
+
 func newOwners(hosts []store.Host) owners {
 	o := owners{}
-	var seen map[string]time.Time
 	for _, h := range hosts {
 		for i, a := range h.Addrs {
 			if ip, err := netip.ParseAddr(a); err == nil && !ip.IsLoopback() && !ip.IsUnspecified() && !ip.IsLinkLocalUnicast() {
@@ -166,25 +169,47 @@ func newOwners(hosts []store.Host) owners {
 				if i < len(h.AddrsSeen) {
 					at = h.AddrsSeen[i]
 				}
-				if _, ok := o[a]; ok && at.Before(seen[a]) {
-					continue
-				}
-				if seen == nil {
-					seen = map[string]time.Time{}
-				}
-				o[a], seen[a] = h.ID, at
+				o[a] = append(o[a], holding{h.ID, at})
 			}
 		}
+	}
+	for _, hs := range o {
+		slices.SortStableFunc(hs, func(x, y holding) int { return x.last.Compare(y.last) })
 	}
 	return o
 }
 
-func (o owners) of(addr, observer string) (string, bool) {
+// of is the host that held addr at t. An address several hosts held (a
+// container's or a pod's, given to another once it was gone) belongs, at
+// t, to the first of them still seen holding it at t, and after every
+// sighting (or with no t) to the one that held it last: so each holder's
+// traffic joins its own host's, and the old holder's is not made a
+// second edge from the new one.
+func (o owners) of(addr, observer string, t time.Time) (string, bool) {
 	if ip, err := netip.ParseAddr(addr); err == nil && (ip.IsLoopback() || ip.IsUnspecified()) {
 		return observer, true
 	}
-	h, ok := o[addr]
-	return h, ok
+	hs := o[addr]
+	if len(hs) == 0 {
+		return "", false
+	}
+	if !t.IsZero() {
+		for _, h := range hs[:len(hs)-1] {
+			if !h.last.Before(t) {
+				return h.host, true
+			}
+		}
+	}
+	return hs[len(hs)-1].host, true
+}
+
+// seenAt is when an observation says its traffic began (its last sighting
+// if it has no first), the time its remote address is resolved at.
+func seenAt(o *store.Observation) time.Time {
+	if !o.FirstSeen.IsZero() {
+		return o.FirstSeen
+	}
+	return o.LastSeen
 }
 
 // side is one end's view of a dependency, summed.
@@ -275,7 +300,7 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 			continue
 		}
 		if o.Direction == "outbound" {
-			server, _ := own.of(o.RemoteAddr, o.HostID)
+			server, _ := own.of(o.RemoteAddr, o.HostID, seenAt(&o))
 			k := outKey{o.HostID, o.Comm, server, "", o.Proto, o.Port}
 			if server == "" {
 				k.serverAddr = o.RemoteAddr
@@ -292,7 +317,7 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 			}
 			continue
 		}
-		client, _ := own.of(o.RemoteAddr, o.HostID)
+		client, _ := own.of(o.RemoteAddr, o.HostID, seenAt(&o))
 		k := inKey{o.HostID, o.Proto, o.Port, client, ""}
 		if client == "" {
 			k.clientAddr = o.RemoteAddr

@@ -157,6 +157,49 @@ func TestFoldedPeersStayApartByProtocol(t *testing.T) {
 	}
 }
 
+// An address that moved to another host (a container's address given to
+// a new one): each holder's traffic joins its own host's, in both
+// directions. The old holder's dependency was counted twice, once more as
+// an edge from the new holder's unknown process.
+func TestMovedAddressJoinsEachHoldersTraffic(t *testing.T) {
+	moved := "198.51.100.9"
+	hs := append(slices.Clone(hosts),
+		store.Host{ID: "old", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(2 * time.Minute)}},
+		store.Host{ID: "new", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(time.Hour)}})
+	later := func(ob store.Observation) store.Observation {
+		ob.FirstSeen, ob.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
+		return ob
+	}
+	obs := []store.Observation{
+		// the old holder calls db, and serves web, before the move
+		o("old", "outbound", moved, "198.51.100.4", 5432, "front", 35, 3500, 1750),
+		o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 35, 1750, 3500),
+		o("web", "outbound", "198.51.100.2", moved, 8080, "nginx", 7, 70, 700),
+		o("old", "inbound", moved, "198.51.100.2", 8080, "api", 7, 700, 70),
+		// the new holder calls db after it
+		later(o("new", "outbound", moved, "198.51.100.4", 5432, "worker", 2, 20, 10)),
+		later(o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 2, 10, 20)),
+	}
+	g := Build(obs, hs, nil)
+	db := ServiceID("db", "tcp", 5432)
+	if e := edge(t, g, ProcessID("old", "front"), db); e.Connections != 35 || e.BytesSent != 3500 {
+		t.Errorf("old holder's edge %+v", e)
+	}
+	if e := edge(t, g, ProcessID("new", "worker"), db); e.Connections != 2 || e.BytesSent != 20 {
+		t.Errorf("new holder's edge %+v", e)
+	}
+	if e := edge(t, g, ProcessID("web", "nginx"), ServiceID("old", "tcp", 8080)); e.Connections != 7 {
+		t.Errorf("the old holder as a server %+v", e)
+	}
+	var conns uint64
+	for _, e := range g.Edges {
+		conns += e.Connections
+	}
+	if len(g.Edges) != 3 || conns != 44 {
+		t.Errorf("%d edges with %d connections, want 3 with 44: %+v", len(g.Edges), conns, g.Edges)
+	}
+}
+
 func TestLoopbackStaysOnTheHost(t *testing.T) {
 	g := Build([]store.Observation{
 		o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),
