@@ -251,6 +251,19 @@ func TestResolve(t *testing.T) {
 	if _, err := Resolve(g, hosts, "nosuch"); err == nil || !strings.Contains(err.Error(), `"nosuch"`) {
 		t.Errorf("unknown target: %v", err)
 	}
+	// A machine traced only in its namespaces (--host-id vm --netns ...)
+	// is found by its id: everything in them.
+	nsHosts := []store.Host{{ID: "vm/qa-a", Addrs: []string{"198.51.100.1"}}, {ID: "vm/qa-b", Addrs: []string{"198.51.100.2"}}, {ID: "vmx", Addrs: []string{"198.51.100.3"}}}
+	ns := Build([]store.Observation{
+		o("vm/qa-a", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", 1, 10, 10),
+		o("vm/qa-b", "inbound", "198.51.100.2", "198.51.100.1", 80, "nginx", 1, 10, 10),
+		o("vmx", "outbound", "198.51.100.3", "198.51.100.2", 80, "wget", 1, 10, 10),
+	}, nsHosts, nil)
+	got, err := Resolve(ns, nsHosts, "vm")
+	slices.Sort(got)
+	if want := []string{ProcessID("vm/qa-a", "curl"), ProcessID("vm/qa-b", "nginx")}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("vm: %v %v; want %v", got, err, want)
+	}
 }
 
 func TestLookDepthAndReverse(t *testing.T) {

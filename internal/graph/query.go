@@ -164,7 +164,9 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			}
 		}
 		for _, h := range hosts {
-			if h.ID == target || h.Name == target {
+			// A machine's id names its namespaces' hosts too ("vm" for
+			// "vm/qa-b", an agent's --host-id with --netns qa-b).
+			if h.ID == target || h.Name == target || strings.HasPrefix(h.ID, target+"/") {
 				entities(func(n Node) bool { return n.Host == h.ID })
 			}
 		}
