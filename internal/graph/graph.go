@@ -446,25 +446,30 @@ type Joiner struct {
 	// remainder edge (builder.obsBeyond).
 	beyondOf map[flowID]int32
 	hosts    []store.Host
+	own      owners
 }
 
-// flowID is what Build reads of an observation to place it.
+// flowID is what Build reads of an observation to place it: its flow,
+// and the host its remote address belonged to then (an address that
+// moved to another host feeds another edge after the move).
 type flowID struct {
 	host, dir, proto, local, remote, comm, peer string
 	port                                        uint16
+	remoteHost                                  string
 }
 
-func flowOf(o *store.Observation) flowID {
-	return flowID{o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Comm, o.PeerComm, o.Port}
+func (j *Joiner) flowOf(o *store.Observation) flowID {
+	remoteHost, _ := j.own.of(o.RemoteAddr, o.HostID, seenAt(o))
+	return flowID{o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Comm, o.PeerComm, o.Port, remoteHost}
 }
 
 // NewJoiner joins the range's observations (one per flow, as
 // store.Observations gives them; listeners name services as in Build).
 func NewJoiner(obs []store.Observation, hosts []store.Host, listeners []store.Listener) *Joiner {
 	b := build(obs, hosts, listeners, true)
-	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), beyondOf: map[flowID]int32{}, hosts: hosts}
+	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), beyondOf: map[flowID]int32{}, hosts: hosts, own: newOwners(hosts)}
 	for i := range obs {
-		k := flowOf(&obs[i])
+		k := j.flowOf(&obs[i])
 		if e, ok := j.edgeOf[k]; !ok || e < 0 {
 			j.edgeOf[k] = b.obsEdge[i]
 		}
@@ -508,12 +513,13 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 	taken := map[int32]tracer.Counters{} // remainder edges: what their senders reported
 	for i := range obs {
 		o := &obs[i]
-		if ei, ok := j.beyondOf[flowOf(o)]; ok {
+		id := j.flowOf(o)
+		if ei, ok := j.beyondOf[id]; ok {
 			c := taken[ei]
 			c.Add(clientView(o.Counters, o.Direction == string(tracer.Outbound)))
 			taken[ei] = c
 		}
-		ei, ok := j.edgeOf[flowOf(o)]
+		ei, ok := j.edgeOf[id]
 		if !ok {
 			rest = append(rest, *o)
 			continue

@@ -200,6 +200,41 @@ func TestMovedAddressJoinsEachHoldersTraffic(t *testing.T) {
 	}
 }
 
+// The history of a moved address's edges: the server's records before
+// the move feed the old holder's edge (joined with its own report), those
+// after it the new holder's, step by step as over the range.
+func TestJoinerPlacesAMovedAddressByTime(t *testing.T) {
+	moved := "198.51.100.9"
+	hs := append(slices.Clone(hosts),
+		store.Host{ID: "old", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(2 * time.Minute)}},
+		store.Host{ID: "new", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(time.Hour)}})
+	after := o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 2, 10, 20) // the new holder did not report it
+	after.FirstSeen, after.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
+	steps := [][]store.Observation{
+		{o("old", "outbound", moved, "198.51.100.4", 5432, "front", 35, 3500, 1750), o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 35, 1750, 3500)},
+		{after},
+	}
+	obs := slices.Concat(steps...)
+	whole := Build(obs, hs, nil)
+	j := NewJoiner(obs, hs, nil)
+	sum := map[[2]string]tracer.Counters{}
+	for _, st := range steps {
+		for _, e := range j.Step(st, nil).Edges {
+			c := sum[[2]string{e.From, e.To}]
+			c.Add(e.Counters)
+			sum[[2]string{e.From, e.To}] = c
+		}
+	}
+	if len(whole.Edges) != 2 || len(sum) != 2 {
+		t.Fatalf("range edges %+v, steps' %v; want 2 each", whole.Edges, sum)
+	}
+	for _, e := range whole.Edges {
+		if got := sum[[2]string{e.From, e.To}]; got != e.Counters {
+			t.Errorf("%s -> %s: the steps sum to %+v, the range has %+v", e.From, e.To, got, e.Counters)
+		}
+	}
+}
+
 func TestLoopbackStaysOnTheHost(t *testing.T) {
 	g := Build([]store.Observation{
 		o("web", "outbound", "127.0.0.1", "127.0.0.1", 6379, "php", 2, 10, 10),
