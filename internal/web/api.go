@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/cli"
@@ -20,6 +22,12 @@ import (
 type notFoundError struct{ err error }
 
 func (e *notFoundError) Error() string { return e.err.Error() }
+
+// targetNotFound is graph.Resolve's error for target, which quotes the
+// target whole, with the target cut as every error quotes a value.
+func targetNotFound(err error, target string) error {
+	return &notFoundError{errors.New(strings.Replace(err.Error(), strconv.Quote(target), quote(target), 1))}
+}
 
 // loadGraph builds the graph of range r the way look, graph and diff do,
 // so that whatever makes the store's queries faster makes these too.
@@ -106,7 +114,7 @@ func (f filters) around(g graph.Graph, hosts []store.Host) (graph.Graph, error) 
 	}
 	roots, err := graph.Resolve(g, hosts, f.target)
 	if err != nil {
-		return graph.Graph{}, &notFoundError{err}
+		return graph.Graph{}, targetNotFound(err, f.target)
 	}
 	if !f.reverse {
 		return graph.Reachable(g, roots, f.depth, graph.TargetPort(f.target)), nil
@@ -145,7 +153,7 @@ func (s *Server) selected(ctx context.Context, f filters, v1 bool) (graph.Graph,
 // the indentation (28 MB instead of 39 MB for 50,000 edges); format=1
 // what --format json-v1 prints.
 func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
-	q, err := newQuery(r.URL.Query(), s.now(), append(filterParams, "format")...)
+	q, err := newQuery(r.URL.RawQuery, s.now(), append(filterParams, "format")...)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -161,7 +169,7 @@ func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
 	case "1":
 		v1 = true
 	default:
-		s.fail(w, r, badParam("invalid format %q: allowed 2 (the default) or 1 (deprecated: process and service nodes)", q.str("format")))
+		s.fail(w, r, badParam("invalid format %s: allowed 2 (the default) or 1 (deprecated: process and service nodes)", quote(q.str("format"))))
 		return
 	}
 	g, _, err := s.selected(r.Context(), f, v1)
@@ -215,7 +223,7 @@ func timePtr(t time.Time) *time.Time {
 
 // handleLook answers what `deptrace look TARGET` prints, as trees.
 func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
-	q, err := newQuery(r.URL.Query(), s.now(), filterParams...)
+	q, err := newQuery(r.URL.RawQuery, s.now(), filterParams...)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -240,7 +248,7 @@ func (s *Server) handleLook(w http.ResponseWriter, r *http.Request) {
 	g = f.protoPort(g)
 	roots, err := graph.Resolve(g, hosts, f.target)
 	if err != nil {
-		s.fail(w, r, &notFoundError{err})
+		s.fail(w, r, targetNotFound(err, f.target))
 		return
 	}
 	ans := lookAnswer{Target: f.target, Depth: f.depth, Reverse: f.reverse, Since: timePtr(f.since), Until: timePtr(f.until), Trees: []lookTree{}}
@@ -271,7 +279,7 @@ type diffAnswer struct {
 var diffParams = cli.WindowNames{Since: "since", Until: "until", BeforeSince: "before_since", BeforeUntil: "before_until"}
 
 func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
-	q, err := newQuery(r.URL.Query(), s.now(), append(filterParams, "before_since", "before_until")...)
+	q, err := newQuery(r.URL.RawQuery, s.now(), append(filterParams, "before_since", "before_until")...)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -304,8 +312,9 @@ func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	gaveSince, gaveUntil := !before.since.IsZero(), !before.until.IsZero()
 	if before.since, before.until, err = cli.BeforeWindow(f.since, f.until, before.since, before.until, diffParams); err != nil {
-		s.fail(w, r, badParam("%v", err))
+		s.fail(w, r, beforeWindowError(err, before.since, before.until, gaveSince, gaveUntil))
 		return
 	}
 	after, _, errA := s.selected(r.Context(), f, false)
@@ -338,6 +347,24 @@ func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.json(w, ans)
+}
+
+// beforeWindowError is cli.BeforeWindow's error, saying which ends were
+// defaulted when before_since was not given: it names a default only
+// when one end was given, and none says that the defaulted start is
+// held at the earliest time the store keeps (cli.MinTime), the one way
+// it can fail to be before its end.
+func beforeWindowError(err error, bs, bu time.Time, gaveSince, gaveUntil bool) error {
+	if gaveSince || !bs.Equal(cli.MinTime) {
+		return badParam("%v", err)
+	}
+	first := cli.MinTime.Format(time.RFC3339)
+	if gaveUntil {
+		return badParam("invalid range: before_since %s is not before before_until %s (before_since defaults to before_until minus the length of [since, until), no earlier than %s): allowed a before_until after %s",
+			bs.Format(time.RFC3339), bu.Format(time.RFC3339), first, first)
+	}
+	return badParam("invalid range: before_since %s is not before before_until %s (neither was given: before_until defaults to since, before_since to before_until minus the length of [since, until), no earlier than %s): allowed a since after %s, or before_since and before_until",
+		bs.Format(time.RFC3339), bu.Format(time.RFC3339), first, first)
 }
 
 func nonNil[T any](s []T) []T {
@@ -389,7 +416,7 @@ var dnsParams = []string{"since", "until", "host", "process", "resolver", "faili
 // select exactly; failing=true keeps the clients that are unhealthy or
 // degraded; limit bounds the answer (default 500, at most 10000).
 func (s *Server) handleDNS(w http.ResponseWriter, r *http.Request) {
-	q, err := newQuery(r.URL.Query(), s.now(), dnsParams...)
+	q, err := newQuery(r.URL.RawQuery, s.now(), dnsParams...)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -412,7 +439,7 @@ func (s *Server) handleDNS(w http.ResponseWriter, r *http.Request) {
 	resolver := q.str("resolver")
 	if resolver != "" {
 		if _, err := netip.ParseAddrPort(resolver); err != nil {
-			s.fail(w, r, badParam("invalid resolver %q: allowed ADDRESS:PORT, such as 127.0.0.53:53 or [2001:db8::53]:53", resolver))
+			s.fail(w, r, badParam("invalid resolver %s: allowed ADDRESS:PORT, such as 127.0.0.53:53 or [2001:db8::53]:53", quote(resolver)))
 			return
 		}
 	}

@@ -10,10 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
 )
@@ -761,5 +763,204 @@ func TestDocumentedTokenWorksInALink(t *testing.T) {
 				t.Errorf("token %q: the cookie of the link gives %d %.200s", c.token, code, body)
 			}
 		}
+	}
+}
+
+// apiError is GET path's status and JSON error, failing the test when
+// the answer is not one line of JSON.
+func apiError(t *testing.T, srv, path string, hdr ...string) (int, string) {
+	t.Helper()
+	code, body, h := get(t, srv, path, hdr...)
+	var e struct{ Error string }
+	if err := json.Unmarshal(body, &e); err != nil || h.Get("Content-Type") != "application/json" || bytes.Count(body, []byte("\n")) != 1 {
+		t.Errorf("GET %.100s: %d %q %.300q: not one line of JSON (%v)", path, code, h.Get("Content-Type"), body, err)
+	}
+	return code, e.Error
+}
+
+// A query string url.Values cannot read is a 400 naming the pair: Go's
+// URL.Query() dropped such a pair, and with it a filter (since=%zz gave
+// all history, target=% the whole graph) or an unknown parameter
+// (a=1;b=2 was a 200, target=front;depth=2 "missing target").
+func TestMalformedQueryStringIsRefused(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	const escape = ": allowed key=value pairs separated by &, percent-encoded (a % in a value is %25)"
+	const semicolon = ` holds a ";": allowed key=value pairs separated by & (a ";" in a value is %3B)`
+	for q, want := range map[string]string{
+		"/api/graph?since=%zz":             `invalid query string: "since=%zz": invalid URL escape "%zz"` + escape,
+		"/api/graph?target=%":              `invalid query string: "target=%": invalid URL escape "%"` + escape,
+		"/api/graph?since=1h&%zz=1":        `invalid query string: "%zz=1": invalid URL escape "%zz"` + escape,
+		"/api/graph?a=1;b=2":               `invalid query string: "a=1;b=2"` + semicolon,
+		"/api/look?target=front;depth=2":   `invalid query string: "target=front;depth=2"` + semicolon,
+		"/api/diff?since=1h&until=%4":      `invalid query string: "until=%4": invalid URL escape "%4"` + escape,
+		"/api/dns?limit=1;failing":         `invalid query string: "limit=1;failing"` + semicolon,
+		"/api/series?node=%zz&since=1h":    `invalid query string: "node=%zz": invalid URL escape "%zz"` + escape,
+		"/api/graph?since=1h;x&target=%zz": `invalid query string: "since=1h;x"` + semicolon,
+		// More pairs than url.ParseQuery reads gave no values at all.
+		"/api/graph?target=nosuch" + strings.Repeat("&a", 10000): "invalid query string: number of URL query parameters exceeded limit (10001 pairs): allowed each parameter once",
+	} {
+		if code, e := apiError(t, srv.URL, q); code != http.StatusBadRequest || e != want {
+			t.Errorf("GET %.100s: %d %q, want 400 %q", q, code, e, want)
+		}
+	}
+	// Percent-encoded, the same characters are a value like any other.
+	if code, e := apiError(t, srv.URL, "/api/graph?target=front%3Bdepth%3D2%25"); code != http.StatusNotFound ||
+		e != `no host, address, service or process matches "front;depth=2%" in the selected time range` {
+		t.Errorf("encoded ; = %%: %d %q", code, e)
+	}
+	// The page reads its query as before: a pair it cannot read does
+	// not stop the token of the link from working.
+	const token = "s3cret-token-0123456789"
+	tsrv, _ := serve(t, path, Options{Token: token})
+	for link, to := range map[string]string{"/?view=table;x=1&token=" + token: "/", "/?since=%zz&view=table&token=" + token: "/?view=table"} {
+		if code, _, hdr := get(t, tsrv.URL, link); code != http.StatusSeeOther || hdr.Get("Location") != to || !strings.Contains(hdr.Get("Set-Cookie"), tokenCookie+"="+token) {
+			t.Errorf("GET %s: %d to %q, cookie %q; want 303 to %s with the cookie", link, code, hdr.Get("Location"), hdr.Get("Set-Cookie"), to)
+		}
+	}
+}
+
+// An error repeats a value the user gave cut to its first 200 bytes
+// (whole characters) and its length: a 100 KB target came back whole.
+func TestErrorsCutLongValues(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	long := strings.Repeat("a", 100000)
+	head := `"` + strings.Repeat("a", 200) + `"… (100000 bytes)`
+	for q, want := range map[string]struct {
+		code int
+		err  string
+	}{
+		"/api/graph?target=" + long:                    {404, "no host, address, service or process matches " + head + " in the selected time range"},
+		"/api/look?target=" + long:                     {404, "no host, address, service or process matches " + head + " in the selected time range"},
+		"/api/diff?since=1h&target=" + long:            {404, "no host, address, service or process matches " + head + " in the selected time range"},
+		"/api/graph?since=" + long:                     {400, "invalid since " + head + ": " + cli.TimeForms},
+		"/api/graph?depth=" + long:                     {400, "invalid depth " + head + ": allowed 0 (unlimited) to 1000"},
+		"/api/graph?" + long + "=1":                    {400, "unknown parameter " + head + ": allowed since, until, target, depth, reverse, proto, port, group_by, format"},
+		"/api/dns?resolver=" + long:                    {400, "invalid resolver " + head + ": allowed ADDRESS:PORT, such as 127.0.0.53:53 or [2001:db8::53]:53"},
+		"/api/series?node=" + long[:1000]:              {404, `unknown node "` + strings.Repeat("a", 200) + `"… (1000 bytes): no such node in the store (group_by workload); allowed a node id as /api/graph gives it`},
+		"/api/series?from=a&to=b&port=1&proto=" + long: {400, "invalid proto " + head + ": allowed tcp, udp, unix"},
+		"/" + long:     {404, "no page /" + strings.Repeat("a", 199) + "… (100001 bytes): the service map is at /, its files under /static/, the API under /api/"},
+		"/api/" + long: {404, "no endpoint GET /api/" + strings.Repeat("a", 195) + "… (100005 bytes): allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns"},
+	} {
+		if code, e := apiError(t, srv.URL, q); code != want.code || e != want.err {
+			t.Errorf("GET %.60s…: %d %.400q, want %d %.400q", q, code, e, want.code, want.err)
+		}
+	}
+	// The cut falls between characters: "a" and 4-byte emoji end on 197
+	// bytes, the emoji across byte 200 left out.
+	v := "a" + strings.Repeat("😀", 1000)
+	if got, want := quote(v), strconv.Quote(v[:197])+"… (4001 bytes)"; got != want {
+		t.Errorf("quote of a long emoji value: %q, want %q", got, want)
+	}
+	if got := quote(long[:200]); got != `"`+long[:200]+`"` {
+		t.Errorf("quote of 200 bytes: %q, want it whole", got)
+	}
+	// Invalid UTF-8 is cut 3 bytes back, where a character would start
+	// at the latest, not searched back to nothing.
+	if got, want := quote(strings.Repeat("\x80", 300)), strconv.Quote(strings.Repeat("\x80", 197))+"… (300 bytes)"; got != want {
+		t.Errorf("quote of invalid UTF-8: %q, want %q", got, want)
+	}
+}
+
+// The bearer scheme is matched ignoring case (RFC 7235): "bearer TOKEN"
+// was a 401.
+func TestBearerSchemeIgnoresCase(t *testing.T) {
+	const token = "s3cret-token-0123456789"
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{Token: token})
+	for _, auth := range []string{"Bearer " + token, "bearer " + token, "BEARER " + token, "bEaReR  " + token} {
+		if code, body, _ := get(t, srv.URL, "/api/graph", "Authorization", auth); code != http.StatusOK {
+			t.Errorf("Authorization %q: %d %.200s, want 200", auth, code, body)
+		}
+	}
+	for _, auth := range []string{"Basic " + token, "bearer" + token, "bearers " + token, "bearer", "bearer " + token + " x", token} {
+		if code, e := apiError(t, srv.URL, "/api/graph", "Authorization", auth); code != http.StatusUnauthorized || !strings.HasPrefix(e, "missing or wrong token") {
+			t.Errorf("Authorization %q: %d %q, want 401", auth, code, e)
+		}
+	}
+}
+
+// A path the mux would clean (an empty, "." or ".." segment) is
+// deptrace's JSON 404 naming the path to use, and /api and /static, which
+// it would send on to /api/ and /static/, the 404 of any other path:
+// each was a 307 with an HTML body. The redirects deptrace makes itself
+// have a JSON body too.
+func TestUncleanPathsAnswerJSON(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	for q, want := range map[string]string{
+		"//api/graph?since=1h":     `path //api/graph has an empty, "." or ".." segment: allowed its clean form, /api/graph`,
+		"/static/../api/graph":     `path /static/../api/graph has an empty, "." or ".." segment: allowed its clean form, /api/graph`,
+		"/api/./look?target=nginx": `path /api/./look has an empty, "." or ".." segment: allowed its clean form, /api/look`,
+		"/static//app.js":          `path /static//app.js has an empty, "." or ".." segment: allowed its clean form, /static/app.js`,
+		"/static/vendor/../":       `path /static/vendor/../ has an empty, "." or ".." segment: allowed its clean form, /static/`,
+		"/api/graph%2F..%2F..":     "no endpoint GET /api/graph/../..: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns",
+		"/api":                     "no page /api: the service map is at /, its files under /static/, the API under /api/",
+		"/static?x=1":              "no page /static: the service map is at /, its files under /static/, the API under /api/",
+	} {
+		if code, e := apiError(t, srv.URL, q); code != http.StatusNotFound || e != want {
+			t.Errorf("GET %s: %d %q, want 404 %q", q, code, e, want)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/static/../api/graph", nil)
+	if req.URL.EscapedPath() != "/static/../api/graph" {
+		t.Fatalf("the client cleaned the path: %s", req.URL.EscapedPath())
+	}
+	// deptrace's own redirects.
+	code, body, hdr := get(t, srv.URL, "/static/index.html?since=1h")
+	if code != http.StatusMovedPermanently || hdr.Get("Location") != "/?since=1h" || hdr.Get("Content-Type") != "application/json" || string(body) != `{"location":"/?since=1h"}`+"\n" {
+		t.Errorf("GET /static/index.html?since=1h: %d to %q, %q %q", code, hdr.Get("Location"), hdr.Get("Content-Type"), body)
+	}
+	const token = "s3cret-token-0123456789"
+	tsrv, _ := serve(t, path, Options{Token: token})
+	code, body, hdr = get(t, tsrv.URL, "/?view=table&token="+token)
+	if code != http.StatusSeeOther || hdr.Get("Location") != "/?view=table" || hdr.Get("Content-Type") != "application/json" || string(body) != `{"location":"/?view=table"}`+"\n" {
+		t.Errorf("GET /?token=: %d to %q, %q %q", code, hdr.Get("Location"), hdr.Get("Content-Type"), body)
+	}
+	// Unclean or not, without the token it is a 401.
+	if code, e := apiError(t, tsrv.URL, "//api/graph"); code != http.StatusUnauthorized || !strings.HasPrefix(e, "missing or wrong token") {
+		t.Errorf("GET //api/graph without the token: %d %q", code, e)
+	}
+}
+
+// since and until the wrong way round say what is allowed, with the
+// ages of the mistake the right way round, which works.
+func TestRangeBackwardsSaysWhatIsAllowed(t *testing.T) {
+	path, _ := seed(t)
+	now := time.Date(2026, 11, 25, 20, 0, 0, 0, time.UTC)
+	srv, _ := serve(t, path, Options{Now: func() time.Time { return now }})
+	const want = "invalid range: since 2026-11-25T19:00:00Z is not before until 2026-11-25T18:00:00Z: allowed a since before until (an age counts back from now: since=2h&until=1h is the hour from two hours ago to one hour ago)"
+	for _, q := range []string{"/api/graph?since=1h&until=2h", "/api/look?target=nginx&since=1h&until=2h", "/api/diff?since=1h&until=2h", "/api/dns?since=1h&until=2h",
+		"/api/series?since=1h&until=2h&node=" + url.QueryEscape(idNginx)} {
+		if code, e := apiError(t, srv.URL, q); code != http.StatusBadRequest || e != want {
+			t.Errorf("GET %s: %d %q, want 400 %q", q, code, e, want)
+		}
+	}
+	if code, body, _ := get(t, srv.URL, "/api/graph?since=2h&until=1h"); code != http.StatusOK {
+		t.Errorf("the example, since=2h&until=1h: %d %.200s", code, body)
+	}
+}
+
+// A window before that is empty because its defaulted start is held at
+// the earliest time the store keeps says which ends were defaulted, and
+// from what: it named before_since and before_until, never given.
+func TestDiffSaysWhichEndsWereDefaulted(t *testing.T) {
+	path, _ := seed(t)
+	srv, _ := serve(t, path, Options{})
+	for q, want := range map[string]string{
+		"since=1678-01-01T00:00:00Z&until=1678-01-02T00:00:00Z": "invalid range: before_since 1678-01-01T00:00:00Z is not before before_until 1678-01-01T00:00:00Z (neither was given: before_until defaults to since, before_since to before_until minus the length of [since, until), no earlier than 1678-01-01T00:00:00Z): allowed a since after 1678-01-01T00:00:00Z, or before_since and before_until",
+		"since=1h&before_until=1678-01-01T00:00:00Z":            "invalid range: before_since 1678-01-01T00:00:00Z is not before before_until 1678-01-01T00:00:00Z (before_since defaults to before_until minus the length of [since, until), no earlier than 1678-01-01T00:00:00Z): allowed a before_until after 1678-01-01T00:00:00Z",
+		// Given, or defaulted from a given before_since: as the CLI says it.
+		"since=1678-01-01T00:00:00Z&until=1678-01-02T00:00:00Z&before_since=1678-01-01T00:00:00Z&before_until=1678-01-01T00:00:00Z": "invalid range: before_since 1678-01-01T00:00:00Z is not before before_until 1678-01-01T00:00:00Z: allowed a window that starts before it ends",
+		"since=1678-01-01T00:00:00Z&until=1678-01-02T00:00:00Z&before_since=1678-01-01T00:00:00Z":                                   "invalid range: before_since 1678-01-01T00:00:00Z is not before before_until 1678-01-01T00:00:00Z (before_until defaults to since): allowed a window that starts before it ends",
+	} {
+		if code, e := apiError(t, srv.URL, "/api/diff?"+q); code != http.StatusBadRequest || e != want {
+			t.Errorf("diff?%s: %d %q, want 400 %q", q, code, e, want)
+		}
+	}
+	// A since after the earliest time has room for the window before.
+	if code, body, _ := get(t, srv.URL, "/api/diff?since=1678-01-01T00:00:01Z&until=1678-01-02T00:00:00Z"); code != http.StatusOK {
+		t.Errorf("since a second after the earliest time: %d %.200s", code, body)
 	}
 }

@@ -133,7 +133,7 @@ func validID(name, v string) error {
 		return badParam("invalid %s: %d bytes, allowed a node id of at most %d", name, len(v), maxIDLen)
 	}
 	if !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
-		return badParam("invalid %s %q: allowed a node id as /api/graph gives it, without control characters", name, v)
+		return badParam("invalid %s %s: allowed a node id as /api/graph gives it, without control characters", name, quote(v))
 	}
 	return nil
 }
@@ -148,7 +148,7 @@ func validID(name, v string) error {
 // edges (an edge's series keeps only its own), plus, for a node, the
 // step's DNS lookups (the store keeps them per minute, like the flows).
 func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
-	q, err := newQuery(r.URL.Query(), s.now(), "since", "until", "group_by", "from", "to", "proto", "port", "points", "node")
+	q, err := newQuery(r.URL.RawQuery, s.now(), "since", "until", "group_by", "from", "to", "proto", "port", "points", "node")
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -201,18 +201,18 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if proto, err = q.proto(); err != nil || proto == "" {
-			s.fail(w, r, badParam("invalid proto %q: allowed %s", q.str("proto"), "tcp, udp, unix"))
+			s.fail(w, r, badParam("invalid proto %s: allowed %s", quote(q.str("proto")), "tcp, udp, unix"))
 			return
 		}
 		if port, err = q.port(); err != nil || port < 0 {
-			s.fail(w, r, badParam("invalid port %q: allowed 0 to 65535", q.str("port")))
+			s.fail(w, r, badParam("invalid port %s: allowed 0 to 65535", quote(q.str("port"))))
 			return
 		}
 	}
 	points := defaultPoints
 	if v := q.str("points"); v != "" {
 		if points, err = strconv.Atoi(v); err != nil || points < 1 || points > maxPoints {
-			s.fail(w, r, badParam("invalid points %q: allowed 1 to %d", v, maxPoints))
+			s.fail(w, r, badParam("invalid points %s: allowed 1 to %d", quote(v), maxPoints))
 			return
 		}
 	}
@@ -391,19 +391,19 @@ func (s *Server) known(r *http.Request, by, node, from, to, proto string, port i
 	}
 	if node != "" {
 		if !has(node) {
-			return &notFoundError{fmt.Errorf("unknown node %q: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", node, by)}
+			return &notFoundError{fmt.Errorf("unknown node %s: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", quote(node), by)}
 		}
 		return nil
 	}
 	for _, x := range [][2]string{{"from", from}, {"to", to}} {
 		if !has(x[1]) {
-			return &notFoundError{fmt.Errorf("unknown %s %q: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", x[0], x[1], by)}
+			return &notFoundError{fmt.Errorf("unknown %s %s: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", x[0], quote(x[1]), by)}
 		}
 	}
 	if !slices.ContainsFunc(g.Edges, func(e graph.Edge) bool {
 		return e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port
 	}) {
-		return &notFoundError{fmt.Errorf("unknown edge: the store has no edge from %q to %q over %s port %d (group_by %s); allowed from, to, proto and port of an edge as /api/graph gives it", from, to, proto, port, by)}
+		return &notFoundError{fmt.Errorf("unknown edge: the store has no edge from %s to %s over %s port %d (group_by %s); allowed from, to, proto and port of an edge as /api/graph gives it", quote(from), quote(to), proto, port, by)}
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path"
 	"strings"
 	"time"
 
@@ -98,10 +99,10 @@ func New(st *store.Store, opt Options) *Server {
 	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		if endpoints[r.URL.Path] != nil {
 			w.Header().Set("Allow", "GET, HEAD")
-			s.fail(w, r, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: allowed GET, HEAD", r.Method, r.URL.Path)})
+			s.fail(w, r, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: allowed GET, HEAD", clip(r.Method), r.URL.Path)})
 			return
 		}
-		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns", r.Method, r.URL.Path)})
+		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no endpoint %s %s: allowed GET /api/graph, /api/look, /api/diff, /api/series, /api/dns", clip(r.Method), clip(r.URL.Path))})
 	})
 	files := http.FileServerFS(static)
 	s.mux.HandleFunc("GET /static/{file...}", func(w http.ResponseWriter, r *http.Request) {
@@ -109,13 +110,13 @@ func New(st *store.Store, opt Options) *Server {
 		// server would send it to /static/, which lists nothing).
 		if r.PathValue("file") == "index.html" {
 			u := url.URL{Path: "/", RawQuery: r.URL.RawQuery}
-			http.Redirect(w, r, u.RequestURI(), http.StatusMovedPermanently)
+			s.redirect(w, r, u.RequestURI(), http.StatusMovedPermanently)
 			return
 		}
 		// Files only, no directory listing, and a missing one gets the
 		// JSON 404 every other answer has.
 		if fi, err := fs.Stat(static, r.PathValue("file")); err != nil || fi.IsDir() {
-			s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no file %s among the page's files", r.URL.Path)})
+			s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no file %s among the page's files", clip(r.URL.Path))})
 			return
 		}
 		http.StripPrefix("/static/", files).ServeHTTP(w, r)
@@ -127,14 +128,19 @@ func New(st *store.Store, opt Options) *Server {
 	// What the two above leave: another method on the page or its files
 	// (a 405, as on an endpoint), or a path that is neither (a 404), each
 	// with deptrace's JSON error rather than the mux's plain text.
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	other := func(w http.ResponseWriter, r *http.Request) {
 		if (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/static/")) && r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
-			s.fail(w, r, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: allowed GET, HEAD", r.Method, r.URL.Path)})
+			s.fail(w, r, &httpError{http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: allowed GET, HEAD", clip(r.Method), clip(r.URL.Path))})
 			return
 		}
-		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no page %s: the service map is at /, its files under /static/, the API under /api/", r.URL.Path)})
-	})
+		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("no page %s: the service map is at /, its files under /static/, the API under /api/", clip(r.URL.Path))})
+	}
+	s.mux.HandleFunc("/", other)
+	// Without these the mux would send /api and /static to /api/ and
+	// /static/ (neither of them a page) with a 307 and an HTML body.
+	s.mux.HandleFunc("/api", other)
+	s.mux.HandleFunc("/static", other)
 	return s
 }
 
@@ -158,7 +164,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Without a token the server is on loopback only: refuse other
 		// Host names so that a web page cannot reach it by DNS rebinding.
 		if !loopbackHost(r.Host) {
-			s.fail(w, r, &httpError{http.StatusForbidden, fmt.Sprintf("host %q is not a loopback name: open the page through 127.0.0.1, [::1] or localhost", r.Host)})
+			s.fail(w, r, &httpError{http.StatusForbidden, fmt.Sprintf("host %s is not a loopback name: open the page through 127.0.0.1, [::1] or localhost", quote(r.Host))})
 			return
 		}
 	} else if !s.authorized(w, r) {
@@ -171,26 +177,60 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer gw.close()
 		w = gw
 	}
+	// The mux would send a path with an empty, "." or ".." segment
+	// (//api/graph, /static/../api/graph) to its clean form with a 307
+	// and an HTML body: name the path to use instead, in JSON, so that a
+	// script's mistake shows rather than costing a redirect each time.
+	if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && cleanPath(p) != p {
+		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("path %s has an empty, \".\" or \"..\" segment: allowed its clean form, %s", clip(p), clip(cleanPath(p)))})
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is p as the mux cleans it: without empty, "." and ".."
+// segments, keeping a final slash.
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
+}
+
+// redirect is http.Redirect with a JSON body naming where to, as every
+// answer is JSON (http.Redirect writes HTML, or nothing once the
+// Content-Type is set).
+func (s *Server) redirect(w http.ResponseWriter, r *http.Request, to string, code int) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, to, code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"location": w.Header().Get("Location")})
 }
 
 // authorized checks the bearer token (constant time). A page opened with a
 // valid ?token= gets it as a cookie and is sent to the same address
 // without it, so the token leaves the address bar and the history.
 func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && s.tokenOK(t) {
+	// The scheme is case-insensitive (RFC 7235): "bearer" is "Bearer".
+	if scheme, t, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") && s.tokenOK(strings.TrimLeft(t, " ")) {
 		return true
 	}
 	if c, err := r.Cookie(tokenCookie); err == nil && s.tokenOK(c.Value) {
 		return true
 	}
-	if t := r.URL.Query().Get("token"); t != "" && r.Method == http.MethodGet && !strings.HasPrefix(r.URL.Path, "/api/") && s.tokenOK(t) {
+	// The page's query is the page's: a pair that does not parse is left
+	// out (the API refuses it, in newQuery), the token still read.
+	v, _ := url.ParseQuery(r.URL.RawQuery)
+	if t := v.Get("token"); t != "" && r.Method == http.MethodGet && !strings.HasPrefix(r.URL.Path, "/api/") && s.tokenOK(t) {
 		http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: t, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 		u := *r.URL
-		v := u.Query()
 		v.Del("token")
 		u.RawQuery = v.Encode()
-		http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+		s.redirect(w, r, u.RequestURI(), http.StatusSeeOther)
 		return false
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="deptrace"`)
