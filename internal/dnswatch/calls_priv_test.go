@@ -375,6 +375,13 @@ func TestEveryCallPath(t *testing.T) {
 				t.Errorf("the watcher's own sendmsg programs loaded: %v; want %v (the tracer's notes: %v, handed its calls: %v)", w.OwnNotes(), want, tracerNotes, w.HandedOff())
 			}
 			lookupEveryWay(t, w, client, srv)
+			if t.Failed() && v.tracer {
+				// What the tracer's copies lost or rescued (a call the
+				// kernel skipped in every copy never reaches the watcher),
+				// to tell such a loss from the watcher's own.
+				st, err := tr.Stats()
+				t.Logf("tracer stats %+v (err %v); watcher stats %+v", st, err, w.Stats())
+			}
 			if v.tracer && w.HandedOff() {
 				// Closed, the watcher takes its programs back out.
 				if err := w.Close(); err != nil {
