@@ -83,8 +83,11 @@ killed agent left.`,
 			if err != nil {
 				return err
 			}
+			if err := agent.CheckStore(cfg.Store); err != nil {
+				return err
+			}
 			if interval < time.Second || interval > time.Hour {
-				return fmt.Errorf("invalid --interval %s: allowed 1s to 1h", interval)
+				return fmt.Errorf("invalid --interval %s: allowed %s", interval, agentIntervals)
 			}
 			tcfg.Interval = interval
 			if pinPath != "" {
@@ -114,16 +117,16 @@ killed agent left.`,
 				return fmt.Errorf("invalid --host-id %q: %w", cfg.HostID, err)
 			}
 			if cfg.MaxProcs < 0 {
-				return fmt.Errorf("invalid --gomaxprocs %d: allowed 0 (Go's default) or more", cfg.MaxProcs)
+				return fmt.Errorf("invalid --gomaxprocs %d: allowed %s", cfg.MaxProcs, maxProcsAllowed)
 			}
 			if err := metrics.CheckListen(cfg.MetricsListen); err != nil {
 				return err
 			}
 			if cfg.Metrics.MaxIdentityValues < 1 {
-				return fmt.Errorf("invalid --metrics-identity-max %d: allowed 1 or more", cfg.Metrics.MaxIdentityValues)
+				return fmt.Errorf("invalid --metrics-identity-max %d: allowed %s", cfg.Metrics.MaxIdentityValues, identityMaxAllowed)
 			}
 			if cfg.Metrics.TTL < metrics.MinTTL {
-				return fmt.Errorf("invalid --metrics-ttl %s: allowed %s or more", cfg.Metrics.TTL, metrics.MinTTL)
+				return fmt.Errorf("invalid --metrics-ttl %s: allowed %s", cfg.Metrics.TTL, metricsTTLAllowed)
 			}
 			idCfg, err := idf.config()
 			if err != nil {
@@ -202,8 +205,21 @@ killed agent left.`,
 	cmd.Flags().Var(agent.IntFlag(&cfg.Metrics.MaxSeries, metrics.DefaultMaxSeries, 1, 1<<24, ""), "metrics-max-series", "most dependency and listener series held; past it a new dependency counts in its direction and protocol's _other series (and in deptrace_metrics_series_dropped_total)")
 	idf.register(cmd)
 	df.register(cmd)
+	cli.SetAllowed(cmd.Flags(), "interval", agentIntervals)
+	cli.SetAllowed(cmd.Flags(), "gomaxprocs", maxProcsAllowed)
+	cli.SetAllowed(cmd.Flags(), "metrics-identity-max", identityMaxAllowed)
+	cli.SetAllowed(cmd.Flags(), "metrics-ttl", metricsTTLAllowed)
 	return cmd
 }
+
+// What the agent's numeric flags take where their type takes more: in
+// the error of a value that does not parse, and of one out of range.
+var (
+	agentIntervals     = "1s to 1h"
+	maxProcsAllowed    = "0 (Go's default) or more"
+	identityMaxAllowed = "1 or more"
+	metricsTTLAllowed  = metrics.MinTTL.String() + " or more"
+)
 
 // retentionLevels are the agent's per-level retention flags, finest first.
 var retentionLevels = []struct {
@@ -247,22 +263,27 @@ func agentRetention(cmd *cobra.Command, legacy string, perLevel [3]string) (stor
 		ds[i] = d
 	}
 	r := store.Retention{Minutes: ds[0], Hours: ds[1], Days: ds[2]}
+	// A level left at its default is named so: the user who shortened
+	// --retention-hours to 2h never typed --retention-minutes 48h.
+	named := func(i int) string {
+		text := "--retention-" + retentionLevels[i].name + " " + perLevel[i]
+		if ds[i] == 0 {
+			text += " (for ever)"
+		}
+		if !cmd.Flags().Changed("retention-" + retentionLevels[i].name) {
+			text += " (its default)"
+		}
+		return text
+	}
 	for i := range 2 {
 		for j := i + 1; j < 3; j++ {
 			if ds[i] == 0 && ds[j] != 0 || ds[i] != 0 && ds[j] != 0 && ds[j] < ds[i] {
-				return r, fmt.Errorf("invalid --retention-%s %s: longer than --retention-%s %s; allowed at most each coarser level's window (0, for ever, only if the coarser levels are 0 too)",
-					retentionLevels[i].name, ageText(perLevel[i], ds[i]), retentionLevels[j].name, ageText(perLevel[j], ds[j]))
+				return r, fmt.Errorf("invalid %s: longer than %s; allowed at most each coarser level's window: set --retention-%s to %s or less",
+					named(i), named(j), retentionLevels[i].name, perLevel[j])
 			}
 		}
 	}
 	return r, r.Check()
-}
-
-func ageText(v string, d time.Duration) string {
-	if d == 0 {
-		return v + " (for ever)"
-	}
-	return v
 }
 
 // formatAge writes a duration as the flags read it: whole days as "Nd".

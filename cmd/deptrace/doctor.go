@@ -24,6 +24,9 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
+// doctorSamples is what --sample takes.
+const doctorSamples = "0 to 1m"
+
 func newDoctorCmd() *cobra.Command {
 	var (
 		tf        tracerFlags
@@ -46,13 +49,14 @@ loss counters. It exits with status 1 when deptrace cannot run here.`,
 				return err
 			}
 			if sample < 0 || sample > time.Minute {
-				return fmt.Errorf("invalid --sample %s: allowed 0 to 1m", sample)
+				return fmt.Errorf("invalid --sample %s: allowed %s", sample, doctorSamples)
 			}
 			return runDoctor(cmd.Context(), os.Stdout, cfg, sample, storeSpec, spoolPath)
 		},
 	}
 	tf.register(cmd)
 	cmd.Flags().DurationVar(&sample, "sample", time.Second, "trace this long to read the loss counters (0 to 1m)")
+	cli.SetAllowed(cmd.Flags(), "sample", doctorSamples)
 	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "the agent's store to check")
 	cmd.Flags().StringVar(&spoolPath, "spool", agent.DefaultSpoolPath, "the agent's spool to check")
 	return cmd

@@ -95,7 +95,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "extra-arg"}, nil, `trace takes no arguments, got "extra-arg": flags start with -- (deptrace trace --help lists them)`},
 		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h0m0s: allowed 0 to 1m"},
 		{[]string{"trace"}, []string{"DEPTRACE_PROTO=bogus"}, `invalid --proto "bogus": allowed tcp, udp, unix, all (set from DEPTRACE_PROTO)`},
-		{[]string{"look", "--depth", "abc", "x"}, nil, `invalid --depth "abc": allowed a whole number`},
+		{[]string{"look", "--depth", "abc", "x"}, nil, `invalid --depth "abc": allowed 0 (unlimited) or more`},
 		{[]string{"agent"}, []string{"DEPTRACE_KEEP_TRACING=maybe"}, `invalid DEPTRACE_KEEP_TRACING="maybe" for --keep-tracing: allowed true or false`},
 		{[]string{"agent", "--spool-max", "1KiB"}, nil, `invalid --spool-max "1KiB": allowed from 1MiB to 1024TiB`},
 		{[]string{"agent", "--pin-path", "", "--host-id", "web/1"}, nil, `invalid --host-id "web/1": contains /`},

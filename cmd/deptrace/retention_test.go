@@ -20,9 +20,11 @@ func TestAgentRetentionFlagErrors(t *testing.T) {
 	}{
 		{nil, []string{"--retention-minutes", "5m"}, `invalid --retention-minutes "5m": allowed 0 (keep for ever) or at least 1h`},
 		{nil, []string{"--retention-hours", "soon"}, `invalid --retention-hours "soon": allowed 0 (keep for ever) or at least 1h`},
-		{nil, []string{"--retention-minutes", "72h", "--retention-hours", "24h"}, `invalid --retention-minutes 72h: longer than --retention-hours 24h`},
-		{nil, []string{"--retention-minutes", "0"}, `invalid --retention-minutes 0 (for ever): longer than --retention-hours 30d`},
-		{nil, []string{"--retention-hours", "500d"}, `invalid --retention-hours 500d: longer than --retention-days 400d`},
+		{nil, []string{"--retention-minutes", "72h", "--retention-hours", "24h"}, `invalid --retention-minutes 72h: longer than --retention-hours 24h; allowed at most each coarser level's window: set --retention-minutes to 24h or less`},
+		{nil, []string{"--retention-minutes", "0"}, `invalid --retention-minutes 0 (for ever): longer than --retention-hours 30d (its default); allowed at most each coarser level's window: set --retention-minutes to 30d or less`},
+		{nil, []string{"--retention-hours", "500d"}, `invalid --retention-hours 500d: longer than --retention-days 400d (its default); allowed at most each coarser level's window: set --retention-hours to 400d or less`},
+		// A level left at its default is named so: only --retention-hours was typed.
+		{nil, []string{"--retention-hours", "2h"}, `invalid --retention-minutes 48h (its default): longer than --retention-hours 2h; allowed at most each coarser level's window: set --retention-minutes to 2h or less`},
 		{nil, []string{"--retention", "30d", "--retention-hours", "10d"}, `invalid --retention with --retention-hours: --retention sets every level at once; give either it or --retention-minutes, --retention-hours and --retention-days`},
 		{nil, []string{"--retention", "5m"}, `invalid --retention "5m": allowed 0 (keep all) or at least 1h, e.g. 12h, 30d; or one per level: --retention-minutes, --retention-hours, --retention-days`},
 		{nil, []string{"--store-max-size", "1MiB"}, `invalid --store-max-size "1MiB": allowed 0 (no ceiling) or from 16MiB to 1024TiB, as bytes or with a unit`},
@@ -31,7 +33,7 @@ func TestAgentRetentionFlagErrors(t *testing.T) {
 		{nil, []string{"--buffer-max", "+InfMiB"}, `invalid --buffer-max "+InfMiB"`},
 		{nil, []string{"--buffer-max", "-1"}, `invalid --buffer-max "-1": allowed from 0 to 64GiB`},
 		{nil, []string{"--gomaxprocs", "-2"}, `invalid --gomaxprocs -2: allowed 0 (Go's default) or more`},
-		{[]string{"DEPTRACE_RETENTION_DAYS=1h"}, nil, `invalid --retention-minutes 48h: longer than --retention-days 1h`},
+		{[]string{"DEPTRACE_RETENTION_DAYS=1h"}, nil, `invalid --retention-minutes 48h (its default): longer than --retention-days 1h; allowed at most each coarser level's window: set --retention-minutes to 1h or less (set from DEPTRACE_RETENTION_DAYS)`},
 	}
 	for _, c := range cases {
 		stdout, stderr, code := run(t, c.env, append([]string{"agent", "--store", t.TempDir() + "/x.db"}, c.args...)...)

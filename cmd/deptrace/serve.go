@@ -43,7 +43,7 @@ the token URL-encoded).`,
 				return err
 			}
 			if cacheMB < 0 {
-				return fmt.Errorf("invalid --cache-mb %d: want 0 (no cache) or more", cacheMB)
+				return fmt.Errorf("invalid --cache-mb %d: allowed %s", cacheMB, cacheSizes)
 			}
 			if err := health.validate(); err != nil {
 				return err
@@ -98,5 +98,9 @@ the token URL-encoded).`,
 	cmd.Flags().StringVar(&tokenFile, "token-file", "", "file holding the bearer token every request must carry")
 	health.register(cmd)
 	cmd.Flags().Int64Var(&cacheMB, "cache-mb", store.DefaultCacheBytes>>20, "memory for the sums of past hours and days kept between queries (exact: late writes drop what they touch); 0: none")
+	cli.SetAllowed(cmd.Flags(), "cache-mb", cacheSizes)
 	return cmd
 }
+
+// cacheSizes is what --cache-mb takes.
+const cacheSizes = "0 (no cache) or more"

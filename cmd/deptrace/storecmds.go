@@ -65,7 +65,19 @@ func (f *healthFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Float64Var(&f.h.DegradedFactor, "health-degraded-factor", d.DegradedFactor, "fraction of each threshold from which an edge, service or client's lookups are degraded (over 0, up to 1)")
 	cmd.Flags().Float64Var(&f.dns.ErrorRatio, "health-dns-error-ratio", dd.ErrorRatio, "failed lookups (SERVFAIL, other error codes, no answer in time) over queries that make a client's lookups through a resolver unhealthy (0 to 1)")
 	cmd.Flags().Uint64Var(&f.dns.MinEvents, "health-dns-min-events", dd.MinEvents, "fewest failed lookups, or NXDOMAIN answers with no address answered, that can make a client's lookups unhealthy (1 to 1000000)")
+	// As graph.Health.Validate and graph.DNSHealth.Validate say, for a
+	// value that does not parse.
+	for name, allowed := range map[string]string{
+		"health-min-events": "1 to 1000000", "health-failed-ratio": "0 to 1", "health-reset-ratio": "0 to 1",
+		"health-retransmits-per-conn": "0 to 1000", "health-listen-drop-ratio": "0 to 1", "health-degraded-factor": "more than 0, up to 1",
+		"health-dns-error-ratio": "0 to 1", "health-dns-min-events": "1 to 1000000",
+	} {
+		cli.SetAllowed(cmd.Flags(), name, allowed)
+	}
 }
+
+// depths is what --depth takes (look, graph).
+const depths = "0 (unlimited) or more"
 
 // validate checks every threshold, naming the flag out of range, and
 // gives the DNS thresholds the edges' degraded factor.
@@ -183,7 +195,7 @@ node whose lookups fail, by the --health-dns-* thresholds.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if depth < 0 {
-				return fmt.Errorf("invalid --depth %d: allowed 0 (unlimited) or more", depth)
+				return fmt.Errorf("invalid --depth %d: allowed %s", depth, depths)
 			}
 			if reverse && !cmd.Flags().Changed("depth") {
 				depth = 0
@@ -203,6 +215,7 @@ node whose lookups fail, by the --health-dns-* thresholds.`,
 	}
 	q.register(cmd)
 	cmd.Flags().IntVar(&depth, "depth", 1, "levels to follow (0: unlimited)")
+	cli.SetAllowed(cmd.Flags(), "depth", depths)
 	cmd.Flags().BoolVar(&reverse, "reverse", false, "only what depends on TARGET, transitively (impact analysis)")
 	return cmd
 }
@@ -232,7 +245,7 @@ deprecated and kept for one release.`,
 				return fmt.Errorf("invalid --format %q: allowed %s", format, strings.Join(graph.Formats, ", "))
 			}
 			if depth < 0 {
-				return fmt.Errorf("invalid --depth %d: allowed 0 (unlimited) or more", depth)
+				return fmt.Errorf("invalid --depth %d: allowed %s", depth, depths)
 			}
 			load := q.graph
 			if format == "json-v1" {
@@ -256,6 +269,7 @@ deprecated and kept for one release.`,
 	cmd.Flags().StringVar(&format, "format", "json", "output format: "+strings.Join(graph.Formats, ", "))
 	cmd.Flags().StringVar(&target, "target", "", "only the part of the graph around this host, address, address:port or process")
 	cmd.Flags().IntVar(&depth, "depth", 0, "with --target: levels to follow (0: unlimited)")
+	cli.SetAllowed(cmd.Flags(), "depth", depths)
 	return cmd
 }
 

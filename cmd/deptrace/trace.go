@@ -53,10 +53,10 @@ the last partial interval before exiting.`,
 				return err
 			}
 			if interval < tracer.MinInterval || interval > tracer.MaxInterval {
-				return fmt.Errorf("invalid --interval %s: allowed %s to %s", interval, tracer.MinInterval, tracer.MaxInterval)
+				return fmt.Errorf("invalid --interval %s: allowed %s", interval, traceIntervals)
 			}
 			if duration < 0 {
-				return fmt.Errorf("invalid --duration %s: allowed 0 (until interrupted) or more", duration)
+				return fmt.Errorf("invalid --duration %s: allowed %s", duration, traceDurations)
 			}
 			cfg.Interval = interval
 			protos, err := output.ParseProtos(proto)
@@ -95,8 +95,16 @@ the last partial interval before exiting.`,
 	cmd.Flags().StringSliceVar(&ports, "port", nil, "server ports to show (comma list); default all")
 	idf.register(cmd)
 	df.register(cmd)
+	cli.SetAllowed(cmd.Flags(), "interval", traceIntervals)
+	cli.SetAllowed(cmd.Flags(), "duration", traceDurations)
 	return cmd
 }
+
+// What trace's --interval and --duration take.
+var (
+	traceIntervals = fmt.Sprintf("%s to %s", tracer.MinInterval, tracer.MaxInterval)
+	traceDurations = "0 (until interrupted) or more"
+)
 
 // dnsFlags turn the DNS watcher (names of remote ends, each client's
 // lookups) on or off; trace and agent share them.
@@ -108,6 +116,7 @@ type dnsFlags struct {
 func (f *dnsFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.off, "no-dns", false, "do not watch DNS: no names of remote ends (remote_name), no per-client DNS records")
 	cmd.Flags().DurationVar(&f.timeout, "dns-timeout", dnswatch.DefaultTimeout, fmt.Sprintf("a DNS query without an answer for this long counts as a timeout (%s to %s)", dnswatch.MinTimeout, dnswatch.MaxTimeout))
+	cli.SetAllowed(cmd.Flags(), "dns-timeout", fmt.Sprintf("%s to %s", dnswatch.MinTimeout, dnswatch.MaxTimeout)) // as dnswatch.Config.Validate says
 }
 
 // config returns nil when DNS watching is off.
@@ -180,7 +189,11 @@ func (f *identityFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.containerd, "containerd-socket", def.ContainerdSocket, "containerd's socket for CRI lookups (Kubernetes pods); empty turns them off")
 	cmd.Flags().StringVar(&f.crio, "crio-socket", def.CRIOSocket, "CRI-O's socket for CRI lookups (Kubernetes pods); empty turns them off")
 	cmd.Flags().DurationVar(&f.retain, "identity-retain", def.Retain, "how long exited containers and removed cgroups stay named (1s to 24h)")
+	cli.SetAllowed(cmd.Flags(), "identity-retain", identityRetains)
 }
+
+// identityRetains is what --identity-retain takes.
+const identityRetains = "1s to 24h"
 
 // config returns nil when identity is off.
 func (f *identityFlags) config() (*identity.Config, error) {
@@ -188,7 +201,7 @@ func (f *identityFlags) config() (*identity.Config, error) {
 		return nil, nil
 	}
 	if f.retain < time.Second || f.retain > 24*time.Hour {
-		return nil, fmt.Errorf("invalid --identity-retain %s: allowed 1s to 24h", f.retain)
+		return nil, fmt.Errorf("invalid --identity-retain %s: allowed %s", f.retain, identityRetains)
 	}
 	cfg := identity.DefaultConfig()
 	cfg.DockerSocket, cfg.PodmanSocket, cfg.ContainerdSocket, cfg.CRIOSocket = f.docker, f.podman, f.containerd, f.crio

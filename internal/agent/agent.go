@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -21,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/metrics"
@@ -108,10 +110,39 @@ const (
 	DefaultBufferMax    = 64 << 20 // 64 MiB
 )
 
+// storeSpecs is what --store takes, as store.Open says it.
+const storeSpecs = "want a file path, sqlite://PATH or postgres://URL"
+
+// CheckStore refuses a store spec (--store) that no retry can open: a
+// scheme other than sqlite://, postgres:// and postgresql:// (with
+// store.Open's own error, which look and serve print), or a PostgreSQL
+// URL or keyword string that does not parse. A store that cannot be
+// reached now (PostgreSQL down, an SQLite file that cannot be opened, a
+// TLS file PostgreSQL's URL names that cannot be read yet) is not
+// refused: the agent spools until it answers.
+func CheckStore(spec string) error {
+	switch {
+	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+		_, err := pgx.ParseConfig(spec) // its errors hide the password
+		var file *fs.PathError
+		if err != nil && !errors.As(err, &file) {
+			return fmt.Errorf("invalid --store: %v; %s", err, storeSpecs)
+		}
+	case strings.Contains(strings.TrimPrefix(spec, "sqlite://"), "://"):
+		return fmt.Errorf("invalid --store %q: %s", spec, storeSpecs)
+	}
+	return nil
+}
+
 // Run traces and stores until ctx is done, then flushes the last interval.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	halt, err := testHaltPoint()
 	if err != nil {
+		return err
+	}
+	// Refused before anything is loaded: a store that can never be
+	// opened would leave the agent spooling for ever.
+	if err := CheckStore(cfg.Store); err != nil {
 		return err
 	}
 	series := 0
@@ -213,37 +244,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}()
 
 	hostID := func(ns uint32) string { return ids.host(ns).ID }
-	servicesDue := 0             // intervals until listening services are written again
-	var observed observedBatches // what the metrics counted
-	againBefore := false         // the last drain collected an interval again
-	var dns dnsBatches
+	servicesDue := 0 // intervals until listening services are written again
+	in := &intake{cfg: &cfg, log: log, metrics: m, host: hostID, memLimit: &memLimit}
 	emit := func(iv tracer.Interval) error {
-		if cfg.Annotate != nil {
-			cfg.Annotate(iv.Flows)
-		}
-		if cfg.DNS != nil {
-			cfg.DNS(&iv)
-			dns.attach(&iv)
-		}
-		cfg.EdgeCap.fold(&iv, log, m) // before the metrics and the store see the flows
-		memLimit.follow(cfg.EdgeCap.held())
-		if iv.Recovered {
-			// While the disk is full this repeats every drain: logged once.
-			lvl := slog.LevelInfo
-			if againBefore {
-				lvl = slog.LevelDebug
-			}
-			log.Log(context.Background(), lvl, "collected again an interval that was not stored and committed", "batch", iv.BatchID, "flows", len(iv.Flows))
-		}
-		againBefore = iv.Recovered
-		log.Debug("interval drained", "flows", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain, "batch", iv.BatchID)
-		if observed.first(iv.BatchID) {
-			m.ObserveInterval(iv, hostID, iv.Drain)
-			m.ObserveListeners(iv.Listeners, hostID)
-			if l := iv.Lost; l.Total() > 0 {
-				log.Warn("events lost this interval", lostAttrs(l, cfg.Tracer)...)
-			}
-		}
+		in.take(&iv)
 		b := batchOf(iv, ids)
 		if servicesDue <= 0 && !iv.Recovered { // listening services change slowly
 			if ports, err := t.ListeningPorts(); err == nil {
@@ -270,6 +274,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		AsyncCommit: true,
 		DrainFailed: func(err error) { log.Warn("drain failed", "err", err) },
 	}, emit)
+	cfg.EdgeCap.logFolded(log) // what was folded since the last once-a-minute line
 	close(jobs)
 	wg.Wait()
 	if n := len(w.held); n > 0 {
@@ -285,6 +290,56 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		runErr = errors.New("the last interval could not be stored: the kernel side stays pinned for the next agent")
 	}
 	return runErr
+}
+
+// intake readies each drained interval for the metrics and the store,
+// in Run's emit: it names the flows and DNS records, folds the flows past
+// the cap on edges per local end, and has the metrics count the
+// interval the first time its batch is seen.
+type intake struct {
+	cfg      *Config
+	log      *slog.Logger
+	metrics  *metrics.Metrics
+	host     func(netns uint32) string // a namespace's host id, as the store names it
+	memLimit *memoryLimit
+	observed observedBatches // what the metrics counted
+	again    bool            // the last drain collected an interval again
+	dns      dnsBatches
+}
+
+func (in *intake) take(iv *tracer.Interval) {
+	cfg, log, m := in.cfg, in.log, in.metrics
+	if cfg.Annotate != nil {
+		cfg.Annotate(iv.Flows)
+	}
+	if cfg.DNS != nil {
+		cfg.DNS(iv)
+		in.dns.attach(iv)
+	}
+	// The flows the drain read from the kernel map: the drain's metrics
+	// (and the map's fill) count these, not what the cap leaves of them.
+	read := len(iv.Flows)
+	cfg.EdgeCap.fold(iv, log, m, in.host) // before the metrics and the store see the flows
+	if in.memLimit != nil {
+		in.memLimit.follow(cfg.EdgeCap.held())
+	}
+	if iv.Recovered {
+		// While the disk is full this repeats every drain: logged once.
+		lvl := slog.LevelInfo
+		if in.again {
+			lvl = slog.LevelDebug
+		}
+		log.Log(context.Background(), lvl, "collected again an interval that was not stored and committed", "batch", iv.BatchID, "flows", read)
+	}
+	in.again = iv.Recovered
+	log.Debug("interval drained", "flows", read, "flows_after_cap", len(iv.Flows), "listeners", len(iv.Listeners), "took", iv.Drain, "batch", iv.BatchID)
+	if in.observed.first(iv.BatchID) {
+		m.ObserveDrained(*iv, read, in.host, iv.Drain)
+		m.ObserveListeners(iv.Listeners, in.host)
+		if l := iv.Lost; l.Total() > 0 {
+			log.Warn("events lost this interval", lostAttrs(l, cfg.Tracer)...)
+		}
+	}
 }
 
 // keptFor names a retention window for the log: 0 keeps for ever.
@@ -493,9 +548,13 @@ type writer struct {
 	storeErr    error  // the store's last write error
 	spoolErr    error  // the spool's last error
 	lastRetain  time.Time
-	retainDue   bool // a batch reached the store: retention runs after its commit
-	metrics     *metrics.Metrics
-	halt        string // see testHaltEnv
+	// blockedLogged: when the store over its ceiling with nothing the
+	// ceiling may delete was last logged (zero: not blocked).
+	blockedLogged time.Time
+	clock         func() time.Time // retention's; nil: time.Now
+	retainDue     bool             // a batch reached the store: retention runs after its commit
+	metrics       *metrics.Metrics
+	halt          string // see testHaltEnv
 	// uncommitted: the last interval is neither stored nor spooled, or
 	// its commit failed; a pinned kernel side still holds it.
 	uncommitted bool
@@ -827,14 +886,14 @@ func (w *writer) recovered() {
 // retain applies retention and the size ceiling, at most once a minute.
 func (w *writer) retain() {
 	r := w.cfg.Retention
-	if (r == store.Retention{} && w.cfg.StoreMaxSize <= 0) || time.Since(w.lastRetain) < time.Minute {
+	if (r == store.Retention{} && w.cfg.StoreMaxSize <= 0) || w.now().Sub(w.lastRetain) < time.Minute {
 		return
 	}
-	w.lastRetain = time.Now()
+	w.lastRetain = w.now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if r != (store.Retention{}) {
-		n, err := w.store.RetainLevels(ctx, r, time.Now())
+		n, err := w.store.RetainLevels(ctx, r, w.now())
 		if err != nil {
 			w.log.Warn("retention failed", "err", err)
 		} else if n > 0 {
@@ -844,7 +903,7 @@ func (w *writer) retain() {
 	if w.cfg.StoreMaxSize <= 0 {
 		return
 	}
-	c, err := w.store.EnforceMaxSize(ctx, w.cfg.StoreMaxSize, time.Now())
+	c, err := w.store.EnforceMaxSize(ctx, w.cfg.StoreMaxSize, w.now())
 	if c.Acted {
 		w.metrics.CeilingActed()
 		w.log.Warn("store over --store-max-size: deleted the oldest buckets", "size_bytes", c.Size, "max_bytes", w.cfg.StoreMaxSize,
@@ -854,7 +913,46 @@ func (w *writer) retain() {
 		w.log.Warn("applying the store's size ceiling failed", "err", err)
 		return
 	}
+	w.ceilingBlocked(c)
 	w.metrics.SetStoreSize(c.After, w.cfg.StoreMaxSize)
+}
+
+func (w *writer) now() time.Time {
+	if w.clock != nil {
+		return w.clock()
+	}
+	return time.Now()
+}
+
+// ceilingBlockedEvery is how often the agent says again that the store
+// is over its ceiling with nothing the ceiling may delete.
+const ceilingBlockedEvery = time.Hour
+
+// ceilingBlocked reports a store over --store-max-size that the ceiling
+// could not bring down because nothing it may delete is left (the
+// current hour is never deleted): the gauge, and a warning when that
+// starts and at most once an hour while it lasts (it ends, as a rule,
+// with the hour). Nothing was deleted: no deletion is counted.
+func (w *writer) ceilingBlocked(c store.Ceiling) {
+	w.metrics.SetCeilingBlocked(c.Blocked)
+	if !c.Blocked {
+		w.blockedLogged = time.Time{}
+		return
+	}
+	now := w.now()
+	if !w.blockedLogged.IsZero() && now.Sub(w.blockedLogged) < ceilingBlockedEvery {
+		return
+	}
+	w.blockedLogged = now
+	attrs := []any{"size_bytes", c.Size, "max_bytes", w.cfg.StoreMaxSize, "current_hour_rows", c.KeptRows, "batch_ids", c.BatchIDs}
+	if c.KeptRows > 0 {
+		w.log.Warn("store over --store-max-size, but nothing deleted: all its buckets are of the current hour, which the ceiling never deletes",
+			append(attrs, "deletable_from", c.DeletableFrom.Format(time.RFC3339),
+				"hint", "raise --store-max-size, or wait for the hour to end: the ceiling then deletes it")...)
+		return
+	}
+	w.log.Warn("store over --store-max-size, but nothing deleted: it holds no buckets, only what the ceiling never deletes (batch ids, kept "+keptFor(store.BatchMemory)+", and flow keys)",
+		append(attrs, "hint", "raise --store-max-size")...)
 }
 
 // hostIDs names hosts: the root namespace is the machine (its hostname or

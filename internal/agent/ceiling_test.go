@@ -68,3 +68,84 @@ func TestStoreCeilingActsOnceWithOneLine(t *testing.T) {
 		t.Errorf("flows kept per day (port d+1 for d days ago): %v; want today's whole and the oldest day gone", per)
 	}
 }
+
+// Over --store-max-size with all its history in the current hour, which
+// the ceiling never deletes, the agent deletes nothing, counts no
+// deletion, and says so in a line of its own (what remains, why, what to
+// do), once while it lasts; the gauge shows it. Once the hour has ended
+// the hour goes, as a deletion.
+func TestStoreCeilingBlockedByTheCurrentHour(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "deptrace.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	hour := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	for m := range 40 {
+		at := hour.Add(time.Duration(m)*time.Minute + 20*time.Second)
+		b := store.Batch{ID: fmt.Sprint("b", m)}
+		for i := range 50 {
+			b.Observations = append(b.Observations, store.Observation{Bucket: at.Truncate(time.Minute), HostID: "h", Direction: "outbound", Proto: "tcp",
+				LocalAddr: "198.51.100.1", RemoteAddr: fmt.Sprintf("10.0.0.%d", i), Port: 80, Comm: "client",
+				Counters: tracer.Counters{Connections: 1}, FirstSeen: at, LastSeen: at})
+		}
+		if err := st.Write(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	size, err := st.Size(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := hour.Add(40 * time.Minute)
+	var logs bytes.Buffer
+	m := metrics.New(metrics.Options{})
+	w := &writer{cfg: Config{StoreMaxSize: size / 2}, log: slog.New(slog.NewTextHandler(&logs, nil)), store: st, metrics: m, clock: func() time.Time { return now }}
+	for range 20 { // 20 minutes, a check each
+		w.retain()
+		now = now.Add(time.Minute)
+	}
+	want := fmt.Sprintf(`level=WARN msg="store over --store-max-size, but nothing deleted: all its buckets are of the current hour, which the ceiling never deletes" size_bytes=%d max_bytes=%d current_hour_rows=2100 batch_ids=40 deletable_from=2026-11-20T13:00:00Z hint="raise --store-max-size, or wait for the hour to end: the ceiling then deletes it"`, size, size/2)
+	if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 || !strings.HasSuffix(lines[0], want) {
+		t.Errorf("20 checks within the hour logged:\n%s\nwant one line ending\n%s", logs.String(), want)
+	}
+	for name, want := range map[string]float64{"deptrace_store_ceiling_deletions_total": 0, "deptrace_store_ceiling_blocked": 1, "deptrace_store_size_bytes": float64(size)} {
+		if got := gauge(t, m, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	// The hour over (13:00), it goes: a deletion, no longer blocked.
+	logs.Reset()
+	w.retain()
+	if n := strings.Count(logs.String(), "store over --store-max-size: deleted the oldest buckets"); n != 1 || strings.Contains(logs.String(), "nothing deleted") {
+		t.Errorf("after the hour:\n%s\nwant one line about the deletion", logs.String())
+	}
+	for name, want := range map[string]float64{"deptrace_store_ceiling_deletions_total": 1, "deptrace_store_ceiling_blocked": 0} {
+		if got := gauge(t, m, name); got != want {
+			t.Errorf("after the hour: %s = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// A store over the ceiling without any bucket (only what the ceiling
+// never deletes) is said to be so once an hour while it lasts.
+func TestStoreCeilingBlockedWithoutBucketsRepeatsHourly(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "deptrace.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	var logs bytes.Buffer
+	w := &writer{cfg: Config{StoreMaxSize: 1}, log: slog.New(slog.NewTextHandler(&logs, nil)), store: st, clock: func() time.Time { return now }}
+	for range 3 * 60 {
+		w.retain()
+		now = now.Add(time.Minute)
+	}
+	const msg = `msg="store over --store-max-size, but nothing deleted: it holds no buckets, only what the ceiling never deletes (batch ids, kept 30d, and flow keys)"`
+	if n := strings.Count(logs.String(), msg); n != 3 || strings.Count(logs.String(), "\n") != 3 || !strings.Contains(logs.String(), `current_hour_rows=0 batch_ids=0 hint="raise --store-max-size"`) {
+		t.Errorf("3 hours blocked logged:\n%s\nwant 3 lines %s", logs.String(), msg)
+	}
+}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -64,9 +65,10 @@ type foldState struct {
 	// lastBatch is the last interval counted (an interval collected
 	// again is folded again but not counted twice).
 	lastBatch string
-	// Counted since the agent started, and since the last log line.
+	// Counted since the agent started, and up to the last log line.
 	foldedFlows, loggedFlows uint64
 	lastLog                  time.Time
+	capped                   int       // local ends at the cap after the last interval
 	fresh                    []pending // apply's, reused: new edges of the interval
 	counter                  prometheus.Counter
 	edgesHeld, nodesCapped   prometheus.Gauge
@@ -104,11 +106,14 @@ type intFlag struct {
 }
 
 // IntFlag sets *p to def and returns a flag value that takes an integer
-// from lo to hi (or 0, which means zeroIs, when zeroIs is not "").
+// from lo to hi (or 0, which means zeroIs, when zeroIs is not ""). It
+// says its range (Allowed, cli.Ranged), which the error of a value it
+// refuses shows.
 func IntFlag(p *int, def, lo, hi int, zeroIs string) interface {
 	String() string
 	Set(string) error
 	Type() string
+	Allowed() string
 } {
 	*p = def
 	return &intFlag{p: p, lo: lo, hi: hi, zeroIs: zeroIs}
@@ -116,21 +121,28 @@ func IntFlag(p *int, def, lo, hi int, zeroIs string) interface {
 
 func (f *intFlag) String() string { return strconv.Itoa(*f.p) }
 func (f *intFlag) Type() string   { return "int" }
+
+// Allowed is the range the flag takes: "0 (no cap) or 1 to 1048576".
+func (f *intFlag) Allowed() string {
+	if f.zeroIs != "" {
+		return fmt.Sprintf("0 (%s) or %d to %d", f.zeroIs, f.lo, f.hi)
+	}
+	return fmt.Sprintf("%d to %d", f.lo, f.hi)
+}
+
 func (f *intFlag) Set(s string) error {
 	n, err := strconv.Atoi(s)
 	if err == nil && (n >= f.lo && n <= f.hi || n == 0 && f.zeroIs != "") {
 		*f.p = n
 		return nil
 	}
-	if f.zeroIs != "" {
-		return fmt.Errorf("allowed 0 (%s) or %d to %d", f.zeroIs, f.lo, f.hi)
-	}
-	return fmt.Errorf("allowed %d to %d", f.lo, f.hi)
+	return errors.New("allowed " + f.Allowed())
 }
 
 // fold applies the cap to an interval's flows, before the metrics and
-// the store see them, and counts and logs what it folded.
-func (c *EdgeCap) fold(iv *tracer.Interval, log *slog.Logger, m *metrics.Metrics) {
+// the store see them, and counts and logs what it folded; host names a
+// network namespace's host as the store does (nil: by its inode).
+func (c *EdgeCap) fold(iv *tracer.Interval, log *slog.Logger, m *metrics.Metrics, host func(netns uint32) string) {
 	if c.MaxEdgesPerNode <= 0 {
 		return
 	}
@@ -153,21 +165,48 @@ func (c *EdgeCap) fold(iv *tracer.Interval, log *slog.Logger, m *metrics.Metrics
 		capped++
 		if !e.logged {
 			e.logged = true
+			key, v := hostAttr(host, n.netns)
 			log.Warn("local end reached --max-edges-per-node: flows to its further new peers are added to one edge to "+Other,
-				"netns", n.netns, "process", n.comm, "workload", n.workload, "max_edges_per_node", c.MaxEdgesPerNode, "idle_release", EdgeIdle)
+				key, v, "process", n.comm, "workload", n.workload, "max_edges_per_node", c.MaxEdgesPerNode, "idle_release", EdgeIdle)
 		}
 	}
-	now := st.now()
-	if st.foldedFlows > st.loggedFlows && now.Sub(st.lastLog) >= time.Minute {
-		log.Warn("flows folded into "+Other+" edges by --max-edges-per-node", "flows", st.foldedFlows-st.loggedFlows,
-			"flows_total", st.foldedFlows, "local_ends_capped", capped, "edges_held", st.held)
-		st.loggedFlows, st.lastLog = st.foldedFlows, now
+	st.capped = capped
+	if now := st.now(); now.Sub(st.lastLog) >= time.Minute {
+		c.logFolded(log)
 	}
 	if st.counter != nil {
 		st.counter.Add(float64(folded))
 		st.edgesHeld.Set(float64(st.held))
 		st.nodesCapped.Set(float64(capped))
 	}
+}
+
+// hostAttr is the key of a local end's namespace in the log: host, its
+// host id as the store names it (hostd/qa-d), or netns, its inode, where
+// no host ids are known.
+func hostAttr(host func(uint32) string, netns uint32) (string, any) {
+	if host == nil {
+		return "netns", netns
+	}
+	return "host", host(netns)
+}
+
+// logFolded logs the flows folded since the last such line, if any: at
+// most once a minute while folding goes on (fold), and at stop (Run), so
+// that the lines add up to deptrace_edges_folded_flows_total.
+func (c *EdgeCap) logFolded(log *slog.Logger) {
+	st := c.st
+	if st == nil || st.foldedFlows == st.loggedFlows {
+		return
+	}
+	now := st.now()
+	attrs := []any{"flows", st.foldedFlows - st.loggedFlows}
+	if !st.lastLog.IsZero() {
+		attrs = append(attrs, "since", st.lastLog.Format(time.RFC3339))
+	}
+	log.Warn("flows folded into "+Other+" edges by --max-edges-per-node", append(attrs,
+		"flows_total", st.foldedFlows, "local_ends_capped", st.capped, "edges_held", st.held)...)
+	st.loggedFlows, st.lastLog = st.foldedFlows, now
 }
 
 func newFoldState(m *metrics.Metrics) *foldState {

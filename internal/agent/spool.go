@@ -57,9 +57,13 @@ func (s *spool) add(b store.Batch) error {
 		return err
 	}
 	line = append(line, '\n')
-	if s.size()+int64(len(line)) > s.max {
+	if n := int64(len(line)); n > s.max {
+		// However empty the spool, this batch never fits.
 		s.dropped++
-		return fmt.Errorf("%w: %d bytes of %d used", errSpoolFull, s.size(), s.max)
+		return fmt.Errorf("%w: batch of %s is larger than --spool-max %s: raise --spool-max", errBatchTooLarge, sizeText(n), sizeText(s.max))
+	} else if used := s.size(); used+n > s.max {
+		s.dropped++
+		return fmt.Errorf("%w: %s of --spool-max %s used, the batch needs %s", errSpoolFull, sizeText(used), sizeText(s.max), sizeText(n))
 	}
 	if err := os.MkdirAll(filepath.Dir(s.path), 0o750); err != nil {
 		s.dropped++
@@ -104,6 +108,26 @@ func (s *spool) add(b store.Batch) error {
 		}
 	}
 	return nil
+}
+
+var errBatchTooLarge = errors.New("spool cannot take the batch")
+
+// sizeText writes a size of bytes for a message: in the largest binary
+// unit it reaches, with one decimal unless it is whole (3.1 MiB, 1 MiB,
+// 512 bytes).
+func sizeText(n int64) string {
+	units := []string{"KiB", "MiB", "GiB", "TiB"}
+	if n < 1<<10 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	u, div := 0, int64(1<<10)
+	for u < len(units)-1 && n >= div<<10 {
+		u, div = u+1, div<<10
+	}
+	if n%div == 0 {
+		return fmt.Sprintf("%d %s", n/div, units[u])
+	}
+	return fmt.Sprintf("%.1f %s", float64(n)/float64(div), units[u])
 }
 
 // syncDir makes a directory's entries durable (a file just created or

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,7 +55,7 @@ func TestSpoolKeepsOrderAndRetriesWhatFailed(t *testing.T) {
 }
 
 func TestSpoolIsBounded(t *testing.T) {
-	s := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 600}
+	s := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 2000} // two batches
 	var errs int
 	for i := 1; i <= 20; i++ {
 		if err := s.add(batch(i)); err != nil {
@@ -62,7 +65,7 @@ func TestSpoolIsBounded(t *testing.T) {
 			errs++
 		}
 	}
-	if s.size() > 600 || errs == 0 || s.dropped != uint64(errs) {
+	if s.size() > 2000 || errs != 18 || s.dropped != uint64(errs) {
 		t.Errorf("size %d, %d refused, %d counted dropped", s.size(), errs, s.dropped)
 	}
 }
@@ -142,5 +145,53 @@ func TestReplayAfterCrashCountsOnce(t *testing.T) {
 				t.Error("spool not empty after the replay")
 			}
 		})
+	}
+}
+
+// A batch larger than the whole spool is refused with its size and the
+// limit, not as a full spool ("0 bytes of 1048576 used"); a full spool
+// says what it holds, of what, and what the batch needs.
+func TestSpoolRefusalSaysWhy(t *testing.T) {
+	s := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 1 << 20}
+	big := store.Batch{ID: strings.Repeat("x", 3<<20+100<<10)}
+	line, err := json.Marshal(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("spool cannot take the batch: batch of %.1f MiB is larger than --spool-max 1 MiB: raise --spool-max", float64(len(line)+1)/(1<<20))
+	if err := s.add(big); err == nil || err.Error() != want || !errors.Is(err, errBatchTooLarge) {
+		t.Errorf("a batch larger than the spool: %v, want %q", err, want)
+	}
+	if want != "spool cannot take the batch: batch of 3.1 MiB is larger than --spool-max 1 MiB: raise --spool-max" {
+		t.Errorf("the batch's size reads %q", want)
+	}
+	s.max = 2 << 10
+	refused := false
+	for i := 1; i <= 20 && !refused; i++ {
+		used := s.size()
+		err := s.add(batch(i))
+		if err == nil {
+			continue
+		}
+		line, jerr := json.Marshal(batch(i))
+		if jerr != nil {
+			t.Fatal(jerr)
+		}
+		want := fmt.Sprintf("spool full: %s of --spool-max 2 KiB used, the batch needs %d bytes", sizeText(used), len(line)+1)
+		if err.Error() != want || !errors.Is(err, errSpoolFull) {
+			t.Errorf("a full spool: %v, want %q", err, want)
+		}
+		refused = true
+	}
+	if !refused {
+		t.Error("a spool of 2 KiB took 20 batches")
+	}
+	for _, c := range []struct {
+		n    int64
+		want string
+	}{{0, "0 bytes"}, {1023, "1023 bytes"}, {1 << 10, "1 KiB"}, {1536, "1.5 KiB"}, {1 << 20, "1 MiB"}, {3<<20 + 100<<10, "3.1 MiB"}, {256 << 20, "256 MiB"}, {5 << 40, "5 TiB"}, {3 << 50, "3072 TiB"}} {
+		if got := sizeText(c.n); got != c.want {
+			t.Errorf("sizeText(%d) = %q, want %q", c.n, got, c.want)
+		}
 	}
 }

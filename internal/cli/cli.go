@@ -36,7 +36,7 @@ func Configure(root *cobra.Command) {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		var bad *pflag.InvalidValueError
 		if errors.As(err, &bad) {
-			if allowed := allowedValues(bad.GetFlag()); allowed != "" {
+			if allowed := AllowedText(bad.GetFlag()); allowed != "" {
 				return fmt.Errorf("invalid --%s %q: allowed %s", bad.GetFlag().Name, bad.GetValue(), allowed)
 			}
 		}
@@ -56,6 +56,41 @@ func Configure(root *cobra.Command) {
 		}
 		return nil
 	}
+}
+
+// Ranged is a flag value that says what it takes (its Set refuses the
+// rest): "0 (no cap) or 1 to 1048576". The error of a value it refuses
+// reads "invalid --flag "VALUE": allowed " and that.
+type Ranged interface {
+	Allowed() string
+}
+
+// allowedAnnotation holds what SetAllowed says a flag takes.
+const allowedAnnotation = "deptrace_allowed"
+
+// SetAllowed records what the flag name of fs takes, such as "64 to
+// 4194304" or "1s to 1h", where its type allows more (the command checks
+// the range once the flags are parsed): a value that does not even parse
+// as the type ("99999999999" for a uint32, "soon" for a duration) is
+// refused with that range, not with the type's. The command's own range
+// error should say the same.
+func SetAllowed(fs *pflag.FlagSet, name, allowed string) {
+	if err := fs.SetAnnotation(name, allowedAnnotation, []string{allowed}); err != nil {
+		panic(err) // no such flag: a programming error
+	}
+}
+
+// AllowedText says what flag f takes, for the error of a value it
+// refuses: its own range where it has one (Ranged, SetAllowed), else
+// what its type takes ("" for types whose errors say it).
+func AllowedText(f *pflag.Flag) string {
+	if r, ok := f.Value.(Ranged); ok {
+		return r.Allowed()
+	}
+	if a := f.Annotations[allowedAnnotation]; len(a) == 1 {
+		return a[0]
+	}
+	return allowedValues(f)
 }
 
 // allowedValues says what a flag of a plain type takes, for the error of
@@ -162,7 +197,7 @@ func ApplyEnv(cmd *cobra.Command) error {
 			return
 		}
 		if err := cmd.Flags().Set(f.Name, v); err != nil {
-			if allowed := allowedValues(f); allowed != "" {
+			if allowed := AllowedText(f); allowed != "" {
 				errs = append(errs, fmt.Errorf("invalid %s=%q for --%s: allowed %s", env, v, f.Name, allowed))
 			} else {
 				errs = append(errs, fmt.Errorf("invalid %s=%q for --%s: %w", env, v, f.Name, err))

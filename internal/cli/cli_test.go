@@ -37,6 +37,9 @@ func root(out *bytes.Buffer, size *int) *cobra.Command {
 	sub.Flags().IntVar(&sizeMax, "size-max", 10, "a larger size")
 	sub.Flags().Duration("every", time.Second, "a period")
 	sub.Flags().Uint32("slots", 64, "a count")
+	sub.Flags().Uint32("map-size", 64, "a count the command bounds")
+	SetAllowed(sub.Flags(), "map-size", "64 to 4194304")
+	sub.Flags().Var(&rangedInt{}, "edges", "a count its value bounds")
 	other := &cobra.Command{Use: "serve", RunE: func(*cobra.Command, []string) error { return nil }}
 	other.Flags().String("store", "", "a store")
 	r.AddCommand(sub, other)
@@ -89,6 +92,11 @@ func TestLoggingFlagsAndEnv(t *testing.T) {
 		{name: "bad flag int", args: []string{"run", "--size", "big"}, wantErr: `invalid --size "big": allowed a whole number`, notErr: "strconv"},
 		{name: "flag out of its type's range", args: []string{"run", "--slots", "5000000000"}, wantErr: `invalid --slots "5000000000": allowed a whole number from 0 to 4294967295`},
 		{name: "bad flag duration", args: []string{"run", "--every", "soon"}, wantErr: `invalid --every "soon": allowed a duration such as 500ms, 30s, 5m or 1h`},
+		// A flag with a range of its own says it, not its type's.
+		{name: "ranged value", args: []string{"run", "--edges", "-1"}, wantErr: `invalid --edges "-1": allowed 0 (no cap) or 1 to 1048576`},
+		{name: "ranged value from env", env: map[string]string{"DEPTRACE_EDGES": "x"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_EDGES="x" for --edges: allowed 0 (no cap) or 1 to 1048576`},
+		{name: "annotated flag out of its type's range", args: []string{"run", "--map-size", "99999999999"}, wantErr: `invalid --map-size "99999999999": allowed 64 to 4194304`},
+		{name: "annotated flag from env", env: map[string]string{"DEPTRACE_MAP_SIZE": "-1"}, args: []string{"run"}, wantErr: `invalid DEPTRACE_MAP_SIZE="-1" for --map-size: allowed 64 to 4194304`},
 		{name: "unknown env", env: map[string]string{"DEPTRACE_SZIE": "5", "DEPTRACE_TEST_HALT": "x", "DEPTRACE_LOG_LEVEL": "warn"}, args: []string{"run"}, check: func(t *testing.T, out string) {
 			if !strings.Contains(out, `msg="environment variable ignored: no flag of deptrace has that name" variable=DEPTRACE_SZIE`) || strings.Contains(out, "DEPTRACE_TEST_HALT") || strings.Contains(out, "DEPTRACE_LOG_LEVEL") {
 				t.Errorf("want one warning, for DEPTRACE_SZIE only:\n%s", out)
@@ -154,6 +162,20 @@ func TestNoArgs(t *testing.T) {
 	if err := Execute(r); err != nil {
 		t.Errorf("without arguments: %v", err)
 	}
+}
+
+// rangedInt is a flag value with a range of its own, as the agent's
+// --max-edges-per-node (a Ranged whose Type is a plain "int").
+type rangedInt struct{ n int }
+
+func (r *rangedInt) String() string  { return fmt.Sprint(r.n) }
+func (r *rangedInt) Type() string    { return "int" }
+func (r *rangedInt) Allowed() string { return "0 (no cap) or 1 to 1048576" }
+func (r *rangedInt) Set(s string) error {
+	if _, err := fmt.Sscan(s, &r.n); err != nil || r.n < 0 || r.n > 1<<20 {
+		return fmt.Errorf("allowed %s", r.Allowed())
+	}
+	return nil
 }
 
 type errString string

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,7 @@ type Metrics struct {
 	storeSize    atomic.Int64
 	storeMaxSize atomic.Int64
 	ceilingActs  prometheus.Counter
+	ceilingBlock atomic.Bool
 }
 
 // lossFields are tracer.Losses' counters, named after their json tags
@@ -170,16 +172,16 @@ func New(o Options) *Metrics {
 		}),
 		perDrain: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "deptrace_flows_per_drain",
-			Help:    "Bundled flows read by one drain.",
+			Help:    "Bundled flows read by one drain from the kernel map (before --max-edges-per-node folds them).",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10), // 1 .. 262144
 		}),
 		lastDrain: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "deptrace_last_drain_flows",
-			Help: "Bundled flows read by the last drain; divided by deptrace_flow_map_capacity it is the map's fill.",
+			Help: "Bundled flows read by the last drain (before --max-edges-per-node folds them); divided by deptrace_flow_map_capacity it is the map's fill.",
 		}),
 		flows: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "deptrace_flows_total",
-			Help: "Bundled flows read from the kernel.",
+			Help: "Bundled flows read from the kernel map (before --max-edges-per-node folds them).",
 		}),
 		storeErrs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "deptrace_store_write_errors_total",
@@ -228,6 +230,15 @@ func New(o Options) *Metrics {
 			Help: "The store's size ceiling (--store-max-size); 0: none.",
 		}, func() float64 { return float64(m.storeMaxSize.Load()) }),
 		m.ceilingActs,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "deptrace_store_ceiling_blocked",
+			Help: "1 when the last check (once a minute) found the store over --store-max-size with nothing the ceiling may delete (only the current hour's buckets, which it never deletes): it deleted nothing; else 0.",
+		}, func() float64 {
+			if m.ceilingBlock.Load() {
+				return 1
+			}
+			return 0
+		}),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -247,13 +258,23 @@ func (m *Metrics) Handler() http.Handler {
 // how long the drain took. The DNS watcher must have filled iv.DNS and
 // the flows' RemoteName before.
 func (m *Metrics) ObserveInterval(iv tracer.Interval, host func(netns uint32) string, drain time.Duration) {
+	m.ObserveDrained(iv, len(iv.Flows), host, drain)
+}
+
+// ObserveDrained is ObserveInterval for an interval whose drain read
+// read flows from the kernel map, which the agent then folded into
+// fewer (the cap on edges per local end, before the metrics see them):
+// the drain's own counts (deptrace_flows_total, deptrace_flows_per_drain,
+// deptrace_last_drain_flows, the map's fill) are the flows read, the
+// dependency series count iv.Flows.
+func (m *Metrics) ObserveDrained(iv tracer.Interval, read int, host func(netns uint32) string, drain time.Duration) {
 	if m == nil {
 		return
 	}
 	m.drain.Observe(drain.Seconds())
-	m.perDrain.Observe(float64(len(iv.Flows)))
-	m.lastDrain.Set(float64(len(iv.Flows)))
-	m.flows.Add(float64(len(iv.Flows)))
+	m.perDrain.Observe(float64(read))
+	m.lastDrain.Set(float64(read))
+	m.flows.Add(float64(read))
 	v := reflect.ValueOf(iv.Lost)
 	for _, f := range lossFields {
 		if n := v.Field(f.index).Uint(); n > 0 {
@@ -307,6 +328,14 @@ func (m *Metrics) SetStoreSize(bytes, maxBytes int64) {
 	}
 }
 
+// SetCeilingBlocked reports whether the last check found the store over
+// its size ceiling with nothing the ceiling may delete.
+func (m *Metrics) SetCeilingBlocked(blocked bool) {
+	if m != nil {
+		m.ceilingBlock.Store(blocked)
+	}
+}
+
 // CeilingActed counts one deletion of old buckets by the size ceiling.
 func (m *Metrics) CeilingActed() {
 	if m != nil {
@@ -314,14 +343,23 @@ func (m *Metrics) CeilingActed() {
 	}
 }
 
-// CheckListen validates a --metrics-listen value: host:port with a port,
-// or "" (disabled).
+// CheckListen validates a --metrics-listen value: host:port with a port
+// number from 0 (any free port) to 65535 or a service name, or ""
+// (disabled).
 func CheckListen(addr string) error {
 	if addr == "" {
 		return nil
 	}
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-		return fmt.Errorf("invalid --metrics-listen %q: allowed host:port (e.g. %s) or \"\" to disable", addr, DefaultListen)
+	const allowed = `allowed host:port with a port from 1 to 65535 (0: any free one), e.g. ` + DefaultListen + `, or "" to disable`
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return fmt.Errorf("invalid --metrics-listen %q: %s", addr, allowed)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		if _, err := strconv.Atoi(port); err == nil {
+			return fmt.Errorf("invalid --metrics-listen %q: port %s is out of range; %s", addr, port, allowed)
+		}
+		return fmt.Errorf("invalid --metrics-listen %q: port %q is neither a number nor a known service; %s", addr, port, allowed)
 	}
 	return nil
 }

@@ -260,6 +260,26 @@ func TestServeAndCheckListen(t *testing.T) {
 	if err := CheckListen(""); err != nil {
 		t.Errorf("empty listen (disabled): %v", err)
 	}
+	// The port is checked with the syntax, not first at listen ("listen
+	// tcp: address 99999: invalid port", without what is allowed).
+	const allowed = `allowed host:port with a port from 1 to 65535 (0: any free one), e.g. 127.0.0.1:9477, or "" to disable`
+	for _, c := range []struct{ addr, want string }{
+		{"8.8.8.8:99999", `invalid --metrics-listen "8.8.8.8:99999": port 99999 is out of range; ` + allowed},
+		{"127.0.0.1:65536", `invalid --metrics-listen "127.0.0.1:65536": port 65536 is out of range; ` + allowed},
+		{"127.0.0.1:-1", `invalid --metrics-listen "127.0.0.1:-1": port -1 is out of range; ` + allowed},
+		{"127.0.0.1:nosuchservice", `invalid --metrics-listen "127.0.0.1:nosuchservice": port "nosuchservice" is neither a number nor a known service; ` + allowed},
+		{"9477", `invalid --metrics-listen "9477": ` + allowed},
+		{"127.0.0.1:", `invalid --metrics-listen "127.0.0.1:": ` + allowed},
+	} {
+		if err := CheckListen(c.addr); err == nil || err.Error() != c.want {
+			t.Errorf("CheckListen(%q) = %v,\nwant %s", c.addr, err, c.want)
+		}
+	}
+	for _, ok := range []string{"127.0.0.1:0", "127.0.0.1:1", "[::1]:65535", "0.0.0.0:9477"} {
+		if err := CheckListen(ok); err != nil {
+			t.Errorf("CheckListen(%q) = %v, want nil", ok, err)
+		}
+	}
 	m := New(Options{})
 	m.StoreWriteError()
 	ctx, cancel := context.WithCancel(context.Background())

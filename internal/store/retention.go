@@ -287,6 +287,17 @@ type Ceiling struct {
 	Acted      bool
 	From       time.Time
 	MinuteRows int64
+	// Blocked: the store is over the ceiling, but nothing is left that
+	// it may delete, so it deleted nothing: every bucket row is of the
+	// current hour (with today's day rows), which it never deletes, or
+	// there is none. KeptRows counts those rows, BatchIDs the ids of
+	// applied batches (kept BatchMemory; the ceiling never deletes them);
+	// DeletableFrom is when the current hour ends, from which its rows
+	// may go.
+	Blocked       bool
+	KeptRows      int64
+	BatchIDs      int64
+	DeletableFrom time.Time
 }
 
 // ceilingTarget is the share of the ceiling the store is brought down
@@ -352,6 +363,7 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 			}
 		}
 		if total == 0 {
+			c.Blocked = !c.Acted
 			break
 		}
 		hours := make([]int64, 0, len(perHour))
@@ -368,12 +380,23 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 			}
 		}
 		cut = min(cut, latest)
+		var deletable int64 // the rows a cut at cut deletes
+		for _, h := range hours {
+			if h < cut {
+				deletable += perHour[h]
+			}
+		}
 		z, err := s.retained(ctx)
 		if err != nil {
 			return c, err
 		}
-		if cut <= z.days {
-			break // nothing older left to delete
+		if cut <= z.days || deletable == 0 {
+			// Nothing older left to delete: every row is of the current
+			// hour (or today's day row).
+			if !c.Acted {
+				c.Blocked, c.KeptRows = true, total
+			}
+			break
 		}
 		n, err := s.advanceRetention(ctx, retained{cut, cut, cut})
 		c.MinuteRows += n
@@ -403,6 +426,12 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 			break
 		}
 		size = c.After
+	}
+	if c.Blocked {
+		c.DeletableFrom = fromNs(latest + hour)
+		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM applied_batches`).Scan(&c.BatchIDs); err != nil {
+			return c, fmt.Errorf("count the batch ids: %w", err)
+		}
 	}
 	return c, nil
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -330,6 +331,61 @@ func TestStoreMaxSizeCutsHoursNotDays(t *testing.T) {
 			}
 			if got, want := connections(t, s, store.Range{}), flows*count(at, day(19, 0, 0), time.Time{}); got != want {
 				t.Errorf("after the cut day's hours went: %d connections, want %d: the whole day's, then every one", got, want)
+			}
+		})
+	}
+}
+
+// Over the ceiling with all its history in the current hour, which it
+// never deletes, the store deletes nothing and says so (Blocked, not
+// Acted), with what remains and when it may go; once the hour has
+// ended, that hour goes.
+func TestStoreMaxSizeBlockedByTheCurrentHour(t *testing.T) {
+	ctx := context.Background()
+	now := day(20, 12, 40)
+	const flows = 20
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			s.SetAutoCompact(false)
+			var at []time.Time
+			for m := range 40 {
+				ts := day(20, 12, m).Add(20 * time.Second)
+				at = append(at, ts)
+				b := store.Batch{ID: fmt.Sprintf("batch-%d", m)}
+				for f := range flows {
+					b.Observations = append(b.Observations, obs("a", "outbound", "198.51.100.1", "198.51.100.2", uint16(1000+f), "curl", ts, 1, 10))
+				}
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			size, err := s.Size(ctx)
+			if err != nil || size <= 0 {
+				t.Fatalf("size %d, %v", size, err)
+			}
+			c, err := s.EnforceMaxSize(ctx, size/2, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Kept: each flow's 40 minute rows, its hour row and its day row.
+			want := store.Ceiling{Size: size, After: size, Blocked: true, KeptRows: 42 * flows, BatchIDs: 40, DeletableFrom: day(20, 13, 0)}
+			if c != want {
+				t.Errorf("over the ceiling within the current hour: %+v;\nwant %+v", c, want)
+			}
+			if got := connections(t, s, store.Range{}); got != flows*40 {
+				t.Errorf("%d connections kept, want every one: %d", got, flows*40)
+			}
+			if m, h, d, err := s.Oldest(ctx); err != nil || !m.IsZero() || !h.IsZero() || !d.IsZero() {
+				t.Errorf("history starts at minutes %s, hours %s, days %s (%v); want nothing deleted", m, h, d, err)
+			}
+			// The hour over, its buckets go.
+			c, err = s.EnforceMaxSize(ctx, size/2, day(20, 13, 5))
+			if err != nil || !c.Acted || c.Blocked || !c.From.Equal(day(20, 13, 0)) {
+				t.Errorf("after the hour: %+v, %v; want the hour before 13:00 deleted", c, err)
+			}
+			if got := connections(t, s, store.Range{}); got != 0 {
+				t.Errorf("%d connections kept after the hour went", got)
 			}
 		})
 	}

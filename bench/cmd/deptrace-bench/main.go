@@ -124,6 +124,9 @@ makes --serve listen on N consecutive ports to emulate N services.`,
 	cmd.Flags().DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to drive the load")
 	cmd.Flags().StringVarP(&format, "output", "o", "table", "table or json")
 	cmd.Flags().BoolVar(&realtime, "realtime", false, "run the load under SCHED_FIFO (root), so that other work on the machine cannot hold a paced load below its rate")
+	// As loadgen's errors say, for a value that does not parse.
+	allowed(cmd, map[string]string{"ports": "1 to 20000", "clients": "0 to 65000", "concurrency": "1 to 10000",
+		"rate": "0 (as fast as possible) to 10000000", "msg-size": "1 to 65000", "duration": "above 0 up to 24h"})
 	return cmd
 }
 
@@ -170,6 +173,7 @@ func newBenchServeCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:7000", "first address ip:port")
 	cmd.Flags().IntVar(&ports, "ports", 1, "number of consecutive ports")
+	allowed(cmd, map[string]string{"ports": "1 to 20000"})
 	return cmd
 }
 
@@ -318,6 +322,8 @@ bpf_stats leaves out. It prints Markdown tables for docs/performance.md.`,
 	cmd.Flags().StringVar(&dnsVariant, "dns-variant", "", "with --dns, the watcher's programs: "+dnswatch.VariantNames()+" (call: in the tracer's send and receive calls; default: as trace and agent do, call from 6.3, else the first per-packet variant the kernel loads)")
 	cmd.Flags().StringVar(&pairMethod, "pair-method", "", "in the pairs, run one of bench compare's methods ("+strings.Join(measure.Methods, ", ")+") in place of deptrace, collected every second: each method's cost to the whole machine, dispatch included")
 	cmd.Flags().BoolVar(&hollow, "hollow", false, "in the pairs, run one empty program on each hook deptrace uses on this kernel instead of deptrace: the kernel's floor for these hooks")
+	allowed(cmd, map[string]string{"duration": "1s to 1h", "pairs": "0 (skip the whole-machine measurement) to 1000", "pair-phase": "1s to 1h",
+		"min-reached": "0 (no check) to 1", "concurrency": "1 to 10000", "msg-size": "1 to 65000"})
 	return cmd
 }
 
@@ -460,7 +466,16 @@ rows finished before are kept in --out.`,
 	cmd.Flags().IntVar(&cfg.Attempts, "attempts", measure.DefaultAttempts, "runs of a point's run that falls short before the sweep fails")
 	cmd.Flags().Float64Var(&cfg.Tolerance, "tolerance", measure.DefaultTolerance, "how far a row's kernel CPU may disagree with ns per round trip × rate (fraction)")
 	cmd.Flags().StringVar(&out, "out", "bench-out", "directory for results.csv, results.json and plots")
+	allowed(cmd, map[string]string{"min-reached": "0 (no check) to 1", "attempts": "1 to 20", "tolerance": "above 0 up to 1"})
 	return cmd
+}
+
+// allowed records what each named flag of cmd takes, as its range check
+// says, for the error of a value that does not even parse as its type.
+func allowed(cmd *cobra.Command, ranges map[string]string) {
+	for name, text := range ranges {
+		cli.SetAllowed(cmd.Flags(), name, text)
+	}
 }
 
 func listOf(flag, v string, allowed []string) ([]string, error) {

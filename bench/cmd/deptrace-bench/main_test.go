@@ -91,6 +91,16 @@ func TestSubcommandsAndBadInput(t *testing.T) {
 		{[]string{"overhead", "--pairs", "-1"}, "deptrace-bench: invalid --pairs -1: allowed 0 (skip the whole-machine measurement) to 1000"},
 		{[]string{"overhead", "--pair-loads", "tcp-short,tcp"}, `deptrace-bench: invalid --pair-loads "tcp-short,tcp": "tcp" is not a load; allowed a comma list of tcp-short, tcp-persistent, udp, tcp-short-1000-hosts`},
 		{[]string{"load", "--log-level", "loud"}, `deptrace-bench: invalid --log-level "loud": allowed debug, info, warn, error`},
+		// A value that does not parse as the flag's type says the flag's
+		// range, as one that parses and is out of it does.
+		{[]string{"load", "--concurrency", "many"}, `deptrace-bench: invalid --concurrency "many": allowed 1 to 10000`},
+		{[]string{"load", "--ports", "99999999999999999999"}, `deptrace-bench: invalid --ports "99999999999999999999": allowed 1 to 20000`},
+		{[]string{"serve", "--ports", "x"}, `deptrace-bench: invalid --ports "x": allowed 1 to 20000`},
+		{[]string{"overhead", "--pairs", "x"}, `deptrace-bench: invalid --pairs "x": allowed 0 (skip the whole-machine measurement) to 1000`},
+		{[]string{"overhead", "--pair-phase", "x"}, `deptrace-bench: invalid --pair-phase "x": allowed 1s to 1h`},
+		{[]string{"compare", "--attempts", "x"}, `deptrace-bench: invalid --attempts "x": allowed 1 to 20`},
+		{[]string{"compare", "--tolerance", "x"}, `deptrace-bench: invalid --tolerance "x": allowed above 0 up to 1`},
+		{[]string{"compare", "--min-reached", "x"}, `deptrace-bench: invalid --min-reached "x": allowed 0 (no check) to 1`},
 	}
 	for _, c := range cases {
 		stdout, stderr, code := run(t, nil, c.args...)
