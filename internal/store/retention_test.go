@@ -348,10 +348,8 @@ func TestStoreMaxSizeBlockedByTheCurrentHour(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := open(t, spec)
 			s.SetAutoCompact(false)
-			var at []time.Time
 			for m := range 40 {
 				ts := day(20, 12, m).Add(20 * time.Second)
-				at = append(at, ts)
 				b := store.Batch{ID: fmt.Sprintf("batch-%d", m)}
 				for f := range flows {
 					b.Observations = append(b.Observations, obs("a", "outbound", "198.51.100.1", "198.51.100.2", uint16(1000+f), "curl", ts, 1, 10))
