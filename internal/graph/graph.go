@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/deptrace/deptrace/internal/store"
@@ -179,28 +180,60 @@ func newOwners(hosts []store.Host) owners {
 	return o
 }
 
-// of is the host that held addr at t. An address several hosts held (a
-// container's or a pod's, given to another once it was gone) belongs, at
-// t, to the first of them still seen holding it at t, and after every
-// sighting (or with no t) to the one that held it last: so each holder's
-// traffic joins its own host's, and the old holder's is not made a
-// second edge from the new one.
+// of is the host that held addr at t.
+//   - The observer itself, if it holds it; else only holders on the
+//     observer's machine (hosts whose ids share the part before "/"), if
+//     any: a container calling its machine's docker0 address, which every
+//     Docker host holds, calls its own machine.
+//   - Of those, if several held it one after another (a container's or
+//     a pod's address, given to another once it was gone), the first
+//     still seen holding it at t, so that each holder's traffic joins its
+//     own host's and the old holder's is not made a second edge from the
+//     new one; after every sighting (or with no t) the one seen last.
+//     Among holders last seen at the same time, the last listed, as
+//     before.
 func (o owners) of(addr, observer string, t time.Time) (string, bool) {
 	if ip, err := netip.ParseAddr(addr); err == nil && (ip.IsLoopback() || ip.IsUnspecified()) {
 		return observer, true
 	}
 	hs := o[addr]
-	if len(hs) == 0 {
+	switch len(hs) {
+	case 0:
 		return "", false
+	case 1:
+		return hs[0].host, true
 	}
-	if !t.IsZero() {
-		for _, h := range hs[:len(hs)-1] {
-			if !h.last.Before(t) {
+	// The holders on the observer's machine, if any, else all of them.
+	machine := machineOf(observer)
+	if k := slices.IndexFunc(hs, func(h holding) bool { return machineOf(h.host) == machine }); k >= 0 {
+		mine := make([]holding, 0, len(hs)-k)
+		for _, h := range hs[k:] {
+			if h.host == observer {
 				return h.host, true
 			}
+			if machineOf(h.host) == machine {
+				mine = append(mine, h)
+			}
+		}
+		hs = mine
+	}
+	i := len(hs) - 1
+	if !t.IsZero() {
+		if j := slices.IndexFunc(hs, func(h holding) bool { return !h.last.Before(t) }); j >= 0 {
+			i = j
 		}
 	}
-	return hs[len(hs)-1].host, true
+	for i+1 < len(hs) && hs[i+1].last.Equal(hs[i].last) {
+		i++
+	}
+	return hs[i].host, true
+}
+
+// machineOf is the machine a host id is on: the agent's --host-id, before
+// any "/" (its namespaces' hosts are "<id>/<name>").
+func machineOf(host string) string {
+	m, _, _ := strings.Cut(host, "/")
+	return m
 }
 
 // seenAt is when an observation says its traffic began (its last sighting
@@ -446,30 +479,28 @@ type Joiner struct {
 	// remainder edge (builder.obsBeyond).
 	beyondOf map[flowID]int32
 	hosts    []store.Host
-	own      owners
 }
 
-// flowID is what Build reads of an observation to place it: its flow,
-// and the host its remote address belonged to then (an address that
-// moved to another host feeds another edge after the move).
+// flowID is what Build reads of an observation to place it. The range's
+// observations hold one per flow, each placed once (an address that moved
+// to another host by when the flow was first seen), and a step's records
+// of a flow go where the range placed it, so the steps sum to the range.
 type flowID struct {
 	host, dir, proto, local, remote, comm, peer string
 	port                                        uint16
-	remoteHost                                  string
 }
 
-func (j *Joiner) flowOf(o *store.Observation) flowID {
-	remoteHost, _ := j.own.of(o.RemoteAddr, o.HostID, seenAt(o))
-	return flowID{o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Comm, o.PeerComm, o.Port, remoteHost}
+func flowOf(o *store.Observation) flowID {
+	return flowID{o.HostID, o.Direction, o.Proto, o.LocalAddr, o.RemoteAddr, o.Comm, o.PeerComm, o.Port}
 }
 
 // NewJoiner joins the range's observations (one per flow, as
 // store.Observations gives them; listeners name services as in Build).
 func NewJoiner(obs []store.Observation, hosts []store.Host, listeners []store.Listener) *Joiner {
 	b := build(obs, hosts, listeners, true)
-	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), beyondOf: map[flowID]int32{}, hosts: hosts, own: newOwners(hosts)}
+	j := &Joiner{b: b, edgeOf: make(map[flowID]int32, len(obs)), beyondOf: map[flowID]int32{}, hosts: hosts}
 	for i := range obs {
-		k := j.flowOf(&obs[i])
+		k := flowOf(&obs[i])
 		if e, ok := j.edgeOf[k]; !ok || e < 0 {
 			j.edgeOf[k] = b.obsEdge[i]
 		}
@@ -513,7 +544,7 @@ func (j *Joiner) Step(obs []store.Observation, keep func(*Edge) bool) Graph {
 	taken := map[int32]tracer.Counters{} // remainder edges: what their senders reported
 	for i := range obs {
 		o := &obs[i]
-		id := j.flowOf(o)
+		id := flowOf(o)
 		if ei, ok := j.beyondOf[id]; ok {
 			c := taken[ei]
 			c.Add(clientView(o.Counters, o.Direction == string(tracer.Outbound)))

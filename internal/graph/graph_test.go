@@ -160,25 +160,26 @@ func TestFoldedPeersStayApartByProtocol(t *testing.T) {
 // An address that moved to another host (a container's address given to
 // a new one): each holder's traffic joins its own host's, in both
 // directions. The old holder's dependency was counted twice, once more as
-// an edge from the new holder's unknown process.
+// an edge from the new holder's unknown process. The observations are
+// shaped as the store gives a range: one per flow, so the server's record
+// of both holders' calls from the address is one, first seen before the
+// move.
 func TestMovedAddressJoinsEachHoldersTraffic(t *testing.T) {
 	moved := "198.51.100.9"
 	hs := append(slices.Clone(hosts),
 		store.Host{ID: "old", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(2 * time.Minute)}},
 		store.Host{ID: "new", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(time.Hour)}})
-	later := func(ob store.Observation) store.Observation {
-		ob.FirstSeen, ob.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
-		return ob
-	}
+	later := o("new", "outbound", moved, "198.51.100.4", 5432, "worker", 2, 20, 10)
+	later.FirstSeen, later.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
+	dbIn := o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 37, 1760, 3520)
+	dbIn.LastSeen = later.LastSeen
 	obs := []store.Observation{
 		// the old holder calls db, and serves web, before the move
 		o("old", "outbound", moved, "198.51.100.4", 5432, "front", 35, 3500, 1750),
-		o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 35, 1750, 3500),
 		o("web", "outbound", "198.51.100.2", moved, 8080, "nginx", 7, 70, 700),
 		o("old", "inbound", moved, "198.51.100.2", 8080, "api", 7, 700, 70),
-		// the new holder calls db after it
-		later(o("new", "outbound", moved, "198.51.100.4", 5432, "worker", 2, 20, 10)),
-		later(o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 2, 10, 20)),
+		// the new holder calls db after it; db's record holds both
+		later, dbIn,
 	}
 	g := Build(obs, hs, nil)
 	db := ServiceID("db", "tcp", 5432)
@@ -200,21 +201,54 @@ func TestMovedAddressJoinsEachHoldersTraffic(t *testing.T) {
 	}
 }
 
-// The history of a moved address's edges: the server's records before
-// the move feed the old holder's edge (joined with its own report), those
-// after it the new holder's, step by step as over the range.
-func TestJoinerPlacesAMovedAddressByTime(t *testing.T) {
+// An address that several hosts hold at once (docker0's on every Docker
+// host) is, to a host on one of those machines, its own machine's, at any
+// time and whichever machine was seen last.
+func TestSharedAddressIsTheObserversMachines(t *testing.T) {
+	shared := "172.17.0.1"
+	hs := []store.Host{
+		{ID: "a", Addrs: []string{shared, "198.51.100.1"}, AddrsSeen: []time.Time{at.Add(10 * time.Minute), at.Add(10 * time.Minute)}},
+		{ID: "b", Addrs: []string{shared, "198.51.100.2"}, AddrsSeen: []time.Time{at.Add(20 * time.Minute), at.Add(20 * time.Minute)}},
+		{ID: "a/netns:1", Addrs: []string{"172.17.0.2"}},
+		{ID: "b/netns:1", Addrs: []string{"172.17.0.2"}},
+	}
+	g := Build([]store.Observation{
+		o("a/netns:1", "outbound", "172.17.0.2", shared, 8080, "curl", 3, 30, 300),
+		o("a", "inbound", shared, "172.17.0.2", 8080, "api", 3, 300, 30),
+		o("b/netns:1", "outbound", "172.17.0.2", shared, 8080, "wget", 5, 50, 500),
+		o("b", "inbound", shared, "172.17.0.2", 8080, "api", 5, 500, 50),
+	}, hs, nil)
+	if e := edge(t, g, ProcessID("a/netns:1", "curl"), ServiceID("a", "tcp", 8080)); e.Connections != 3 {
+		t.Errorf("a's container to a: %+v", e)
+	}
+	if e := edge(t, g, ProcessID("b/netns:1", "wget"), ServiceID("b", "tcp", 8080)); e.Connections != 5 {
+		t.Errorf("b's container to b: %+v", e)
+	}
+	if len(g.Edges) != 2 {
+		t.Errorf("%d edges, want 2: %+v", len(g.Edges), g.Edges)
+	}
+}
+
+// The history of a moved address's edges, from the store's step reads:
+// each step's records of a flow go where the range placed the flow, so
+// the steps sum to the range's edges.
+func TestJoinerStepsSumToTheRangeForAMovedAddress(t *testing.T) {
 	moved := "198.51.100.9"
 	hs := append(slices.Clone(hosts),
 		store.Host{ID: "old", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(2 * time.Minute)}},
 		store.Host{ID: "new", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(time.Hour)}})
-	after := o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 2, 10, 20) // the new holder did not report it
-	after.FirstSeen, after.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
+	at30 := func(x store.Observation) store.Observation {
+		x.FirstSeen, x.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
+		return x
+	}
 	steps := [][]store.Observation{
 		{o("old", "outbound", moved, "198.51.100.4", 5432, "front", 35, 3500, 1750), o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 35, 1750, 3500)},
-		{after},
+		{at30(o("new", "outbound", moved, "198.51.100.4", 5432, "worker", 2, 20, 10)), at30(o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 2, 10, 20))},
 	}
-	obs := slices.Concat(steps...)
+	// The range: one observation per flow, db's summed over both steps.
+	dbIn := o("db", "inbound", "198.51.100.4", moved, 5432, "postgres", 37, 1760, 3520)
+	dbIn.LastSeen = steps[1][1].LastSeen
+	obs := []store.Observation{steps[0][0], steps[1][0], dbIn}
 	whole := Build(obs, hs, nil)
 	j := NewJoiner(obs, hs, nil)
 	sum := map[[2]string]tracer.Counters{}
@@ -298,6 +332,13 @@ func TestResolve(t *testing.T) {
 	slices.Sort(got)
 	if want := []string{ProcessID("vm/qa-a", "curl"), ProcessID("vm/qa-b", "nginx")}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("vm: %v %v; want %v", got, err, want)
+	}
+	// A machine with a host of its own (its root namespace) is that host
+	// alone, as before: its containers are hosts of their own.
+	withContainer := append(slices.Clone(hosts), store.Host{ID: "web/netns:7", Addrs: []string{"172.17.0.2"}})
+	wc := Build(append(chain(), o("web/netns:7", "outbound", "172.17.0.2", "198.51.100.3", 8080, "worker", 1, 1, 1)), withContainer, nil)
+	if got, err := Resolve(wc, withContainer, "web"); err != nil || !slices.Equal(got, []string{ProcessID("web", "nginx")}) {
+		t.Errorf("web: %v %v; want its root namespace's nginx alone", got, err)
 	}
 }
 

@@ -163,10 +163,12 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 				add(n.ID)
 			}
 		}
+		exact := slices.ContainsFunc(hosts, func(h store.Host) bool { return h.ID == target || h.Name == target })
 		for _, h := range hosts {
-			// A machine's id names its namespaces' hosts too ("vm" for
-			// "vm/qa-b", an agent's --host-id with --netns qa-b).
-			if h.ID == target || h.Name == target || strings.HasPrefix(h.ID, target+"/") {
+			// A machine's id names the hosts of its namespaces when it
+			// names no host itself: an agent run with --host-id vm and
+			// --netns only has "vm/qa-b" and no "vm".
+			if h.ID == target || h.Name == target || (!exact && strings.HasPrefix(h.ID, target+"/")) {
 				entities(func(n Node) bool { return n.Host == h.ID })
 			}
 		}
