@@ -918,9 +918,14 @@ func TestUncleanPathsAnswerJSON(t *testing.T) {
 	if code != http.StatusSeeOther || hdr.Get("Location") != "/?view=table" || hdr.Get("Content-Type") != "application/json" || string(body) != `{"location":"/?view=table"}`+"\n" {
 		t.Errorf("GET /?token=: %d to %q, %q %q", code, hdr.Get("Location"), hdr.Get("Content-Type"), body)
 	}
-	// Unclean or not, without the token it is a 401.
-	if code, e := apiError(t, tsrv.URL, "//api/graph"); code != http.StatusUnauthorized || !strings.HasPrefix(e, "missing or wrong token") {
+	// An unclean path is refused before the token is read: the token's
+	// redirect (to the same path, less the token) must not lead from
+	// "//evil.example/" to another site.
+	if code, e := apiError(t, tsrv.URL, "//api/graph"); code != http.StatusNotFound || !strings.HasPrefix(e, "path //api/graph has an empty") {
 		t.Errorf("GET //api/graph without the token: %d %q", code, e)
+	}
+	if code, _, hdr := get(t, tsrv.URL, "//evil.example/?token="+token); code != http.StatusNotFound || hdr.Get("Location") != "" {
+		t.Errorf("GET //evil.example/?token=: %d to %q; want a 404 and no redirect", code, hdr.Get("Location"))
 	}
 }
 

@@ -912,3 +912,42 @@ func TestBrowserTableNamesUnixSockets(t *testing.T) {
 		t.Errorf("table rows %q; want one with %q", rows, want)
 	}
 }
+
+// A process's folds to _other (--max-edges-per-node) are one server node
+// per protocol, and the page names each by its protocol, as look does:
+// two nodes labelled "_other (external)" could not be told apart.
+func TestBrowserNamesFoldsByProtocol(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "deptrace.db")
+	s, err := store.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-5 * time.Minute)
+	fold := func(proto string, c tracer.Counters) store.Observation {
+		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: "vm", Direction: "outbound", Proto: proto,
+			LocalAddr: "198.51.100.9", RemoteAddr: "_other", Comm: "scanner", Counters: c, FirstSeen: at, LastSeen: at.Add(time.Second)}
+	}
+	err = s.Write(context.Background(), store.Batch{
+		Hosts: []store.Host{{ID: "vm", Name: "vm", Addrs: []string{"198.51.100.9"}, LastSeen: at}},
+		Observations: []store.Observation{
+			fold("tcp", tracer.Counters{FailedConnections: 9, FailedRefused: 9}),
+			fold("udp", tracer.Counters{DatagramsSent: 4, BytesSent: 40}),
+		},
+	})
+	s.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := serve(t, path, Options{})
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
+	rows := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	var tcp, udp bool
+	for _, r := range rows {
+		tcp = tcp || strings.Contains(r, "tcp _other (external)")
+		udp = udp || strings.Contains(r, "udp _other (external)")
+	}
+	if len(rows) != 2 || !tcp || !udp {
+		t.Errorf("table rows %q; want two, naming tcp _other and udp _other", rows)
+	}
+}

@@ -160,6 +160,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; frame-ancestors 'none'")
+	// The mux would send a path with an empty, "." or ".." segment
+	// (//api/graph, /static/../api/graph) to its clean form with a 307
+	// and an HTML body: name the path to use instead, in JSON, so that a
+	// script's mistake shows rather than costing a redirect each time.
+	// Before the token's check, whose redirect to the same path less the
+	// token would send the browser from "//host/..." to another site.
+	if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && cleanPath(p) != p {
+		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("path %s has an empty, \".\" or \"..\" segment: allowed its clean form, %s", clip(p), clip(cleanPath(p)))})
+		return
+	}
 	if s.token == nil {
 		// Without a token the server is on loopback only: refuse other
 		// Host names so that a web page cannot reach it by DNS rebinding.
@@ -176,14 +186,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		gw := &gzipWriter{ResponseWriter: w}
 		defer gw.close()
 		w = gw
-	}
-	// The mux would send a path with an empty, "." or ".." segment
-	// (//api/graph, /static/../api/graph) to its clean form with a 307
-	// and an HTML body: name the path to use instead, in JSON, so that a
-	// script's mistake shows rather than costing a redirect each time.
-	if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && cleanPath(p) != p {
-		s.fail(w, r, &httpError{http.StatusNotFound, fmt.Sprintf("path %s has an empty, \".\" or \"..\" segment: allowed its clean form, %s", clip(p), clip(cleanPath(p)))})
-		return
 	}
 	s.mux.ServeHTTP(w, r)
 }

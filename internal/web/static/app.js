@@ -68,7 +68,9 @@
   function label(n) {
     if (!n) return '?';
     if (n.kind === 'group') return n.name + ' (' + n.count + ' nodes, collapsed)';
-    if (n.kind === 'external') return n.port ? n.proto + ' ' + endpoint(n.addr, n.port) + ' (external)' : n.addr + ' (external)';
+    // A server without a port is the agent's fold of further servers, one
+    // per protocol: 'udp _other (external)'.
+    if (n.kind === 'external') return (n.port ? n.proto + ' ' + endpoint(n.addr, n.port) : (n.proto ? n.proto + ' ' : '') + n.addr) + ' (external)';
     if (n.kind === 'host') return 'host ' + n.host + (n.addr ? ' (' + n.addr + ')' : '');
     if (n.kind === 'workload') {
       // As graph.Label: the workload's name, its processes when they
@@ -106,7 +108,7 @@
   }
   function shortLabel(n) {
     if (n.kind === 'group') return n.name + ' ×' + n.count;
-    if (n.kind === 'external') return n.port ? endpoint(n.addr, n.port) : n.addr;
+    if (n.kind === 'external') return n.port ? endpoint(n.addr, n.port) : (n.proto ? n.proto + ' ' : '') + n.addr;
     if (n.kind === 'service') return shortName(n) + ' :' + n.port;
     return shortName(n);
   }
@@ -1127,6 +1129,7 @@
       if (e.proto === 'unix') return 'unix ' + (e.addrs && e.addrs.length ? e.addrs.join(', ') + ' ' : '') + 'on ' + n.host;
       return endpoint(n.addr || n.host || '?', e.port) + ' on ' + n.host;
     }
+    if (n.kind === 'external' && !n.port) return label(n); // a fold: 'tcp _other (external)'
     const where = endpoint(n.addr || n.host || '?', n.port);
     return n.kind === 'service' ? where + ' on ' + n.host : where;
   }
