@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -199,6 +200,33 @@ func TestUpgradeToIdentities(t *testing.T) {
 			ids, err := u.Identities(ctx, store.Range{})
 			if err != nil || len(ids) != 3 || ids[0].Workload != "Deployment/checkout" {
 				t.Errorf("identities written after the upgrade: %+v, %v", ids, err)
+			}
+		})
+	}
+}
+
+// A host's address keeps its latest sighting: a batch replayed from the
+// spool, older than what was stored since, does not move it back (the
+// graph places an address several hosts held one after another by it).
+func TestHostAddressKeepsItsLatestSighting(t *testing.T) {
+	ctx := context.Background()
+	t1 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	t2 := t1.Add(time.Hour)
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			for i, at := range []time.Time{t2, t1} {
+				b := store.Batch{ID: fmt.Sprintf("b%d", i), Hosts: []store.Host{{ID: "h", Addrs: []string{"198.51.100.7"}, LastSeen: at}}}
+				if err := s.Write(ctx, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hosts, err := s.Hosts(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(hosts) != 1 || len(hosts[0].AddrsSeen) != 1 || !hosts[0].AddrsSeen[0].Equal(t2) {
+				t.Errorf("hosts %+v; want h's address last seen at %s", hosts, t2)
 			}
 		})
 	}

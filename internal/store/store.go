@@ -171,7 +171,7 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 	default:
 		path := strings.TrimPrefix(spec, "sqlite://")
 		if strings.Contains(path, "://") {
-			return nil, fmt.Errorf("invalid --store %q: want a file path, sqlite://PATH or postgres://URL", spec)
+			return nil, InvalidSpec(spec)
 		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 			return nil, fmt.Errorf("create store directory: %w", err)
@@ -240,6 +240,12 @@ func (s *Store) Close() error {
 	return s.db.Close()
 }
 
+// InvalidSpec is the error for a store spec of no kind Open takes (a
+// scheme other than sqlite:// and postgres://), its password hidden.
+func InvalidSpec(spec string) error {
+	return fmt.Errorf("invalid --store %q: want a file path, sqlite://PATH or postgres://URL", redact(spec))
+}
+
 func redact(u string) string {
 	p, err := url.Parse(u)
 	if err != nil {
@@ -304,8 +310,12 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 			return fmt.Errorf("write host %s: %w", h.ID, err)
 		}
 		for _, a := range h.Addrs {
+			// The latest sighting stays (a batch replayed from the spool is
+			// older): the graph resolves an address some hosts held one
+			// after another by when each was last seen with it.
 			if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO host_addrs (host_id, addr, last_seen) VALUES (?, ?, ?)
-				ON CONFLICT (host_id, addr) DO UPDATE SET last_seen = excluded.last_seen`), h.ID, a, seen); err != nil {
+				ON CONFLICT (host_id, addr) DO UPDATE SET
+					last_seen = CASE WHEN excluded.last_seen > host_addrs.last_seen THEN excluded.last_seen ELSE host_addrs.last_seen END`), h.ID, a, seen); err != nil {
 				return fmt.Errorf("write address %s of %s: %w", a, h.ID, err)
 			}
 		}
