@@ -116,7 +116,7 @@ const storeSpecs = "want a file path, sqlite://PATH or postgres://URL"
 // CheckStore refuses a store spec (--store) that no retry can open: a
 // scheme other than sqlite://, postgres:// and postgresql:// (with
 // store.Open's own error, which look and serve print), or a PostgreSQL
-// URL or keyword string that does not parse. A store that cannot be
+// URL that does not parse. A store that cannot be
 // reached now (PostgreSQL down, an SQLite file that cannot be opened, a
 // TLS file PostgreSQL's URL names that cannot be read yet) is not
 // refused: the agent spools until it answers.
@@ -129,7 +129,7 @@ func CheckStore(spec string) error {
 			return fmt.Errorf("invalid --store: %v; %s", err, storeSpecs)
 		}
 	case strings.Contains(strings.TrimPrefix(spec, "sqlite://"), "://"):
-		return fmt.Errorf("invalid --store %q: %s", spec, storeSpecs)
+		return store.InvalidSpec(spec)
 	}
 	return nil
 }
@@ -581,10 +581,21 @@ func (w *writer) loop(jobs <-chan job) {
 			}
 			w.store1(j)
 		case <-retry.C:
-			w.flush()
+			w.idle()
 		}
 		w.metrics.SetSpool(w.spool.size(), w.spool.dropped)
 		w.metrics.SetBuffer(len(w.held), w.heldBytes, w.dropped)
+	}
+}
+
+// idle runs every 5 s between intervals: what waits is written, and
+// retention and the size ceiling run (at most once a minute, as after a
+// batch) while the store answers, so that an agent with nothing to store
+// still keeps them, and their gauges, up to date.
+func (w *writer) idle() {
+	w.flush()
+	if w.store != nil && w.storeErr == nil && !w.spool.pending() && len(w.held) == 0 {
+		w.retain()
 	}
 }
 
@@ -940,18 +951,25 @@ func (w *writer) ceilingBlocked(c store.Ceiling) {
 		return
 	}
 	now := w.now()
-	if !w.blockedLogged.IsZero() && now.Sub(w.blockedLogged) < ceilingBlockedEvery {
+	// Once an hour while it lasts; and beside each deletion, whose line
+	// would otherwise read as if the store were back under the ceiling.
+	if !c.Acted && !w.blockedLogged.IsZero() && now.Sub(w.blockedLogged) < ceilingBlockedEvery {
 		return
 	}
 	w.blockedLogged = now
-	attrs := []any{"size_bytes", c.Size, "max_bytes", w.cfg.StoreMaxSize, "current_hour_rows", c.KeptRows, "batch_ids", c.BatchIDs}
+	size := c.Size
+	what := "store over --store-max-size, but nothing deleted: "
+	if c.Acted {
+		size, what = c.After, "store still over --store-max-size after deleting the oldest buckets: "
+	}
+	attrs := []any{"size_bytes", size, "max_bytes", w.cfg.StoreMaxSize, "current_hour_rows", c.KeptRows, "batch_ids", c.BatchIDs}
 	if c.KeptRows > 0 {
-		w.log.Warn("store over --store-max-size, but nothing deleted: all its buckets are of the current hour, which the ceiling never deletes",
+		w.log.Warn(what+"all its buckets left are of the current hour, which the ceiling never deletes",
 			append(attrs, "deletable_from", c.DeletableFrom.Format(time.RFC3339),
 				"hint", "raise --store-max-size, or wait for the hour to end: the ceiling then deletes it")...)
 		return
 	}
-	w.log.Warn("store over --store-max-size, but nothing deleted: it holds no buckets, only what the ceiling never deletes (batch ids, kept "+keptFor(store.BatchMemory)+", and flow keys)",
+	w.log.Warn(what+"it holds no buckets, only what the ceiling never deletes (batch ids, kept "+keptFor(store.BatchMemory)+", and the flow keys and names of the current day)",
 		append(attrs, "hint", "raise --store-max-size")...)
 }
 

@@ -101,12 +101,13 @@ func TestStoreCeilingBlockedByTheCurrentHour(t *testing.T) {
 	now := hour.Add(40 * time.Minute)
 	var logs bytes.Buffer
 	m := metrics.New(metrics.Options{})
-	w := &writer{cfg: Config{StoreMaxSize: size / 2}, log: slog.New(slog.NewTextHandler(&logs, nil)), store: st, metrics: m, clock: func() time.Time { return now }}
+	w := &writer{cfg: Config{StoreMaxSize: size / 2}, log: slog.New(slog.NewTextHandler(&logs, nil)), store: st, metrics: m, clock: func() time.Time { return now },
+		spool: &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 1 << 20}}
 	for range 20 { // 20 minutes, a check each
 		w.retain()
 		now = now.Add(time.Minute)
 	}
-	want := fmt.Sprintf(`level=WARN msg="store over --store-max-size, but nothing deleted: all its buckets are of the current hour, which the ceiling never deletes" size_bytes=%d max_bytes=%d current_hour_rows=2100 batch_ids=40 deletable_from=2026-11-20T13:00:00Z hint="raise --store-max-size, or wait for the hour to end: the ceiling then deletes it"`, size, size/2)
+	want := fmt.Sprintf(`level=WARN msg="store over --store-max-size, but nothing deleted: all its buckets left are of the current hour, which the ceiling never deletes" size_bytes=%d max_bytes=%d current_hour_rows=2100 batch_ids=40 deletable_from=2026-11-20T13:00:00Z hint="raise --store-max-size, or wait for the hour to end: the ceiling then deletes it"`, size, size/2)
 	if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 || !strings.HasSuffix(lines[0], want) {
 		t.Errorf("20 checks within the hour logged:\n%s\nwant one line ending\n%s", logs.String(), want)
 	}
@@ -115,13 +116,23 @@ func TestStoreCeilingBlockedByTheCurrentHour(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-	// The hour over (13:00), it goes: a deletion, no longer blocked.
+	// The hour over (13:00), it goes: a deletion, with no batch to store
+	// (an idle agent's check between intervals).
 	logs.Reset()
-	w.retain()
+	w.idle()
 	if n := strings.Count(logs.String(), "store over --store-max-size: deleted the oldest buckets"); n != 1 || strings.Contains(logs.String(), "nothing deleted") {
 		t.Errorf("after the hour:\n%s\nwant one line about the deletion", logs.String())
 	}
-	for name, want := range map[string]float64{"deptrace_store_ceiling_deletions_total": 1, "deptrace_store_ceiling_blocked": 0} {
+	// Still over the ceiling once the hour went (the day rows stay), the
+	// gauge says so, and the log that nothing more could go.
+	blocked := 0.0
+	if gauge(t, m, "deptrace_store_size_bytes") > float64(size/2) {
+		blocked = 1
+	}
+	if still := strings.Contains(logs.String(), "store still over --store-max-size after deleting the oldest buckets: all its buckets left are of the current hour"); still != (blocked == 1) {
+		t.Errorf("after the hour, blocked %v:\n%s", blocked, logs.String())
+	}
+	for name, want := range map[string]float64{"deptrace_store_ceiling_deletions_total": 1, "deptrace_store_ceiling_blocked": blocked} {
 		if got := gauge(t, m, name); got != want {
 			t.Errorf("after the hour: %s = %v, want %v", name, got, want)
 		}
@@ -144,7 +155,7 @@ func TestStoreCeilingBlockedWithoutBucketsRepeatsHourly(t *testing.T) {
 		w.retain()
 		now = now.Add(time.Minute)
 	}
-	const msg = `msg="store over --store-max-size, but nothing deleted: it holds no buckets, only what the ceiling never deletes (batch ids, kept 30d, and flow keys)"`
+	const msg = `msg="store over --store-max-size, but nothing deleted: it holds no buckets, only what the ceiling never deletes (batch ids, kept 30d, and the flow keys and names of the current day)"`
 	if n := strings.Count(logs.String(), msg); n != 3 || strings.Count(logs.String(), "\n") != 3 || !strings.Contains(logs.String(), `current_hour_rows=0 batch_ids=0 hint="raise --store-max-size"`) {
 		t.Errorf("3 hours blocked logged:\n%s\nwant 3 lines %s", logs.String(), msg)
 	}

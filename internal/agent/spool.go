@@ -17,9 +17,10 @@ import (
 // unreachable. It is bounded: past max bytes new batches are dropped and
 // counted, never silently.
 type spool struct {
-	path    string
-	max     int64
-	dropped uint64
+	path        string
+	max         int64
+	dropped     uint64 // batches refused
+	lastRefused string // the batch id last refused
 }
 
 // SpoolStatus reports how much waits in the spool at path (for doctor).
@@ -51,7 +52,19 @@ func (s *spool) size() int64 {
 
 func (s *spool) pending() bool { return s.size() > 0 }
 
+// add appends b, or counts it refused: once per batch, though a pinned
+// kernel side collects a refused interval again, under the same batch id,
+// each interval until it is written.
 func (s *spool) add(b store.Batch) error {
+	err := s.write(b)
+	if err != nil && (b.ID == "" || b.ID != s.lastRefused) {
+		s.dropped++
+		s.lastRefused = b.ID
+	}
+	return err
+}
+
+func (s *spool) write(b store.Batch) error {
 	line, err := json.Marshal(b)
 	if err != nil {
 		return err
@@ -59,19 +72,15 @@ func (s *spool) add(b store.Batch) error {
 	line = append(line, '\n')
 	if n := int64(len(line)); n > s.max {
 		// However empty the spool, this batch never fits.
-		s.dropped++
 		return fmt.Errorf("%w: batch of %s is larger than --spool-max %s: raise --spool-max", errBatchTooLarge, sizeText(n), sizeText(s.max))
 	} else if used := s.size(); used+n > s.max {
-		s.dropped++
 		return fmt.Errorf("%w: %s of --spool-max %s used, the batch needs %s", errSpoolFull, sizeText(used), sizeText(s.max), sizeText(n))
 	}
 	if err := os.MkdirAll(filepath.Dir(s.path), 0o750); err != nil {
-		s.dropped++
 		return err
 	}
 	f, err := os.OpenFile(s.path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o640)
 	if err != nil {
-		s.dropped++
 		return err
 	}
 	// A write cut short by a full disk leaves part of a line: cut it off,
@@ -79,13 +88,11 @@ func (s *spool) add(b store.Batch) error {
 	end, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		_ = f.Close() // the seek's error is the one to report
-		s.dropped++
 		return err
 	}
 	if _, err := f.Write(line); err != nil {
 		err = errors.Join(err, f.Truncate(end))
 		_ = f.Close() // the write's error is the one to report
-		s.dropped++
 		return err
 	}
 	// The batch's counts are reset in a pinned kernel side once it is
@@ -94,16 +101,13 @@ func (s *spool) add(b store.Batch) error {
 	if err := f.Sync(); err != nil {
 		err = errors.Join(err, f.Truncate(end))
 		_ = f.Close() // the sync's error is the one to report
-		s.dropped++
 		return err
 	}
 	if err := f.Close(); err != nil {
-		s.dropped++
 		return err
 	}
 	if end == 0 {
 		if err := syncDir(filepath.Dir(s.path)); err != nil {
-			s.dropped++
 			return err
 		}
 	}
@@ -126,6 +130,10 @@ func sizeText(n int64) string {
 	}
 	if n%div == 0 {
 		return fmt.Sprintf("%d %s", n/div, units[u])
+	}
+	// A value that rounds to 1024 of a unit is 1.0 of the next.
+	if u < len(units)-1 && float64(n)/float64(div) >= 1023.95 {
+		u, div = u+1, div<<10
 	}
 	return fmt.Sprintf("%.1f %s", float64(n)/float64(div), units[u])
 }

@@ -189,9 +189,32 @@ func TestSpoolRefusalSaysWhy(t *testing.T) {
 	for _, c := range []struct {
 		n    int64
 		want string
-	}{{0, "0 bytes"}, {1023, "1023 bytes"}, {1 << 10, "1 KiB"}, {1536, "1.5 KiB"}, {1 << 20, "1 MiB"}, {3<<20 + 100<<10, "3.1 MiB"}, {256 << 20, "256 MiB"}, {5 << 40, "5 TiB"}, {3 << 50, "3072 TiB"}} {
+	}{{0, "0 bytes"}, {1023, "1023 bytes"}, {1 << 10, "1 KiB"}, {1536, "1.5 KiB"}, {1 << 20, "1 MiB"}, {3<<20 + 100<<10, "3.1 MiB"}, {256 << 20, "256 MiB"}, {5 << 40, "5 TiB"}, {3 << 50, "3072 TiB"}, {1<<20 - 1, "1.0 MiB"}} {
 		if got := sizeText(c.n); got != c.want {
 			t.Errorf("sizeText(%d) = %q, want %q", c.n, got, c.want)
 		}
+	}
+}
+
+// A batch the spool refuses counts once as refused, though a pinned
+// kernel side collects its interval again, under the same batch id, at
+// every drain until it is written; another batch counts again.
+func TestSpoolCountsARefusedBatchOnce(t *testing.T) {
+	s := &spool{path: filepath.Join(t.TempDir(), "spool.jsonl"), max: 64}
+	b1, b2 := batch(1), batch(2)
+	b1.ID, b2.ID = "batch-1", "batch-2"
+	for range 3 {
+		if err := s.add(b1); !errors.Is(err, errBatchTooLarge) {
+			t.Fatalf("a batch larger than the spool: %v", err)
+		}
+	}
+	if s.dropped != 1 {
+		t.Errorf("one batch refused at 3 drains counted %d times, want once", s.dropped)
+	}
+	if err := s.add(b2); err == nil {
+		t.Fatal("a second batch larger than the spool taken")
+	}
+	if s.dropped != 2 {
+		t.Errorf("two batches refused counted %d, want 2", s.dropped)
 	}
 }

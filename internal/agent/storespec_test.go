@@ -18,6 +18,7 @@ func TestCheckStoreRefusesOnlyWhatCanNeverWork(t *testing.T) {
 	for _, c := range []struct{ spec, err string }{
 		{"mysql://x@y/z", `invalid --store "mysql://x@y/z": ` + want},
 		{"sqlite://x://y", `invalid --store "sqlite://x://y": ` + want},
+		{"mysql://u:secret@y/z", `invalid --store "mysql://u@y/z": ` + want}, // the password hidden
 		{"postgres://x@y:abc/z", "invalid --store: cannot parse `postgres://x@y:abc/z`: invalid port; " + want},
 		{"postgres://u:secret@h:99999/db", "invalid --store: cannot parse `postgres://u:xxxxx@h:99999/db`: invalid port; " + want},
 		{"postgresql://h/db?sslmode=bogus", "invalid --store: cannot parse `postgresql://h/db?sslmode=bogus`: failed to configure TLS (sslmode is invalid); " + want},

@@ -207,7 +207,7 @@ func New(o Options) *Metrics {
 		}, func() float64 { return float64(m.spoolBytes.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "deptrace_spool_dropped_batches_total",
-			Help: "Batches the spool refused because it was full or unwritable (kept in memory instead: deptrace_buffered_batches).",
+			Help: "Batches the spool refused because it was full or unwritable, each once (kept in memory instead, deptrace_buffered_batches, or by a pinned kernel side).",
 		}, func() float64 { return float64(m.spoolDrops.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "deptrace_buffered_batches",

@@ -288,9 +288,9 @@ type Ceiling struct {
 	From       time.Time
 	MinuteRows int64
 	// Blocked: the store is over the ceiling, but nothing is left that
-	// it may delete, so it deleted nothing: every bucket row is of the
-	// current hour (with today's day rows), which it never deletes, or
-	// there is none. KeptRows counts those rows, BatchIDs the ids of
+	// it may delete (or, with Acted, nothing more): every bucket row is
+	// of the current hour (with today's day rows), which it never
+	// deletes, or there is none. KeptRows counts those rows, BatchIDs the ids of
 	// applied batches (kept BatchMemory; the ceiling never deletes them);
 	// DeletableFrom is when the current hour ends, from which its rows
 	// may go.
@@ -363,7 +363,7 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 			}
 		}
 		if total == 0 {
-			c.Blocked = !c.Acted
+			c.Blocked = true
 			break
 		}
 		hours := make([]int64, 0, len(perHour))
@@ -391,11 +391,9 @@ func (s *Store) EnforceMaxSize(ctx context.Context, maxBytes int64, now time.Tim
 			return c, err
 		}
 		if cut <= z.days || deletable == 0 {
-			// Nothing older left to delete: every row is of the current
-			// hour (or today's day row).
-			if !c.Acted {
-				c.Blocked, c.KeptRows = true, total
-			}
+			// Nothing older left to delete (any more): every row is of
+			// the current hour (or today's day row).
+			c.Blocked, c.KeptRows = true, total
 			break
 		}
 		n, err := s.advanceRetention(ctx, retained{cut, cut, cut})
