@@ -263,11 +263,17 @@ func TestTraceJSONL(t *testing.T) {
 	p.wait(t)
 
 	a, b := nw.Hosts[0], nw.Hosts[1]
-	var conns = map[uint32]uint64{}
+	var conns, rttSamples = map[uint32]uint64{}, map[uint32]uint64{}
 	listeners := 0
 	for _, line := range strings.Split(strings.TrimSpace(p.stdout.String()), "\n") {
 		var f tracer.Flow
+		var avg struct {
+			RTTAvgUs *uint64 `json:"rtt_avg_us"`
+		}
 		if err := json.Unmarshal([]byte(line), &f); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if err := json.Unmarshal([]byte(line), &avg); err != nil {
 			t.Fatalf("line %q: %v", line, err)
 		}
 		if f.Kind == tracer.KindListener {
@@ -284,9 +290,17 @@ func TestTraceJSONL(t *testing.T) {
 			t.Errorf("direction: %+v", f)
 		}
 		conns[f.NetNS] += f.Connections
+		rttSamples[f.NetNS] += f.RTTSamples
+		if avg.RTTAvgUs == nil || *avg.RTTAvgUs != f.RTTAvgUs() || f.RTTSamples > 0 && (f.RTTMinUs > *avg.RTTAvgUs || *avg.RTTAvgUs > f.RTTMaxUs) {
+			t.Errorf("rtt_avg_us missing, not rtt_sum_us / rtt_samples, or outside min to max: %s", line)
+		}
 	}
 	if conns[a.Inode] != 5 || conns[b.Inode] != 5 {
 		t.Errorf("connections per host %v; want 5 on %d and %d\n%s", conns, a.Inode, b.Inode, p.stdout.String())
+	}
+	// Each connection moved bytes, so each end read its RTT at its close.
+	if rttSamples[a.Inode] < 5 || rttSamples[b.Inode] < 5 {
+		t.Errorf("rtt samples per host %v; want at least 5 (one per connection's close) on %d and %d\n%s", rttSamples, a.Inode, b.Inode, p.stdout.String())
 	}
 	if listeners == 0 {
 		t.Errorf("no listener record for the server's port 8443:\n%s", p.stdout.String())
