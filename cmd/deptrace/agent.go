@@ -83,7 +83,7 @@ killed agent left.`,
 			if err != nil {
 				return err
 			}
-			if err := agent.CheckStore(cfg.Store); err != nil {
+			if err := store.CheckSpec(cfg.Store); err != nil {
 				return err
 			}
 			if interval < time.Second || interval > time.Hour {

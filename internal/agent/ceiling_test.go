@@ -19,24 +19,11 @@ import (
 // and counts it; under it, it does nothing and says nothing.
 func TestStoreCeilingActsOnceWithOneLine(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "deptrace.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	today := time.Now().UTC().Truncate(24 * time.Hour)
-	for d := 10; d >= 0; d-- {
-		at := today.AddDate(0, 0, -d)
-		var b store.Batch
-		for i := range 2000 {
-			b.Observations = append(b.Observations, store.Observation{Bucket: at, HostID: "h", Direction: "outbound", Proto: "tcp",
-				LocalAddr: "198.51.100.1", RemoteAddr: fmt.Sprintf("10.0.%d.%d", i/250, i%250), Port: uint16(d + 1), Comm: "client",
-				Counters: tracer.Counters{Connections: 1}, FirstSeen: at, LastSeen: at})
-		}
-		if err := st.Write(ctx, b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st := sqliteStore(t, 11, func(i int) store.Batch {
+		d := 10 - i // the oldest day first
+		return store.Batch{Observations: clientFlows(today.AddDate(0, 0, -d), uint16(d+1), 2000)}
+	})
 	size, err := st.Size(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -76,24 +63,11 @@ func TestStoreCeilingActsOnceWithOneLine(t *testing.T) {
 // the hour goes, as a deletion.
 func TestStoreCeilingBlockedByTheCurrentHour(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "deptrace.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	hour := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
-	for m := range 40 {
+	st := sqliteStore(t, 40, func(m int) store.Batch {
 		at := hour.Add(time.Duration(m)*time.Minute + 20*time.Second)
-		b := store.Batch{ID: fmt.Sprint("b", m)}
-		for i := range 50 {
-			b.Observations = append(b.Observations, store.Observation{Bucket: at.Truncate(time.Minute), HostID: "h", Direction: "outbound", Proto: "tcp",
-				LocalAddr: "198.51.100.1", RemoteAddr: fmt.Sprintf("10.0.0.%d", i), Port: 80, Comm: "client",
-				Counters: tracer.Counters{Connections: 1}, FirstSeen: at, LastSeen: at})
-		}
-		if err := st.Write(ctx, b); err != nil {
-			t.Fatal(err)
-		}
-	}
+		return store.Batch{ID: fmt.Sprint("b", m), Observations: clientFlows(at, 80, 50)}
+	})
 	size, err := st.Size(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -142,12 +116,7 @@ func TestStoreCeilingBlockedByTheCurrentHour(t *testing.T) {
 // A store over the ceiling without any bucket (only what the ceiling
 // never deletes) is said to be so once an hour while it lasts.
 func TestStoreCeilingBlockedWithoutBucketsRepeatsHourly(t *testing.T) {
-	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "deptrace.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := sqliteStore(t, 0, nil)
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	var logs bytes.Buffer
 	w := &writer{cfg: Config{StoreMaxSize: 1}, log: slog.New(slog.NewTextHandler(&logs, nil)), store: st, clock: func() time.Time { return now }}
@@ -159,4 +128,40 @@ func TestStoreCeilingBlockedWithoutBucketsRepeatsHourly(t *testing.T) {
 	if n := strings.Count(logs.String(), msg); n != 3 || strings.Count(logs.String(), "\n") != 3 || !strings.Contains(logs.String(), `current_hour_rows=0 batch_ids=0 hint="raise --store-max-size"`) {
 		t.Errorf("3 hours blocked logged:\n%s\nwant 3 lines %s", logs.String(), msg)
 	}
+}
+
+// sqliteStore opens a fresh SQLite store, closed when the test ends,
+// without background compaction, and writes n batches into it, batch(0)
+// first.
+func sqliteStore(t *testing.T, n int, batch func(i int) store.Batch) *store.Store {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "deptrace.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	// No background compaction: started by the first write, it could
+	// still be adding pages when a test reads the size, and the sizes the
+	// ceiling logs would differ from the test's by a few pages (2-5 % of
+	// runs failed so).
+	st.SetAutoCompact(false)
+	for i := range n {
+		if err := st.Write(ctx, batch(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st
+}
+
+// clientFlows is n outbound tcp flows of client on host h, each one
+// connection seen at at, to n addresses of 10.0.0.0/16 on port.
+func clientFlows(at time.Time, port uint16, n int) []store.Observation {
+	obs := make([]store.Observation, n)
+	for i := range obs {
+		obs[i] = store.Observation{Bucket: at.Truncate(time.Minute), HostID: "h", Direction: "outbound", Proto: "tcp",
+			LocalAddr: "198.51.100.1", RemoteAddr: fmt.Sprintf("10.0.%d.%d", i/250, i%250), Port: port, Comm: "client",
+			Counters: tracer.Counters{Connections: 1}, FirstSeen: at, LastSeen: at}
+	}
+	return obs
 }

@@ -231,3 +231,64 @@ func TestHostAddressKeepsItsLatestSighting(t *testing.T) {
 		})
 	}
 }
+
+// A batch replayed from the spool after a newer one (t2, then t1) widens
+// a host's and a service's first and last seen, so a range of the older
+// hour finds the service, but does not put back the host's older name and
+// netns; a newer batch (t3) still renames it.
+func TestReplayedBatchDoesNotMoveAHostOrServiceBack(t *testing.T) {
+	t1 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	t2, t3 := t1.Add(time.Hour), t1.Add(2*time.Hour)
+	sighting := func(id string, at time.Time, netns uint32) store.Batch {
+		return store.Batch{ID: id, Hosts: []store.Host{{ID: "h", Name: fmt.Sprint("web-", netns), NetNS: netns, LastSeen: at}},
+			Services: []store.Service{{HostID: "h", Proto: "tcp", Port: 80, Comm: "nginx", LastSeen: at}}}
+	}
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			write(t, s, sighting("b2", t2, 2), sighting("b1", t1, 1))
+			checkHost(t, s, "web-2", 2, t1, t2)
+			for what, r := range map[string]store.Range{"all time": {}, "the older sighting's half hour": {Since: t1, Until: t1.Add(30 * time.Minute)}} {
+				svcs, err := s.Services(context.Background(), r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(svcs) != 1 || !svcs[0].LastSeen.Equal(t2) {
+					t.Errorf("services of %s: %+v; want nginx on h last seen at %s", what, svcs, t2)
+				}
+			}
+			write(t, s, sighting("b3", t3, 3))
+			checkHost(t, s, "web-3", 3, t1, t3)
+		})
+	}
+}
+
+// write writes batches into s in order.
+func write(t *testing.T, s *store.Store, batches ...store.Batch) {
+	t.Helper()
+	for _, b := range batches {
+		if err := s.Write(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkHost checks the one host h: its name and netns, and its first and
+// last seen as stored (Hosts does not read first seen).
+func checkHost(t *testing.T, s *store.Store, name string, netns uint32, first, last time.Time) {
+	t.Helper()
+	hosts, err := s.Hosts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hosts) != 1 || hosts[0].Name != name || hosts[0].NetNS != netns || !hosts[0].LastSeen.Equal(last) {
+		t.Errorf("hosts %+v; want h named %s in netns %d, last seen %s", hosts, name, netns, last)
+	}
+	var f int64
+	if err := s.DB().QueryRow(`SELECT first_seen FROM hosts WHERE id = 'h'`).Scan(&f); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Unix(0, f).UTC(); !got.Equal(first) {
+		t.Errorf("h first seen %s, want %s", got, first)
+	}
+}

@@ -12,7 +12,9 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net/url"
 	"os"
@@ -22,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	_ "modernc.org/sqlite"             // registers "sqlite"
 
@@ -154,14 +157,18 @@ type Store struct {
 
 // Open opens (and creates or migrates) the store named by spec: a file
 // path or sqlite:// URL for SQLite, a postgres:// or postgresql:// URL for
-// PostgreSQL. An empty spec is DefaultPath.
+// PostgreSQL. An empty spec is DefaultPath. A spec CheckSpec refuses is
+// refused with its error.
 func Open(ctx context.Context, spec string) (*Store, error) {
 	if spec == "" {
 		spec = DefaultPath
 	}
+	if err := CheckSpec(spec); err != nil {
+		return nil, err
+	}
 	var s *Store
 	switch {
-	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
+	case isPostgres(spec):
 		db, err := sql.Open("pgx", spec)
 		if err != nil {
 			return nil, fmt.Errorf("open postgres store: %w", err)
@@ -170,9 +177,6 @@ func Open(ctx context.Context, spec string) (*Store, error) {
 		s = &Store{db: db, d: postgres, display: redact(spec)}
 	default:
 		path := strings.TrimPrefix(spec, "sqlite://")
-		if strings.Contains(path, "://") {
-			return nil, InvalidSpec(spec)
-		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 			return nil, fmt.Errorf("create store directory: %w", err)
 		}
@@ -240,10 +244,37 @@ func (s *Store) Close() error {
 	return s.db.Close()
 }
 
+// specKinds is what a store spec may be, as Open takes it.
+const specKinds = "want a file path, sqlite://PATH or postgres://URL"
+
+func isPostgres(spec string) bool {
+	return strings.HasPrefix(spec, "postgres://") || strings.HasPrefix(spec, "postgresql://")
+}
+
+// CheckSpec refuses a store spec that no retry can open: a scheme Open
+// does not take (InvalidSpec), or a PostgreSQL URL that does not parse
+// (pgx's error, which hides the password). A store that cannot be reached
+// now passes (PostgreSQL down, an SQLite file that cannot be opened yet,
+// a TLS file the URL names that cannot be read yet): an agent spools
+// until it answers, so only what can never work may stop it at start.
+func CheckSpec(spec string) error {
+	switch {
+	case isPostgres(spec):
+		_, err := pgx.ParseConfig(spec)
+		var file *fs.PathError
+		if err != nil && !errors.As(err, &file) {
+			return fmt.Errorf("invalid --store: %w; %s", err, specKinds)
+		}
+	case strings.Contains(strings.TrimPrefix(spec, "sqlite://"), "://"):
+		return InvalidSpec(spec)
+	}
+	return nil
+}
+
 // InvalidSpec is the error for a store spec of no kind Open takes (a
 // scheme other than sqlite:// and postgres://), its password hidden.
 func InvalidSpec(spec string) error {
-	return fmt.Errorf("invalid --store %q: want a file path, sqlite://PATH or postgres://URL", redact(spec))
+	return fmt.Errorf("invalid --store %q: %s", redact(spec), specKinds)
 }
 
 func redact(u string) string {
@@ -304,8 +335,15 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 	}
 	for _, h := range b.Hosts {
 		seen := ns(h.LastSeen)
+		// A batch replayed from the spool can be older than one already
+		// written: it widens first and last seen but does not put back the
+		// name or netns the host had then. (SET reads the row as it was.)
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO hosts (id, name, netns, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (id) DO UPDATE SET name = excluded.name, netns = excluded.netns, last_seen = excluded.last_seen`),
+			ON CONFLICT (id) DO UPDATE SET
+				name = CASE WHEN excluded.last_seen >= hosts.last_seen THEN excluded.name ELSE hosts.name END,
+				netns = CASE WHEN excluded.last_seen >= hosts.last_seen THEN excluded.netns ELSE hosts.netns END,
+				first_seen = CASE WHEN excluded.first_seen < hosts.first_seen THEN excluded.first_seen ELSE hosts.first_seen END,
+				last_seen = CASE WHEN excluded.last_seen > hosts.last_seen THEN excluded.last_seen ELSE hosts.last_seen END`),
 			h.ID, h.Name, int64(h.NetNS), seen, seen); err != nil {
 			return fmt.Errorf("write host %s: %w", h.ID, err)
 		}
@@ -322,8 +360,12 @@ func (s *Store) Write(ctx context.Context, b Batch) error {
 	}
 	for _, sv := range b.Services {
 		seen := ns(sv.LastSeen)
+		// Widened only, as a host's: a range reads a service by both
+		// (seenWhere), so a replayed older batch must not narrow them.
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO services (host_id, proto, port, comm, first_seen, last_seen) VALUES (?, ?, ?, ?, ?, ?)
-			ON CONFLICT (host_id, proto, port, comm) DO UPDATE SET last_seen = excluded.last_seen`),
+			ON CONFLICT (host_id, proto, port, comm) DO UPDATE SET
+				first_seen = CASE WHEN excluded.first_seen < services.first_seen THEN excluded.first_seen ELSE services.first_seen END,
+				last_seen = CASE WHEN excluded.last_seen > services.last_seen THEN excluded.last_seen ELSE services.last_seen END`),
 			sv.HostID, sv.Proto, int(sv.Port), sv.Comm, seen, seen); err != nil {
 			return fmt.Errorf("write service %s %s/%d: %w", sv.HostID, sv.Proto, sv.Port, err)
 		}
