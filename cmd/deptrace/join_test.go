@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	dtagent "github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/netns"
@@ -153,7 +154,7 @@ func shortLivedClientIsJoined(t *testing.T, dsn string) {
 	if err := json.Unmarshal([]byte(stdout), &g); err != nil {
 		t.Fatal(err)
 	}
-	clientHost := fmt.Sprintf("jointest/netns:%d", ino)
+	clientHost := dtagent.NamespaceHostID("jointest", ino, 0) // gone before the agent saw it: no cookie
 	clientID := graph.ProcessID(clientHost, "client")
 	serviceID := graph.ServiceID("jointest/"+server.Name, "tcp", 5432)
 	var joined []graph.Edge

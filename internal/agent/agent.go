@@ -7,26 +7,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"net"
-	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/deptrace/deptrace/internal/hooks"
 	"github.com/deptrace/deptrace/internal/metrics"
-	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -110,30 +103,6 @@ const (
 	DefaultBufferMax    = 64 << 20 // 64 MiB
 )
 
-// storeSpecs is what --store takes, as store.Open says it.
-const storeSpecs = "want a file path, sqlite://PATH or postgres://URL"
-
-// CheckStore refuses a store spec (--store) that no retry can open: a
-// scheme other than sqlite://, postgres:// and postgresql:// (with
-// store.Open's own error, which look and serve print), or a PostgreSQL
-// URL that does not parse. A store that cannot be
-// reached now (PostgreSQL down, an SQLite file that cannot be opened, a
-// TLS file PostgreSQL's URL names that cannot be read yet) is not
-// refused: the agent spools until it answers.
-func CheckStore(spec string) error {
-	switch {
-	case strings.HasPrefix(spec, "postgres://"), strings.HasPrefix(spec, "postgresql://"):
-		_, err := pgx.ParseConfig(spec) // its errors hide the password
-		var file *fs.PathError
-		if err != nil && !errors.As(err, &file) {
-			return fmt.Errorf("invalid --store: %v; %s", err, storeSpecs)
-		}
-	case strings.Contains(strings.TrimPrefix(spec, "sqlite://"), "://"):
-		return store.InvalidSpec(spec)
-	}
-	return nil
-}
-
 // Run traces and stores until ctx is done, then flushes the last interval.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	halt, err := testHaltPoint()
@@ -142,7 +111,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	// Refused before anything is loaded: a store that can never be
 	// opened would leave the agent spooling for ever.
-	if err := CheckStore(cfg.Store); err != nil {
+	if err := store.CheckSpec(cfg.Store); err != nil {
 		return err
 	}
 	series := 0
@@ -247,6 +216,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	servicesDue := 0 // intervals until listening services are written again
 	in := &intake{cfg: &cfg, log: log, metrics: m, host: hostID, memLimit: &memLimit}
 	emit := func(iv tracer.Interval) error {
+		ids.nextDrain()
 		in.take(&iv)
 		b := batchOf(iv, ids)
 		if servicesDue <= 0 && !iv.Recovered { // listening services change slowly
@@ -358,31 +328,24 @@ func keptFor(d time.Duration) string {
 // replayed from the spool) counts once.
 func batchOf(iv tracer.Interval, ids *hostIDs) store.Batch {
 	b := store.Batch{ID: iv.BatchID, Observations: make([]store.Observation, 0, len(iv.Flows))}
-	seen := map[uint32]bool{}
-	for _, f := range iv.Flows {
-		ns := flowNetNS(f, ids.rootNS)
-		h := ids.host(ns)
-		if !seen[ns] {
-			seen[ns] = true
-			b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: ns, Addrs: h.Addrs, LastSeen: iv.Time})
+	seen := map[uint32]string{} // each namespace named once a batch
+	host := func(ns uint32) string {
+		if id, ok := seen[ns]; ok {
+			return id
 		}
-		b.Observations = append(b.Observations, Observation(h.ID, f, store.DefaultBucket))
+		h := ids.host(ns)
+		seen[ns] = h.ID
+		b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: ns, Addrs: h.Addrs, LastSeen: iv.Time})
+		return h.ID
+	}
+	for _, f := range iv.Flows {
+		b.Observations = append(b.Observations, Observation(host(flowNetNS(f, ids.rootNS)), f, store.DefaultBucket))
 	}
 	for _, l := range iv.Listeners {
-		h := ids.host(l.NetNS)
-		if !seen[l.NetNS] {
-			seen[l.NetNS] = true
-			b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: l.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
-		}
-		b.Listeners = append(b.Listeners, Listener(h.ID, l, store.DefaultBucket))
+		b.Listeners = append(b.Listeners, Listener(host(l.NetNS), l, store.DefaultBucket))
 	}
 	for _, d := range iv.DNS {
-		h := ids.host(d.NetNS)
-		if !seen[d.NetNS] {
-			seen[d.NetNS] = true
-			b.Hosts = append(b.Hosts, store.Host{ID: h.ID, Name: h.Name, NetNS: d.NetNS, Addrs: h.Addrs, LastSeen: iv.Time})
-		}
-		b.DNS = append(b.DNS, DNSObservation(h.ID, d, store.DefaultBucket))
+		b.DNS = append(b.DNS, DNSObservation(host(d.NetNS), d, store.DefaultBucket))
 	}
 	return b
 }
@@ -971,103 +934,6 @@ func (w *writer) ceilingBlocked(c store.Ceiling) {
 	}
 	w.log.Warn(what+"it holds no buckets, only what the ceiling never deletes (batch ids, kept "+keptFor(store.BatchMemory)+", and the flow keys and names of the current day)",
 		append(attrs, "hint", "raise --store-max-size")...)
-}
-
-// hostIDs names hosts: the root namespace is the machine (its hostname or
-// --host-id); every other namespace is a host of its own, named after its
-// `ip netns` name or inode.
-type hostIDs struct {
-	rootNS uint32
-	rootID string
-	mu     sync.Mutex
-	cache  map[uint32]*hostInfo
-}
-
-type hostInfo struct {
-	ID, Name string
-	Addrs    []string
-	read     time.Time
-}
-
-// CheckHostID says why id cannot name a host (--host-id; "" is the
-// hostname): a host's namespaces are named "<id>/<netns>", and ids are
-// typed in queries and URLs, shown in tables and sent as metric labels.
-func CheckHostID(id string) error {
-	switch {
-	case len(id) > 253:
-		return fmt.Errorf("%d bytes long: allowed up to 253, as a DNS name", len(id))
-	case strings.Contains(id, "/"):
-		return errors.New("contains /, which separates a host from its namespaces (host/netns): allowed letters, digits and punctuation other than /")
-	case !utf8.ValidString(id):
-		return errors.New("not UTF-8: allowed letters, digits and punctuation other than /")
-	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
-		return errors.New("contains a space or control character: allowed letters, digits and punctuation other than /")
-	}
-	return nil
-}
-
-func newHostIDs(rootID string) (*hostIDs, error) {
-	self, err := netns.Self()
-	if err != nil {
-		return nil, err
-	}
-	if rootID == "" {
-		if rootID, err = os.Hostname(); err != nil {
-			return nil, fmt.Errorf("hostname: %w", err)
-		}
-	}
-	return &hostIDs{rootNS: self, rootID: rootID, cache: map[uint32]*hostInfo{}}, nil
-}
-
-func (h *hostIDs) host(ino uint32) hostInfo {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if hi, ok := h.cache[ino]; ok && time.Since(hi.read) < 30*time.Second {
-		return *hi
-	}
-	hi := &hostInfo{read: time.Now()}
-	switch names := netns.Names(); {
-	case ino == h.rootNS:
-		hi.ID, hi.Name = h.rootID, h.rootID
-		hi.Addrs = localAddrs()
-	case names[ino] != "":
-		hi.ID, hi.Name = h.rootID+"/"+names[ino], names[ino]
-		hi.Addrs = addrsIn(netns.NamedDir + "/" + names[ino])
-	default:
-		hi.ID = fmt.Sprintf("%s/netns:%d", h.rootID, ino)
-		hi.Name = hi.ID
-		if list, err := netns.List(); err == nil {
-			for _, n := range list {
-				if n.Inode == ino {
-					hi.Addrs = addrsIn(n.Path)
-					break
-				}
-			}
-		}
-	}
-	h.cache[ino] = hi
-	return *hi
-}
-
-func addrsIn(path string) []string {
-	var out []string
-	_ = netns.Do(path, func() error { out = localAddrs(); return nil })
-	return out
-}
-
-func localAddrs() []string {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, a := range addrs {
-		// Link-local addresses repeat on every host: they name nothing.
-		if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
-			out = append(out, p.Addr().Unmap().String())
-		}
-	}
-	return out
 }
 
 var errSpoolFull = errors.New("spool full")

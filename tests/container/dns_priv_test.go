@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	dtagent "github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/dockertest"
 	"github.com/deptrace/deptrace/internal/graph"
+	"github.com/deptrace/deptrace/internal/netns"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -172,7 +174,11 @@ echo done >/tmp/dns.out`, others[0], others[1], dnsRounds)
 	g := readGraph(t, bin, store, "--format", "json")
 	hosts := map[string]string{}
 	for _, name := range dnsContainers {
-		hosts[fmt.Sprintf("dnstest/netns:%d", ns[name])] = name
+		cookie, err := netns.CookieOf(ns[name]) // the container runs: its namespace's host id has it
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[dtagent.NamespaceHostID("dnstest", ns[name], cookie)] = name
 	}
 	nodes := map[string]graph.Node{}
 	for _, n := range g.Nodes {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	dtagent "github.com/deptrace/deptrace/internal/agent"
 	"github.com/deptrace/deptrace/internal/dockertest"
 	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/kernel"
@@ -102,7 +103,13 @@ func TestDockerOneShotClientJoined(t *testing.T) {
 
 	// The store and the graph: one edge into the web service, from the
 	// client's process on its own host, named; no external client.
-	clientHost, serverHost := fmt.Sprintf("onetest/netns:%d", c.NetNS), fmt.Sprintf("onetest/netns:%d", webNS)
+	// The client's namespace was gone before the agent saw it: its inode
+	// alone names it. The web container's runs: its cookie too.
+	webCookie, err := netns.CookieOf(webNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientHost, serverHost := dtagent.NamespaceHostID("onetest", c.NetNS, 0), dtagent.NamespaceHostID("onetest", webNS, webCookie)
 	g := readGraph(t, bin, store, "--format", "json-v1")
 	serviceID, clientID := graph.ServiceID(serverHost, "tcp", 8080), graph.ProcessID(clientHost, "wget")
 	var into []graph.Edge

@@ -1,0 +1,235 @@
+package agent
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/deptrace/deptrace/internal/netns"
+)
+
+// hostRefresh is how long a live namespace's addresses are trusted.
+const hostRefresh = 30 * time.Second
+
+// hostIDs names hosts: the root namespace is the machine (its hostname or
+// --host-id); a namespace `ip netns` names is "<root>/<name>"; any other is
+// "<root>/netns:<inode>.<cookie>". The inode is what lsns and
+// /proc/PID/ns/net show; the cookie (Linux 5.14 and later) is there
+// because the kernel gives a freed inode number to the next namespace it
+// makes: on a host where containers come and go, an inode alone names one
+// container after another, and the next would take the last one's
+// history and addresses. Without a cookie, "<root>/netns:<inode>".
+//
+// The kernel's records carry the inode only: a namespace that ends, and
+// whose inode a new one takes, between its last events and the drain that
+// reads them, has those last events named after the new one.
+type hostIDs struct {
+	rootNS uint32
+	rootID string
+	mu     sync.Mutex
+	cache  map[uint32]*hostInfo
+	// drain counts drains (nextDrain): a namespace found gone is not
+	// looked for again within one drain, as every flow of it asks.
+	drain uint64
+}
+
+type hostInfo struct {
+	ID, Name string
+	// Addrs are the addresses read now from the namespace's interfaces,
+	// none once it is gone: a batch says the host held them when it was
+	// made.
+	Addrs []string
+	read  time.Time
+	// from is the nsfs path the namespace was read through, and
+	// fromStart the start time of the process whose path it is (0 for a
+	// bind mount): while both still hold, a live process or bind mount
+	// keeps the namespace, so no other can have its inode.
+	from      string
+	fromStart uint64
+	// goneIn is the drain in which the namespace was found gone (0: it
+	// was not).
+	goneIn uint64
+}
+
+// CheckHostID says why id cannot name a host (--host-id; "" is the
+// hostname): a host's namespaces are named "<id>/<netns>", and ids are
+// typed in queries and URLs, shown in tables and sent as metric labels.
+func CheckHostID(id string) error {
+	switch {
+	case len(id) > 253:
+		return fmt.Errorf("%d bytes long: allowed up to 253, as a DNS name", len(id))
+	case strings.Contains(id, "/"):
+		return errors.New("contains /, which separates a host from its namespaces (host/netns): allowed letters, digits and punctuation other than /")
+	case !utf8.ValidString(id):
+		return errors.New("not UTF-8: allowed letters, digits and punctuation other than /")
+	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		return errors.New("contains a space or control character: allowed letters, digits and punctuation other than /")
+	}
+	return nil
+}
+
+func newHostIDs(rootID string) (*hostIDs, error) {
+	self, err := netns.Self()
+	if err != nil {
+		return nil, err
+	}
+	if rootID == "" {
+		if rootID, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("hostname: %w", err)
+		}
+	}
+	return &hostIDs{rootNS: self, rootID: rootID, cache: map[uint32]*hostInfo{}, drain: 1}, nil
+}
+
+// NamespaceHostID is the host id of the network namespace with inode ino
+// and cookie (0: none known) on the machine rootID, when `ip netns` does
+// not name it.
+func NamespaceHostID(rootID string, ino uint32, cookie uint64) string {
+	if cookie == 0 {
+		return fmt.Sprintf("%s/netns:%d", rootID, ino)
+	}
+	return fmt.Sprintf("%s/netns:%d.%d", rootID, ino, cookie)
+}
+
+// nextDrain starts a drain's naming: a namespace found gone in an
+// earlier one is looked for again (its inode may be another's now).
+func (h *hostIDs) nextDrain() {
+	h.mu.Lock()
+	h.drain++
+	h.mu.Unlock()
+}
+
+func (h *hostIDs) host(ino uint32) hostInfo {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.cache[ino]
+	if old != nil && h.still(ino, old) {
+		return *old
+	}
+	hi := &hostInfo{read: time.Now()}
+	switch names := netns.Names(); {
+	case ino == h.rootNS:
+		hi.ID, hi.Name = h.rootID, h.rootID
+		hi.Addrs = localAddrs()
+	case names[ino] != "":
+		hi.ID, hi.Name = h.rootID+"/"+names[ino], names[ino]
+		hi.from = netns.NamedDir + "/" + names[ino]
+		hi.Addrs, _ = readNamespace(hi.from)
+	default:
+		hi.ID = NamespaceHostID(h.rootID, ino, 0)
+		var ns *netns.Namespace
+		if list, err := netns.List(); err == nil {
+			for i := range list {
+				if list[i].Inode == ino {
+					ns = &list[i]
+					break
+				}
+			}
+		}
+		var cookie uint64
+		if ns != nil {
+			hi.from, hi.fromStart = ns.Path, processStart(ns.Path)
+			hi.Addrs, cookie = readNamespace(ns.Path)
+		}
+		switch {
+		case cookie != 0:
+			hi.ID = NamespaceHostID(h.rootID, ino, cookie)
+		case ns == nil && old != nil:
+			// Gone: its last flows are the last namespace seen with the
+			// inode's, which no new one has taken since (it would be
+			// listed), or those of one that came and went unseen.
+			hi.ID = old.ID
+		}
+		if ns == nil {
+			hi.goneIn = h.drain
+		}
+	}
+	hi.Name = cmp.Or(hi.Name, hi.ID)
+	h.cache[ino] = hi
+	return *hi
+}
+
+// still reports whether a cached name still holds: a gone namespace's
+// for the rest of the drain it was found gone in, a live one's while
+// its addresses are fresh and what it was read through still opens it.
+func (h *hostIDs) still(ino uint32, hi *hostInfo) bool {
+	switch {
+	case hi.goneIn != 0:
+		return hi.goneIn == h.drain
+	case time.Since(hi.read) >= hostRefresh:
+		return false
+	case ino == h.rootNS:
+		return true
+	}
+	if got, err := netns.Inode(hi.from); err != nil || got != ino {
+		return false
+	}
+	return hi.fromStart == processStart(hi.from)
+}
+
+// readNamespace reads a namespace's addresses and cookie (0 where the
+// kernel has none, or the namespace could not be entered).
+func readNamespace(path string) (addrs []string, cookie uint64) {
+	_ = netns.Do(path, func() error {
+		addrs = localAddrs()
+		cookie, _ = netns.Cookie() // before 5.14: the inode alone
+		return nil
+	})
+	return addrs, cookie
+}
+
+// processStart is the start time (in clock ticks since boot) of the
+// process whose /proc/PID/ns/net path is given, 0 for any other path or
+// a process that is gone: a PID given to another process changes it.
+func processStart(path string) uint64 {
+	rest, ok := strings.CutPrefix(path, "/proc/")
+	if !ok {
+		return 0
+	}
+	pid, _, _ := strings.Cut(rest, "/")
+	if _, err := strconv.Atoi(pid); err != nil {
+		return 0
+	}
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name, in parentheses, may hold spaces and ")": the
+	// fields start after the last ")". starttime is field 22, the 20th
+	// after it.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 20 {
+		return 0
+	}
+	start, _ := strconv.ParseUint(fields[19], 10, 64)
+	return start
+}
+
+func localAddrs() []string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, a := range addrs {
+		// Link-local addresses repeat on every host: they name nothing.
+		if p, err := netip.ParsePrefix(a.String()); err == nil && !p.Addr().IsLinkLocalUnicast() {
+			out = append(out, p.Addr().Unmap().String())
+		}
+	}
+	return out
+}
