@@ -53,7 +53,7 @@ type Node struct {
 	Processes []string `json:"processes,omitempty"`
 	// Listen queue of a TCP service whose agent reports listener state:
 	// the listen backlog, the deepest accept queue seen in the range, and
-	// connections dropped because the queue was full. Nil otherwise.
+	// handshake packets dropped because the queue was full. Nil otherwise.
 	Listener *ListenerState `json:"listener,omitempty"`
 	// Services (format 2) are the services a workload node listens on.
 	Services []Service `json:"services,omitempty"`
@@ -404,6 +404,7 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 	}
 	matched := map[inKey]bool{}
+	outEdge := make([]int32, len(outs)) // the edge each outbound side made
 	for i := range outs {
 		out := &outs[i]
 		from := g.nodeOf(nodeKey{'p', out.client, out.process, 0}, out.process, func() Node {
@@ -430,10 +431,61 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 					Addr: hostAddr[out.server], Port: out.port, Proto: out.proto, Process: process}
 			})
 		}
-		g.edge(from, to, out)
+		outEdge[i] = g.edge(from, to, out)
+	}
+	// A server's address that moved to another host on the same machine
+	// within the range (a container recreated with the same address): the
+	// client's flow to it, placed by its first sighting, went whole to
+	// the old holder, and the new holder's record of the client's calls
+	// has no outbound side of its own. When exactly one process of that
+	// client called that address, proto and port, the new holder's calls
+	// (its record's volume) move off the old holder's edge onto an edge of
+	// their own from that process; what only the client measures (failed
+	// connects, connect latency, RTT, its retransmissions) stays where the
+	// client's record put it.
+	movedTo := map[inKey]int{}
+	for k, in := range ins {
+		if matched[k] || in.client == "" {
+			continue
+		}
+		only := -1
+		for i := range outs {
+			out := &outs[i]
+			if out.client == in.client && out.proto == in.proto && out.port == in.port && out.serverAddr == in.serverAddr &&
+				out.server != "" && out.server != in.server && machineOf(out.server) == machineOf(in.server) {
+				if only >= 0 && outs[only].process != out.process {
+					only = -1
+					break
+				}
+				only = i
+			}
+		}
+		if only >= 0 {
+			movedTo[k] = only
+		}
 	}
 	for k, in := range ins {
 		if matched[k] {
+			continue
+		}
+		if i, ok := movedTo[k]; ok {
+			out := &outs[i]
+			from := g.nodeOf(nodeKey{'p', out.client, out.process, 0}, out.process, nil)
+			to := g.nodeOf(nodeKey{'s', in.server, in.proto, in.port}, in.process, func() Node {
+				return Node{ID: ServiceID(in.server, in.proto, in.port), Kind: KindService, Host: in.server,
+					Addr: hostAddr[in.server], Port: in.port, Proto: in.proto, Process: in.process}
+			})
+			old := &g.list[outEdge[i]]
+			old.Counters = beyond(old.Counters, in.c)
+			g.edge(from, to, in)
+			if track {
+				if g.obsBeyond == nil {
+					g.obsBeyond = map[int32]int32{}
+				}
+				for _, m := range in.members {
+					g.obsBeyond[m] = outEdge[i]
+				}
+			}
 			continue
 		}
 		to := g.nodeOf(nodeKey{'s', in.server, in.proto, in.port}, in.process, func() Node {
@@ -704,17 +756,18 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 	}
 }
 
-// beyond is what a receiver's view c (the client's point of view) holds
-// past the senders' own reports seen: the volume counters, each at least 0.
+// beyond is what a view c (the client's point of view) holds past the
+// counts seen elsewhere (a unix receiver's past its senders' own reports;
+// a client's record of a moved address past the new holder's): the volume
+// counters less seen's, each at least 0; the rest of c as it is.
 func beyond(c, seen tracer.Counters) tracer.Counters {
 	sub := func(a, b uint64) uint64 { return a - min(a, b) }
-	return tracer.Counters{
-		Connections:       sub(c.Connections, seen.Connections),
-		BytesSent:         sub(c.BytesSent, seen.BytesSent),
-		BytesReceived:     sub(c.BytesReceived, seen.BytesReceived),
-		DatagramsSent:     sub(c.DatagramsSent, seen.DatagramsSent),
-		DatagramsReceived: sub(c.DatagramsReceived, seen.DatagramsReceived),
-	}
+	c.Connections = sub(c.Connections, seen.Connections)
+	c.BytesSent = sub(c.BytesSent, seen.BytesSent)
+	c.BytesReceived = sub(c.BytesReceived, seen.BytesReceived)
+	c.DatagramsSent = sub(c.DatagramsSent, seen.DatagramsSent)
+	c.DatagramsReceived = sub(c.DatagramsReceived, seen.DatagramsReceived)
+	return c
 }
 
 // listeners puts each service's accept-queue state on its node: summed
@@ -744,7 +797,7 @@ func (b *builder) listeners(ls []store.Listener, hostAddr map[string]string) {
 		n := &b.nodes[i]
 		if n.Listener != nil && n.Listener.Drops > 0 {
 			n.Unhealthy = true
-			n.Reasons = []string{fmt.Sprintf("%d connections dropped: accept queue full (backlog %d, deepest queue %d)",
+			n.Reasons = []string{fmt.Sprintf("accept queue full: %d handshake packets dropped (SYNs and ACKs, a retry counted again; backlog %d, deepest queue %d)",
 				n.Listener.Drops, n.Listener.BacklogLimit, n.Listener.QueueMax)}
 		}
 	}
@@ -826,7 +879,7 @@ func (b *builder) name(i int32, s *side) {
 	}
 }
 
-func (b *builder) edge(from, to int32, s *side) {
+func (b *builder) edge(from, to int32, s *side) int32 {
 	k := [2]int32{from, to}
 	i, ok := b.edges[k]
 	if !ok {
@@ -845,6 +898,7 @@ func (b *builder) edge(from, to int32, s *side) {
 	if s.last.After(e.LastSeen) {
 		e.LastSeen = s.last
 	}
+	return i
 }
 
 // graph sorts nodes by id and edges by (from, to). Edges are sorted by

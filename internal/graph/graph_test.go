@@ -201,6 +201,80 @@ func TestMovedAddressJoinsEachHoldersTraffic(t *testing.T) {
 	}
 }
 
+// A server's address that moved to another host of the same machine (a
+// container recreated with the same address): the client's flow to it,
+// one over the range and first seen before the move, went whole to the
+// old holder, and the new holder's record of the calls it served made a
+// second edge from the client host's unknown process, counting them
+// again. The new holder's calls now come off the old holder's edge onto
+// one of their own from the client's process; what only the client
+// measures (here its failed connects, in the gap) stays on the old edge.
+// The steps of a history sum to the range's edges.
+func TestMovedServerAddressSplitsTheClientsFlow(t *testing.T) {
+	moved := "198.51.100.9"
+	hs := append(slices.Clone(hosts),
+		store.Host{ID: "m/old", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(2 * time.Minute)}},
+		store.Host{ID: "m/new", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(time.Hour)}},
+		store.Host{ID: "m/client", Addrs: []string{"198.51.100.8"}})
+	after := func(x store.Observation) store.Observation {
+		x.FirstSeen, x.LastSeen = at.Add(30*time.Minute), at.Add(31*time.Minute)
+		return x
+	}
+	steps := [][]store.Observation{
+		{o("m/client", "outbound", "198.51.100.8", moved, 8125, "qa", 60, 600, 6000), o("m/old", "inbound", moved, "198.51.100.8", 8125, "statsd", 60, 6000, 600)},
+		{after(o("m/client", "outbound", "198.51.100.8", moved, 8125, "qa", 11, 110, 1100)), after(o("m/new", "inbound", moved, "198.51.100.8", 8125, "statsd", 11, 1100, 110))},
+	}
+	steps[1][0].FailedConnections, steps[1][0].FailedRefused = 4, 4 // while nothing held the address
+	// The range: one observation per flow, the client's summed over both
+	// steps and first seen before the move.
+	clientFlow := steps[0][0]
+	clientFlow.Counters.Add(steps[1][0].Counters)
+	clientFlow.LastSeen = steps[1][0].LastSeen
+	obs := []store.Observation{clientFlow, steps[0][1], steps[1][1]}
+	g := Build(obs, hs, nil)
+	from := ProcessID("m/client", "qa")
+	if e := edge(t, g, from, ServiceID("m/old", "tcp", 8125)); e.Connections != 60 || e.BytesSent != 600 || e.BytesReceived != 6000 || e.FailedConnections != 4 {
+		t.Errorf("the old holder's edge %+v; want 60 connections, 600/6000 bytes and the client's 4 failed connects", e.Counters)
+	}
+	if e := edge(t, g, from, ServiceID("m/new", "tcp", 8125)); e.Connections != 11 || e.BytesSent != 110 || e.BytesReceived != 1100 {
+		t.Errorf("the new holder's edge %+v; want 11 connections, 110/1100 bytes", e.Counters)
+	}
+	if len(g.Edges) != 2 {
+		t.Errorf("%d edges, want 2 (none from an unknown process): %+v", len(g.Edges), g.Edges)
+	}
+	if n := node(t, g, ServiceID("m/new", "tcp", 8125)); n.Process != "statsd" {
+		t.Errorf("new holder's service %+v", n)
+	}
+
+	j := NewJoiner(obs, hs, nil)
+	sum := map[[2]string]tracer.Counters{}
+	for _, st := range steps {
+		for _, e := range j.Step(st, nil).Edges {
+			c := sum[[2]string{e.From, e.To}]
+			c.Add(e.Counters)
+			sum[[2]string{e.From, e.To}] = c
+		}
+	}
+	for _, e := range g.Edges {
+		if got := sum[[2]string{e.From, e.To}]; got != e.Counters {
+			t.Errorf("%s -> %s: the steps sum to %+v, the range has %+v", e.From, e.To, got, e.Counters)
+		}
+	}
+
+	// Held on two machines (a fleet's two private networks), the address
+	// is not taken for moved: the client's machine's holder keeps its
+	// flow, and the other machine's record stays apart.
+	hs2 := append(slices.Clone(hosts),
+		store.Host{ID: "m/old", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(2 * time.Minute)}},
+		store.Host{ID: "n/new", Addrs: []string{moved}, AddrsSeen: []time.Time{at.Add(time.Hour)}},
+		store.Host{ID: "m/client", Addrs: []string{"198.51.100.8"}})
+	obs[2].HostID = "n/new"
+	g2 := Build(obs, hs2, nil)
+	if e := edge(t, g2, from, ServiceID("m/old", "tcp", 8125)); e.Connections != 71 {
+		t.Errorf("another machine's holder: the client's edge %+v, want its whole 71 connections", e.Counters)
+	}
+}
+
 // An address that several hosts hold at once (docker0's on every Docker
 // host) is, to a host on one of those machines, its own machine's, at any
 // time and whichever machine was seen last.
@@ -495,7 +569,7 @@ func TestHealthOfEdgesAndListeners(t *testing.T) {
 	}
 	db := node(t, g, ServiceID("db", "tcp", 5432))
 	if db.Listener == nil || *db.Listener != (ListenerState{BacklogLimit: 128, QueueMax: 128, Drops: 15}) || !db.Unhealthy ||
-		!strings.Contains(db.Reasons[0], "15 connections dropped") {
+		!strings.Contains(db.Reasons[0], "15 handshake packets dropped") {
 		t.Errorf("dropping service: %+v %+v", db, db.Listener)
 	}
 	if app := node(t, g, ServiceID("app", "tcp", 8080)); app.Unhealthy || app.Listener == nil || app.Listener.BacklogLimit != 4096 {

@@ -133,7 +133,7 @@ func TestGroupedGraphQueriesAndPictures(t *testing.T) {
 		}
 	}
 	pg := node(t, g, "workload:db/postgres")
-	if !pg.Unhealthy || len(pg.Reasons) != 1 || !strings.HasPrefix(pg.Reasons[0], "tcp/5432: 2 connections dropped") {
+	if !pg.Unhealthy || len(pg.Reasons) != 1 || !strings.HasPrefix(pg.Reasons[0], "tcp/5432: accept queue full: 2 handshake packets dropped") {
 		t.Errorf("postgres: %+v", pg)
 	}
 

@@ -28,8 +28,9 @@ type Health struct {
 	ResetRatio float64
 	// RetransmitsPerConn: retransmitted segments per connection.
 	RetransmitsPerConn float64
-	// ListenDropRatio: connections a service's full accept queue dropped
-	// over the connections that reached it (accepted + dropped).
+	// ListenDropRatio: handshake packets a service's full accept queue
+	// dropped (the listener's sk_drops: SYNs and completing ACKs, each
+	// retry again) over the arrivals (accepted connections + drops).
 	ListenDropRatio float64
 	// DegradedFactor: a rule whose rate reaches this fraction of its
 	// unhealthy threshold makes the edge or service degraded (also when
@@ -170,8 +171,10 @@ func (a attempts) reason() string {
 	return fmt.Sprintf("nothing answered: %d connection attempts, none worked", a.failed)
 }
 
-// listen judges a service's accept queue: drops over the connections
-// that reached it (accepted, as its edges counted them, + dropped).
+// listen judges a service's accept queue: drops over the arrivals
+// (connections accepted, as its edges counted them, + drops). A drop is a
+// packet, not a connection: a client whose SYN is dropped retries, and
+// each retry dropped counts again.
 func (h Health) listen(l *ListenerState, accepted uint64) (string, []string) {
 	if l == nil || l.Drops == 0 {
 		return HealthOK, nil
@@ -181,8 +184,8 @@ func (h Health) listen(l *ListenerState, accepted uint64) (string, []string) {
 	if st == HealthOK {
 		return st, nil
 	}
-	return st, []string{fmt.Sprintf("%d connections dropped of %d that reached it (%s): accept queue full (backlog %d, deepest queue %d)",
-		l.Drops, reached, pct(l.Drops, reached), l.BacklogLimit, l.QueueMax)}
+	return st, []string{fmt.Sprintf("accept queue full: %d handshake packets dropped (SYNs and ACKs, a retry counted again) beside %d connections accepted, %s of %d arrivals (backlog %d, deepest queue %d)",
+		l.Drops, accepted, pct(l.Drops, reached), reached, l.BacklogLimit, l.QueueMax)}
 }
 
 // judge applies h to the edge's counters over the range:

@@ -20,7 +20,7 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 			Nodes: []Node{
 				{ID: "process:h1/app", Kind: KindProcess, Host: "h1", Addr: "10.0.0.1", Process: "app"},
 				{ID: "service:h2/tcp/5432", Kind: KindService, Host: "h2", Addr: "10.0.0.2", Port: 5432, Proto: "tcp", Process: "postgres",
-					Listener: &ListenerState{BacklogLimit: 4096, QueueMax: 129, Drops: 7}, Unhealthy: true, Reasons: []string{"7 connections dropped"}},
+					Listener: &ListenerState{BacklogLimit: 4096, QueueMax: 129, Drops: 7}, Unhealthy: true, Reasons: []string{"accept queue full: 7 handshake packets dropped"}},
 				{ID: "service:h2/unix:/run/a<b>&\"c\\\n", Kind: KindService, Host: "h2", Addr: "/run/é\u2028\xff", Proto: "unix", Process: "ünïcode"},
 				{ID: "process:h3/nginx", Kind: KindProcess, Host: "h3", Process: "nginx", Identity: tracer.Identity{Unit: "nginx.service"}},
 				{ID: "service:h4/tcp/80", Kind: KindService, Host: "h4", Port: 80, Proto: "tcp", Process: "app", Identity: tracer.Identity{

@@ -145,7 +145,7 @@ func newDepCollector(o Options) *depCollector {
 	c.latency = prometheus.NewDesc("deptrace_outbound_connect_latency_seconds",
 		"TCP connect latency (SYN sent to established) seen by the client: _sum and _count, no quantiles.", c.labelNames(string(tracer.Outbound)), nil)
 	ll := []string{"host", "process", "port"}
-	c.lDrops = prometheus.NewDesc("deptrace_listener_drops_total", "Connections a listening socket dropped because its accept queue was full.", ll, nil)
+	c.lDrops = prometheus.NewDesc("deptrace_listener_drops_total", "Handshake packets (SYNs and completing ACKs; a client's retry counts again) a listening socket dropped because its queues were full: the socket's sk_drops.", ll, nil)
 	c.lQueue = prometheus.NewDesc("deptrace_listener_queue_max", "Deepest accept queue of a listening socket in the last interval it was seen.", ll, nil)
 	c.lLimit = prometheus.NewDesc("deptrace_listener_backlog_limit", "listen() backlog of a listening socket.", ll, nil)
 	c.series = prometheus.NewDesc("deptrace_metrics_series", "Dependency and listener series held (each is several metrics).", nil, nil)

@@ -12,7 +12,7 @@ import (
 
 // Listener is the state of one listening TCP socket of one host over one
 // bucket: the listen backlog (the latest value), the deepest accept queue
-// (maximum) and the connections dropped because it was full (sum).
+// (maximum) and the handshake packets dropped because it was full (sum).
 type Listener struct {
 	Bucket       time.Time
 	HostID       string
