@@ -87,7 +87,7 @@ killed agent left.`,
 				return err
 			}
 			if interval < time.Second || interval > time.Hour {
-				return fmt.Errorf("invalid --interval %s: allowed %s", interval, agentIntervals)
+				return fmt.Errorf("invalid --interval %s: allowed %s", cli.FormatDuration(interval), agentIntervals)
 			}
 			tcfg.Interval = interval
 			if pinPath != "" {
@@ -126,7 +126,7 @@ killed agent left.`,
 				return fmt.Errorf("invalid --metrics-identity-max %d: allowed %s", cfg.Metrics.MaxIdentityValues, identityMaxAllowed)
 			}
 			if cfg.Metrics.TTL < metrics.MinTTL {
-				return fmt.Errorf("invalid --metrics-ttl %s: allowed %s", cfg.Metrics.TTL, metricsTTLAllowed)
+				return fmt.Errorf("invalid --metrics-ttl %s: allowed %s", cli.FormatDuration(cfg.Metrics.TTL), metricsTTLAllowed)
 			}
 			idCfg, err := idf.config()
 			if err != nil {
@@ -218,7 +218,7 @@ var (
 	agentIntervals     = "1s to 1h"
 	maxProcsAllowed    = "0 (Go's default) or more"
 	identityMaxAllowed = "1 or more"
-	metricsTTLAllowed  = metrics.MinTTL.String() + " or more"
+	metricsTTLAllowed  = cli.FormatDuration(metrics.MinTTL) + " or more"
 )
 
 // retentionLevels are the agent's per-level retention flags, finest first.
@@ -286,15 +286,14 @@ func agentRetention(cmd *cobra.Command, legacy string, perLevel [3]string) (stor
 	return r, r.Check()
 }
 
-// formatAge writes a duration as the flags read it: whole days as "Nd".
+// formatAge writes a duration as the retention flags read it: whole
+// days from 3 on as "Nd" (cli.ParseAge takes them), the rest as any
+// duration flag's (cli.FormatDuration).
 func formatAge(d time.Duration) string {
 	if d != 0 && d%(24*time.Hour) == 0 && d >= 72*time.Hour {
 		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
 	}
-	if d%time.Hour == 0 {
-		return strconv.FormatInt(int64(d/time.Hour), 10) + "h"
-	}
-	return d.String()
+	return cli.FormatDuration(d)
 }
 
 // byteUnits are the units parseBytes reads: powers of 1024 and of 1000.

@@ -3,7 +3,6 @@ package main
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 // diff with one end of --before-since/--before-until: the other
@@ -51,22 +50,36 @@ func TestDiffDefaultsTheMissingEndOfTheWindowBefore(t *testing.T) {
 }
 
 // A window before that does not start before it ends, and a --since
-// after now without --until, are one-line errors naming the flags.
+// after now without --until, are one-line errors naming the flags; the
+// first say which ends were defaulted and from what, in the words
+// /api/diff uses (cli.BeforeWindow), with their parameters' names.
 func TestDiffRefusesABackwardWindow(t *testing.T) {
 	db := seedStore(t, "")
+	const (
+		since, until = "2026-11-21T10:00:00Z", "2026-11-21T12:00:00Z"
+		first        = "1678-01-01T00:00:00Z" // cli.MinTime
+	)
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--since", "5m", "--before-since", "1m"}, "(--before-until defaults to --since): allowed a window that starts before it ends"},
-		{[]string{"--since", "5m", "--before-since", "1h", "--before-until", "2h"}, "invalid range: --before-since"},
-		{[]string{"--since", "5m", "--before-until", "1678-01-01T00:00:00Z"}, "(--before-since defaults to --before-until minus the length of [--since, --until))"},
-		{[]string{"--since", time.Now().Add(24 * time.Hour).Format(time.RFC3339)}, "allowed a time before now (or give --until after it)"},
+		// Only --before-since: the window ends at --since.
+		{[]string{"--since", since, "--until", until, "--before-since", "2026-11-21T11:00:00Z"},
+			"invalid range: --before-since 2026-11-21T11:00:00Z is not before --before-until 2026-11-21T10:00:00Z (--before-until defaults to --since): allowed a window that starts before it ends"},
+		// Only --before-until: the defaulted start is held at the earliest time.
+		{[]string{"--since", since, "--until", until, "--before-until", first},
+			"invalid range: --before-since 1678-01-01T00:00:00Z is not before --before-until 1678-01-01T00:00:00Z (--before-since defaults to --before-until minus the length of [--since, --until), no earlier than 1678-01-01T00:00:00Z): allowed a --before-until after 1678-01-01T00:00:00Z"},
+		// Neither: a --since at the earliest time leaves no room before it.
+		{[]string{"--since", first, "--until", "1678-01-02T00:00:00Z"},
+			"invalid range: --before-since 1678-01-01T00:00:00Z is not before --before-until 1678-01-01T00:00:00Z (neither was given: --before-until defaults to --since, --before-since to --before-until minus the length of [--since, --until), no earlier than 1678-01-01T00:00:00Z): allowed a --since after 1678-01-01T00:00:00Z, or --before-since and --before-until"},
+		// Both, backwards.
+		{[]string{"--since", since, "--until", until, "--before-since", "2026-11-21T03:00:00Z", "--before-until", "2026-11-21T02:00:00Z"},
+			"invalid range: --before-since 2026-11-21T03:00:00Z is not before --before-until 2026-11-21T02:00:00Z: allowed a window that starts before it ends"},
+		{[]string{"--since", "2200-01-01T00:00:00Z"}, "invalid --since 2200-01-01T00:00:00Z: allowed a time before now (or give --until after it)"},
 	} {
 		stdout, stderr, code := run(t, nil, append([]string{"diff", "--store", db}, c.args...)...)
-		lines := strings.Split(strings.TrimSpace(stderr), "\n")
-		if code != 1 || len(lines) != 1 || !strings.HasPrefix(lines[0], "deptrace: ") || !strings.Contains(lines[0], c.want) || stdout != "" {
-			t.Errorf("diff %v: exit %d, stdout %q, stderr %q; want exit 1 and one line with %q", c.args, code, stdout, stderr, c.want)
+		if code != 1 || stderr != "deptrace: "+c.want+"\n" || stdout != "" {
+			t.Errorf("diff %v: exit %d, stdout %q, stderr\n%s\nwant exit 1 and one line:\ndeptrace: %s", c.args, code, stdout, stderr, c.want)
 		}
 	}
 }

@@ -207,8 +207,8 @@ func TestBadDNSFlagsAreOneLine(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{[]string{"trace", "--dns-timeout", "1ms"}, nil, "invalid --dns-timeout 1ms: allowed 100ms to 5m0s"},
-		{[]string{"agent", "--dns-timeout", "10m"}, nil, "invalid --dns-timeout 10m0s: allowed 100ms to 5m0s"},
+		{[]string{"trace", "--dns-timeout", "1ms"}, nil, "invalid --dns-timeout 1ms: allowed 100ms to 5m"},
+		{[]string{"agent", "--dns-timeout", "10m"}, nil, "invalid --dns-timeout 10m: allowed 100ms to 5m"},
 		{[]string{"trace"}, []string{"DEPTRACE_DNS_TIMEOUT=soon"}, `invalid DEPTRACE_DNS_TIMEOUT="soon" for --dns-timeout`},
 		{[]string{"trace"}, []string{"DEPTRACE_NO_DNS=maybe"}, `invalid DEPTRACE_NO_DNS="maybe" for --no-dns`},
 	} {

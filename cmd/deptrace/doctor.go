@@ -49,7 +49,7 @@ loss counters. It exits with status 1 when deptrace cannot run here.`,
 				return err
 			}
 			if sample < 0 || sample > time.Minute {
-				return fmt.Errorf("invalid --sample %s: allowed %s", sample, doctorSamples)
+				return fmt.Errorf("invalid --sample %s: allowed %s", cli.FormatDuration(sample), doctorSamples)
 			}
 			return runDoctor(cmd.Context(), os.Stdout, cfg, sample, storeSpec, spoolPath)
 		},

@@ -23,7 +23,7 @@ func TestTraceIdentityBadInput(t *testing.T) {
 		want string
 	}{
 		{[]string{"trace", "--identity-retain", "0s"}, nil, "invalid --identity-retain 0s: allowed 1s to 24h"},
-		{[]string{"trace"}, []string{"DEPTRACE_IDENTITY_RETAIN=48h"}, "invalid --identity-retain 48h0m0s: allowed 1s to 24h"},
+		{[]string{"trace"}, []string{"DEPTRACE_IDENTITY_RETAIN=48h"}, "invalid --identity-retain 48h: allowed 1s to 24h"},
 	} {
 		stdout, stderr, code := run(t, c.env, c.args...)
 		lines := strings.Split(strings.TrimSpace(stderr), "\n")

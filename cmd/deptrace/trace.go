@@ -53,10 +53,10 @@ the last partial interval before exiting.`,
 				return err
 			}
 			if interval < tracer.MinInterval || interval > tracer.MaxInterval {
-				return fmt.Errorf("invalid --interval %s: allowed %s", interval, traceIntervals)
+				return fmt.Errorf("invalid --interval %s: allowed %s", cli.FormatDuration(interval), traceIntervals)
 			}
 			if duration < 0 {
-				return fmt.Errorf("invalid --duration %s: allowed %s", duration, traceDurations)
+				return fmt.Errorf("invalid --duration %s: allowed %s", cli.FormatDuration(duration), traceDurations)
 			}
 			cfg.Interval = interval
 			protos, err := output.ParseProtos(proto)
@@ -102,7 +102,7 @@ the last partial interval before exiting.`,
 
 // What trace's --interval and --duration take.
 var (
-	traceIntervals = fmt.Sprintf("%s to %s", tracer.MinInterval, tracer.MaxInterval)
+	traceIntervals = cli.FormatDuration(tracer.MinInterval) + " to " + cli.FormatDuration(tracer.MaxInterval)
 	traceDurations = "0 (until interrupted) or more"
 )
 
@@ -115,14 +115,22 @@ type dnsFlags struct {
 
 func (f *dnsFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&f.off, "no-dns", false, "do not watch DNS: no names of remote ends (remote_name), no per-client DNS records")
-	cmd.Flags().DurationVar(&f.timeout, "dns-timeout", dnswatch.DefaultTimeout, fmt.Sprintf("a DNS query without an answer for this long counts as a timeout (%s to %s)", dnswatch.MinTimeout, dnswatch.MaxTimeout))
-	cli.SetAllowed(cmd.Flags(), "dns-timeout", fmt.Sprintf("%s to %s", dnswatch.MinTimeout, dnswatch.MaxTimeout)) // as dnswatch.Config.Validate says
+	cmd.Flags().DurationVar(&f.timeout, "dns-timeout", dnswatch.DefaultTimeout, "a DNS query without an answer for this long counts as a timeout ("+dnsTimeouts+")")
+	cli.SetAllowed(cmd.Flags(), "dns-timeout", dnsTimeouts)
 }
+
+// dnsTimeouts is what --dns-timeout takes: dnswatch's bounds.
+var dnsTimeouts = cli.FormatDuration(dnswatch.MinTimeout) + " to " + cli.FormatDuration(dnswatch.MaxTimeout)
 
 // config returns nil when DNS watching is off.
 func (f *dnsFlags) config(netns uint32) (*dnswatch.Config, error) {
 	if f.off {
 		return nil, nil
+	}
+	// Checked here, not only by Validate, to write the durations as
+	// the flag takes them.
+	if f.timeout < dnswatch.MinTimeout || f.timeout > dnswatch.MaxTimeout {
+		return nil, fmt.Errorf("invalid --dns-timeout %s: allowed %s", cli.FormatDuration(f.timeout), dnsTimeouts)
 	}
 	cfg := dnswatch.DefaultConfig()
 	cfg.NetNS, cfg.Timeout = netns, f.timeout
@@ -201,7 +209,7 @@ func (f *identityFlags) config() (*identity.Config, error) {
 		return nil, nil
 	}
 	if f.retain < time.Second || f.retain > 24*time.Hour {
-		return nil, fmt.Errorf("invalid --identity-retain %s: allowed %s", f.retain, identityRetains)
+		return nil, fmt.Errorf("invalid --identity-retain %s: allowed %s", cli.FormatDuration(f.retain), identityRetains)
 	}
 	cfg := identity.DefaultConfig()
 	cfg.DockerSocket, cfg.PodmanSocket, cfg.ContainerdSocket, cfg.CRIOSocket = f.docker, f.podman, f.containerd, f.crio

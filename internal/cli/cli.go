@@ -10,8 +10,10 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -69,15 +71,48 @@ type Ranged interface {
 const allowedAnnotation = "deptrace_allowed"
 
 // SetAllowed records what the flag name of fs takes, such as "64 to
-// 4194304" or "1s to 1h", where its type allows more (the command checks
-// the range once the flags are parsed): a value that does not even parse
-// as the type ("99999999999" for a uint32, "soon" for a duration) is
-// refused with that range, not with the type's. The command's own range
-// error should say the same.
+// 4194304" or "1s to 1h" (durations written by FormatDuration), where its
+// type allows more (the command checks the range once the flags are
+// parsed): a value that does not even parse as the type ("99999999999"
+// for a uint32, "soon" for a duration) is refused with that range, not
+// with the type's. The command's own range error should say the same.
 func SetAllowed(fs *pflag.FlagSet, name, allowed string) {
 	if err := fs.SetAnnotation(name, allowedAnnotation, []string{allowed}); err != nil {
 		panic(err) // no such flag: a programming error
 	}
+}
+
+// FormatDuration writes d as people type a duration, for ranges,
+// defaults and values in errors: 1h, 30m, 1m30s, 100ms, 24h, where
+// time.Duration.String writes 1h0m0s, 30m0s and 24h0m0s. Hours and
+// minutes are whole and left out when zero; what is left below a minute
+// is written as Duration.String writes it (1.5s, 100ms, 1ns), so nothing
+// is rounded away and time.ParseDuration reads the text back as d. Zero
+// is 0s. No days: a duration flag does not take them.
+func FormatDuration(d time.Duration) string {
+	if d == 0 {
+		return "0s"
+	}
+	var b []byte
+	u := uint64(d)
+	if d < 0 {
+		b = append(b, '-')
+		u = -u // in uint64, so that the most negative Duration has its size
+	}
+	for _, unit := range []struct {
+		size uint64
+		name byte
+	}{{uint64(time.Hour), 'h'}, {uint64(time.Minute), 'm'}} {
+		if n := u / unit.size; n > 0 {
+			b = strconv.AppendUint(b, n, 10)
+			b = append(b, unit.name)
+			u %= unit.size
+		}
+	}
+	if u > 0 {
+		b = append(b, time.Duration(u).String()...)
+	}
+	return string(b)
 }
 
 // AllowedText says what flag f takes, for the error of a value it

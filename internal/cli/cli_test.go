@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -191,5 +192,40 @@ func TestStopSignalsLeaveNohupAlone(t *testing.T) {
 	}
 	if got := stopSignals(true); !slices.Equal(got, []os.Signal{os.Interrupt, syscall.SIGTERM}) {
 		t.Errorf("stopSignals(true) = %v with SIGHUP ignored, want it left out", got)
+	}
+}
+
+// Durations in ranges and errors read as people type them, and exactly:
+// the text parses back to the same duration.
+func TestFormatDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                     "0s",
+		time.Hour:                             "1h",
+		30 * time.Minute:                      "30m",
+		90 * time.Second:                      "1m30s",
+		100 * time.Millisecond:                "100ms",
+		24 * time.Hour:                        "24h",
+		time.Second:                           "1s",
+		time.Nanosecond:                       "1ns",
+		1500 * time.Microsecond:               "1.5ms",
+		1500 * time.Millisecond:               "1.5s",
+		90 * time.Minute:                      "1h30m",
+		time.Hour + 30*time.Second:            "1h30s",
+		time.Hour + time.Nanosecond:           "1h1ns",
+		time.Minute + 500*time.Millisecond:    "1m500ms",
+		400 * 24 * time.Hour:                  "9600h",
+		-90 * time.Minute:                     "-1h30m",
+		-100 * time.Millisecond:               "-100ms",
+		time.Duration(math.MaxInt64):          "2562047h47m16.854775807s",
+		time.Duration(math.MinInt64):          "-2562047h47m16.854775808s",
+		2*time.Hour + 3*time.Minute + 1500000: "2h3m1.5ms",
+	} {
+		got := FormatDuration(d)
+		if got != want {
+			t.Errorf("FormatDuration(%s) = %q, want %q", d, got, want)
+		}
+		if back, err := time.ParseDuration(got); err != nil || back != d {
+			t.Errorf("%q reads back as %s, %v; want %s", got, back, err, d)
+		}
 	}
 }

@@ -95,7 +95,10 @@ type WindowNames struct{ Since, Until, BeforeSince, BeforeUntil string }
 // ends at since (the current window's start); only beforeUntil is as long
 // as the current window. A start that would fall before MinTime is
 // MinTime. A window that does not start before it ends is an error, in
-// names, that says which end was defaulted.
+// names, that says which ends were defaulted and from what, and, when
+// the defaulted start was held at MinTime (the one way a defaulted start
+// reaches its end), what to give instead: the CLI's diff and /api/diff
+// print the same sentence.
 func BeforeWindow(since, until, beforeSince, beforeUntil time.Time, names WindowNames) (bs, bu time.Time, err error) {
 	bs, bu = beforeSince, beforeUntil
 	if bu.IsZero() {
@@ -111,13 +114,25 @@ func BeforeWindow(since, until, beforeSince, beforeUntil time.Time, names Window
 	if bs.Before(bu) {
 		return bs, bu, nil
 	}
-	var dflt string
+	first := MinTime.Format(time.RFC3339)
+	// How a missing start is defaulted, in the caller's names.
+	startDefault := fmt.Sprintf("%s minus the length of [%s, %s), no earlier than %s", names.BeforeUntil, names.Since, names.Until, first)
+	clamped := beforeSince.IsZero() && bs.Equal(MinTime)
+	dflt, allowed := "", "a window that starts before it ends"
 	switch {
-	case !beforeSince.IsZero() && beforeUntil.IsZero():
+	case beforeSince.IsZero() && beforeUntil.IsZero():
+		dflt = fmt.Sprintf(" (neither was given: %s defaults to %s, %s to %s)", names.BeforeUntil, names.Since, names.BeforeSince, startDefault)
+		if clamped {
+			allowed = fmt.Sprintf("a %s after %s, or %s and %s", names.Since, first, names.BeforeSince, names.BeforeUntil)
+		}
+	case beforeSince.IsZero():
+		dflt = fmt.Sprintf(" (%s defaults to %s)", names.BeforeSince, startDefault)
+		if clamped {
+			allowed = fmt.Sprintf("a %s after %s", names.BeforeUntil, first)
+		}
+	case beforeUntil.IsZero():
 		dflt = fmt.Sprintf(" (%s defaults to %s)", names.BeforeUntil, names.Since)
-	case beforeSince.IsZero() && !beforeUntil.IsZero():
-		dflt = fmt.Sprintf(" (%s defaults to %s minus the length of [%s, %s))", names.BeforeSince, names.BeforeUntil, names.Since, names.Until)
 	}
-	return bs, bu, fmt.Errorf("invalid range: %s %s is not before %s %s%s: allowed a window that starts before it ends",
-		names.BeforeSince, bs.Format(time.RFC3339), names.BeforeUntil, bu.Format(time.RFC3339), dflt)
+	return bs, bu, fmt.Errorf("invalid range: %s %s is not before %s %s%s: allowed %s",
+		names.BeforeSince, bs.Format(time.RFC3339), names.BeforeUntil, bu.Format(time.RFC3339), dflt, allowed)
 }

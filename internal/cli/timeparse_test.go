@@ -109,21 +109,28 @@ func TestBeforeWindow(t *testing.T) {
 	}
 }
 
-// A window before that ends before it starts is an error naming the end
-// that was defaulted, in the caller's names.
+// A window before that does not start before it ends is an error, in
+// the caller's names, that says which ends were defaulted and from what;
+// a defaulted start held at MinTime says what to give instead. The CLI's
+// diff and /api/diff print this sentence as it is.
 func TestBeforeWindowErrorsNameTheDefaultedEnd(t *testing.T) {
 	at := func(h int) time.Time { return time.Date(2026, 11, 21, h, 0, 0, 0, time.UTC) }
-	var none time.Time
 	for _, c := range []struct {
-		bs, bu time.Time
-		want   string
+		name                 string
+		since, until, bs, bu time.Time
+		err                  string
 	}{
-		{at(11), none, "invalid range: --before-since 2026-11-21T11:00:00Z is not before --before-until 2026-11-21T10:00:00Z (--before-until defaults to --since): allowed a window that starts before it ends"},
-		{none, MinTime, "(--before-since defaults to --before-until minus the length of [--since, --until))"},
-		{at(3), at(2), "invalid range: --before-since 2026-11-21T03:00:00Z is not before --before-until 2026-11-21T02:00:00Z: allowed"},
+		{name: "only --before-since: it ends at --since", since: at(10), until: at(12), bs: at(11),
+			err: "invalid range: --before-since 2026-11-21T11:00:00Z is not before --before-until 2026-11-21T10:00:00Z (--before-until defaults to --since): allowed a window that starts before it ends"},
+		{name: "only --before-until: the start held at MinTime", since: at(10), until: at(12), bu: MinTime,
+			err: "invalid range: --before-since 1678-01-01T00:00:00Z is not before --before-until 1678-01-01T00:00:00Z (--before-since defaults to --before-until minus the length of [--since, --until), no earlier than 1678-01-01T00:00:00Z): allowed a --before-until after 1678-01-01T00:00:00Z"},
+		{name: "neither: --since at MinTime leaves no room before it", since: MinTime, until: MinTime.Add(24 * time.Hour),
+			err: "invalid range: --before-since 1678-01-01T00:00:00Z is not before --before-until 1678-01-01T00:00:00Z (neither was given: --before-until defaults to --since, --before-since to --before-until minus the length of [--since, --until), no earlier than 1678-01-01T00:00:00Z): allowed a --since after 1678-01-01T00:00:00Z, or --before-since and --before-until"},
+		{name: "both, backwards", since: at(10), until: at(12), bs: at(3), bu: at(2),
+			err: "invalid range: --before-since 2026-11-21T03:00:00Z is not before --before-until 2026-11-21T02:00:00Z: allowed a window that starts before it ends"},
 	} {
-		if _, _, err := BeforeWindow(at(10), at(12), c.bs, c.bu, flagNames); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("before [%s, %s): %v, want %q", c.bs, c.bu, err, c.want)
+		if _, _, err := BeforeWindow(c.since, c.until, c.bs, c.bu, flagNames); err == nil || err.Error() != c.err {
+			t.Errorf("%s:\n got %v\nwant %s", c.name, err, c.err)
 		}
 	}
 }

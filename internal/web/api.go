@@ -273,11 +273,11 @@ type diffAnswer struct {
 	Nodes []graph.Node `json:"nodes"`
 }
 
-// handleDiff answers what `deptrace diff` prints: edges of [since, until)
-// missing from the window before, and the reverse.
 // diffParams name /api/diff's window in its errors.
 var diffParams = cli.WindowNames{Since: "since", Until: "until", BeforeSince: "before_since", BeforeUntil: "before_until"}
 
+// handleDiff answers what `deptrace diff` prints: edges of [since, until)
+// missing from the window before, and the reverse.
 func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 	q, err := newQuery(r.URL.RawQuery, s.now(), append(filterParams, "before_since", "before_until")...)
 	if err != nil {
@@ -312,9 +312,8 @@ func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	gaveSince, gaveUntil := !before.since.IsZero(), !before.until.IsZero()
 	if before.since, before.until, err = cli.BeforeWindow(f.since, f.until, before.since, before.until, diffParams); err != nil {
-		s.fail(w, r, beforeWindowError(err, before.since, before.until, gaveSince, gaveUntil))
+		s.fail(w, r, badParam("%v", err))
 		return
 	}
 	after, _, errA := s.selected(r.Context(), f, false)
@@ -347,24 +346,6 @@ func (s *Server) handleDiff(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.json(w, ans)
-}
-
-// beforeWindowError is cli.BeforeWindow's error, saying which ends were
-// defaulted when before_since was not given: it names a default only
-// when one end was given, and none says that the defaulted start is
-// held at the earliest time the store keeps (cli.MinTime), the one way
-// it can fail to be before its end.
-func beforeWindowError(err error, bs, bu time.Time, gaveSince, gaveUntil bool) error {
-	if gaveSince || !bs.Equal(cli.MinTime) {
-		return badParam("%v", err)
-	}
-	first := cli.MinTime.Format(time.RFC3339)
-	if gaveUntil {
-		return badParam("invalid range: before_since %s is not before before_until %s (before_since defaults to before_until minus the length of [since, until), no earlier than %s): allowed a before_until after %s",
-			bs.Format(time.RFC3339), bu.Format(time.RFC3339), first, first)
-	}
-	return badParam("invalid range: before_since %s is not before before_until %s (neither was given: before_until defaults to since, before_since to before_until minus the length of [since, until), no earlier than %s): allowed a since after %s, or before_since and before_until",
-		bs.Format(time.RFC3339), bu.Format(time.RFC3339), first, first)
 }
 
 func nonNil[T any](s []T) []T {

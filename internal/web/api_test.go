@@ -949,7 +949,9 @@ func TestRangeBackwardsSaysWhatIsAllowed(t *testing.T) {
 
 // A window before that is empty because its defaulted start is held at
 // the earliest time the store keeps says which ends were defaulted, and
-// from what: it named before_since and before_until, never given.
+// from what: it named before_since and before_until, never given. The
+// sentence is cli.BeforeWindow's, as the CLI's diff prints it with its
+// flags' names (cmd/deptrace's TestDiffRefusesABackwardWindow).
 func TestDiffSaysWhichEndsWereDefaulted(t *testing.T) {
 	path, _ := seed(t)
 	srv, _ := serve(t, path, Options{})

@@ -19,6 +19,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/deptrace/deptrace/internal/browsertest"
+	"github.com/deptrace/deptrace/internal/graph"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -259,21 +260,16 @@ func BenchmarkNodeSeriesDNS(b *testing.B) {
 	srv, st := serve(b, path, Options{Now: func() time.Time { return now }})
 	b.Run("api-series-node-24h-120-points", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			resp, err := http.Get(srv.URL + "/api/series?since=24h&points=120&node=workload:h0/app")
-			if err != nil {
-				b.Fatal(err)
-			}
 			var ans nodeSeriesAnswer
-			err = json.NewDecoder(resp.Body).Decode(&ans)
-			resp.Body.Close()
+			code, err := getJSON(b, srv.URL+"/api/series?since=24h&points=120&node=workload:h0/app", &ans)
 			var q uint64
 			for _, p := range ans.Points {
 				if p.DNS != nil {
 					q += p.DNS.Queries
 				}
 			}
-			if err != nil || resp.StatusCode != 200 || q != 24*20 {
-				b.Fatalf("%d %v: %d queries in the series, want %d", resp.StatusCode, err, q, 24*20)
+			if err != nil || code != 200 || q != 24*20 {
+				b.Fatalf("%d %v: %d queries in the series, want %d", code, err, q, 24*20)
 			}
 		}
 	})
@@ -281,19 +277,14 @@ func BenchmarkNodeSeriesDNS(b *testing.B) {
 	// 5 connections an hour.
 	b.Run("api-series-edge-24h-120-points", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
-			resp, err := http.Get(srv.URL + "/api/series?since=24h&points=120&proto=tcp&port=80&from=workload:h0/app&to=workload:h1/nginx")
-			if err != nil {
-				b.Fatal(err)
-			}
 			var ans seriesAnswer
-			err = json.NewDecoder(resp.Body).Decode(&ans)
-			resp.Body.Close()
+			code, err := getJSON(b, srv.URL+"/api/series?since=24h&points=120&proto=tcp&port=80&from=workload:h0/app&to=workload:h1/nginx", &ans)
 			var c uint64
 			for _, p := range ans.Points {
 				c += p.Connections
 			}
-			if err != nil || resp.StatusCode != 200 || c != 24*5 {
-				b.Fatalf("%d %v: %d connections in the series, want %d", resp.StatusCode, err, c, 24*5)
+			if err != nil || code != 200 || c != 24*5 {
+				b.Fatalf("%d %v: %d connections in the series, want %d", code, err, c, 24*5)
 			}
 		}
 	})
@@ -307,4 +298,69 @@ func BenchmarkNodeSeriesDNS(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkSeriesIdleNode measures /api/series of a node the store holds
+// that had no traffic in the range (the last 20 minutes; every edge of
+// history is 30 minutes old at the newest) over two weeks of history on
+// 500 hosts (2,000 workloads, 2,500 edges an hour): to tell it from a
+// node the store never held, the server reads all history once
+// (cold: what every such request cost before the set of ids seen was
+// kept; cold-store-cache-empty: the same on a serve just started) and
+// answers the next ones from that set (warm):
+//
+//	go test -run '^$' -bench SeriesIdleNode -benchtime 5x ./internal/web/
+func BenchmarkSeriesIdleNode(b *testing.B) {
+	path := b.TempDir() + "/idle.db"
+	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12*time.Hour + 30*time.Minute)
+	t0 := time.Now()
+	history(b, path, now, 500, 5, 14*24)
+	b.Logf("loaded two weeks of history (2,000 workloads, 2,500 edges an hour) in %s", time.Since(t0).Round(time.Millisecond))
+	srv, st := serve(b, path, Options{Now: func() time.Time { return now }})
+	seen := &srv.Config.Handler.(*Server).seen
+	ask := func(b *testing.B) {
+		var ans nodeSeriesAnswer
+		code, err := getJSON(b, srv.URL+"/api/series?since=20m&node=workload:h0/app", &ans)
+		if err != nil || code != 200 || len(ans.Points) < 20 {
+			b.Fatalf("%d %v: %d points, want 20 or 21", code, err, len(ans.Points))
+		}
+		for _, p := range ans.Points {
+			if p.Out.Edges != 0 {
+				b.Fatalf("an idle node with traffic: %+v", p)
+			}
+		}
+	}
+	// The first request after serve starts: the store's cache of past
+	// hours and days empty too.
+	b.Run("cold-store-cache-empty", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			st.EnableCache(store.CacheConfig{Now: func() time.Time { return now }})
+			seen.put(graph.ByWorkload, nil)
+			ask(b)
+		}
+	})
+	ask(b) // the store's cache filled, as on a serve that has been running
+	b.Run("cold", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			seen.put(graph.ByWorkload, nil)
+			ask(b)
+		}
+	})
+	b.Run("warm", func(b *testing.B) {
+		ask(b)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			ask(b)
+		}
+	})
+}
+
+// getJSON GETs url and decodes its answer into v, giving its status.
+func getJSON(b *testing.B, url string, v any) (int, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
 }

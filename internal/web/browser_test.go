@@ -881,32 +881,14 @@ func TestBrowserUnansweredPort(t *testing.T) {
 // datagram socket's traffic shows in the Datagrams column, not as zero
 // connections.
 func TestBrowserTableNamesUnixSockets(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "deptrace.db")
-	s, err := store.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := time.Now().Add(-5 * time.Minute)
 	u := func(dir, local, remote, comm, peer string, c tracer.Counters) store.Observation {
-		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: "vm", Direction: dir, Proto: "unix",
-			LocalAddr: local, RemoteAddr: remote, Comm: comm, PeerComm: peer, Counters: c, FirstSeen: at, LastSeen: at.Add(time.Second)}
+		return store.Observation{Direction: dir, Proto: "unix", LocalAddr: local, RemoteAddr: remote, Comm: comm, PeerComm: peer, Counters: c}
 	}
-	err = s.Write(context.Background(), store.Batch{
-		Hosts: []store.Host{{ID: "vm", Name: "vm", Addrs: []string{"198.51.100.9"}, LastSeen: at}},
-		Observations: []store.Observation{
-			u("outbound", "", "/run/a.sock", "client", "server", tracer.Counters{Connections: 2, BytesSent: 20, BytesReceived: 30}),
-			u("outbound", "", "@logd", "client", "server", tracer.Counters{DatagramsSent: 7, BytesSent: 70}),
-			u("inbound", "@logd", "", "server", "", tracer.Counters{DatagramsReceived: 7, BytesReceived: 70}),
-		},
-	})
-	s.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, _ := serve(t, path, Options{})
-	ctx := browsertest.Browser(t, 90*time.Second)
-	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
-	rows := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	rows := tableRows(t, seedVM(t,
+		u("outbound", "", "/run/a.sock", "client", "server", tracer.Counters{Connections: 2, BytesSent: 20, BytesReceived: 30}),
+		u("outbound", "", "@logd", "client", "server", tracer.Counters{DatagramsSent: 7, BytesSent: 70}),
+		u("inbound", "@logd", "", "server", "", tracer.Counters{DatagramsReceived: 7, BytesReceived: 70}),
+	))
 	want := "client on vm (198.51.100.9) unix /run/a.sock, @logd on vm client → server unix 2 7 0 90 B 30 B"
 	if len(rows) != 1 || !strings.Contains(rows[0], want) {
 		t.Errorf("table rows %q; want one with %q", rows, want)
@@ -917,31 +899,13 @@ func TestBrowserTableNamesUnixSockets(t *testing.T) {
 // per protocol, and the page names each by its protocol, as look does:
 // two nodes labelled "_other (external)" could not be told apart.
 func TestBrowserNamesFoldsByProtocol(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "deptrace.db")
-	s, err := store.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := time.Now().Add(-5 * time.Minute)
 	fold := func(proto string, c tracer.Counters) store.Observation {
-		return store.Observation{Bucket: at.Truncate(store.DefaultBucket), HostID: "vm", Direction: "outbound", Proto: proto,
-			LocalAddr: "198.51.100.9", RemoteAddr: "_other", Comm: "scanner", Counters: c, FirstSeen: at, LastSeen: at.Add(time.Second)}
+		return store.Observation{Direction: "outbound", Proto: proto, LocalAddr: "198.51.100.9", RemoteAddr: "_other", Comm: "scanner", Counters: c}
 	}
-	err = s.Write(context.Background(), store.Batch{
-		Hosts: []store.Host{{ID: "vm", Name: "vm", Addrs: []string{"198.51.100.9"}, LastSeen: at}},
-		Observations: []store.Observation{
-			fold("tcp", tracer.Counters{FailedConnections: 9, FailedRefused: 9}),
-			fold("udp", tracer.Counters{DatagramsSent: 4, BytesSent: 40}),
-		},
-	})
-	s.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, _ := serve(t, path, Options{})
-	ctx := browsertest.Browser(t, 90*time.Second)
-	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
-	rows := browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
+	rows := tableRows(t, seedVM(t,
+		fold("tcp", tracer.Counters{FailedConnections: 9, FailedRefused: 9}),
+		fold("udp", tracer.Counters{DatagramsSent: 4, BytesSent: 40}),
+	))
 	var tcp, udp bool
 	for _, r := range rows {
 		tcp = tcp || strings.Contains(r, "tcp _other (external)")
@@ -950,4 +914,26 @@ func TestBrowserNamesFoldsByProtocol(t *testing.T) {
 	if len(rows) != 2 || !tcp || !udp {
 		t.Errorf("table rows %q; want two, naming tcp _other and udp _other", rows)
 	}
+}
+
+// seedVM writes obs as one machine's agent saw them 5 minutes ago (host
+// vm, 198.51.100.9; each observation's bucket, host and times set here)
+// into a new store and returns its path.
+func seedVM(t *testing.T, obs ...store.Observation) string {
+	t.Helper()
+	at := time.Now().Add(-5 * time.Minute)
+	for i := range obs {
+		obs[i].Bucket, obs[i].HostID, obs[i].FirstSeen, obs[i].LastSeen = at.Truncate(store.DefaultBucket), "vm", at, at.Add(time.Second)
+	}
+	return writeSeed(t, "deptrace.db", store.Batch{Hosts: []store.Host{{ID: "vm", Name: "vm", Addrs: []string{"198.51.100.9"}, LastSeen: at}}, Observations: obs})
+}
+
+// tableRows opens the page's table of all history over the store at path
+// in Chromium and gives its rows' text, white space folded.
+func tableRows(t *testing.T, path string) []string {
+	t.Helper()
+	srv, _ := serve(t, path, Options{})
+	ctx := browsertest.Browser(t, 90*time.Second)
+	browsertest.Open(t, ctx, srv.URL+"/?view=table&range=all")
+	return browsertest.JS[[]string](t, ctx, `[...document.querySelectorAll('#edges tbody tr')].map(r => r.innerText.replace(/\s+/g, ' '))`)
 }

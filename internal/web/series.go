@@ -1,12 +1,13 @@
 package web
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -378,32 +379,113 @@ func (s *Server) handleSeries(w http.ResponseWriter, r *http.Request) {
 // by by (what /api/graph gives without since or until). A node or edge
 // the store holds but that had no traffic in the range has a history of
 // zeros; one it never held is a typo, answered 404 naming the parameter,
-// as /api/look answers a target that matches nothing. It is read only
-// when the range's steps did not have it.
+// as /api/look answers a target that matches nothing. It is asked only
+// when the range's steps did not have it, and answered from s.seen where
+// it can: all history is weeks of data, read again on every click on an
+// idle node otherwise.
 func (s *Server) known(r *http.Request, by, node, from, to, proto string, port int) error {
-	g, _, err := s.loadGraph(r.Context(), store.Range{})
+	ids := []string{node}
+	if node == "" {
+		ids = []string{from, to}
+	}
+	key := graph.EdgeKey{From: from, To: to, Proto: proto, Port: uint16(port)}
+	if s.seen.has(by, ids, key, time.Now()) {
+		return nil
+	}
+	set, err := s.everSeen(r.Context(), by)
 	if err != nil {
 		return err
 	}
-	g = graph.Group(g, by)
-	has := func(id string) bool {
-		return slices.ContainsFunc(g.Nodes, func(n graph.Node) bool { return n.ID == id })
-	}
 	if node != "" {
-		if !has(node) {
+		if !set.nodes[node] {
 			return &notFoundError{fmt.Errorf("unknown node %s: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", quote(node), by)}
 		}
 		return nil
 	}
 	for _, x := range [][2]string{{"from", from}, {"to", to}} {
-		if !has(x[1]) {
+		if !set.nodes[x[1]] {
 			return &notFoundError{fmt.Errorf("unknown %s %s: no such node in the store (group_by %s); allowed a node id as /api/graph gives it", x[0], quote(x[1]), by)}
 		}
 	}
-	if !slices.ContainsFunc(g.Edges, func(e graph.Edge) bool {
-		return e.From == from && e.To == to && e.Proto == proto && int(e.Port) == port
-	}) {
+	if !set.edges[key] {
 		return &notFoundError{fmt.Errorf("unknown edge: the store has no edge from %s to %s over %s port %d (group_by %s); allowed from, to, proto and port of an edge as /api/graph gives it", quote(from), quote(to), proto, port, by)}
 	}
 	return nil
+}
+
+// everSeen reads the graph of all history grouped by by, and keeps its
+// node ids and edge keys in s.seen.
+func (s *Server) everSeen(ctx context.Context, by string) (*seenSet, error) {
+	t0 := time.Now()
+	g, _, err := s.loadGraph(ctx, store.Range{})
+	if err != nil {
+		return nil, err
+	}
+	g = graph.Group(g, by)
+	set := &seenSet{at: t0, nodes: make(map[string]bool, len(g.Nodes)), edges: make(map[graph.EdgeKey]bool, len(g.Edges))}
+	for _, n := range g.Nodes {
+		set.nodes[n.ID] = true
+	}
+	for _, e := range g.Edges {
+		set.edges[graph.KeyOf(e)] = true
+	}
+	s.seen.put(by, set)
+	s.log.Debug("read all history to tell an idle node or edge from an unknown one", "component", "web",
+		"group_by", by, "nodes", len(set.nodes), "edges", len(set.edges), "took", time.Since(t0))
+	return set, nil
+}
+
+// seenMaxAge bounds how long a seenSet answers. What it can get wrong
+// is what was deleted after it was read (retention, the store's size
+// ceiling): such a node or edge is answered as idle, with zeros, not
+// 404. Both delete the oldest buckets, so a node leaves all history only
+// after long idle, and this bound keeps the wrong answer from lasting,
+// while an idle node's series still reads all history at most once in
+// seenMaxAge per group_by.
+const seenMaxAge = 10 * time.Minute
+
+// seenSet is what the store held in all history, grouped one way: the
+// node ids and edge keys of the graph /api/graph gives without since or
+// until, as read at at (the wall clock, not Options.Now: its age is how
+// long deletions may have gone unseen).
+type seenSet struct {
+	at    time.Time
+	nodes map[string]bool
+	edges map[graph.EdgeKey]bool
+}
+
+// everSeenCache keeps a seenSet per group_by. Only a hit is answered
+// from it: a miss reads all history again (Server.everSeen), so a node
+// or edge that is new since is found, and one never held still costs a
+// read, as it did before (a typo, not what the page asks).
+type everSeenCache struct {
+	mu   sync.Mutex
+	sets map[string]*seenSet
+}
+
+// has reports whether the set of by, younger than seenMaxAge at now,
+// holds every id of ids and, when ids are an edge's two ends, the edge
+// key.
+func (c *everSeenCache) has(by string, ids []string, key graph.EdgeKey, now time.Time) bool {
+	c.mu.Lock()
+	set := c.sets[by]
+	c.mu.Unlock()
+	if set == nil || now.Sub(set.at) >= seenMaxAge {
+		return false
+	}
+	for _, id := range ids {
+		if !set.nodes[id] {
+			return false
+		}
+	}
+	return len(ids) == 1 || set.edges[key]
+}
+
+func (c *everSeenCache) put(by string, set *seenSet) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sets == nil {
+		c.sets = map[string]*seenSet{}
+	}
+	c.sets[by] = set
 }

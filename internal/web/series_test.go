@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -431,4 +433,83 @@ func TestSeriesOfWhatTheStoreNeverHeld(t *testing.T) {
 			}
 		}
 	}
+}
+
+// allHistoryReads counts the server's reads of all history (its debug
+// line): the handler is shared by the server's goroutines.
+type allHistoryReads struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *allHistoryReads) Enabled(context.Context, slog.Level) bool { return true }
+func (c *allHistoryReads) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *allHistoryReads) WithGroup(string) slog.Handler            { return c }
+func (c *allHistoryReads) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "read all history") {
+		c.mu.Lock()
+		c.n++
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+func (c *allHistoryReads) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// A series of an idle node or edge (in the store, no traffic in the
+// range) reads all history once per group_by to tell it from a typo,
+// not on every request (it did: a click on an idle node of the page cost
+// a read of weeks of data). A miss still reads it again, so that a node
+// new since is found and one never held is still a 404.
+func TestSeriesOfAnIdleNodeReadsAllHistoryOnce(t *testing.T) {
+	path, now := seed(t)
+	reads := &allHistoryReads{}
+	srv, st := serve(t, path, Options{Log: slog.New(reads)})
+	ask := func(q string, code, wantReads int) {
+		t.Helper()
+		if got, body, _ := get(t, srv.URL, "/api/series?"+q); got != code {
+			t.Errorf("%s: %d %.200s, want %d", q, got, body, code)
+		}
+		if n := reads.count(); n != wantReads {
+			t.Errorf("after %s: %d reads of all history, want %d", q, n, wantReads)
+		}
+	}
+	python := "since=1h&node=" + url.QueryEscape(idPython) // 90 minutes old: idle
+	ask(python, http.StatusOK, 1)
+	ask(python, http.StatusOK, 1)
+	ask("since=1h&from="+url.QueryEscape(idPython)+"&to="+url.QueryEscape(idPostgres)+"&proto=tcp&port=5432", http.StatusOK, 1)
+	ask("since=3000m&until=2000m&node="+url.QueryEscape(idNginx), http.StatusOK, 1)
+	// Traffic in the range needs no check at all.
+	ask("since=2h&node="+url.QueryEscape(idNginx), http.StatusOK, 1)
+	// Another group_by is another set of ids.
+	ask("since=1h&group_by=host&node=host:worker-1", http.StatusOK, 2)
+	ask("since=1h&group_by=host&node=host:worker-1", http.StatusOK, 2)
+	// Misses read again: a typo stays a 404 with its wording, an edge
+	// between two known nodes that the store never held too.
+	if code, e := apiError(t, srv.URL, "/api/series?node=nosuch"); code != http.StatusNotFound ||
+		e != `unknown node "nosuch": no such node in the store (group_by workload); allowed a node id as /api/graph gives it` {
+		t.Errorf("node=nosuch: %d %q", code, e)
+	}
+	ask("since=1h&from="+url.QueryEscape(idPython)+"&to="+url.QueryEscape(idPostgres)+"&proto=tcp&port=6432", http.StatusNotFound, 4)
+	// A node written after the set was read, and idle now, is found.
+	at := now.Add(-2 * time.Hour)
+	if err := st.Write(context.Background(), store.Batch{Observations: []store.Observation{{Bucket: at.Truncate(store.DefaultBucket),
+		HostID: "worker-1", Direction: "outbound", Proto: "tcp", LocalAddr: "198.51.100.4", RemoteAddr: "198.51.100.3", Port: 6379,
+		Comm: "celery", Counters: tracer.Counters{Connections: 1}, FirstSeen: at, LastSeen: at}}}); err != nil {
+		t.Fatal(err)
+	}
+	ask("since=1h&node="+url.QueryEscape("workload:worker-1/celery"), http.StatusOK, 5)
+	ask("since=1h&node="+url.QueryEscape("workload:worker-1/celery"), http.StatusOK, 5)
+	// A set older than seenMaxAge is read again.
+	seen := &srv.Config.Handler.(*Server).seen
+	seen.mu.Lock()
+	old := *seen.sets[graph.ByWorkload]
+	seen.mu.Unlock()
+	old.at = time.Now().Add(-seenMaxAge)
+	seen.put(graph.ByWorkload, &old)
+	ask(python, http.StatusOK, 6)
 }

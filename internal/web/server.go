@@ -64,6 +64,8 @@ type Server struct {
 	health graph.Health
 	dns    graph.DNSHealth
 	mux    *http.ServeMux
+	// seen is what all history held, for /api/series's 404 (known).
+	seen everSeenCache
 }
 
 // New returns the handler of deptrace serve over st.
