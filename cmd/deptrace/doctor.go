@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/deptrace/deptrace/internal/cli"
 	"github.com/deptrace/deptrace/internal/dnswatch"
 	deptracehooks "github.com/deptrace/deptrace/internal/hooks"
+	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/kernel"
 	"github.com/deptrace/deptrace/internal/store"
 	"github.com/deptrace/deptrace/tracer"
@@ -33,6 +35,7 @@ func newDoctorCmd() *cobra.Command {
 		sample    time.Duration
 		storeSpec string
 		spoolPath string
+		idCfg     = identity.DefaultConfig()
 	)
 	cmd := &cobra.Command{
 		Use:   "doctor",
@@ -41,7 +44,10 @@ func newDoctorCmd() *cobra.Command {
 lists every hook as active or inactive (with the reason and what is lost without
 it), says whether the DNS watcher loads (which variant, what it loses), seeds the
 listening-port table, then traces for --sample and reports the
-loss counters. It exits with status 1 when deptrace cannot run here.`,
+loss counters. Its identity lines say which cgroup layout names local ends and
+whether each container runtime's socket is there and answers (--docker-socket
+and the others, as trace and agent take them). It exits with status 1 when
+deptrace cannot run here.`,
 		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := tf.config()
@@ -51,10 +57,16 @@ loss counters. It exits with status 1 when deptrace cannot run here.`,
 			if sample < 0 || sample > time.Minute {
 				return fmt.Errorf("invalid --sample %s: allowed %s", cli.FormatDuration(sample), doctorSamples)
 			}
-			return runDoctor(cmd.Context(), os.Stdout, cfg, sample, storeSpec, spoolPath)
+			return runDoctor(cmd.Context(), os.Stdout, cfg, sample, storeSpec, spoolPath, idCfg)
 		},
 	}
 	tf.register(cmd)
+	// The sockets as trace and agent take them (and their DEPTRACE_*
+	// variables), so that doctor checks the ones they will ask.
+	cmd.Flags().StringVar(&idCfg.DockerSocket, "docker-socket", idCfg.DockerSocket, "Docker Engine API socket to check; empty skips it")
+	cmd.Flags().StringVar(&idCfg.PodmanSocket, "podman-socket", idCfg.PodmanSocket, "podman's Docker-compatible API socket to check; empty skips it")
+	cmd.Flags().StringVar(&idCfg.ContainerdSocket, "containerd-socket", idCfg.ContainerdSocket, "containerd's socket to check for CRI; empty skips it")
+	cmd.Flags().StringVar(&idCfg.CRIOSocket, "crio-socket", idCfg.CRIOSocket, "CRI-O's socket to check for CRI; empty skips it")
 	cmd.Flags().DurationVar(&sample, "sample", time.Second, "trace this long to read the loss counters (0 to 1m)")
 	cli.SetAllowed(cmd.Flags(), "sample", doctorSamples)
 	cmd.Flags().StringVar(&storeSpec, "store", store.DefaultPath, "the agent's store to check")
@@ -90,7 +102,97 @@ func doctorStore(ctx context.Context, out io.Writer, spec, spoolPath string) {
 	}
 }
 
-func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample time.Duration, storeSpec, spoolPath string) error {
+// doctorIdentity says which cgroup layout names local ends here and, for
+// each container runtime, whether its socket is there and answers a
+// request (as the resolver reaches it: no connect to a path that is no
+// socket), and what is lost where it does not.
+func doctorIdentity(ctx context.Context, out io.Writer, cfg identity.Config) {
+	l, err := identity.ReadLayout(cfg.CgroupRoot)
+	if err != nil {
+		fmt.Fprintf(out, "identity      cgroup v2 UNREADABLE: %s: no local end is named by unit or container\n", cli.OneLine(err))
+	} else {
+		fmt.Fprintf(out, "identity      %s\n", layoutText(l))
+	}
+	doctorSources(ctx, out, cfg, l.Containers)
+}
+
+// layoutText is the cgroup line of doctorIdentity.
+func layoutText(l identity.Layout) string {
+	kind := "unified"
+	if l.Hybrid {
+		kind = "hybrid: v1 controllers beside it, containers are here only if their runtime puts them in v2"
+	}
+	var cs []string
+	rts := make([]string, 0, len(l.Containers))
+	for rt := range l.Containers {
+		rts = append(rts, rt)
+	}
+	sort.Strings(rts)
+	for _, rt := range rts {
+		cs = append(cs, fmt.Sprintf("%d %s (%s driver)", l.Containers[rt], rt, strings.Join(l.Drivers[rt], " and ")))
+	}
+	containers := "none"
+	if len(cs) > 0 {
+		containers = strings.Join(cs, ", ")
+	}
+	return fmt.Sprintf("cgroup v2 at %s (%s): %s, %s; containers: %s", l.Root, kind, plural(l.Cgroups, "cgroup"), plural(l.Units, "systemd unit"), containers)
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// doctorSources prints one line per runtime source; running counts the
+// containers of each runtime in the cgroup tree.
+func doctorSources(ctx context.Context, out io.Writer, cfg identity.Config, running map[string]int) {
+	srcs := []struct{ rt, flag, socket string }{
+		{identity.RuntimeDocker, "docker-socket", cfg.DockerSocket},
+		{identity.RuntimePodman, "podman-socket", cfg.PodmanSocket},
+		{identity.RuntimeContainerd, "containerd-socket", cfg.ContainerdSocket},
+		{identity.RuntimeCRIO, "crio-socket", cfg.CRIOSocket},
+	}
+	checks := make([]identity.Check, len(srcs))
+	var wg sync.WaitGroup
+	for i, s := range srcs {
+		if s.socket != "" {
+			wg.Go(func() { checks[i] = identity.CheckSource(ctx, s.rt, s.socket, cfg.Timeout) })
+		}
+	}
+	wg.Wait()
+	for i, s := range srcs {
+		c, n := checks[i], running[s.rt]
+		lost := "its containers would be named by id only"
+		switch {
+		case n == 1:
+			lost = fmt.Sprintf("1 %s container runs here, named by id only", s.rt)
+		case n > 1:
+			lost = fmt.Sprintf("%d %s containers run here, named by id only", n, s.rt)
+		}
+		var text string
+		switch {
+		case s.socket == "":
+			text = fmt.Sprintf("off (--%s \"\")", s.flag)
+		case c.NoSocket && n > 0:
+			text = fmt.Sprintf("%s: NO SOCKET, but %s (--%s says where it listens)", s.socket, lost, s.flag)
+		case c.NoSocket:
+			text = fmt.Sprintf("%s: no socket (%s does not run here, or listens elsewhere: --%s)", s.socket, s.rt, s.flag)
+		case c.NoCRI && n > 0:
+			text = fmt.Sprintf("%s: answers WITHOUT THE CRI API (its cri plugin is off), but %s", s.socket, lost)
+		case c.NoCRI:
+			text = fmt.Sprintf("%s: answers without the CRI API (its cri plugin is off, as in Docker's containerd): no Kubernetes container is named through it", s.socket)
+		case c.Err != nil:
+			text = fmt.Sprintf("%s: UNREACHABLE: %s; %s", s.socket, cli.OneLine(c.Err), lost)
+		default:
+			text = fmt.Sprintf("%s: answers (%s)", s.socket, c.Version)
+		}
+		fmt.Fprintf(out, "identity      %s %s\n", s.rt, text)
+	}
+}
+
+func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample time.Duration, storeSpec, spoolPath string, idCfg identity.Config) error {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	fmt.Fprintf(out, "kernel        %s %s\n", unix.ByteSliceToString(uts.Release[:]), unix.ByteSliceToString(uts.Machine[:]))
@@ -116,6 +218,7 @@ func runDoctor(ctx context.Context, out io.Writer, cfg tracer.Config, sample tim
 		fmt.Fprintf(out, "bpf_stats     %s (program run time is measured only while 1)\n", strings.TrimSpace(string(v)))
 	}
 	doctorStore(ctx, out, storeSpec, spoolPath)
+	doctorIdentity(ctx, out, idCfg)
 
 	t, err := tracer.New(cfg)
 	if err != nil {

@@ -3,13 +3,18 @@ package main
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/deptrace/deptrace/internal/dnswatch"
+	"github.com/deptrace/deptrace/internal/identity"
 	"github.com/deptrace/deptrace/internal/testnet"
 	"github.com/deptrace/deptrace/tracer"
 )
@@ -112,5 +117,76 @@ func TestDoctorStoreUnreachableIsOneLine(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	if len(lines) != 2 || !strings.HasPrefix(lines[0], "store         UNREACHABLE: ") || !strings.Contains(lines[0], "127.0.0.1:1 (127.0.0.1): dial error") {
 		t.Errorf("want a store line naming the refused dial, then the spool's:\n%s", out.String())
+	}
+}
+
+// identitySockets makes, in a temp dir, a socket path with nothing there,
+// one holding a regular file, and one where an HTTP server answers
+// Docker's /version as the Engine API does.
+func identitySockets(t *testing.T) (missing, file, answering string) {
+	t.Helper()
+	dir := t.TempDir()
+	missing, file, answering = filepath.Join(dir, "missing.sock"), filepath.Join(dir, "passwd"), filepath.Join(dir, "docker.sock")
+	if err := os.WriteFile(file, []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", answering)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/version", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"Version":"99.0.1","ApiVersion":"1.99"}`))
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }() // ends with Close
+	t.Cleanup(func() { srv.Close() })
+	return missing, file, answering
+}
+
+// doctor's identity lines: one per runtime, saying whether its socket is
+// there and answers, and what is lost where it does not; a path that
+// holds no socket is said to be one (and never connected to).
+func TestDoctorIdentitySources(t *testing.T) {
+	missing, file, answering := identitySockets(t)
+	cfg := identity.Config{DockerSocket: answering, PodmanSocket: file, ContainerdSocket: missing, Timeout: 2 * time.Second}
+	var out strings.Builder
+	doctorSources(context.Background(), &out, cfg, nil)
+	want := "identity      docker " + answering + ": answers (version 99.0.1, API 1.99)\n" +
+		"identity      podman " + file + ": UNREACHABLE: " + file + " is not a socket (a regular file); its containers would be named by id only\n" +
+		"identity      containerd " + missing + ": no socket (containerd does not run here, or listens elsewhere: --containerd-socket)\n" +
+		"identity      cri-o off (--crio-socket \"\")\n"
+	if out.String() != want {
+		t.Errorf("got\n%swant\n%s", out.String(), want)
+	}
+	// Containers of a runtime whose socket is not there are named by id only.
+	out.Reset()
+	cfg = identity.Config{DockerSocket: missing, Timeout: 2 * time.Second}
+	doctorSources(context.Background(), &out, cfg, map[string]int{identity.RuntimeDocker: 3})
+	if want := "identity      docker " + missing + ": NO SOCKET, but 3 docker containers run here, named by id only (--docker-socket says where it listens)\n"; !strings.HasPrefix(out.String(), want) {
+		t.Errorf("got\n%swant first\n%s", out.String(), want)
+	}
+}
+
+// doctor takes the runtimes' sockets as trace and agent do and prints
+// its identity lines, the cgroup layout first, before loading anything.
+func TestDoctorIdentityLines(t *testing.T) {
+	testnet.RequireRoot(t)
+	missing, file, _ := identitySockets(t)
+	stdout, stderr, code := run(t, []string{"DEPTRACE_PODMAN_SOCKET=" + file}, "doctor", "--sample", "0",
+		"--docker-socket", missing, "--containerd-socket", "", "--crio-socket", "")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{
+		`\nidentity      cgroup v2 at /\S+ \((unified|hybrid: [^)]*)\): \d+ cgroups?, \d+ systemd units?; containers: [^\n]+\n` +
+			`identity      docker ` + regexp.QuoteMeta(missing) + `: no socket \(docker does not run here, or listens elsewhere: --docker-socket\)\n` +
+			`identity      podman ` + regexp.QuoteMeta(file) + `: UNREACHABLE: ` + regexp.QuoteMeta(file) + ` is not a socket \(a regular file\); its containers would be named by id only\n` +
+			`identity      containerd off \(--containerd-socket ""\)\n` +
+			`identity      cri-o off \(--crio-socket ""\)\n`,
+	} {
+		if !regexp.MustCompile(want).MatchString(stdout) {
+			t.Errorf("doctor output lacks %q:\n%s", want, stdout)
+		}
 	}
 }

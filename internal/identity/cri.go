@@ -3,14 +3,15 @@ package identity
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/deptrace/deptrace/tracer"
@@ -29,17 +30,39 @@ const (
 // container's labels name the pod, the sandbox's labels the workload.
 type criClient struct {
 	socket  string
+	src     *source
 	timeout time.Duration
 
 	mu      sync.Mutex
 	conn    *grpc.ClientConn
 	rs      runtimeapi.RuntimeServiceClient
 	runtime string // from Version: RuntimeContainerd or RuntimeCRIO
+	version string // from Version, for doctor
 }
 
-func newCRIClient(socket string, timeout time.Duration) *criClient {
-	return &criClient{socket: socket, timeout: timeout}
+func newCRIClient(src *source, timeout time.Duration) *criClient {
+	return &criClient{socket: src.socket, src: src, timeout: timeout}
 }
+
+// unreachableError is a CRI call that got no answer from the runtime: no
+// socket, no connection, no CRI service, or no reply in time.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// noAnswer says whether a gRPC call's error means the runtime did not
+// answer it (rather than answering with an error, such as not found).
+func noAnswer(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Unimplemented:
+		return true
+	}
+	return false
+}
+
+// isUnimplemented is a runtime that answers without the CRI service.
+func isUnimplemented(err error) bool { return err != nil && status.Code(err) == codes.Unimplemented }
 
 func (c *criClient) client(ctx context.Context) (runtimeapi.RuntimeServiceClient, string, error) {
 	c.mu.Lock()
@@ -47,21 +70,22 @@ func (c *criClient) client(ctx context.Context) (runtimeapi.RuntimeServiceClient
 	if c.rs != nil {
 		return c.rs, c.runtime, nil
 	}
-	if _, err := os.Stat(c.socket); err != nil {
-		return nil, "", fmt.Errorf("cri socket: %w", err)
+	if err := checkSocket(c.socket); err != nil {
+		return nil, "", &unreachableError{err}
 	}
 	conn, err := grpc.NewClient("unix://"+c.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, "", fmt.Errorf("cri %s: %w", c.socket, err)
+		return nil, "", &unreachableError{fmt.Errorf("cri %s: %w", c.socket, err)}
 	}
 	rs := runtimeapi.NewRuntimeServiceClient(conn)
 	v, err := rs.Version(ctx, &runtimeapi.VersionRequest{})
 	if err != nil {
 		_ = conn.Close() // the dial's error is the one to report
-		return nil, "", fmt.Errorf("cri %s version: %w", c.socket, err)
+		return nil, "", &unreachableError{fmt.Errorf("cri %s version: %w", c.socket, err)}
 	}
 	c.conn, c.rs = conn, rs
 	c.runtime = v.RuntimeName
+	c.version = v.RuntimeName + " " + v.RuntimeVersion + ", CRI " + v.RuntimeApiVersion
 	switch strings.ToLower(v.RuntimeName) {
 	case "containerd":
 		c.runtime = RuntimeContainerd
@@ -69,6 +93,18 @@ func (c *criClient) client(ctx context.Context) (runtimeapi.RuntimeServiceClient
 		c.runtime = RuntimeCRIO
 	}
 	return rs, c.runtime, nil
+}
+
+// versionText connects (once) and says what the runtime is.
+func (c *criClient) versionText(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	if _, _, err := c.client(ctx); err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.version, nil
 }
 
 func (c *criClient) close() {
@@ -82,7 +118,8 @@ func (c *criClient) close() {
 
 // container names a CRI container (or, for a sandbox's own cgroup, its
 // pod): the container's metadata and kubelet's labels, and the workload
-// from its sandbox's labels.
+// from its sandbox's labels. An error that is an *unreachableError got
+// no answer; the caller tells the source. An answer is told here.
 func (c *criClient) container(ctx context.Context, id string) (tracer.Identity, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -93,8 +130,13 @@ func (c *criClient) container(ctx context.Context, id string) (tracer.Identity, 
 	out := tracer.Identity{ContainerID: id, ContainerRuntime: rt}
 	list, err := rs.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{Id: id}})
 	if err != nil {
-		return out, fmt.Errorf("cri list containers %s: %w", id, err)
+		err = fmt.Errorf("cri list containers %s: %w", id, err)
+		if noAnswer(err) {
+			return out, &unreachableError{err}
+		}
+		return out, err
 	}
+	c.src.ok()
 	var sandboxID string
 	if len(list.Containers) == 0 {
 		sandboxID = id // a sandbox (pause) container's own cgroup

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +21,7 @@ import (
 // endpoints.
 type dockerClient struct {
 	runtime string // RuntimeDocker or RuntimePodman
-	socket  string
+	src     *source
 	http    *http.Client
 	retain  time.Duration
 	timeout time.Duration
@@ -32,7 +31,6 @@ type dockerClient struct {
 
 	mu         sync.Mutex
 	containers map[string]*container // full id -> what the runtime said
-	connected  bool                  // the event stream is up
 }
 
 type container struct {
@@ -41,21 +39,19 @@ type container struct {
 	gone            time.Time // destroyed at; zero while it exists
 }
 
-func newDockerClient(runtime, socket string, retain, timeout time.Duration) *dockerClient {
+func newDockerClient(src *source, retain, timeout time.Duration) *dockerClient {
+	socket := src.socket
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			// No socket, no connect(): a refused connect of deptrace's
-			// own to a runtime the host does not run would show in
-			// every trace as a failing dependency.
-			if _, err := os.Stat(socket); err != nil {
-				return nil, fmt.Errorf("%s socket: %w", runtime, err)
+			if err := checkSocket(socket); err != nil {
+				return nil, err
 			}
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
 		MaxIdleConns: 2,
 	}
-	return &dockerClient{runtime: runtime, socket: socket, http: &http.Client{Transport: tr},
+	return &dockerClient{runtime: src.runtime, src: src, http: &http.Client{Transport: tr},
 		retain: retain, timeout: timeout, containers: map[string]*container{}}
 }
 
@@ -111,7 +107,9 @@ func (d *dockerClient) inspect(ctx context.Context, id string) (*container, int,
 }
 
 // lookup returns what is known of a container: learnt from its events, or
-// asked now. A container destroyed within retain is still known.
+// asked now. A container destroyed within retain is still known. A
+// runtime that does not answer while its event stream is down is told
+// to the source: a container of its needed naming.
 func (d *dockerClient) lookup(ctx context.Context, id string) (*container, error) {
 	d.mu.Lock()
 	c, ok := d.containers[id]
@@ -120,7 +118,25 @@ func (d *dockerClient) lookup(ctx context.Context, id string) (*container, error
 		return c, nil
 	}
 	c, _, err := d.inspect(ctx, id)
+	var api *apiError
+	if err != nil && !errors.As(err, &api) {
+		d.src.failedWhileDown(err)
+	}
 	return c, err
+}
+
+// version asks the Engine API what it is.
+func (d *dockerClient) version(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	var v struct {
+		Version    string `json:"Version"`
+		APIVersion string `json:"ApiVersion"`
+	}
+	if err := d.get(ctx, "/version", &v); err != nil {
+		return "", withoutURL(err)
+	}
+	return "version " + v.Version + ", API " + v.APIVersion, nil
 }
 
 type dockerEvent struct {
@@ -134,25 +150,30 @@ type dockerEvent struct {
 
 // run follows the event stream until ctx ends, reconnecting (every few
 // seconds while the runtime is down). Containers already running are
-// listed at each connection.
+// listed at each connection. Whether the stream connects is what its
+// source reports.
 func (d *dockerClient) run(ctx context.Context) {
-	backoff := time.Second
+	backoff := streamRetry[0]
 	for ctx.Err() == nil {
 		err := d.follow(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
-			backoff = time.Second
+			backoff = streamRetry[0]
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 10*time.Second)
+		backoff = min(2*backoff, streamRetry[1])
 	}
 }
+
+// streamRetry is the first and the longest wait before reconnecting to an
+// event stream.
+var streamRetry = [2]time.Duration{time.Second, 10 * time.Second}
 
 func (d *dockerClient) follow(ctx context.Context) error {
 	filters := url.QueryEscape(`{"type":["container"]}`)
@@ -162,14 +183,20 @@ func (d *dockerClient) follow(ctx context.Context) error {
 	}
 	resp, err := d.http.Do(req)
 	if err != nil {
+		if ctx.Err() == nil {
+			d.src.failed(err, false)
+		}
 		return err
 	}
 	defer func() { _ = resp.Body.Close() }() // read side of a response
 	if resp.StatusCode != http.StatusOK {
-		return &apiError{status: resp.StatusCode}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		err := fmt.Errorf("%s events: %w", d.runtime, &apiError{status: resp.StatusCode, msg: strings.TrimSpace(string(b))})
+		d.src.failed(err, false)
+		return err
 	}
-	d.setConnected(true)
-	defer d.setConnected(false)
+	d.src.ok()
+	defer d.src.down()
 	// Events from now on are in the stream; list what runs already.
 	var list []struct {
 		ID string `json:"Id"`
@@ -206,12 +233,6 @@ func (d *dockerClient) follow(ctx context.Context) error {
 			d.mu.Unlock()
 		}
 	}
-}
-
-func (d *dockerClient) setConnected(v bool) {
-	d.mu.Lock()
-	d.connected = v
-	d.mu.Unlock()
 }
 
 // learn records a container that was created or started: its metadata and,

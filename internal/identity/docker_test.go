@@ -39,7 +39,7 @@ func TestEventStreamMarksRemovedContainersGone(t *testing.T) {
 	go func() { _ = srv.Serve(ln) }() // ends with Close below
 	defer srv.Close()
 
-	d := newDockerClient(RuntimePodman, sock, time.Minute, 2*time.Second)
+	d := newDockerClient(newSource(RuntimePodman, sock, false, nil), time.Minute, 2*time.Second)
 	if err := d.follow(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,9 @@ package identity
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -20,6 +22,14 @@ const (
 
 // Config says where the runtimes listen. An empty socket turns that
 // runtime's lookups off; a socket that does not exist is retried.
+//
+// A runtime that does not answer is logged once per outage, at warn
+// level, when its names are lost: it answered before, its containers are
+// in the cgroup tree, or its socket is there but refuses (or is no
+// socket). A socket that is simply not there is the normal state of a
+// host without that runtime and is not logged, or at info level when it
+// is not the runtime's default path (so it was set). When it answers
+// again, one info line says so.
 type Config struct {
 	// CgroupRoot is the cgroup v2 mount; "" finds it in mountinfo.
 	CgroupRoot       string
@@ -32,6 +42,9 @@ type Config struct {
 	Retain time.Duration
 	// Timeout bounds one runtime API call.
 	Timeout time.Duration
+	// Log gets the lines about runtimes that stop and start answering;
+	// nil is slog's default logger with component=identity.
+	Log *slog.Logger
 }
 
 // DefaultConfig uses every runtime at its usual socket.
@@ -104,31 +117,46 @@ func New(cfg Config) (*Resolver, error) {
 		return nil, fmt.Errorf("identity: %w", err)
 	}
 	r.tree = tree
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default().With("component", "identity")
+	}
+	present := tree.runtimes()
+	newSrc := func(rt, socket, def string) *source {
+		s := newSource(rt, socket, socket != def, log)
+		s.present = present[rt]
+		return s
+	}
 	onStart := func(pid int) {
 		if p, ok := PIDCgroupV2(pid); ok {
 			tree.learn(p)
 		}
 	}
 	for _, d := range []struct {
-		rt, socket string
-		dst        **dockerClient
-	}{{RuntimeDocker, cfg.DockerSocket, &r.docker}, {RuntimePodman, cfg.PodmanSocket, &r.podman}} {
+		rt, socket, def string
+		dst             **dockerClient
+	}{{RuntimeDocker, cfg.DockerSocket, DefaultDockerSocket, &r.docker}, {RuntimePodman, cfg.PodmanSocket, DefaultPodmanSocket, &r.podman}} {
 		if d.socket == "" {
 			continue
 		}
-		c := newDockerClient(d.rt, d.socket, cfg.Retain, cfg.Timeout)
+		c := newDockerClient(newSrc(d.rt, d.socket, d.def), cfg.Retain, cfg.Timeout)
 		c.onStart = onStart
 		*d.dst = c
 		r.wg.Add(1)
 		go func() { defer r.wg.Done(); c.run(ctx) }()
 	}
-	for _, s := range []struct{ rt, socket string }{{RuntimeContainerd, cfg.ContainerdSocket}, {RuntimeCRIO, cfg.CRIOSocket}} {
+	for _, s := range []struct{ rt, socket, def string }{{RuntimeContainerd, cfg.ContainerdSocket, DefaultContainerdSocket}, {RuntimeCRIO, cfg.CRIOSocket, DefaultCRIOSocket}} {
 		if s.socket == "" {
 			continue
 		}
-		c := newCRIClient(s.socket, cfg.Timeout)
+		c := newCRIClient(newSrc(s.rt, s.socket, s.def), cfg.Timeout)
 		r.cris = append(r.cris, c)
 		r.byRT[s.rt] = c
+		// No event stream to try it: a missing socket is told now (if
+		// asked for, or its containers run), the rest at lookups.
+		if err := checkSocket(s.socket); err != nil && noSocket(err) {
+			c.src.failed(err, false)
+		}
 	}
 	return r, nil
 }
@@ -289,6 +317,8 @@ func (r *Resolver) lookup(cgroupID uint64) (tracer.Identity, bool) {
 	} else if p.Runtime != runtimeCRI {
 		return base, true // a runtime with no API configured: the path is all there is
 	}
+	var down []*criClient
+	var downErrs []error
 	for _, c := range clients {
 		id, err := c.container(ctx, p.ContainerID)
 		if err == nil {
@@ -297,6 +327,18 @@ func (r *Resolver) lookup(cgroupID uint64) (tracer.Identity, bool) {
 			}
 			return id, true
 		}
+		var u *unreachableError
+		if errors.As(err, &u) {
+			down, downErrs = append(down, c), append(downErrs, err)
+		}
+	}
+	// The container needed its runtime. Under the cgroupfs driver the
+	// path does not say which CRI runtime made it: a socket that is not
+	// there is then one of a runtime this node does not run, unless
+	// neither answered.
+	allGone := len(down) == len(clients)
+	for i, c := range down {
+		c.src.failed(downErrs[i], len(clients) == 1 || allGone)
 	}
 	return base, false
 }

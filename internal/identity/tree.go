@@ -226,6 +226,19 @@ func (t *cgroupTree) prune(now time.Time) {
 	}
 }
 
+// runtimes says which runtimes have containers in the tree now.
+func (t *cgroupTree) runtimes() map[string]bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[string]bool{}
+	for _, e := range t.byID {
+		if p := ParsePath(e.path); p.ContainerID != "" {
+			out[p.Runtime] = true
+		}
+	}
+	return out
+}
+
 // learn records the cgroup at a path relative to the mount (a container's,
 // read from its main process at start), in case no watch saw it made.
 func (t *cgroupTree) learn(rel string) {
