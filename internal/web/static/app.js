@@ -20,28 +20,76 @@
   // grouping was chosen; until then the page decides (openCollapsed).
   let collapseChosen = false;
 
+  // urlNotes say which of the link's values the page could not show as
+  // given, and what it shows instead ("range 2h is not offered: showing
+  // 1 h"): the next load puts them on the status line.
+  let urlNotes = [];
   function readURL() {
     const p = new URLSearchParams(location.search);
-    const pick = (k, allowed) => { const v = p.get(k); return v !== null && (!allowed || allowed.includes(v)) ? v : null; };
-    state.view = pick('view', ['map', 'table']) || '';
+    const notes = [];
+    // pick gives a parameter's value when it is one of allowed; another
+    // value is noted, with what is shown instead (show names it).
+    const pick = (k, allowed, show, what) => {
+      const v = p.get(k);
+      if (v === null || !allowed || allowed.includes(v)) return v;
+      notes.push((what || k) + ' ' + JSON.stringify(v).slice(1, -1) + ' is not offered: showing ' + show + ' (allowed ' + allowed.join(', ') + ')');
+      return null;
+    };
+    state.view = pick('view', ['map', 'table'], 'the default view') || '';
     state.q = p.get('q') || '';
     state.focus = p.get('focus') || '';
-    state.depth = pick('depth', ['0', '1', '2', '3']) || '1';
-    state.range = pick('range', RANGES) || (p.get('since') ? 'custom' : '1h');
-    state.since = p.get('since') || '';
-    state.until = p.get('until') || '';
+    state.depth = pick('depth', ['0', '1', '2', '3'], 'depth 1', 'depth') || '1';
+    state.since = absTime(p.get('since') || '');
+    state.until = absTime(p.get('until') || '');
+    state.range = pick('range', RANGES, 'the last 1 h', 'range') || (state.since || state.until ? 'custom' : '1h');
+    if (state.range === 'custom' && !state.since && !state.until) {
+      notes.push('range custom needs since or until: showing the last 1 h');
+      state.range = '1h';
+    }
     state.diff = p.get('diff') === '1';
-    state.weight = pick('weight', ['connections', 'bytes']) || 'connections';
-    state.group = pick('group', ['namespace', 'host', 'k8s']) || 'namespace';
-    state.by = pick('by', ['workload', 'process', 'host']) || 'workload';
+    state.weight = pick('weight', ['connections', 'bytes'], 'connections') || 'connections';
+    state.group = pick('group', ['namespace', 'host', 'k8s'], 'network namespaces', 'group') || 'namespace';
+    state.by = pick('by', ['workload', 'process', 'host'], 'workloads', 'node (by)') || 'workload';
     state.sort = p.get('sort') || 'client';
-    state.dir = pick('dir', ['asc', 'desc']) || 'asc';
+    state.dir = pick('dir', ['asc', 'desc'], 'ascending', 'dir') || 'asc';
     state.unhealthy = p.get('unhealthy') === '1';
     // groups=expanded: every group open, as the user chose (openCollapsed).
     collapseChosen = p.get('groups') === 'expanded';
+    urlNotes = notes;
   }
 
-  function writeURL() {
+  // Custom ranges are absolute times: a datetime-local input's value (or
+  // a link's time without an offset) is the browser's local time, sent
+  // with its offset (2026-11-30T05:01:00+09:00), so that the server,
+  // wherever it runs, reads the time the user meant. Ages (2h) and other
+  // forms the API takes are sent as they are.
+  const LOCAL = /^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.\d+)?)?$/;
+  const pad2 = (v) => String(v).padStart(2, '0');
+  function rfc3339(d) {
+    const off = -d.getTimezoneOffset();
+    const z = off === 0 ? 'Z' : (off > 0 ? '+' : '-') + pad2(Math.floor(Math.abs(off) / 60)) + ':' + pad2(Math.abs(off) % 60);
+    return d.getFullYear() + '-' + pad2(d.getMonth() + 1) + '-' + pad2(d.getDate()) + 'T' + pad2(d.getHours()) + ':' + pad2(d.getMinutes()) + ':' + pad2(d.getSeconds()) + z;
+  }
+  function absTime(v) {
+    v = v.trim().replace(/ (\d\d:\d\d)$/, '+$1'); // a '+' a link left unencoded reads as a space
+    const m = LOCAL.exec(v);
+    if (!m) return v;
+    const d = new Date(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +(m[6] || 0));
+    return isNaN(d) ? v : rfc3339(d);
+  }
+  // localInput is an absolute time as a datetime-local input shows it: the
+  // browser's local time ('' for what is no absolute time, such as 2h).
+  function localInput(v) {
+    if (!/^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:\d\d)$/i.test(v)) return '';
+    const d = new Date(v);
+    if (isNaN(d)) return '';
+    return rfc3339(d).slice(0, d.getSeconds() ? 19 : 16);
+  }
+
+  // writeURL keeps the address in step with the state: push (a navigation
+  // the user may want to go back from: a focus, the view, the range, the
+  // grouping) adds a history entry, else the entry is replaced.
+  function writeURL(push) {
     const p = new URLSearchParams();
     if (state.view) p.set('view', state.view);
     if (state.q) p.set('q', state.q);
@@ -60,7 +108,9 @@
       if (state.unhealthy) p.set('unhealthy', '1');
     }
     const qs = p.toString();
-    history.replaceState(null, '', qs ? '?' + qs : location.pathname);
+    const url = qs ? '?' + qs : location.pathname;
+    if (push && '?' + qs !== location.search && !(qs === '' && location.search === '')) history.pushState(null, '', url);
+    else history.replaceState(null, '', url);
   }
 
   // ---- formatting ----------------------------------------------------
@@ -106,11 +156,37 @@
     if (n.workload) return n.workload.slice(n.workload.lastIndexOf('/') + 1);
     return n.name || n.container_name || n.process || '?';
   }
+  // shortLabel is what the map writes on a node: an external one by its
+  // DNS name or address and port, a process nobody saw by the ports it
+  // was asked for ("? tcp/9001"). index() adds the host to labels that
+  // several nodes share (mapLabels).
   function shortLabel(n) {
     if (n.kind === 'group') return n.name + ' ×' + n.count;
-    if (n.kind === 'external') return n.port ? endpoint(n.addr, n.port) : (n.proto ? n.proto + ' ' : '') + n.addr;
-    if (n.kind === 'service') return shortName(n) + ' :' + n.port;
-    return shortName(n);
+    if (n.kind === 'external') {
+      const name = n.remote_name || (n.port ? endpoint(n.addr, n.port) : (n.proto ? n.proto + ' ' : '') + n.addr);
+      return n.remote_name && n.port ? name + ':' + n.port : name;
+    }
+    const s = shortName(n);
+    if (n.kind === 'service') return s === '?' ? '? ' + n.proto + '/' + n.port : s + ' :' + n.port;
+    if (s === '?' && n.services && n.services.length) {
+      return '? ' + n.services.slice(0, 2).map((x) => (x.proto === 'unix' ? 'unix ' + x.addr : x.proto + '/' + x.port)).join(', ') + (n.services.length > 2 ? ', …' : '');
+    }
+    return s;
+  }
+  // shortHost is a host id's machine (web-1 of web-1/netns:4026532288.41).
+  const shortHost = (h) => (h || '').split('/')[0];
+  // mapLabels gives every node its map label, the host added (its
+  // machine, else its whole id) where two nodes would read the same:
+  // two webapps on two machines are "webapp on web-1" and "webapp on web-2".
+  function mapLabels(nodes) {
+    const labels = new Map(), count = new Map();
+    const bump = (l) => count.set(l, (count.get(l) || 0) + 1);
+    for (const n of nodes.values()) { const l = shortLabel(n); labels.set(n.id, l); bump(l); }
+    const twice = (n) => n.kind !== 'external' && n.kind !== 'host' && n.host && count.get(labels.get(n.id)) > 1;
+    const dup = [...nodes.values()].filter(twice);
+    for (const n of dup) { const l = labels.get(n.id) + ' on ' + shortHost(n.host); labels.set(n.id, l); bump(l); }
+    for (const n of dup) if (count.get(labels.get(n.id)) > 1 && n.host !== shortHost(n.host)) labels.set(n.id, shortLabel(n) + ' on ' + n.host);
+    return labels;
   }
   const num = (v) => (v || 0).toLocaleString('en');
   function bytes(v) {
@@ -202,29 +278,41 @@
       D.linked.get(n.id).push(p);
     }
     for (const n of D.nodes.values()) D.text.set(n.id, (label(n) + ' ' + n.id).toLowerCase());
+    D.short = mapLabels(D.nodes);
     return D;
   }
 
+  // loadKey is what the data loaded depends on; loads counts them, so
+  // that only the latest one's answer is shown.
+  const loadKey = () => JSON.stringify([rangeParams(), state.by, state.diff]);
+  let loadedKey = '', loads = 0;
   async function load() {
+    const gen = ++loads;
     document.body.dataset.state = 'loading';
     setStatus('loading…');
     const rp = rangeParams();
     const wantDiff = state.diff && rp.since;
     const withBy = Object.assign({}, rp, state.by === 'workload' ? {} : { group_by: state.by });
+    const key = loadKey();
+    let g, d;
     try {
-      const [g, d] = await Promise.all([
+      [g, d] = await Promise.all([
         getJSON('/api/graph?' + qs(withBy)),
         wantDiff ? getJSON('/api/diff?' + qs(withBy)) : Promise.resolve(null),
       ]);
-      data = index(g, d);
-      data.diff = d;
     } catch (err) {
+      if (gen !== loads) return;
       setStatus('error: ' + err.message);
       document.body.dataset.state = 'error';
       return;
     }
-    let note = '';
-    if (state.diff && !rp.since) note = ' · diff needs a range with a start';
+    if (gen !== loads) return; // a newer load is on its way
+    data = index(g, d);
+    data.diff = d;
+    loadedKey = key;
+    let note = urlNotes.map((x) => ' · ' + x).join('') + minuteNote();
+    urlNotes = [];
+    if (state.diff && !rp.since) note += ' · diff needs a range with a start';
     if (!state.view) {
       state.view = data.nodes.size > LARGE ? 'table' : 'map';
       if (state.view === 'table') note += ' · large graph: opened on the table';
@@ -235,10 +323,29 @@
     }
     baseStatus = data.nodes.size + ' nodes, ' + data.edges.length + ' edges' +
       (d_summary(data.diff)) + note;
-    const folded = openCollapsed();
+    openCollapsed();
     render();
-    setStatus(baseStatus + folded);
   }
+
+  // minuteNote: the store keeps counts per minute, and a minute a custom
+  // range cuts counts whole (docs/graph.md, "Rollups and time ranges"):
+  // a range narrower than a minute, or not on whole minutes, shows the
+  // whole minutes it cuts, and the status line says which.
+  function minuteNote() {
+    if (state.range !== 'custom') return '';
+    const a = localInput(state.since) ? new Date(state.since) : null, b = localInput(state.until) ? new Date(state.until) : null;
+    const cut = (d) => d && (d.getSeconds() || d.getMilliseconds());
+    if (!(cut(a) || cut(b) || (a && b && b - a < 60000))) return '';
+    const M = 60000;
+    const fmt = (d) => d.toLocaleString([], { year: 'numeric', month: '2-digit', day: '2-digit', hour: '2-digit', minute: '2-digit' });
+    const from = a ? new Date(Math.floor(a / M) * M) : null, to = b ? new Date(Math.max(Math.ceil(b / M) * M, from ? +from + M : 0)) : null;
+    return ' · the store keeps counts per whole minute: showing ' + (from ? fmt(from) : 'the start') + ' to ' + (to ? fmt(to) : 'now');
+  }
+
+  // The status line: the counts and notes, and on the map whether it
+  // opened on its groups.
+  let folded = '';
+  const statusLine = () => baseStatus + (state.view === 'map' ? folded : '');
 
   // A map of more than OVERVIEW nodes is too dense to read whole (its
   // labels a few pixels tall): it opens with its groups collapsed, one
@@ -251,7 +358,7 @@
   const OVERVIEW = 150;
   let baseStatus = '';
   function openCollapsed() {
-    if (collapseChosen || !data) return '';
+    if (collapseChosen || !data) return (folded = '');
     collapsed.clear();
     const groups = new Set();
     let loose = 0;
@@ -259,12 +366,14 @@
       const k = groupOf(n);
       if (k) groups.add(k); else loose++;
     }
+    folded = '';
     if (data.nodes.size <= OVERVIEW || groups.size < 2 || groups.size + loose > data.nodes.size / 2) return '';
     for (const k of groups) collapsed.add(k);
-    return ' · map: its ' + groups.size + ' groups collapsed (click one, or Expand all)';
+    folded = ' · map: its ' + groups.size + ' groups collapsed (click one, or Expand all)';
+    return folded;
   }
   // chooseCollapse records that the user collapsed or expanded something.
-  const chooseCollapse = () => { collapseChosen = true; setStatus(baseStatus); writeURL(); };
+  const chooseCollapse = () => { collapseChosen = true; folded = ''; setStatus(statusLine()); writeURL(); };
 
   function d_summary(d) {
     return d ? ' · ' + d.appeared.length + ' appeared, ' + d.disappeared.length + ' disappeared' : '';
@@ -307,22 +416,43 @@
 
   // groupOf is the box a node sits in: its network namespace (an agent's
   // host id), its machine (the part of the id before the first /), or
-  // its Kubernetes namespace ('' when it has none: no box).
+  // its Kubernetes namespace ('' when it has none: no box). Endpoints
+  // without an agent are in one of two boxes: "external", the servers
+  // called, and "external clients", what only calls in. One box for
+  // both would put agentless clients beside an unreachable server, and
+  // collapsed it would draw paths through it that do not exist
+  // (client -> external -> lb).
+  const EXT_CLIENTS = 'external clients', EXT_SERVERS = 'external';
+  // (An endpoint both called and calling is in no box: collapsed with
+  // others, it would join their clients to its servers.)
+  function externalGroup(n) {
+    const i = data ? (data.inn.get(n.id) || []).length : 0, o = data ? (data.out.get(n.id) || []).length : 0;
+    if (i && o) return '';
+    return i || (!o && n.port) ? EXT_SERVERS : EXT_CLIENTS;
+  }
   const groupOf = (n) => {
-    if (state.group === 'k8s') return n.pod_namespace ? 'k8s/' + n.pod_namespace : n.kind === 'external' ? 'external' : '';
-    const h = n.host || 'external';
-    return state.group === 'host' ? h.split('/')[0] : h;
+    const ext = n.kind === 'external' || !n.host;
+    if (state.group === 'k8s') return n.pod_namespace ? 'k8s/' + n.pod_namespace : ext ? externalGroup(n) : '';
+    if (ext) return externalGroup(n);
+    return state.group === 'host' ? shortHost(n.host) : n.host;
   };
   const COLORS = { workload: '#3366cc', host: '#109618', process: '#3366cc', service: '#109618', external: '#888888', group: '#8e44ad' };
 
+  // An edge's colour is its health, in diff mode too: red unhealthy,
+  // amber degraded. A healthy edge is grey, or in diff mode green when it
+  // appeared and pale blue when it disappeared (drawn from the window
+  // before). In diff mode an edge that appeared or disappeared also
+  // carries a badge ("new", "gone") and an appeared one is drawn wider,
+  // so that a new failing edge reads both red and new.
+  const EDGE = { ok: '#9aa5b8', degraded: '#f59f00', unhealthy: '#e03131', appeared: '#2b8a3e', disappeared: '#74c0fc' };
+  const diffing = () => !!(state.diff && data && data.diff);
   function edgeColor(e) {
-    if (state.diff && data.diff) {
-      if (e.status === 'appeared') return '#2b8a3e';
-      if (e.status === 'disappeared') return '#f08c00';
-      return e.bad ? '#e8a0a0' : '#c8ced8';
-    }
-    return e.bad ? '#e03131' : e.health === 'degraded' ? '#f59f00' : '#9aa5b8';
+    if (e.bad) return EDGE.unhealthy;
+    if (e.health === 'degraded') return EDGE.degraded;
+    if (diffing() && (e.status === 'appeared' || e.status === 'disappeared')) return EDGE[e.status];
+    return EDGE.ok;
   }
+  const BADGE = { appeared: 'new', disappeared: 'gone' };
   const edgeSize = (w, big) => (big ? Math.min(3, 0.3 + Math.log10(1 + w) / 3) : Math.min(8, 1.5 + Math.log10(1 + w)));
 
   // Layout: deterministic and linear in the number of nodes, so 10,000
@@ -338,7 +468,7 @@
     const base = big ? 1.5 : 5;
     const deg = (id) => (data.out.get(id) || []).length + (data.inn.get(id) || []).length;
     const nodeAttrs = (n, x, y) => ({
-      x, y, label: shortLabel(n), size: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), kind: n.kind,
+      x, y, label: data.short.get(n.id) || shortLabel(n), size: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), kind: n.kind,
       size0: base + Math.log2(1 + deg(n.id)) * (big ? 0.5 : 1.5), // its size at zoom 1 (layered)
       // A node the server judged (dropping service, failing DNS) is red or
       // orange like its edges; its reasons are in the details.
@@ -407,9 +537,11 @@
       }
       G.addEdge(s, t, { keys: [e.key], w, bad: e.bad, health: e.health, status: e.status });
     }
+    const diff = diffing();
     G.forEachEdge((k, a) => {
-      a.size = edgeSize(a.w, big);
+      a.size = edgeSize(a.w, big) + (diff && a.status === 'appeared' ? 1.5 : 0);
       a.color = edgeColor(a);
+      if (diff && BADGE[a.status]) { a.label = BADGE[a.status]; a.forceLabel = true; a.labelColor = a.status === 'appeared' ? '#1b5e20' : '#1864ab'; }
     });
     G.setAttribute('layout', state.focus ? 'radial' : 'grouped');
     return G;
@@ -608,7 +740,7 @@
       d.dataset.group = b.key;
       const t = el('button', titleText(b.key, b.n));
       t.type = 'button';
-      t.title = 'Collapse ' + b.key + ' into one node';
+      t.title = 'Collapse ' + b.key + ' into one node' + (b.key === EXT_SERVERS ? ' (servers without an agent that the map\'s nodes call)' : b.key === EXT_CLIENTS ? ' (clients without an agent that call the map\'s nodes)' : '');
       t.addEventListener('click', () => { collapsed.add(b.key); chooseCollapse(); renderGroups(); renderMap(); });
       d.append(t);
       layer.append(d);
@@ -651,16 +783,21 @@
     display = buildDisplay();
     const big = display.order > LARGE;
     const layeredView = wantsLayered(display);
+    // Every node of a map of up to 250 is labelled (layered, or a focus's
+    // neighbourhood): sigma would otherwise leave some dots unnamed.
+    const labelAll = !big && display.order <= 250;
     box.dataset.layout = display.getAttribute('layout');
     try {
       renderer = new Sigma(display, box, {
         defaultEdgeType: big ? 'line' : 'arrow', // arrow heads are invisible at that scale
-        renderEdgeLabels: false,
+        // In diff mode, the "new" and "gone" badges of edges.
+        renderEdgeLabels: diffing() && !big,
+        edgeLabelColor: { attribute: 'labelColor', color: '#1d2330' }, edgeLabelSize: 12, edgeLabelWeight: 'bold',
         enableEdgeEvents: display.size <= 20000,
         hideEdgesOnMove: big || display.size > 5000,
         // A layered map labels every node it can: up to 250, all of them.
-        labelRenderedSizeThreshold: big ? 10 : layeredView && display.order <= 250 ? 0 : 4,
-        labelDensity: big ? 0.05 : layeredView && display.order <= 250 ? 10 : 1,
+        labelRenderedSizeThreshold: big ? 10 : labelAll ? 0 : 4,
+        labelDensity: big ? 0.05 : labelAll ? 10 : 1,
         labelSize: LABEL.size, labelFont: LABEL.font, labelWeight: LABEL.weight,
         defaultDrawNodeLabel: drawLabel,
         zIndex: true,
@@ -723,14 +860,6 @@
     for (const [k, v] of pairs) { d.append(el('dt', k), el('dd', v)); }
     return d;
   }
-  function counterPairs(e) {
-    const pairs = [];
-    for (const [k, v] of Object.entries(e)) {
-      if (typeof v !== 'number' || k === 'port') continue;
-      pairs.push([k.replace(/_/g, ' '), k.startsWith('bytes') ? bytes(v) + ' (' + num(v) + ')' : num(v)]);
-    }
-    return pairs;
-  }
   function processesOf(e) {
     const f = data.nodes.get(e.from), t = data.nodes.get(e.to);
     const name = (n) => (n ? (n.process || '?') + who(n) : '?');
@@ -774,11 +903,15 @@
     }
     const n = data.nodes.get(id);
     if (!n) return;
-    const es = [...(data.out.get(id) || []), ...(data.inn.get(id) || [])];
-    const sum = {};
+    // Its traffic over the range (in diff mode, edges that disappeared
+    // are the window before's: not counted), as its history charts below
+    // give it per step from /api/series?node=: to it, the edges it
+    // serves, as their clients counted; from it, the edges it is the
+    // client of.
+    const now = (e) => e.status !== 'disappeared';
+    const ins = (data.inn.get(id) || []).filter(now), outs = (data.out.get(id) || []).filter(now);
     let first = '', last = '';
-    for (const e of es) {
-      for (const [k, v] of Object.entries(e)) if (typeof v === 'number' && k !== 'port') sum[k] = (sum[k] || 0) + v;
+    for (const e of [...ins, ...outs]) {
       if (e.first_seen && !e.first_seen.startsWith('0001-') && (!first || e.first_seen < first)) first = e.first_seen;
       if (e.last_seen && e.last_seen > last) last = e.last_seen;
     }
@@ -789,12 +922,59 @@
       ...(n.remote_name ? [['DNS name', n.remote_name]] : []),
       ...identityPairs(n),
       ['health', healthText(n)],
-      ['edges', num(es.length)], ['first seen', when(first)], ['last seen', when(last)],
-      ...counterPairs(sum),
+      ['first seen', when(first)], ['last seen', when(last)],
     ]));
+    box.append(trafficBlock('to', 'Traffic to it (as its clients counted)', ins, 'sent to it', 'received from it'),
+      trafficBlock('from', 'Traffic from it (as it counted)', outs, 'sent', 'received'));
     if (n.dns && n.dns.length) box.append(dnsTable(n.dns));
     if (history) nodeHistory(n, box);
     else historyFor = '';
+  }
+
+  // sumEdges adds up edges' counters as a whole: counters summed, the
+  // maxima as the largest, RTT's minimum as the smallest measured.
+  function sumEdges(es) {
+    const t = { edges: es.length, unhealthy: 0, degraded: 0, rtt_min_us: 0 };
+    for (const e of es) {
+      for (const [k, v] of Object.entries(e)) {
+        if (typeof v !== 'number' || k === 'port' || k.endsWith('_avg_us') || k === 'rtt_min_us') continue;
+        t[k] = k.endsWith('_max_us') ? Math.max(t[k] || 0, v) : (t[k] || 0) + v;
+      }
+      if (e.rtt_samples && e.rtt_min_us && (!t.rtt_min_us || e.rtt_min_us < t.rtt_min_us)) t.rtt_min_us = e.rtt_min_us;
+      if (e.health === 'unhealthy') t.unhealthy++; else if (e.health === 'degraded') t.degraded++;
+    }
+    return t;
+  }
+  // trafficPairs are edges' traffic in words: connections with their
+  // failures by cause, datagrams, bytes both ways, connect latency and
+  // RTT (averages of the sums over the counts), resets, retransmissions.
+  function trafficPairs(t, sent, received) {
+    const pairs = [['edges', num(t.edges) + (t.unhealthy ? ', ' + num(t.unhealthy) + ' unhealthy' : '') + (t.degraded ? ', ' + num(t.degraded) + ' degraded' : '')]];
+    const dg = (t.datagrams_sent || 0) + (t.datagrams_received || 0);
+    if (t.connections || t.failed_connections || !dg) pairs.push(['connections', num(t.connections)]);
+    if (t.failed_connections) {
+      const why = CAUSES.filter(([k]) => t[k]).map(([k, name]) => num(t[k]) + ' ' + name);
+      pairs.push(['failed connections', num(t.failed_connections) + (why.length ? ' (' + why.join(', ') + ')' : '')]);
+    }
+    if (dg) pairs.push(['datagrams', num(t.datagrams_sent) + ' sent, ' + num(t.datagrams_received) + ' received']);
+    pairs.push(['bytes', bytes(t.bytes_sent) + ' ' + sent + ', ' + bytes(t.bytes_received) + ' ' + received]);
+    if (t.connect_latency_count) {
+      pairs.push(['connect latency', us(t.connect_latency_sum_us / t.connect_latency_count) + ' average, ' + us(t.connect_latency_max_us) + ' max (' + num(t.connect_latency_count) + ' connects)']);
+    }
+    if (t.rtt_samples) {
+      pairs.push(['RTT', us(t.rtt_sum_us / t.rtt_samples) + ' average, ' + us(t.rtt_min_us) + ' to ' + us(t.rtt_max_us) + ' (' + num(t.rtt_samples) + ' samples)']);
+    }
+    if (t.resets_sent || t.resets_received) pairs.push(['resets', num(t.resets_sent) + ' sent, ' + num(t.resets_received) + ' received']);
+    if (t.retransmits) pairs.push(['retransmitted segments', num(t.retransmits)]);
+    return pairs;
+  }
+  function trafficBlock(which, title, es, sent, received) {
+    const d = el('section', undefined, 'traffic');
+    d.dataset.traffic = which;
+    d.append(el('h4', title));
+    if (!es.length) d.append(el('p', 'none in this range'));
+    else d.append(dl(trafficPairs(sumEdges(es), sent, received)));
+    return d;
   }
 
   // dnsTable lists a client's lookups per resolver (docs/graph.md, "DNS
@@ -827,10 +1007,9 @@
       if (!e) continue;
       box.append(el('h3', label(data.nodes.get(e.from)) + ' → ' + label(data.nodes.get(e.to))), dl([
         ['protocol', e.proto + '/' + e.port], ['processes', processesOf(e)],
-        ...(e.rtt_samples ? [['RTT', us(e.rtt_avg_us || e.rtt_sum_us / e.rtt_samples) + ' avg, ' + us(e.rtt_min_us) + ' to ' + us(e.rtt_max_us) + ' (' + num(e.rtt_samples) + ' samples)']] : []),
-        ['health', healthText(e)], ['change', e.status],
+        ['health', healthText(e)], ...(diffing() ? [['change', e.status === 'same' ? 'in both windows' : e.status === 'appeared' ? 'appeared (not in the window before)' : 'disappeared (only in the window before)']] : []),
         ['first seen', when(e.first_seen)], ['last seen', when(e.last_seen)],
-        ...counterPairs(e),
+        ...trafficPairs(sumEdges([e]), 'sent', 'received').slice(1),
       ]));
     }
     if (keys.length > 20) box.append(el('p', '… and ' + (keys.length - 20) + ' more edges in this group'));
@@ -1018,12 +1197,21 @@
     }
   }
 
+  // volume is an edge's traffic in words: connections, datagrams (UDP,
+  // unix datagram sockets), or both when it has both.
+  function volume(e) {
+    const dg = (e.datagrams_sent || 0) + (e.datagrams_received || 0), parts = [];
+    if (e.connections || e.failed_connections || !dg) parts.push(num(e.connections) + (e.connections === 1 ? ' connection' : ' connections'));
+    if (dg) parts.push(num(dg) + (dg === 1 ? ' datagram' : ' datagrams'));
+    return parts.join(', ');
+  }
+
   function edgeItem(e, peer) {
     const li = el('li');
     const b = el('button', label(data.nodes.get(peer)), 'link');
     b.type = 'button';
     b.addEventListener('click', () => setFocus(peer));
-    li.append(b, el('span', ' ' + e.proto + '/' + e.port + ' · ' + num(e.connections) + ' conns' + (e.health !== 'ok' ? ' · ' + e.health : '') + (e.status !== 'same' ? ' · ' + e.status : ''), e.bad ? 'bad' : e.health === 'degraded' ? 'warn' : ''));
+    li.append(b, el('span', ' ' + (e.proto === 'unix' ? 'unix' : e.proto + '/' + e.port) + ' · ' + volume(e) + (e.health !== 'ok' ? ' · ' + e.health : '') + (diffing() && e.status !== 'same' ? ' · ' + e.status : ''), e.bad ? 'bad' : e.health === 'degraded' ? 'warn' : ''));
     return li;
   }
 
@@ -1095,11 +1283,12 @@
     if (keys.length > shown.length) ul.append(el('li', (keys.length - shown.length) + ' more groups: search to find one'));
   }
 
+  // setFocus focuses on a node ('' clears the focus), a step Back undoes.
   function setFocus(id) {
     state.focus = id || '';
     pinned = false;
     $('#groups-panel').hidden = state.view !== 'map' || !!state.focus;
-    writeURL();
+    writeURL(true);
     renderFocus();
     if (state.view === 'map') renderMap();
     if (id) { showNode(id, true); pinned = true; } // its history stays until a click elsewhere
@@ -1192,20 +1381,33 @@
     const shown = Math.min(rows.length, state.rows);
     $('#edges').dataset.rows = String(rows.length);
     $('#edges').dataset.shown = String(shown);
-    $('#table-count').textContent = 'showing ' + num(shown) + ' of ' + num(rows.length) + ' edges';
+    $('#table-count').textContent = data.edges.length ? 'showing ' + num(shown) + ' of ' + num(rows.length) + ' edges'
+      : 'no edges in this range yet: agents (deptrace agent) write them to the store; try a longer range';
     $('#more').hidden = $('#all-rows').hidden = shown >= rows.length;
   }
 
   // ---- wiring --------------------------------------------------------
-  function render() {
+  function render(push) {
     $('#view-map').setAttribute('aria-pressed', String(state.view === 'map'));
     $('#view-table').setAttribute('aria-pressed', String(state.view === 'table'));
     $('#map-view').hidden = state.view !== 'map';
     $('#table-view').hidden = state.view !== 'table';
     $('#groups-panel').hidden = state.view !== 'map' || !!state.focus;
     document.body.dataset.view = state.view;
-    writeURL();
+    writeURL(push);
     if (!data) return;
+    setStatus(statusLine());
+    // The legend names what is drawn: in diff mode, the badges too.
+    $('#legend').classList.toggle('diff', diffing());
+    // An empty range says so, and what to do about it.
+    const empty = data.nodes.size === 0;
+    $('#empty').hidden = !empty;
+    if (empty) {
+      $('#empty').textContent = 'No dependencies in this range' + (state.range === 'all' ? '' : ' (' + rangeName() + ')') + ' yet. ' +
+        'The store fills as agents write to it: run `deptrace agent` (as root) on the hosts to trace, with the --store this server reads, ' +
+        'and wait a minute for their first write (`deptrace doctor` says whether an agent can reach the store), ' +
+        (state.range === 'all' ? 'then reload.' : 'or choose a longer range (all history).');
+    }
     renderFocus();
     renderMatches();
     if (state.view === 'map') {
@@ -1227,11 +1429,13 @@
     }));
   }
 
+  const rangeName = () => (state.range === 'custom' ? 'custom' : state.range === 'all' ? 'all history' : 'the last ' + state.range.replace(/(\d+)/, '$1 '));
+
   function syncControls() {
     $('#range').value = state.range;
     $('#custom').hidden = state.range !== 'custom';
-    $('#since').value = state.since;
-    $('#until').value = state.until;
+    $('#since').value = localInput(state.since);
+    $('#until').value = localInput(state.until);
     $('#diff').checked = state.diff;
     $('#search').value = state.q;
     $('#weight').value = state.weight;
@@ -1242,17 +1446,23 @@
   }
 
   function wire() {
-    $('#view-map').addEventListener('click', () => { state.view = 'map'; render(); });
-    $('#view-table').addEventListener('click', () => { state.view = 'table'; state.rows = PAGE; render(); });
+    // Navigations a user may want to go back from (the view, the range,
+    // the grouping, a focus) add a history entry; popstate restores it.
+    $('#view-map').addEventListener('click', () => { if (state.view !== 'map') { state.view = 'map'; render(true); } });
+    $('#view-table').addEventListener('click', () => { if (state.view !== 'table') { state.view = 'table'; state.rows = PAGE; render(true); } });
     $('#range').addEventListener('change', (ev) => {
       state.range = ev.target.value;
       $('#custom').hidden = state.range !== 'custom';
-      if (state.range !== 'custom') { state.since = state.until = ''; writeURL(); load(); }
+      if (state.range !== 'custom') { state.since = state.until = ''; writeURL(true); load(); }
     });
+    // The inputs are the browser's local time: sent with its offset.
     $('#apply-custom').addEventListener('click', () => {
-      state.since = $('#since').value;
-      state.until = $('#until').value;
-      writeURL();
+      const since = $('#since').value, until = $('#until').value;
+      if (!since && !until) { setStatus('custom range: give a start (from), an end (to), or both'); return; }
+      if (since && until && new Date(since) >= new Date(until)) { setStatus('custom range: from must be before to'); return; }
+      state.since = since ? absTime(since) : '';
+      state.until = until ? absTime(until) : '';
+      writeURL(true);
       load();
     });
     $('#diff').addEventListener('change', (ev) => { state.diff = ev.target.checked; writeURL(); load(); });
@@ -1278,12 +1488,10 @@
     $('#group').addEventListener('change', (ev) => {
       state.group = ev.target.value;
       collapseChosen = false;
-      const folded = openCollapsed();
-      writeURL();
-      render();
-      if (data) setStatus(baseStatus + folded); // else still loading
+      openCollapsed();
+      render(true);
     });
-    $('#by').addEventListener('change', (ev) => { state.by = ev.target.value; state.focus = ''; writeURL(); load(); });
+    $('#by').addEventListener('change', (ev) => { state.by = ev.target.value; state.focus = ''; writeURL(true); load(); });
     $('#depth').addEventListener('change', (ev) => { state.depth = ev.target.value; writeURL(); render(); });
     $('#clear-focus').addEventListener('click', () => { setFocus(''); render(); });
     $('#collapse-all').addEventListener('click', () => {
@@ -1295,6 +1503,28 @@
     $('#expand-all').addEventListener('click', () => { collapsed.clear(); chooseCollapse(); renderGroups(); renderMap(); });
     $('#only-unhealthy').addEventListener('change', (ev) => { state.unhealthy = ev.target.checked; writeURL(); renderTable(); });
     $('#more').addEventListener('click', () => { state.rows += PAGE; renderTable(); });
+    // Esc clears the focus (in the search box, once its text is gone).
+    document.addEventListener('keydown', (ev) => {
+      if (ev.key !== 'Escape' || !state.focus || ev.defaultPrevented) return;
+      if (ev.target && ev.target.id === 'search' && ev.target.value) return;
+      setFocus('');
+      render();
+    });
+    // Back and Forward: the state of the entry, loading again only when
+    // what the data depends on (range, node kind, diff) changed.
+    window.addEventListener('popstate', () => {
+      const group = state.group;
+      readURL();
+      syncControls();
+      pinned = false;
+      $('#details').textContent = 'Hover or click a node or an edge.';
+      if (!data || loadKey() !== loadedKey) { load(); return; }
+      if (urlNotes.length) { baseStatus += urlNotes.map((x) => ' · ' + x).join(''); urlNotes = []; }
+      if (state.focus && !data.nodes.has(state.focus)) state.focus = '';
+      if (state.group !== group) openCollapsed();
+      render();
+      if (state.focus) { showNode(state.focus, true); pinned = true; }
+    });
     $('#all-rows').addEventListener('click', () => { state.rows = Infinity; renderTable(); });
   }
 
