@@ -94,6 +94,7 @@ func TestBadInputIsOneLineExitOne(t *testing.T) {
 		{[]string{"trace", "--bogus"}, nil, "unknown flag: --bogus"},
 		{[]string{"trace", "extra-arg"}, nil, `trace takes no arguments, got "extra-arg": flags start with -- (deptrace trace --help lists them)`},
 		{[]string{"doctor", "--sample", "2h"}, nil, "invalid --sample 2h: allowed 0 to 1m"},
+		{[]string{"graph", "--format", "json-v1", "--group-by", "host"}, nil, `invalid --group-by "host" with --format json-v1: format 1 is the process and service graph, never grouped; allowed --group-by with --format json, dot or mermaid`},
 		{[]string{"trace"}, []string{"DEPTRACE_PROTO=bogus"}, `invalid --proto "bogus": allowed tcp, udp, unix, all (set from DEPTRACE_PROTO)`},
 		{[]string{"look", "--depth", "abc", "x"}, nil, `invalid --depth "abc": allowed 0 (unlimited) or more`},
 		{[]string{"agent"}, []string{"DEPTRACE_KEEP_TRACING=maybe"}, `invalid DEPTRACE_KEEP_TRACING="maybe" for --keep-tracing: allowed true or false`},

@@ -249,6 +249,9 @@ deprecated and kept for one release.`,
 			}
 			load := q.graph
 			if format == "json-v1" {
+				if cmd.Flags().Changed("group-by") {
+					return fmt.Errorf("invalid --group-by %q with --format json-v1: format 1 is the process and service graph, never grouped; allowed --group-by with --format json, dot or mermaid", q.groupBy)
+				}
 				load = q.ungrouped
 			}
 			g, hosts, err := load(cmd.Context())

@@ -9,7 +9,7 @@ import (
 )
 
 // TimeForms names what ParseTime accepts, for error messages.
-const TimeForms = `allowed RFC 3339, "2006-01-02 15:04[:05]", "2006-01-02T15:04", "2006-01-02", "15:04" (today), now, or an age such as 15m, 1h or 2d`
+const TimeForms = `allowed RFC 3339, "2006-01-02 15:04[:05]", "2006-01-02T15:04[:05]", "2006-01-02", "15:04[:05]" (today), now, or an age such as 15m, 1h or 2d`
 
 // MinTime and MaxTime bound the times ParseTime gives. The store keeps
 // times as nanoseconds since 1970 in 64 bits, which hold 1677-09-21 to
@@ -23,7 +23,7 @@ var (
 
 // ParseTime reads a point in time the way every deptrace command and the
 // web API take it (--since, --until, ?since=): RFC 3339, "2006-01-02
-// 15:04[:05]", "2006-01-02T15:04", "2006-01-02", "15:04" (today), "now",
+// 15:04[:05]", "2006-01-02T15:04[:05]", "2006-01-02", "15:04[:05]" (today), "now",
 // or an age meaning that long before now (1h, 90m, 2d; a leading "-" is
 // allowed: "-1h" is also an hour ago). Local time where no zone is given.
 // "" gives the zero time (no bound); a time before MinTime or after
@@ -49,14 +49,16 @@ func parseTime(v string, now time.Time) (time.Time, error) {
 	if d, err := ParseAge(strings.TrimPrefix(v, "-")); err == nil {
 		return now.Add(-d), nil
 	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02T15:04", "2006-01-02"} {
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
 		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
 			return t, nil
 		}
 	}
-	if t, err := time.ParseInLocation("15:04", v, time.Local); err == nil {
-		y, m, d := now.Date()
-		return time.Date(y, m, d, t.Hour(), t.Minute(), 0, 0, time.Local), nil
+	for _, layout := range []string{"15:04:05", "15:04"} { // today
+		if t, err := time.ParseInLocation(layout, v, time.Local); err == nil {
+			y, m, d := now.In(time.Local).Date()
+			return time.Date(y, m, d, t.Hour(), t.Minute(), t.Second(), 0, time.Local), nil
+		}
 	}
 	return time.Time{}, errors.New(TimeForms)
 }

@@ -20,6 +20,8 @@ func TestParseTime(t *testing.T) {
 		"2026-11-20 08:15:30":  time.Date(2026, 11, 20, 8, 15, 30, 0, time.Local),
 		"2026-11-20T08:15":     time.Date(2026, 11, 20, 8, 15, 0, 0, time.Local),
 		"09:00":                time.Date(2026, 11, 21, 9, 0, 0, 0, time.Local),
+		"20:06:10":             time.Date(2026, 11, 21, 20, 6, 10, 0, time.Local),
+		"2026-11-20T08:15:30":  time.Date(2026, 11, 20, 8, 15, 30, 0, time.Local),
 		" 09:00 ":              time.Date(2026, 11, 21, 9, 0, 0, 0, time.Local),
 		"2026-11-20T08:00:00Z": time.Date(2026, 11, 20, 8, 0, 0, 0, time.UTC),
 	}
@@ -30,7 +32,7 @@ func TestParseTime(t *testing.T) {
 		}
 	}
 	// "--1h" would be a negative age once the "-" is taken: not a time.
-	for _, bad := range []string{"yesterday-ish", "13:99", "--1h", "-d", "1e9d", "2026-13-01"} {
+	for _, bad := range []string{"yesterday-ish", "13:99", "13:00:61", "--1h", "-d", "1e9d", "2026-13-01"} {
 		if got, err := ParseTime(bad, now); err == nil || !strings.Contains(err.Error(), "allowed RFC 3339") {
 			t.Errorf("%q: got %v, %v; want an error naming the allowed forms", bad, got, err)
 		}

@@ -51,6 +51,11 @@ type Node struct {
 	// Processes (format 2) names the processes of a workload node when
 	// there are several; Process then joins them with commas.
 	Processes []string `json:"processes,omitempty"`
+	// members (format 2) are the identities of the nodes a grouped node
+	// gathers: a host node has none of its own, and a workload's keeps
+	// only what all of them share (two replicas' container names differ),
+	// yet a target that names one of them means the node (Resolve).
+	members []tracer.Identity
 	// Listen queue of a TCP service whose agent reports listener state:
 	// the listen backlog, the deepest accept queue seen in the range, and
 	// handshake packets dropped because the queue was full. Nil otherwise.

@@ -150,6 +150,9 @@ func Group(g Graph, by string) Graph {
 			mergeIdentity(&w.Identity, n.Identity)
 		}
 		seen[id] = true
+		if !n.Identity.Empty() && !slices.Contains(w.members, n.Identity) {
+			w.members = append(w.members, n.Identity)
+		}
 		if w.Addr == "" && n.Proto != "unix" {
 			w.Addr = n.Addr
 		}

@@ -364,3 +364,23 @@ func TestGroupedUnixEdgeNamesItsSockets(t *testing.T) {
 		t.Errorf("json: logger -> server addrs %v, want [/run/log.sock]", e.Addrs)
 	}
 }
+
+// A target that names a container finds the node that gathers it in any
+// grouping: grouped by host, a host node keeps no identity of its own
+// (its processes may be several containers'), and the container was not
+// found there.
+func TestContainerTargetFindsItsGroup(t *testing.T) {
+	obs, hs := workloadChain()
+	raw := buildNamed(obs, hs, nil)
+	byID := appContainer.ContainerID[:12]
+	for by, want := range map[string]string{ByHost: "host:app", ByWorkload: "workload:app/container:" + appContainer.ContainerID} {
+		g := Group(raw, by)
+		got, err := Resolve(g, hs, byID)
+		if err != nil || !slices.Equal(got, []string{want}) {
+			t.Errorf("group by %s: target %s gives %v %v; want %s", by, byID, got, err, want)
+		}
+	}
+	if _, err := Resolve(Group(raw, ByHost), hs, "c0ffee99999999"); err == nil {
+		t.Errorf("group by host: a container id nothing has was found")
+	}
+}

@@ -176,7 +176,8 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 			// What operators call it: a workload, pod, container or unit;
 			// and a process of that exact name too.
 			entities(func(n Node) bool {
-				return n.Kind != KindExternal && (IdentityMatches(n.Identity, target) || n.Name == target || slices.Contains(processes(n), target))
+				return n.Kind != KindExternal && (IdentityMatches(n.Identity, target) || n.Name == target || slices.Contains(processes(n), target) ||
+					slices.ContainsFunc(n.members, func(id tracer.Identity) bool { return IdentityMatches(id, target) }))
 			})
 		}
 		if len(ids) == 0 {

@@ -168,6 +168,10 @@ func (s *Server) handleGraph(w http.ResponseWriter, r *http.Request) {
 	case "", "2":
 	case "1":
 		v1 = true
+		if by := q.str("group_by"); by != "" {
+			s.fail(w, r, badParam("invalid group_by %s with format 1: format 1 is the process and service graph, never grouped; allowed group_by with format 2", quote(by)))
+			return
+		}
 	default:
 		s.fail(w, r, badParam("invalid format %s: allowed 2 (the default) or 1 (deprecated: process and service nodes)", quote(q.str("format"))))
 		return

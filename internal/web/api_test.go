@@ -281,6 +281,7 @@ func TestBadParameters(t *testing.T) {
 		{"/api/graph?format=dot", 400, `invalid format "dot": allowed 2 (the default) or 1 (deprecated: process and service nodes)`},
 		{"/api/look?target=nginx&format=1", 400, `unknown parameter "format": allowed since, until, target, depth, reverse, proto, port, group_by`},
 		{"/api/graph?group_by=pod", 400, `invalid group_by "pod": allowed workload, process, host`},
+		{"/api/graph?format=1&group_by=host", 400, `invalid group_by "host" with format 1: format 1 is the process and service graph, never grouped; allowed group_by with format 2`},
 		{"/api/diff?since=1h&group_by=", 200, ``},
 		{"/api/graph?port=1&port=2", 400, "parameter port given 2 times"},
 		{"/api/graph?target=nosuchthing", 404, `no host, address, service or process matches "nosuchthing"`},
