@@ -53,13 +53,7 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 	return browsertest.JS[string](t, ctx, `(e => e ? e.innerText.replace(/\s+/g, ' ').trim() : '')(document.querySelector(`+fmt.Sprintf("%q", sel)+`))`)
 }
 
-// settle waits until the page has drawn what it loaded last.
-func settle(t *testing.T, ctx context.Context) {
-	t.Helper()
-	browsertest.Until(t, ctx, `document.body.dataset.state === 'ready'`, `document.querySelector('#status').innerText`)
-}
-
-// Bug 1: a custom range is the browser's local time. A browser in
+// A custom range is the browser's local time. A browser in
 // another zone than the server's (Tokyo, or UTC-5 if the server runs in
 // Tokyo's offset) applies "the last 30 minutes" in its own wall-clock
 // time: the page sends absolute times and shows the last 30 minutes'
@@ -163,7 +157,7 @@ func commas(v float64) string {
 	return s
 }
 
-// Bug 2: a node's details add its edges up as a whole, apart for the
+// A node's details add its edges up as a whole, apart for the
 // traffic to it and from it: counters summed, averages from sums and
 // counts, maxima as maxima, RTT's minimum the smallest measured; the
 // same numbers as /api/graph's edges and its history (/api/series?node=).
@@ -276,7 +270,7 @@ func TestPageNodeDetailsAddUp(t *testing.T) {
 	}
 }
 
-// Bug 3: in diff mode an edge keeps its health's colour. The edge to
+// In diff mode an edge keeps its health's colour. The edge to
 // redis appeared in the last hour and fails 3 of 8 connects: it is drawn
 // red, badged "new", and the legend explains both.
 func TestPageDiffKeepsHealth(t *testing.T) {
@@ -298,7 +292,7 @@ func TestPageDiffKeepsHealth(t *testing.T) {
 	}
 }
 
-// Bug 4: the focus panel gives a UDP dependency's datagrams, not "0 conns".
+// The focus panel gives a UDP dependency's datagrams, not "0 conns".
 func TestPageFocusListsDatagrams(t *testing.T) {
 	path, _ := seedChain(t)
 	srv, _ := serve(t, path, Options{})
@@ -310,7 +304,7 @@ func TestPageFocusListsDatagrams(t *testing.T) {
 	}
 }
 
-// Bug 5: agentless clients calling a load balancer and an agentless
+// Agentless clients calling a load balancer and an agentless
 // server a worker calls are two groups; collapsing every group draws no
 // path from the worker to the load balancer, which the data does not have.
 func TestPageExternalClientsApart(t *testing.T) {
@@ -348,7 +342,7 @@ func TestPageExternalClientsApart(t *testing.T) {
 	}
 }
 
-// Bug 6: Back goes back to the previous focus and view, not out of the
+// Back goes back to the previous focus and view, not out of the
 // page; Esc clears the focus.
 func TestPageBackRestoresFocus(t *testing.T) {
 	path, _ := seed(t)
@@ -387,7 +381,7 @@ func TestPageBackRestoresFocus(t *testing.T) {
 	browsertest.Until(t, ctx, `document.querySelector('#map').dataset.focus === '' && !location.search.includes('focus=')`, focusShown)
 }
 
-// Bug 7: in a focus view (no boxes), every node's label tells it apart:
+// In a focus view (no boxes), every node's label tells it apart:
 // two webapps by their hosts, a port nobody answered by its port, an
 // external server by its address and port.
 func TestPageLabelsTellNodesApart(t *testing.T) {
@@ -418,7 +412,7 @@ func TestPageLabelsTellNodesApart(t *testing.T) {
 	}
 }
 
-// Bug 8: a link's values the page does not offer are said on the status
+// A link's values the page does not offer are said on the status
 // line, with what is shown instead; so is a range narrower than the
 // store's minutes.
 func TestPageSaysWhatItCoerced(t *testing.T) {
@@ -447,7 +441,7 @@ func TestPageSaysWhatItCoerced(t *testing.T) {
 	}
 }
 
-// Bug 9 (the empty store): the map says there is no data in the range
+// The empty store: the map says there is no data in the range
 // and what to do, not only "0 nodes, 0 edges".
 func TestPageEmptyStoreSaysSo(t *testing.T) {
 	srv, _ := serve(t, writeSeed(t, "empty.db", store.Batch{}), Options{})
