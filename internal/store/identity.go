@@ -73,13 +73,20 @@ func (s *Store) writeEnds(ctx context.Context, tx *sql.Tx, obs []Observation) er
 	for _, k := range keys {
 		e := ends[k]
 		id := e.id
+		// The names of the latest sighting stay: a batch replayed from the
+		// spool is older, and must not put back a name the end had before
+		// a rename.
 		if _, err := tx.ExecContext(ctx, s.d.rebind(`INSERT INTO end_identities (host_id, comm, container_id, unit, pod_uid,
 			container_name, container_image, container_runtime, pod_namespace, pod_name, k8s_container, workload, first_seen, last_seen)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (host_id, comm, container_id, unit, pod_uid) DO UPDATE SET
-				container_name = excluded.container_name, container_image = excluded.container_image,
-				container_runtime = excluded.container_runtime, pod_namespace = excluded.pod_namespace,
-				pod_name = excluded.pod_name, k8s_container = excluded.k8s_container, workload = excluded.workload,
+				container_name = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.container_name ELSE end_identities.container_name END,
+				container_image = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.container_image ELSE end_identities.container_image END,
+				container_runtime = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.container_runtime ELSE end_identities.container_runtime END,
+				pod_namespace = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.pod_namespace ELSE end_identities.pod_namespace END,
+				pod_name = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.pod_name ELSE end_identities.pod_name END,
+				k8s_container = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.k8s_container ELSE end_identities.k8s_container END,
+				workload = CASE WHEN excluded.last_seen >= end_identities.last_seen THEN excluded.workload ELSE end_identities.workload END,
 				first_seen = CASE WHEN excluded.first_seen < end_identities.first_seen THEN excluded.first_seen ELSE end_identities.first_seen END,
 				last_seen = CASE WHEN excluded.last_seen > end_identities.last_seen THEN excluded.last_seen ELSE end_identities.last_seen END`),
 			k.host, k.comm, k.container, k.unit, k.pod, id.ContainerName, id.ContainerImage, id.ContainerRuntime,

@@ -292,3 +292,29 @@ func checkHost(t *testing.T, s *store.Store, name string, netns uint32, first, l
 		t.Errorf("h first seen %s, want %s", got, first)
 	}
 }
+
+// A replayed batch (older, from the spool) does not put back the name a
+// container had before a rename: an end's names are its latest
+// sighting's.
+func TestReplayedBatchKeepsAnEndsLatestNames(t *testing.T) {
+	t1 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	t2 := t1.Add(time.Hour)
+	named := func(id, name string, at time.Time) store.Batch {
+		o := obs("h", "outbound", "198.51.100.1", "198.51.100.2", 80, "curl", at, 1, 10)
+		o.Identity = tracer.Identity{ContainerID: "c0ffee0123456789", ContainerName: name, ContainerRuntime: "docker", Workload: "compose/shop/" + name}
+		return store.Batch{ID: id, Observations: []store.Observation{o}}
+	}
+	for name, spec := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			s := open(t, spec)
+			write(t, s, named("b2", "api-renamed", t2), named("b1", "api", t1))
+			ids, err := s.Identities(context.Background(), store.Range{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) != 1 || ids[0].ContainerName != "api-renamed" || ids[0].Workload != "compose/shop/api-renamed" || !ids[0].FirstSeen.Equal(t1) {
+				t.Errorf("identities %+v; want the container named api-renamed (its latest), first seen %s", ids, t1)
+			}
+		})
+	}
+}
