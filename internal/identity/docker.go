@@ -201,11 +201,34 @@ func (d *dockerClient) follow(ctx context.Context) error {
 	var list []struct {
 		ID string `json:"Id"`
 	}
+	d.mu.Lock()
+	known := make([]string, 0, len(d.containers))
+	for id, c := range d.containers {
+		if c.gone.IsZero() {
+			known = append(known, id)
+		}
+	}
+	d.mu.Unlock()
 	lctx, cancel := context.WithTimeout(ctx, d.timeout)
 	if err := d.get(lctx, "/containers/json", &list); err == nil {
+		running := make(map[string]bool, len(list))
 		for _, c := range list {
+			running[c.ID] = true
 			d.learn(ctx, c.ID, nil)
 		}
+		// A container known before and not running now stopped or went
+		// while the stream was down, its events sent to no one: it is
+		// gone from now, kept for the retain window as a destroyed one
+		// (and learnt again if it starts). Without this, a runtime's
+		// outage kept every container removed meanwhile for ever.
+		now := time.Now()
+		d.mu.Lock()
+		for _, id := range known {
+			if c, ok := d.containers[id]; ok && c.gone.IsZero() && !running[id] {
+				c.gone = now
+			}
+		}
+		d.mu.Unlock()
 	}
 	cancel()
 	dec := json.NewDecoder(resp.Body)

@@ -63,3 +63,53 @@ func TestEventStreamMarksRemovedContainersGone(t *testing.T) {
 		t.Errorf("%d containers known after the retain window, want 0", n)
 	}
 }
+
+// A container removed while the event stream was down (dockerd stopped,
+// restarted) sent its destroy event to no one: at the next connection,
+// one known before and not running any more is marked gone, and
+// forgotten after the retain window, not kept for ever. One still running
+// stays.
+func TestReconnectMarksContainersGoneMeanwhile(t *testing.T) {
+	const (
+		goneID = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9"
+		runsID = "f9e8d7c6b5a40392817f6e5d4c3b2a1f9e8d7c6b5a40392817f6e5d4c3b2a10"
+	)
+	running := `[{"Id":"` + goneID + `"},{"Id":"` + runsID + `"}]`
+	sock := filepath.Join(t.TempDir(), "api.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/events", func(w http.ResponseWriter, r *http.Request) {}) // ends at once: a stream that dropped
+	mux.HandleFunc("/containers/json", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(running)) })
+	mux.HandleFunc("/containers/{id}/json", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"Id":"` + r.PathValue("id") + `","Name":"/c","Config":{"Image":"busybox"},"State":{"Pid":0}}`))
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }() // ends with Close below
+	defer srv.Close()
+
+	d := newDockerClient(newSource(RuntimeDocker, sock, false, nil), time.Minute, 2*time.Second)
+	if err := d.follow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	running = `[{"Id":"` + runsID + `"}]` // goneID removed while the stream was down
+	if err := d.follow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	gone, runs := d.containers[goneID], d.containers[runsID]
+	d.mu.Unlock()
+	if gone == nil || gone.gone.IsZero() || runs == nil || !runs.gone.IsZero() {
+		t.Fatalf("after the reconnect: removed one %+v, running one %+v; want the first gone, the second not", gone, runs)
+	}
+	d.prune(time.Now().Add(2 * time.Minute))
+	d.mu.Lock()
+	_, kept := d.containers[goneID]
+	n := len(d.containers)
+	d.mu.Unlock()
+	if kept || n != 1 {
+		t.Errorf("after the retain window: %d containers known, the removed one kept %v; want only the running one", n, kept)
+	}
+}
