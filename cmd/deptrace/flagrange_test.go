@@ -3,6 +3,12 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/deptrace/deptrace/internal/cli"
 )
 
 // Every numeric flag's error says its own range, whether the value does
@@ -80,5 +86,31 @@ func TestAgentRefusesAStoreThatCanNeverWork(t *testing.T) {
 		if got := strings.TrimSuffix(stderr, "\n"); code != 1 || stdout != "" || got != c.want {
 			t.Errorf("%v %v: exit %d, stdout %q, stderr %q;\nwant exit 1 and %s", c.env, c.args, code, stdout, stderr, c.want)
 		}
+	}
+}
+
+// --help writes every duration default as people type it (10m, 1h), not
+// as Go does (10m0s, 1h0m0s).
+func TestHelpDurationsAsTyped(t *testing.T) {
+	seen := 0
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Value.Type() != "duration" {
+				return
+			}
+			seen++
+			d, err := time.ParseDuration(f.DefValue)
+			if err != nil || f.DefValue != cli.FormatDuration(d) || strings.Contains(f.DefValue, "m0s") || strings.Contains(f.DefValue, "h0m") {
+				t.Errorf("%s --%s: default %q in --help, want it as cli.FormatDuration writes it", c.CommandPath(), f.Name, f.DefValue)
+			}
+		})
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(newRootCmd())
+	if seen == 0 {
+		t.Fatal("no duration flag found")
 	}
 }

@@ -37,5 +37,6 @@ DEPTRACE_FLOW_MAP_SIZE, --log-format is DEPTRACE_LOG_FORMAT, and so on.`,
 	}
 	cli.Configure(root)
 	root.AddCommand(newTraceCmd(), newDoctorCmd(), newAgentCmd(), newLookCmd(), newGraphCmd(), newDiffCmd(), newServeCmd(), newCleanupCmd())
+	cli.ShowDurations(root)
 	return root
 }

@@ -60,6 +60,23 @@ func Configure(root *cobra.Command) {
 	}
 }
 
+// ShowDurations writes the defaults of the duration flags of root and
+// of every command under it as FormatDuration does, so that --help says
+// "(default 10m)", as people type it, not Go's "10m0s". Call it once the
+// commands are added.
+func ShowDurations(root *cobra.Command) {
+	for _, fs := range []*pflag.FlagSet{root.Flags(), root.PersistentFlags()} {
+		fs.VisitAll(func(f *pflag.Flag) {
+			if d, err := time.ParseDuration(f.DefValue); err == nil && f.Value.Type() == "duration" {
+				f.DefValue = FormatDuration(d)
+			}
+		})
+	}
+	for _, c := range root.Commands() {
+		ShowDurations(c)
+	}
+}
+
 // Ranged is a flag value that says what it takes (its Set refuses the
 // rest): "0 (no cap) or 1 to 1048576". The error of a value it refuses
 // reads "invalid --flag "VALUE": allowed " and that.
