@@ -43,6 +43,18 @@ func Chromium(t testing.TB) string {
 // is stopped when the test ends.
 func Browser(t testing.TB, timeout time.Duration) context.Context {
 	t.Helper()
+	return browser(t, timeout)
+}
+
+// BrowserInZone is Browser with TZ set to zone: its JavaScript dates and
+// datetime-local inputs are in that zone.
+func BrowserInZone(t testing.TB, zone string, timeout time.Duration) context.Context {
+	t.Helper()
+	return browser(t, timeout, chromedp.Env("TZ="+zone))
+}
+
+func browser(t testing.TB, timeout time.Duration, extra ...chromedp.ExecAllocatorOption) context.Context {
+	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(Chromium(t)),
 		chromedp.NoSandbox,
@@ -51,6 +63,7 @@ func Browser(t testing.TB, timeout time.Duration) context.Context {
 		chromedp.Flag("ignore-gpu-blocklist", true),
 		chromedp.WindowSize(1400, 900),
 	)
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelC := chromedp.NewContext(actx)
 	ctx, cancelT := context.WithTimeout(ctx, timeout)

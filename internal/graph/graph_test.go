@@ -247,14 +247,7 @@ func TestMovedServerAddressSplitsTheClientsFlow(t *testing.T) {
 	}
 
 	j := NewJoiner(obs, hs, nil)
-	sum := map[[2]string]tracer.Counters{}
-	for _, st := range steps {
-		for _, e := range j.Step(st, nil).Edges {
-			c := sum[[2]string{e.From, e.To}]
-			c.Add(e.Counters)
-			sum[[2]string{e.From, e.To}] = c
-		}
-	}
+	sum := stepSums(j, steps)
 	for _, e := range g.Edges {
 		if got := sum[[2]string{e.From, e.To}]; got != e.Counters {
 			t.Errorf("%s -> %s: the steps sum to %+v, the range has %+v", e.From, e.To, got, e.Counters)
@@ -303,6 +296,19 @@ func TestSharedAddressIsTheObserversMachines(t *testing.T) {
 	}
 }
 
+// stepSums adds up, per edge (from, to), the Joiner's graphs of steps.
+func stepSums(j *Joiner, steps [][]store.Observation) map[[2]string]tracer.Counters {
+	sum := map[[2]string]tracer.Counters{}
+	for _, st := range steps {
+		for _, e := range j.Step(st, nil).Edges {
+			c := sum[[2]string{e.From, e.To}]
+			c.Add(e.Counters)
+			sum[[2]string{e.From, e.To}] = c
+		}
+	}
+	return sum
+}
+
 // The history of a moved address's edges, from the store's step reads:
 // each step's records of a flow go where the range placed the flow, so
 // the steps sum to the range's edges.
@@ -325,14 +331,7 @@ func TestJoinerStepsSumToTheRangeForAMovedAddress(t *testing.T) {
 	obs := []store.Observation{steps[0][0], steps[1][0], dbIn}
 	whole := Build(obs, hs, nil)
 	j := NewJoiner(obs, hs, nil)
-	sum := map[[2]string]tracer.Counters{}
-	for _, st := range steps {
-		for _, e := range j.Step(st, nil).Edges {
-			c := sum[[2]string{e.From, e.To}]
-			c.Add(e.Counters)
-			sum[[2]string{e.From, e.To}] = c
-		}
-	}
+	sum := stepSums(j, steps)
 	if len(whole.Edges) != 2 || len(sum) != 2 {
 		t.Fatalf("range edges %+v, steps' %v; want 2 each", whole.Edges, sum)
 	}

@@ -24,29 +24,6 @@ import (
 	"github.com/deptrace/deptrace/tracer"
 )
 
-// browserInZone starts Chromium as browsertest.Browser does, with TZ set
-// to zone: its JavaScript dates and datetime-local inputs are in that zone.
-func browserInZone(t *testing.T, zone string, timeout time.Duration) context.Context {
-	t.Helper()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browsertest.Chromium(t)),
-		chromedp.NoSandbox,
-		chromedp.Flag("use-angle", "swiftshader"),
-		chromedp.Flag("enable-unsafe-swiftshader", true),
-		chromedp.Flag("ignore-gpu-blocklist", true),
-		chromedp.WindowSize(1400, 900),
-		chromedp.Env("TZ="+zone),
-	)
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelC := chromedp.NewContext(actx)
-	ctx, cancelT := context.WithTimeout(ctx, timeout)
-	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	return ctx
-}
-
 // text is an element's text as a user reads it, white space folded.
 func text(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
@@ -67,7 +44,7 @@ func TestPageCustomRangeIsLocalTime(t *testing.T) {
 		zone, offset = "Etc/GMT+5", -5*3600 // POSIX signs: UTC-5
 	}
 	local := time.FixedZone(zone, offset)
-	ctx := browserInZone(t, zone, 90*time.Second)
+	ctx := browsertest.BrowserInZone(t, zone, 90*time.Second)
 	browsertest.Open(t, ctx, srv.URL+"/?view=map")
 	if got := browsertest.JS[float64](t, ctx, `new Date().getTimezoneOffset()`); got != float64(-offset/60) {
 		t.Fatalf("browser zone offset %v min, want %d (TZ=%s)", got, -offset/60, zone)
