@@ -409,7 +409,6 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 		}
 	}
 	matched := map[inKey]bool{}
-	outEdge := make([]int32, len(outs)) // the edge each outbound side made
 	for i := range outs {
 		out := &outs[i]
 		from := g.nodeOf(nodeKey{'p', out.client, out.process, 0}, out.process, func() Node {
@@ -436,61 +435,10 @@ func build(obs []store.Observation, hosts []store.Host, listeners []store.Listen
 					Addr: hostAddr[out.server], Port: out.port, Proto: out.proto, Process: process}
 			})
 		}
-		outEdge[i] = g.edge(from, to, out)
-	}
-	// A server's address that moved to another host on the same machine
-	// within the range (a container recreated with the same address): the
-	// client's flow to it, placed by its first sighting, went whole to
-	// the old holder, and the new holder's record of the client's calls
-	// has no outbound side of its own. When exactly one process of that
-	// client called that address, proto and port, the new holder's calls
-	// (its record's volume) move off the old holder's edge onto an edge of
-	// their own from that process; what only the client measures (failed
-	// connects, connect latency, RTT, its retransmissions) stays where the
-	// client's record put it.
-	movedTo := map[inKey]int{}
-	for k, in := range ins {
-		if matched[k] || in.client == "" {
-			continue
-		}
-		only := -1
-		for i := range outs {
-			out := &outs[i]
-			if out.client == in.client && out.proto == in.proto && out.port == in.port && out.serverAddr == in.serverAddr &&
-				out.server != "" && out.server != in.server && machineOf(out.server) == machineOf(in.server) {
-				if only >= 0 && outs[only].process != out.process {
-					only = -1
-					break
-				}
-				only = i
-			}
-		}
-		if only >= 0 {
-			movedTo[k] = only
-		}
+		g.edge(from, to, out)
 	}
 	for k, in := range ins {
 		if matched[k] {
-			continue
-		}
-		if i, ok := movedTo[k]; ok {
-			out := &outs[i]
-			from := g.nodeOf(nodeKey{'p', out.client, out.process, 0}, out.process, nil)
-			to := g.nodeOf(nodeKey{'s', in.server, in.proto, in.port}, in.process, func() Node {
-				return Node{ID: ServiceID(in.server, in.proto, in.port), Kind: KindService, Host: in.server,
-					Addr: hostAddr[in.server], Port: in.port, Proto: in.proto, Process: in.process}
-			})
-			old := &g.list[outEdge[i]]
-			old.Counters = beyond(old.Counters, in.c)
-			g.edge(from, to, in)
-			if track {
-				if g.obsBeyond == nil {
-					g.obsBeyond = map[int32]int32{}
-				}
-				for _, m := range in.members {
-					g.obsBeyond[m] = outEdge[i]
-				}
-			}
 			continue
 		}
 		to := g.nodeOf(nodeKey{'s', in.server, in.proto, in.port}, in.process, func() Node {
@@ -761,18 +709,17 @@ func (b *builder) unix(obs []store.Observation, idx []int32, hostAddr map[string
 	}
 }
 
-// beyond is what a view c (the client's point of view) holds past the
-// counts seen elsewhere (a unix receiver's past its senders' own reports;
-// a client's record of a moved address past the new holder's): the volume
-// counters less seen's, each at least 0; the rest of c as it is.
+// beyond is what a receiver's view c (the client's point of view) holds
+// past the senders' own reports seen: the volume counters, each at least 0.
 func beyond(c, seen tracer.Counters) tracer.Counters {
 	sub := func(a, b uint64) uint64 { return a - min(a, b) }
-	c.Connections = sub(c.Connections, seen.Connections)
-	c.BytesSent = sub(c.BytesSent, seen.BytesSent)
-	c.BytesReceived = sub(c.BytesReceived, seen.BytesReceived)
-	c.DatagramsSent = sub(c.DatagramsSent, seen.DatagramsSent)
-	c.DatagramsReceived = sub(c.DatagramsReceived, seen.DatagramsReceived)
-	return c
+	return tracer.Counters{
+		Connections:       sub(c.Connections, seen.Connections),
+		BytesSent:         sub(c.BytesSent, seen.BytesSent),
+		BytesReceived:     sub(c.BytesReceived, seen.BytesReceived),
+		DatagramsSent:     sub(c.DatagramsSent, seen.DatagramsSent),
+		DatagramsReceived: sub(c.DatagramsReceived, seen.DatagramsReceived),
+	}
 }
 
 // listeners puts each service's accept-queue state on its node: summed
@@ -884,7 +831,7 @@ func (b *builder) name(i int32, s *side) {
 	}
 }
 
-func (b *builder) edge(from, to int32, s *side) int32 {
+func (b *builder) edge(from, to int32, s *side) {
 	k := [2]int32{from, to}
 	i, ok := b.edges[k]
 	if !ok {
@@ -903,7 +850,6 @@ func (b *builder) edge(from, to int32, s *side) int32 {
 	if s.last.After(e.LastSeen) {
 		e.LastSeen = s.last
 	}
-	return i
 }
 
 // graph sorts nodes by id and edges by (from, to). Edges are sorted by
