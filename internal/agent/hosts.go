@@ -32,15 +32,25 @@ const hostRefresh = 30 * time.Second
 //
 // The kernel's records carry the inode only: a namespace that ends, and
 // whose inode a new one takes, between its last events and the drain that
-// reads them, has those last events named after the new one.
+// reads them, has those last events named after the new one. A namespace
+// gone by the drain keeps the id it was last seen with for that drain and
+// the next (its last flows); after that, or if it was never seen alive,
+// its inode alone names it.
 type hostIDs struct {
 	rootNS uint32
 	rootID string
-	mu     sync.Mutex
-	cache  map[uint32]*hostInfo
-	// drain counts drains (nextDrain): a namespace found gone is not
-	// looked for again within one drain, as every flow of it asks.
+	// cookies: the kernel gives namespace cookies (5.14 and later), so
+	// a live namespace whose cookie could not be read is a failed read.
+	cookies bool
+	mu      sync.Mutex
+	cache   map[uint32]*hostInfo
+	// drain counts drains (nextDrain): a name is checked once a drain,
+	// however many flows, metrics and logs ask for it.
 	drain uint64
+	// list holds the namespaces listed in drain listedIn: one walk of
+	// /proc a drain, however many namespaces it names.
+	list     []netns.Namespace
+	listedIn uint64
 }
 
 type hostInfo struct {
@@ -56,8 +66,10 @@ type hostInfo struct {
 	// keeps the namespace, so no other can have its inode.
 	from      string
 	fromStart uint64
-	// goneIn is the drain in which the namespace was found gone (0: it
-	// was not).
+	// checkedIn is the drain in which the name was last found to hold.
+	checkedIn uint64
+	// goneIn is the first drain in which the namespace was found gone
+	// (0: it was not).
 	goneIn uint64
 }
 
@@ -88,7 +100,8 @@ func newHostIDs(rootID string) (*hostIDs, error) {
 			return nil, fmt.Errorf("hostname: %w", err)
 		}
 	}
-	return &hostIDs{rootNS: self, rootID: rootID, cache: map[uint32]*hostInfo{}, drain: 1}, nil
+	_, err = netns.Cookie()
+	return &hostIDs{rootNS: self, rootID: rootID, cookies: err == nil, cache: map[uint32]*hostInfo{}, drain: 1}, nil
 }
 
 // NamespaceHostID is the host id of the network namespace with inode ino
@@ -116,7 +129,7 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 	if old != nil && h.still(ino, old) {
 		return *old
 	}
-	hi := &hostInfo{read: time.Now()}
+	hi := &hostInfo{read: time.Now(), checkedIn: h.drain}
 	switch names := netns.Names(); {
 	case ino == h.rootNS:
 		hi.ID, hi.Name = h.rootID, h.rootID
@@ -127,31 +140,37 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 		hi.Addrs, _ = readNamespace(hi.from)
 	default:
 		hi.ID = NamespaceHostID(h.rootID, ino, 0)
-		var ns *netns.Namespace
-		if list, err := netns.List(); err == nil {
-			for i := range list {
-				if list[i].Inode == ino {
-					ns = &list[i]
-					break
-				}
-			}
-		}
+		ns, listed := h.find(ino)
 		var cookie uint64
 		if ns != nil {
 			hi.from, hi.fromStart = ns.Path, processStart(ns.Path)
 			hi.Addrs, cookie = readNamespace(ns.Path)
 		}
+		lastID := func() {
+			if old != nil {
+				hi.ID = old.ID
+			}
+		}
 		switch {
 		case cookie != 0:
 			hi.ID = NamespaceHostID(h.rootID, ino, cookie)
-		case ns == nil && old != nil:
-			// Gone: its last flows are the last namespace seen with the
-			// inode's, which no new one has taken since (it would be
-			// listed), or those of one that came and went unseen.
-			hi.ID = old.ID
-		}
-		if ns == nil {
+		case ns != nil && h.cookies || !listed:
+			// Live but not read (its process exited meanwhile), or the
+			// namespaces could not be listed: the id it had, read again
+			// at the next drain.
+			lastID()
+			hi.read = time.Time{}
+		default: // gone
 			hi.goneIn = h.drain
+			if old != nil && old.goneIn != 0 {
+				hi.goneIn = old.goneIn
+			}
+			// Its last flows are those of the namespace last seen with
+			// the inode, for this drain and the next; later ones are of
+			// another that came and went unseen.
+			if old != nil && h.drain-hi.goneIn <= 1 {
+				lastID()
+			}
 		}
 	}
 	hi.Name = cmp.Or(hi.Name, hi.ID)
@@ -159,22 +178,49 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 	return *hi
 }
 
+// find is the namespace with inode ino, from this drain's list of them,
+// listed again if it is not there (made since); listed is false when
+// they cannot be listed.
+func (h *hostIDs) find(ino uint32) (ns *netns.Namespace, listed bool) {
+	for fresh := h.listedIn != h.drain; ; fresh = true {
+		if fresh {
+			list, err := netns.List()
+			if err != nil {
+				return nil, false
+			}
+			h.list, h.listedIn = list, h.drain
+		}
+		for i := range h.list {
+			if h.list[i].Inode == ino {
+				return &h.list[i], true
+			}
+		}
+		if fresh {
+			return nil, true
+		}
+	}
+}
+
 // still reports whether a cached name still holds: a gone namespace's
-// for the rest of the drain it was found gone in, a live one's while
-// its addresses are fresh and what it was read through still opens it.
+// for the rest of the drain it was found gone in; a live one's, checked
+// once a drain, while its addresses are fresh and what it was read
+// through still opens it.
 func (h *hostIDs) still(ino uint32, hi *hostInfo) bool {
 	switch {
 	case hi.goneIn != 0:
-		return hi.goneIn == h.drain
+		return hi.checkedIn == h.drain
+	case hi.checkedIn == h.drain:
+		return true
 	case time.Since(hi.read) >= hostRefresh:
 		return false
-	case ino == h.rootNS:
-		return true
 	}
-	if got, err := netns.Inode(hi.from); err != nil || got != ino {
-		return false
+	if ino != h.rootNS {
+		if got, err := netns.Inode(hi.from); err != nil || got != ino || hi.fromStart != processStart(hi.from) {
+			return false
+		}
 	}
-	return hi.fromStart == processStart(hi.from)
+	hi.checkedIn = h.drain
+	return true
 }
 
 // readNamespace reads a namespace's addresses and cookie (0 where the

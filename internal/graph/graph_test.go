@@ -396,6 +396,14 @@ func TestResolve(t *testing.T) {
 	if got, err := Resolve(wc, withContainer, "web"); err != nil || !slices.Equal(got, []string{ProcessID("web", "nginx")}) {
 		t.Errorf("web: %v %v; want its root namespace's nginx alone", got, err)
 	}
+	// A namespace's id as lsns gives it (its inode, no cookie) names the
+	// namespaces that had that inode, not those of a longer inode.
+	withCookies := append(slices.Clone(hosts), store.Host{ID: "web/netns:7.41", Addrs: []string{"172.17.0.2"}}, store.Host{ID: "web/netns:77.42", Addrs: []string{"172.17.0.3"}})
+	wk := Build(append(chain(), o("web/netns:7.41", "outbound", "172.17.0.2", "198.51.100.3", 8080, "worker", 1, 1, 1),
+		o("web/netns:77.42", "outbound", "172.17.0.3", "198.51.100.3", 8080, "cron", 1, 1, 1)), withCookies, nil)
+	if got, err := Resolve(wk, withCookies, "web/netns:7"); err != nil || !slices.Equal(got, []string{ProcessID("web/netns:7.41", "worker")}) {
+		t.Errorf("web/netns:7: %v %v; want the worker of web/netns:7.41 alone", got, err)
+	}
 }
 
 func TestLookDepthAndReverse(t *testing.T) {

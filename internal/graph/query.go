@@ -167,8 +167,11 @@ func Resolve(g Graph, hosts []store.Host, target string) ([]string, error) {
 		for _, h := range hosts {
 			// A machine's id names the hosts of its namespaces when it
 			// names no host itself: an agent run with --host-id vm and
-			// --netns only has "vm/qa-b" and no "vm".
-			if h.ID == target || h.Name == target || (!exact && strings.HasPrefix(h.ID, target+"/")) {
+			// --netns only has "vm/qa-b" and no "vm". A namespace's id
+			// without its cookie ("vm/netns:4026532388", the inode lsns
+			// shows) names the namespaces that had that inode.
+			if h.ID == target || h.Name == target || (!exact && (strings.HasPrefix(h.ID, target+"/") ||
+				strings.Contains(target, "/netns:") && strings.HasPrefix(h.ID, target+"."))) {
 				entities(func(n Node) bool { return n.Host == h.ID })
 			}
 		}

@@ -66,6 +66,10 @@ func newSource(runtime, socket string, asked bool, log *slog.Logger) *source {
 func (s *source) failed(err error, needed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.failedLocked(err, needed)
+}
+
+func (s *source) failedLocked(err error, needed bool) {
 	if s.up || s.downAt.IsZero() {
 		s.downAt = time.Now()
 	}
@@ -89,10 +93,9 @@ func (s *source) failed(err error, needed bool) {
 // new while the source is up (the event stream is the judge of that).
 func (s *source) failedWhileDown(err error) {
 	s.mu.Lock()
-	up := s.up
-	s.mu.Unlock()
-	if !up {
-		s.failed(err, true)
+	defer s.mu.Unlock()
+	if !s.up { // under the lock: an ok() in between must not be undone
+		s.failedLocked(err, true)
 	}
 }
 

@@ -151,6 +151,9 @@ func TestRetainKeepsTheNamesOfTheDayItKeeps(t *testing.T) {
 			if ids, svcs, addrs := names(); ids != 0 || svcs != 0 || len(addrs) != 0 {
 				t.Errorf("cut the next day: %d identities, %d services, job's addresses %v; want none", ids, svcs, addrs)
 			}
+			if hosts, err := s.Hosts(ctx); err != nil || len(hosts) != 0 {
+				t.Errorf("cut the next day: hosts %+v %v; want none (none seen since)", hosts, err)
+			}
 		})
 	}
 }

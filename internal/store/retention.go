@@ -165,7 +165,7 @@ func (s *Store) recordCutoff(ctx context.Context, z retained) error {
 	})
 }
 
-// forgetBefore deletes flow keys, services and addresses not seen since
+// forgetBefore deletes flow keys, services, hosts and addresses not seen since
 // a day before t (a key's last event can precede its bucket's start by
 // up to an interval), and, when keys went, tells caches to start over in
 // the transaction that deletes them: SQLite may hand a deleted key's id
@@ -194,17 +194,25 @@ func (s *Store) forgetBefore(ctx context.Context, t int64) error {
 	}); err != nil {
 		return err
 	}
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM services WHERE last_seen < ?`), t); err != nil {
-		return fmt.Errorf("delete old services: %w", err)
-	}
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM host_addrs WHERE last_seen < ?`), t); err != nil {
-		return fmt.Errorf("delete old host addresses: %w", err)
-	}
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM end_identities WHERE last_seen < ?`), t); err != nil {
-		return fmt.Errorf("delete old identities: %w", err)
+	if err := s.forgetNames(ctx, t); err != nil {
+		return err
 	}
 	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM open_minutes WHERE open_bucket = 0 AND rolled_through < ?`), t); err != nil {
 		return fmt.Errorf("delete old open-minute records: %w", err)
+	}
+	return nil
+}
+
+// forgetNames deletes the services, hosts, addresses and identities not
+// seen since t. Each container's namespace is a host of its own (its id
+// holds the namespace's cookie), so on a machine where containers come
+// and go hosts pile up until retention takes them, and every query reads
+// them all.
+func (s *Store) forgetNames(ctx context.Context, t int64) error {
+	for _, table := range []string{"services", "host_addrs", "hosts", "end_identities"} {
+		if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM `+table+` WHERE last_seen < ?`), t); err != nil {
+			return fmt.Errorf("delete old rows of %s: %w", table, err)
+		}
 	}
 	return nil
 }

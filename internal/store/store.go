@@ -557,17 +557,7 @@ func (s *Store) Retain(ctx context.Context, cutoff time.Time, bucket time.Durati
 	// The names of the ends of the day row the cutoff falls in stay with
 	// it, as advanceRetention keeps them: a later read of that row names
 	// them.
-	keptFrom := floorTo(from, coarsest)
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM services WHERE last_seen < ?`), keptFrom); err != nil {
-		return n, fmt.Errorf("delete old services: %w", err)
-	}
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM host_addrs WHERE last_seen < ?`), keptFrom); err != nil {
-		return n, fmt.Errorf("delete old host addresses: %w", err)
-	}
-	if _, err := s.db.ExecContext(ctx, s.d.rebind(`DELETE FROM end_identities WHERE last_seen < ?`), keptFrom); err != nil {
-		return n, fmt.Errorf("delete old identities: %w", err)
-	}
-	return n, nil
+	return n, s.forgetNames(ctx, floorTo(from, coarsest))
 }
 
 // inTx runs fn in a transaction and commits it.

@@ -91,6 +91,18 @@ func TestPageCustomRangeIsLocalTime(t *testing.T) {
 	if d := mapData(t, ctx); d["nodes"] != "4" {
 		t.Errorf("link with UTC times shows %v, want 4 nodes", d)
 	}
+	// A link in the API's "2006-01-02 15:04" form, without an offset, is
+	// the browser's local time too (its space is not an offset's "+").
+	s3 := now.Add(-40 * time.Minute).In(local).Truncate(time.Minute)
+	browsertest.Open(t, ctx, srv.URL+"/?view=map&since="+url.QueryEscape(s3.Format("2006-01-02 15:04")))
+	browsertest.Until(t, ctx, `document.body.dataset.state === 'ready'`, `document.querySelector('#status').innerText`)
+	reqs = browsertest.JS[[]string](t, ctx, `performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/api/graph?') && n.includes('since='))`)
+	if u, err = url.Parse(reqs[len(reqs)-1]); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := time.Parse(time.RFC3339, u.Query().Get("since")); err != nil || !got.Equal(s3) {
+		t.Errorf("link since=%q: request since=%q (%v), want the absolute time %s", s3.Format("2006-01-02 15:04"), u.Query().Get("since"), err, s3.Format(time.RFC3339))
+	}
 }
 
 // apiGraph is /api/graph's answer, decoded loosely.

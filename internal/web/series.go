@@ -481,11 +481,15 @@ func (c *everSeenCache) has(by string, ids []string, key graph.EdgeKey, now time
 	return len(ids) == 1 || set.edges[key]
 }
 
+// put keeps set unless a set read later is there: of two reads of all
+// history that overlap, the older may finish last.
 func (c *everSeenCache) put(by string, set *seenSet) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.sets == nil {
 		c.sets = map[string]*seenSet{}
 	}
-	c.sets[by] = set
+	if old := c.sets[by]; old == nil || !old.at.After(set.at) {
+		c.sets[by] = set
+	}
 }

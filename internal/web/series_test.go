@@ -508,8 +508,22 @@ func TestSeriesOfAnIdleNodeReadsAllHistoryOnce(t *testing.T) {
 	seen := &srv.Config.Handler.(*Server).seen
 	seen.mu.Lock()
 	old := *seen.sets[graph.ByWorkload]
-	seen.mu.Unlock()
 	old.at = time.Now().Add(-seenMaxAge)
-	seen.put(graph.ByWorkload, &old)
+	seen.sets[graph.ByWorkload] = &old
+	seen.mu.Unlock()
 	ask(python, http.StatusOK, 6)
+}
+
+// Of two reads of all history that overlap, the one read later stays,
+// whichever finishes last.
+func TestEverSeenKeepsTheLaterRead(t *testing.T) {
+	var c everSeenCache
+	t0 := time.Date(2026, 11, 20, 10, 0, 0, 0, time.UTC)
+	newer := &seenSet{at: t0.Add(time.Second), nodes: map[string]bool{"workload:h/new": true}}
+	older := &seenSet{at: t0, nodes: map[string]bool{"workload:h/old": true}}
+	c.put(graph.ByWorkload, newer)
+	c.put(graph.ByWorkload, older)
+	if !c.has(graph.ByWorkload, []string{"workload:h/new"}, graph.EdgeKey{}, t0.Add(2*time.Second)) {
+		t.Errorf("the older read, put last, replaced the newer")
+	}
 }

@@ -71,7 +71,9 @@
     return d.getFullYear() + '-' + pad2(d.getMonth() + 1) + '-' + pad2(d.getDate()) + 'T' + pad2(d.getHours()) + ':' + pad2(d.getMinutes()) + ':' + pad2(d.getSeconds()) + z;
   }
   function absTime(v) {
-    v = v.trim().replace(/ (\d\d:\d\d)$/, '+$1'); // a '+' a link left unencoded reads as a space
+    // A '+' a link left unencoded reads as a space: an offset after a time
+    // of day ("T10:00 09:00"), not the API's "2006-01-02 15:04" form.
+    v = v.trim().replace(/(T\d\d:\d\d(?::\d\d(?:\.\d+)?)?) (\d\d:\d\d)$/, '$1+$2');
     const m = LOCAL.exec(v);
     if (!m) return v;
     const d = new Date(+m[1], +m[2] - 1, +m[3], +m[4], +m[5], +(m[6] || 0));
