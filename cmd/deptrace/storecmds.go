@@ -61,7 +61,7 @@ func (f *healthFlags) register(cmd *cobra.Command) {
 	cmd.Flags().Float64Var(&f.h.FailedRatio, "health-failed-ratio", d.FailedRatio, "failed connections over attempts that make an edge unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.ResetRatio, "health-reset-ratio", d.ResetRatio, "resets over connections that make an edge unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.RetransmitsPerConn, "health-retransmits-per-conn", d.RetransmitsPerConn, "retransmitted segments per connection above which an edge is unhealthy")
-	cmd.Flags().Float64Var(&f.h.ListenDropRatio, "health-listen-drop-ratio", d.ListenDropRatio, "connections a full accept queue dropped over those that reached the service that make it unhealthy (0 to 1)")
+	cmd.Flags().Float64Var(&f.h.ListenDropRatio, "health-listen-drop-ratio", d.ListenDropRatio, "handshake packets a full accept queue dropped (retries counted again) over the arrivals (connections established + drops) that make a service unhealthy (0 to 1)")
 	cmd.Flags().Float64Var(&f.h.DegradedFactor, "health-degraded-factor", d.DegradedFactor, "fraction of each threshold from which an edge, service or client's lookups are degraded (over 0, up to 1)")
 	cmd.Flags().Float64Var(&f.dns.ErrorRatio, "health-dns-error-ratio", dd.ErrorRatio, "failed lookups (SERVFAIL, other error codes, no answer in time) over queries that make a client's lookups through a resolver unhealthy (0 to 1)")
 	cmd.Flags().Uint64Var(&f.dns.MinEvents, "health-dns-min-events", dd.MinEvents, "fewest failed lookups, or NXDOMAIN answers with no address answered, that can make a client's lookups unhealthy (1 to 1000000)")

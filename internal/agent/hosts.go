@@ -32,10 +32,11 @@ const hostRefresh = 30 * time.Second
 //
 // The kernel's records carry the inode only: a namespace that ends, and
 // whose inode a new one takes, between its last events and the drain that
-// reads them, has those last events named after the new one. A namespace
-// gone by the drain keeps the id it was last seen with for that drain and
-// the next (its last flows); after that, or if it was never seen alive,
-// its inode alone names it.
+// reads them, has those last events named after the new one (after an
+// agent's restart that adopts a pinned kernel side, those of the whole
+// time no agent ran). A namespace gone by the drain keeps, for that drain
+// (its last flows), the id it was last seen with; after that, or if it was
+// never seen alive, its inode alone names it.
 type hostIDs struct {
 	rootNS uint32
 	rootID string
@@ -162,13 +163,12 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 			hi.read = time.Time{}
 		default: // gone
 			hi.goneIn = h.drain
-			if old != nil && old.goneIn != 0 {
-				hi.goneIn = old.goneIn
-			}
-			// Its last flows are those of the namespace last seen with
-			// the inode, for this drain and the next; later ones are of
-			// another that came and went unseen.
-			if old != nil && h.drain-hi.goneIn <= 1 {
+			// The drain that finds it gone reads its last flows: the
+			// namespace last seen alive with the inode's. Flows of that
+			// inode in later drains are of another namespace, one that
+			// came and went unseen (a one-shot container): its inode
+			// alone names it, not the last one's id.
+			if old != nil && old.goneIn == 0 {
 				lastID()
 			}
 		}
@@ -211,7 +211,10 @@ func (h *hostIDs) still(ino uint32, hi *hostInfo) bool {
 		return hi.checkedIn == h.drain
 	case hi.checkedIn == h.drain:
 		return true
-	case time.Since(hi.read) >= hostRefresh:
+	case time.Since(hi.read) >= hostRefresh || ino != h.rootNS && !hasAddress(hi.Addrs):
+		// Read again: stale, or read before the namespace had an
+		// address (a container's network is attached after its
+		// namespace is made).
 		return false
 	}
 	if ino != h.rootNS {
@@ -221,6 +224,16 @@ func (h *hostIDs) still(ino uint32, hi *hostInfo) bool {
 	}
 	hi.checkedIn = h.drain
 	return true
+}
+
+// hasAddress reports whether addrs hold an address other than loopback.
+func hasAddress(addrs []string) bool {
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && !ip.IsLoopback() {
+			return true
+		}
+	}
+	return false
 }
 
 // readNamespace reads a namespace's addresses and cookie (0 where the

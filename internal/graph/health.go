@@ -30,7 +30,7 @@ type Health struct {
 	RetransmitsPerConn float64
 	// ListenDropRatio: handshake packets a service's full accept queue
 	// dropped (the listener's sk_drops: SYNs and completing ACKs, each
-	// retry again) over the arrivals (accepted connections + drops).
+	// retry again) over the arrivals (connections established + drops).
 	ListenDropRatio float64
 	// DegradedFactor: a rule whose rate reaches this fraction of its
 	// unhealthy threshold makes the edge or service degraded (also when
@@ -172,20 +172,20 @@ func (a attempts) reason() string {
 }
 
 // listen judges a service's accept queue: drops over the arrivals
-// (connections accepted, as its edges counted them, + drops). A drop is a
+// (connections established, as its edges counted them, + drops). A drop is a
 // packet, not a connection: a client whose SYN is dropped retries, and
 // each retry dropped counts again.
-func (h Health) listen(l *ListenerState, accepted uint64) (string, []string) {
+func (h Health) listen(l *ListenerState, established uint64) (string, []string) {
 	if l == nil || l.Drops == 0 {
 		return HealthOK, nil
 	}
-	reached := accepted + l.Drops
+	reached := established + l.Drops
 	st := h.level(l.Drops, float64(l.Drops)/float64(reached), h.ListenDropRatio, false, 1)
 	if st == HealthOK {
 		return st, nil
 	}
-	return st, []string{fmt.Sprintf("accept queue full: %d handshake packets dropped (SYNs and ACKs, a retry counted again) beside %d connections accepted, %s of %d arrivals (backlog %d, deepest queue %d)",
-		l.Drops, accepted, pct(l.Drops, reached), reached, l.BacklogLimit, l.QueueMax)}
+	return st, []string{fmt.Sprintf("accept queue full: %d handshake packets dropped (SYNs and ACKs, a retry counted again) beside %d connections established, %s of %d arrivals (backlog %d, deepest queue %d)",
+		l.Drops, established, pct(l.Drops, reached), reached, l.BacklogLimit, l.QueueMax)}
 }
 
 // judge applies h to the edge's counters over the range:

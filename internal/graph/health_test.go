@@ -96,10 +96,10 @@ func TestHealthListenDrops(t *testing.T) {
 	}{
 		{"no drops", 0, 100, "ok", ""},
 		{"one drop in 1,000: under half of 1 %", 1, 999, "ok", ""},
-		{"one drop in 100: too few", 1, 99, "degraded", "accept queue full: 1 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 99 connections accepted, 1.0 % of 100 arrivals (backlog 128, deepest queue 129)"},
-		{"three drops in 300", 3, 297, "unhealthy", "accept queue full: 3 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 297 connections accepted, 1.0 % of 300 arrivals (backlog 128, deepest queue 129)"},
-		{"three drops in 500: degraded", 3, 497, "degraded", "accept queue full: 3 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 497 connections accepted, 0.6 % of 500 arrivals (backlog 128, deepest queue 129)"},
-		{"drops and nothing accepted", 15, 0, "unhealthy", "accept queue full: 15 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 0 connections accepted, 100.0 % of 15 arrivals (backlog 128, deepest queue 129)"},
+		{"one drop in 100: too few", 1, 99, "degraded", "accept queue full: 1 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 99 connections established, 1.0 % of 100 arrivals (backlog 128, deepest queue 129)"},
+		{"three drops in 300", 3, 297, "unhealthy", "accept queue full: 3 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 297 connections established, 1.0 % of 300 arrivals (backlog 128, deepest queue 129)"},
+		{"three drops in 500: degraded", 3, 497, "degraded", "accept queue full: 3 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 497 connections established, 0.6 % of 500 arrivals (backlog 128, deepest queue 129)"},
+		{"drops and nothing accepted", 15, 0, "unhealthy", "accept queue full: 15 handshake packets dropped (SYNs and ACKs, a retry counted again) beside 0 connections established, 100.0 % of 15 arrivals (backlog 128, deepest queue 129)"},
 	}
 	for _, c := range cases {
 		l := &ListenerState{BacklogLimit: 128, QueueMax: 129, Drops: c.drops}

@@ -119,10 +119,23 @@ func (d *dockerClient) lookup(ctx context.Context, id string) (*container, error
 	}
 	c, _, err := d.inspect(ctx, id)
 	var api *apiError
-	if err != nil && !errors.As(err, &api) {
+	switch {
+	case err == nil || errors.As(err, &api): // it answered
+		d.src.ok()
+	case timedOut(err):
+		// A runtime that hangs (a stopped dockerd) keeps its event
+		// stream open, silent: only its lookups say it is not answering.
+		d.src.failed(err, true)
+	default:
 		d.src.failedWhileDown(err)
 	}
 	return c, err
+}
+
+// timedOut reports whether err is a request that got no answer in time.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // version asks the Engine API what it is.

@@ -2,6 +2,7 @@ package identity
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -319,5 +320,50 @@ func TestNoSocket(t *testing.T) {
 	}
 	if !noSocket(&notSocketError{path: "/x", mode: os.ModeDir}) || noSocket(&notSocketError{path: "/x"}) {
 		t.Error("a directory is no socket, a regular file is a misconfiguration")
+	}
+}
+
+// A runtime that hangs (dockerd stopped with SIGSTOP) keeps its event
+// stream open and silent: a lookup that gets no answer in time warns
+// once, and the next answer says it answers again.
+func TestHungRuntimeWarnedByItsLookups(t *testing.T) {
+	const idA = "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+	sock := filepath.Join(t.TempDir(), "docker.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hung atomic.Bool
+	hung.Store(true)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/containers/{id}/json", func(w http.ResponseWriter, r *http.Request) {
+		if hung.Load() {
+			<-r.Context().Done() // no answer: the client gives up
+			return
+		}
+		_, _ = w.Write([]byte(`{"Id":"` + r.PathValue("id") + `","Name":"/web","Config":{"Image":"busybox"},"State":{"Pid":0}}`))
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }() // ends with Close below
+	defer srv.Close()
+
+	logs, log := newLogBuffer()
+	src := newSource(RuntimeDocker, sock, false, log)
+	src.ok() // its event stream connected and stays open
+	d := newDockerClient(src, time.Minute, 100*time.Millisecond)
+	for range 3 {
+		if _, err := d.lookup(context.Background(), idA); err == nil {
+			t.Fatal("a hung runtime answered")
+		}
+	}
+	if w := logs.lines(msgUnreachable); len(w) != 1 || !strings.Contains(w[0], "level=WARN") {
+		t.Fatalf("want one warning for three lookups that got no answer, got:\n%s", logs)
+	}
+	hung.Store(false)
+	if c, err := d.lookup(context.Background(), idA); err != nil || c.name != "web" {
+		t.Fatalf("after it answers again: %+v %v", c, err)
+	}
+	if back := logs.lines(msgAnswerAgain); len(back) != 1 {
+		t.Errorf("want one line saying it answers again, got:\n%s", logs)
 	}
 }
