@@ -217,6 +217,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	in := &intake{cfg: &cfg, log: log, metrics: m, host: hostID, memLimit: &memLimit}
 	emit := func(iv tracer.Interval) error {
 		ids.nextDrain()
+		ids.nameInterval(&iv)
 		in.take(&iv)
 		b := batchOf(iv, ids)
 		if servicesDue <= 0 && !iv.Recovered { // listening services change slowly

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/deptrace/deptrace/internal/netns"
+	"github.com/deptrace/deptrace/tracer"
 )
 
 // hostRefresh is how long a live namespace's addresses are trusted.
@@ -50,8 +51,9 @@ type hostIDs struct {
 	drain uint64
 	// list holds the namespaces listed in drain listedIn: one walk of
 	// /proc a drain, however many namespaces it names.
-	list     []netns.Namespace
-	listedIn uint64
+	list       []netns.Namespace
+	listedIn   uint64
+	relistedIn uint64 // the drain that listed them again for one not there
 }
 
 type hostInfo struct {
@@ -115,12 +117,55 @@ func NamespaceHostID(rootID string, ino uint32, cookie uint64) string {
 	return fmt.Sprintf("%s/netns:%d.%d", rootID, ino, cookie)
 }
 
-// nextDrain starts a drain's naming: a namespace found gone in an
-// earlier one is looked for again (its inode may be another's now).
+// nextDrain starts a drain's naming. Every namespace named before is
+// checked once: one that neither what it was read through nor this
+// drain's listing holds any more is gone from this drain, which reads its
+// last flows and names them after it; at the next drain it is forgotten,
+// and its inode names whatever namespace comes next. Without the sweep, a
+// namespace that ended idle would hand its id, hours later, to a one-shot
+// container on its inode.
 func (h *hostIDs) nextDrain() {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.drain++
-	h.mu.Unlock()
+	for ino, hi := range h.cache {
+		switch {
+		case ino == h.rootNS:
+		case hi.goneIn != 0:
+			delete(h.cache, ino) // gone since an earlier drain
+		case h.holds(ino, hi):
+			if h.fresh(ino, hi) {
+				hi.checkedIn = h.drain
+			}
+		default:
+			if ns, listed := h.find(ino); ns == nil && listed {
+				hi.goneIn, hi.checkedIn, hi.Addrs = h.drain, h.drain, nil
+			}
+			// Else held by another process now, or not listed: the
+			// next host() reads it again.
+		}
+	}
+}
+
+// nameInterval names the namespaces of iv's records, each once, before
+// anything else asks (the metrics, under their lock).
+func (h *hostIDs) nameInterval(iv *tracer.Interval) {
+	seen := map[uint32]bool{}
+	name := func(ino uint32) {
+		if !seen[ino] {
+			seen[ino] = true
+			h.host(ino)
+		}
+	}
+	for i := range iv.Flows {
+		name(flowNetNS(iv.Flows[i], h.rootNS))
+	}
+	for i := range iv.Listeners {
+		name(iv.Listeners[i].NetNS)
+	}
+	for i := range iv.DNS {
+		name(iv.DNS[i].NetNS)
+	}
 }
 
 func (h *hostIDs) host(ino uint32) hostInfo {
@@ -130,6 +175,13 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 	if old != nil && h.still(ino, old) {
 		return *old
 	}
+	// lastID keeps the id a namespace seen alive had (not a gone one's:
+	// the inode may be another's now).
+	lastID := func(hi *hostInfo) {
+		if old != nil && old.goneIn == 0 {
+			hi.ID = old.ID
+		}
+	}
 	hi := &hostInfo{read: time.Now(), checkedIn: h.drain}
 	switch names := netns.Names(); {
 	case ino == h.rootNS:
@@ -138,39 +190,35 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 	case names[ino] != "":
 		hi.ID, hi.Name = h.rootID+"/"+names[ino], names[ino]
 		hi.from = netns.NamedDir + "/" + names[ino]
-		hi.Addrs, _ = readNamespace(hi.from)
+		hi.Addrs, _, _ = readNamespace(hi.from, ino)
 	default:
 		hi.ID = NamespaceHostID(h.rootID, ino, 0)
 		ns, listed := h.find(ino)
-		var cookie uint64
-		if ns != nil {
-			hi.from, hi.fromStart = ns.Path, processStart(ns.Path)
-			hi.Addrs, cookie = readNamespace(ns.Path)
-		}
-		lastID := func() {
-			if old != nil {
-				hi.ID = old.ID
-			}
-		}
 		switch {
-		case cookie != 0:
-			hi.ID = NamespaceHostID(h.rootID, ino, cookie)
-		case ns != nil && h.cookies || !listed:
-			// Live but not read (its process exited meanwhile), or the
-			// namespaces could not be listed: the id it had, read again
-			// at the next drain.
-			lastID()
-			hi.read = time.Time{}
-		default: // gone
-			hi.goneIn = h.drain
-			// The drain that finds it gone reads its last flows: the
-			// namespace last seen alive with the inode's. Flows of that
-			// inode in later drains are of another namespace, one that
-			// came and went unseen (a one-shot container): its inode
-			// alone names it, not the last one's id.
-			if old != nil && old.goneIn == 0 {
-				lastID()
+		case ns != nil:
+			hi.from, hi.fromStart = ns.Path, processStart(ns.Path)
+			addrs, cookie, read := readNamespace(ns.Path, ino)
+			switch {
+			case read && cookie != 0:
+				hi.ID, hi.Addrs = NamespaceHostID(h.rootID, ino, cookie), addrs
+			case read && !h.cookies: // before 5.14: the inode alone
+				hi.Addrs = addrs
+			default:
+				// Live but not read (its process exited meanwhile, or
+				// entered another namespace): the id it had, read
+				// again at the next drain.
+				lastID(hi)
+				hi.read = time.Time{}
 			}
+		case !listed:
+			lastID(hi)
+			hi.read = time.Time{}
+		default:
+			// Gone: ended since this drain's sweep (its own last flows),
+			// or never seen alive (a one-shot container: its inode
+			// alone names it).
+			hi.goneIn = h.drain
+			lastID(hi)
 		}
 	}
 	hi.Name = cmp.Or(hi.Name, hi.ID)
@@ -178,52 +226,63 @@ func (h *hostIDs) host(ino uint32) hostInfo {
 	return *hi
 }
 
-// find is the namespace with inode ino, from this drain's list of them,
-// listed again if it is not there (made since); listed is false when
-// they cannot be listed.
+// find is the namespace with inode ino in this drain's listing of them,
+// listed again once a drain for one that is not there (made since);
+// listed is false when they cannot be listed.
 func (h *hostIDs) find(ino uint32) (ns *netns.Namespace, listed bool) {
-	for fresh := h.listedIn != h.drain; ; fresh = true {
-		if fresh {
-			list, err := netns.List()
-			if err != nil {
-				return nil, false
-			}
-			h.list, h.listedIn = list, h.drain
-		}
+	lookup := func() *netns.Namespace {
 		for i := range h.list {
 			if h.list[i].Inode == ino {
-				return &h.list[i], true
+				return &h.list[i]
 			}
 		}
-		if fresh {
-			return nil, true
-		}
+		return nil
 	}
+	if h.listedIn == h.drain {
+		if ns := lookup(); ns != nil || h.relistedIn == h.drain {
+			return ns, true
+		}
+		h.relistedIn = h.drain
+	}
+	list, err := netns.List()
+	if err != nil {
+		return nil, false
+	}
+	h.list, h.listedIn = list, h.drain
+	return lookup(), true
 }
 
-// still reports whether a cached name still holds: a gone namespace's
-// for the rest of the drain it was found gone in; a live one's, checked
-// once a drain, while its addresses are fresh and what it was read
-// through still opens it.
+// still reports whether a cached name still holds: a gone namespace's in
+// the drain that found it gone (older ones are forgotten by nextDrain); a
+// live one's, checked once a drain, while its addresses are fresh and
+// what it was read through still opens it.
 func (h *hostIDs) still(ino uint32, hi *hostInfo) bool {
 	switch {
-	case hi.goneIn != 0:
-		return hi.checkedIn == h.drain
-	case hi.checkedIn == h.drain:
+	case hi.goneIn != 0 || hi.checkedIn == h.drain:
 		return true
-	case time.Since(hi.read) >= hostRefresh || ino != h.rootNS && !hasAddress(hi.Addrs):
-		// Read again: stale, or read before the namespace had an
-		// address (a container's network is attached after its
-		// namespace is made).
+	case !h.fresh(ino, hi):
 		return false
-	}
-	if ino != h.rootNS {
-		if got, err := netns.Inode(hi.from); err != nil || got != ino || hi.fromStart != processStart(hi.from) {
-			return false
-		}
+	case ino != h.rootNS && !h.holds(ino, hi):
+		return false
 	}
 	hi.checkedIn = h.drain
 	return true
+}
+
+// fresh reports whether hi's addresses need no new read: read less than
+// hostRefresh ago, and not before the namespace had an address (a
+// container's network is attached after its namespace is made).
+func (h *hostIDs) fresh(ino uint32, hi *hostInfo) bool {
+	return time.Since(hi.read) < hostRefresh && (ino == h.rootNS || hasAddress(hi.Addrs))
+}
+
+// holds reports whether what hi was read through still opens namespace
+// ino: the bind mount, or the same process (by its start time: a PID
+// given to another changes it). While it does, no other namespace can
+// have the inode.
+func (h *hostIDs) holds(ino uint32, hi *hostInfo) bool {
+	got, err := netns.Inode(hi.from)
+	return err == nil && got == ino && hi.fromStart == processStart(hi.from)
 }
 
 // hasAddress reports whether addrs hold an address other than loopback.
@@ -236,15 +295,20 @@ func hasAddress(addrs []string) bool {
 	return false
 }
 
-// readNamespace reads a namespace's addresses and cookie (0 where the
-// kernel has none, or the namespace could not be entered).
-func readNamespace(path string) (addrs []string, cookie uint64) {
+// readNamespace reads the addresses and cookie (0 where the kernel has
+// none) of the namespace at path, which must be ino's: read is false when
+// it could not be entered or is another by now (its process entered
+// another namespace, or its PID was given to another process).
+func readNamespace(path string, ino uint32) (addrs []string, cookie uint64, read bool) {
 	_ = netns.Do(path, func() error {
-		addrs = localAddrs()
+		if got, err := netns.Inode("/proc/thread-self/ns/net"); err != nil || got != ino {
+			return nil
+		}
+		addrs, read = localAddrs(), true
 		cookie, _ = netns.Cookie() // before 5.14: the inode alone
 		return nil
 	})
-	return addrs, cookie
+	return addrs, cookie, read
 }
 
 // processStart is the start time (in clock ticks since boot) of the

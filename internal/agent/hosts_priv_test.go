@@ -143,4 +143,20 @@ func TestHostIDOutlivesTheNamespacesInode(t *testing.T) {
 	if unseen := ids.host(first.ino); unseen.ID != NamespaceHostID("reusetest", first.ino, 0) {
 		t.Errorf("the drain after the one that found it gone: id %q, want the inode's alone", unseen.ID)
 	}
+
+	// A namespace that ends idle (no flow asks for it in the drains
+	// around its end) is found gone by the drains' sweep: flows with its
+	// inode, drains later, are not named after it.
+	third := holdNamespace(t, "192.0.2.79")
+	ids.nextDrain()
+	if id := ids.host(third.ino).ID; id != NamespaceHostID("reusetest", third.ino, third.cookie(t)) {
+		t.Fatalf("third namespace: id %q", id)
+	}
+	third.stop()
+	for range 3 {
+		ids.nextDrain()
+	}
+	if later := ids.host(third.ino); later.ID != NamespaceHostID("reusetest", third.ino, 0) || len(later.Addrs) != 0 {
+		t.Errorf("flows with an idle ended namespace's inode, drains later: id %q, addresses %v; want the inode's alone, none", later.ID, later.Addrs)
+	}
 }

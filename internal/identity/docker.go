@@ -120,13 +120,19 @@ func (d *dockerClient) lookup(ctx context.Context, id string) (*container, error
 	c, _, err := d.inspect(ctx, id)
 	var api *apiError
 	switch {
-	case err == nil || errors.As(err, &api): // it answered
-		d.src.ok()
+	case err == nil || errors.As(err, &api) && api.status < 500: // it answered
+		d.src.lookupOK()
 	case timedOut(err):
 		// A runtime that hangs (a stopped dockerd) keeps its event
-		// stream open, silent: only its lookups say it is not answering.
-		d.src.failed(err, true)
-	default:
+		// stream open, silent: only its lookups say it is not
+		// answering. One container's inspect can hang alone (dockerd
+		// holds a container's lock while it stops it): a runtime that
+		// answers /version is not hung.
+		var vapi *apiError
+		if _, verr := d.version(ctx); verr != nil && !errors.As(verr, &vapi) {
+			d.src.failedLookup(err)
+		}
+	default: // a 5xx (a proxy in front of a dead runtime), a refused connect
 		d.src.failedWhileDown(err)
 	}
 	return c, err
@@ -253,6 +259,7 @@ func (d *dockerClient) follow(ctx context.Context) error {
 			}
 			return err
 		}
+		d.src.ok() // it talks: an outage a lookup found is over
 		if ev.Type != "" && ev.Type != "container" {
 			continue
 		}
@@ -277,6 +284,7 @@ func (d *dockerClient) follow(ctx context.Context) error {
 func (d *dockerClient) learn(ctx context.Context, id string, attrs map[string]string) {
 	_, pid, err := d.inspect(ctx, id)
 	if err == nil {
+		d.src.lookupOK()
 		if pid > 0 && d.onStart != nil {
 			d.onStart(pid)
 		}

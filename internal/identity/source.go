@@ -32,6 +32,10 @@ type source struct {
 	answered bool      // it has answered since the start
 	said     saidLevel // what this outage has logged
 	downAt   time.Time // when this outage began
+	// byLookup: this outage was found by a lookup that got no answer
+	// while the event stream stayed open (a hung runtime), so an answer
+	// to a lookup ends it; one the stream found ends when it reconnects.
+	byLookup bool
 }
 
 type saidLevel int
@@ -109,10 +113,36 @@ func (s *source) down() {
 	}
 }
 
+// failedLookup is failed for a lookup that got no answer in time while
+// the runtime's event stream may still be open: a hung runtime.
+func (s *source) failedLookup(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.said != saidWarn {
+		s.byLookup = true
+	}
+	s.failedLocked(err, true)
+}
+
+// lookupOK records a lookup's answer: it ends an outage a lookup found,
+// not one the event stream found (a stream refused while lookups answer
+// would say both, over and over).
+func (s *source) lookupOK() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.said == saidNothing || s.byLookup {
+		s.okLocked()
+	}
+}
+
 // ok records an answer; after a line about its absence, it says so.
 func (s *source) ok() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.okLocked()
+}
+
+func (s *source) okLocked() {
 	if s.said != saidNothing {
 		msg := msgAnswers
 		if s.answered {
@@ -120,7 +150,7 @@ func (s *source) ok() {
 		}
 		s.log.Info(msg, "runtime", s.runtime, "socket", s.socket, "down", time.Since(s.downAt).Round(100*time.Millisecond))
 	}
-	s.up, s.answered, s.said, s.downAt = true, true, saidNothing, time.Time{}
+	s.up, s.answered, s.said, s.downAt, s.byLookup = true, true, saidNothing, time.Time{}, false
 }
 
 // notSocketError is a runtime's socket path that holds something else.

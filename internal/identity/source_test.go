@@ -343,6 +343,13 @@ func TestHungRuntimeWarnedByItsLookups(t *testing.T) {
 		}
 		_, _ = w.Write([]byte(`{"Id":"` + r.PathValue("id") + `","Name":"/web","Config":{"Image":"busybox"},"State":{"Pid":0}}`))
 	})
+	mux.HandleFunc("/version", func(w http.ResponseWriter, r *http.Request) {
+		if hung.Load() {
+			<-r.Context().Done()
+			return
+		}
+		_, _ = w.Write([]byte(`{"Version":"99.0.1","ApiVersion":"1.99"}`))
+	})
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }() // ends with Close below
 	defer srv.Close()
@@ -365,5 +372,44 @@ func TestHungRuntimeWarnedByItsLookups(t *testing.T) {
 	}
 	if back := logs.lines(msgAnswerAgain); len(back) != 1 {
 		t.Errorf("want one line saying it answers again, got:\n%s", logs)
+	}
+}
+
+// One container's inspect can hang alone while the runtime answers the
+// rest (dockerd holds the container's lock while it stops it): no
+// warning, however many times its lookup is retried.
+func TestOneHungContainerIsNoOutage(t *testing.T) {
+	const idStuck = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee"
+	sock := filepath.Join(t.TempDir(), "docker.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/containers/{id}/json", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") == idStuck {
+			<-r.Context().Done()
+			return
+		}
+		_, _ = w.Write([]byte(`{"Id":"` + r.PathValue("id") + `","Name":"/web","Config":{"Image":"busybox"},"State":{"Pid":0}}`))
+	})
+	mux.HandleFunc("/version", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"Version":"99.0.1","ApiVersion":"1.99"}`))
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }() // ends with Close below
+	defer srv.Close()
+
+	logs, log := newLogBuffer()
+	src := newSource(RuntimeDocker, sock, false, log)
+	src.ok()
+	d := newDockerClient(src, time.Minute, 100*time.Millisecond)
+	for range 3 {
+		if _, err := d.lookup(context.Background(), idStuck); err == nil {
+			t.Fatal("the stuck container's inspect answered")
+		}
+	}
+	if n := len(logs.lines(msgUnreachable)) + len(logs.lines(msgAnswerAgain)); n != 0 {
+		t.Errorf("one stuck container made %d outage lines:\n%s", n, logs)
 	}
 }
